@@ -1,0 +1,153 @@
+//! The command line (clap derive). Every flag says what it does and its unit.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use virtgap_workloads::spec::{ByteSize, Distribution, EngineKind, Overrides, ReadWrite, Span};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "virtgap",
+    version,
+    about = "Find where a VM's storage latency goes: run a workload, trace each I/O, compare hosts",
+    long_about = "virtgap runs a built-in storage workload (random 4 KiB, sequential 1 MiB, ...) and \
+measures where each I/O's time goes. Record a profile on two hosts and compare them to see which \
+stage makes one slower.\n\nNeeds root (or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE) for tracing.",
+    after_help = "Examples:\n  virtgap record --duration 10s            random 4 KiB reads on a 1 GiB temp file\n  \
+virtgap record -w seq1m --json            sequential 1 MiB reads, fio-style JSON on stdout\n  \
+virtgap workloads                          list presets\n  virtgap workloads rand4k > my.toml          \
+copy a preset to edit, then: virtgap record -w ./my.toml"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a workload headless and print its summary (or JSON with --json)
+    Record(RecordArgs),
+    /// List the built-in workload presets, or print one to copy and edit
+    Workloads(WorkloadsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WorkloadsArgs {
+    /// Preset to print (as TOML, ready to save and edit)
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct RecordArgs {
+    /// Preset name (see `virtgap workloads`) or path to a workload .toml file
+    #[arg(short, long, default_value = virtgap_workloads::spec::DEFAULT_PRESET, value_name = "NAME|FILE")]
+    pub workload: String,
+
+    #[command(flatten)]
+    pub target: TargetArgs,
+
+    #[command(flatten)]
+    pub overrides: WorkloadOverrides,
+
+    /// Check every sector read carries the data written there (temp-file targets only)
+    #[arg(long)]
+    pub verify: bool,
+
+    /// Length of one interval sample
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    pub interval: Span,
+
+    /// Print only a JSON document on stdout, laid out like fio's --output-format=json
+    #[arg(long)]
+    pub json: bool,
+
+    /// Print the fio command line that runs the same job, and exit
+    #[arg(long)]
+    pub fio_equivalent: bool,
+
+    /// No progress line on stderr
+    #[arg(short, long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Target")]
+pub struct TargetArgs {
+    /// Directory for the temp file [default: current directory, else $TMPDIR]
+    #[arg(long, value_name = "DIR", conflicts_with = "target")]
+    pub dir: Option<PathBuf>,
+
+    /// Existing file or block device to use instead of a temp file (block devices are read-only
+    /// unless --destroy-data names them)
+    #[arg(long, value_name = "PATH")]
+    pub target: Option<PathBuf>,
+
+    /// Allow writes to the --target: its serial or WWN for a block device (see `lsblk -o
+    /// NAME,SERIAL,WWN`), its backing file for a loop device, its path for a file
+    #[arg(long, value_name = "IDENTITY")]
+    pub destroy_data: Option<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Workload overrides (default: the preset's values)")]
+pub struct WorkloadOverrides {
+    /// Measured time, e.g. 10s, 2m
+    #[arg(short, long, value_name = "DURATION")]
+    pub duration: Option<Span>,
+    /// Time run before measuring, excluded from results
+    #[arg(long, value_name = "DURATION")]
+    pub ramp: Option<Span>,
+    /// Temp file size, or region of --target, e.g. 1GiB
+    #[arg(long, value_name = "BYTES")]
+    pub size: Option<ByteSize>,
+    /// Bytes per I/O, e.g. 4k, 1MiB
+    #[arg(long, value_name = "BYTES")]
+    pub bs: Option<ByteSize>,
+    /// I/Os in flight per worker
+    #[arg(long, value_name = "N")]
+    pub qd: Option<u32>,
+    /// Worker threads, each with its own ring
+    #[arg(long, value_name = "N")]
+    pub workers: Option<u32>,
+    /// read, write or mix
+    #[arg(long, value_name = "RW")]
+    pub rw: Option<ReadWrite>,
+    /// Percent reads in a mix (implies --rw mix)
+    #[arg(long, value_name = "PCT", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub rwmix_read: Option<u8>,
+    /// io_uring, psync (blocking, one I/O per worker) or null (no I/O)
+    #[arg(long, value_name = "ENGINE")]
+    pub engine: Option<EngineKind>,
+    /// uniform or zipf:THETA (e.g. zipf:0.99)
+    #[arg(long, value_name = "DIST")]
+    pub distribution: Option<Distribution>,
+    /// Pace I/Os at this total rate (open loop; also records lat_intended)
+    #[arg(long, value_name = "IOPS")]
+    pub rate_iops: Option<u64>,
+    /// Use the page cache instead of O_DIRECT
+    #[arg(long)]
+    pub buffered: bool,
+    /// I/Os handed to the kernel per submission (1 = each at once)
+    #[arg(long, value_name = "N")]
+    pub submit_batch: Option<u32>,
+}
+
+impl WorkloadOverrides {
+    pub fn to_overrides(&self) -> Overrides {
+        Overrides {
+            rw: self.rw,
+            rwmix_read: self.rwmix_read,
+            bs: self.bs,
+            qd: self.qd,
+            workers: self.workers,
+            engine: self.engine,
+            distribution: self.distribution,
+            rate_iops: self.rate_iops,
+            size: self.size,
+            duration: self.duration,
+            ramp: self.ramp,
+            direct: self.buffered.then_some(false),
+            submit_batch: self.submit_batch,
+        }
+    }
+}

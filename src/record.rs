@@ -1,0 +1,214 @@
+//! `virtgap record` and `virtgap workloads`: load a spec, open the target safely, fill it, run
+//! the workload, and print the summary.
+
+use std::io::{IsTerminal, Write};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use virtgap_workloads::safety::SysRoot;
+use virtgap_workloads::spec::{self, PRESETS};
+use virtgap_workloads::stats::{IntervalMerger, IntervalSample, RunStats};
+use virtgap_workloads::target::{self, TargetChoice, TargetError, TargetRequest};
+use virtgap_workloads::{units, RunOptions, WorkloadEvent};
+
+use crate::cli::{RecordArgs, WorkloadsArgs};
+use crate::report::{self, Report};
+
+/// Exit status after Ctrl-C or SIGTERM, as a shell reports a SIGINT death.
+const EXIT_INTERRUPTED: u8 = 130;
+
+pub fn workloads(args: &WorkloadsArgs) -> Result<ExitCode> {
+    let mut out = std::io::stdout().lock();
+    match &args.name {
+        Some(name) => {
+            let text = spec::preset_text(name).ok_or_else(|| spec::SpecError::UnknownPreset(name.clone()))?;
+            out.write_all(text.as_bytes())?;
+        }
+        None => {
+            writeln!(out, "{:<14} DESCRIPTION", "PRESET")?;
+            for (name, text) in PRESETS {
+                let spec = spec::parse(text, name)?;
+                let marker = if *name == spec::DEFAULT_PRESET { " (default)" } else { "" };
+                writeln!(out, "{name:<14} {}{marker}", spec.description)?;
+            }
+            writeln!(out, "\nPrint one with `virtgap workloads NAME`; run an edited copy with `virtgap record -w FILE.toml`.")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub fn run(args: &RecordArgs) -> Result<ExitCode> {
+    let loaded = spec::load(&args.workload)?;
+    let mut spec = loaded.spec.clone();
+    let overrides = args.overrides.to_overrides();
+    overrides.apply(&mut spec)?;
+    if args.interval.0.is_zero() {
+        bail!("--interval must be above zero");
+    }
+
+    if args.fio_equivalent {
+        let file = match &args.target.target {
+            Some(p) => p.display().to_string(),
+            None => "FILE".to_string(),
+        };
+        println!("{}", spec.fio_command(&file));
+        return Ok(ExitCode::SUCCESS);
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // A second signal while stopping exits at once (temp files are already unlinked).
+        signal_hook::flag::register_conditional_shutdown(sig, i32::from(EXIT_INTERRUPTED), Arc::clone(&stop))
+            .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
+    }
+
+    let choice = match &args.target.target {
+        Some(p) => TargetChoice::Path(p.clone()),
+        None => TargetChoice::TempFile { dir: args.target.dir.clone() },
+    };
+    if args.target.destroy_data.is_some() && args.target.target.is_none() {
+        bail!("--destroy-data only applies to an existing --target");
+    }
+    let req = TargetRequest {
+        choice,
+        size: spec.size.0,
+        size_explicit: overrides.size.is_some(),
+        bs: spec.bs.0,
+        write: !spec.is_read_only(),
+        direct: spec.direct,
+        destroy_data: args.target.destroy_data.clone(),
+    };
+    let target = target::open(&req, &SysRoot::default())?;
+    if args.verify && !target.needs_fill() {
+        bail!("--verify needs a temp-file target (only data virtgap wrote can be checked); drop --target or --verify");
+    }
+    if let Some(w) = &target.warning {
+        eprintln!("virtgap: warning: {w}");
+    }
+    let progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
+
+    if target.needs_fill() {
+        let started = Instant::now();
+        let mut last_draw = Instant::now();
+        let result = target::fill(&target, &stop, |done| {
+            if progress && last_draw.elapsed() >= Duration::from_millis(200) {
+                last_draw = Instant::now();
+                eprint!(
+                    "\rpreparing {}: {} of {} written  ",
+                    target.describe(),
+                    units::bytes(done),
+                    units::bytes(target.size)
+                );
+            }
+        });
+        if progress {
+            eprint!("\r\x1b[2K");
+        }
+        match result {
+            Ok(()) => {}
+            Err(TargetError::Interrupted) => {
+                eprintln!("virtgap: interrupted while preparing the temp file; nothing measured");
+                return Ok(ExitCode::from(EXIT_INTERRUPTED));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if !args.quiet && !args.json {
+            eprintln!(
+                "prepared {} in {:.1} s",
+                target.describe(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    let options = RunOptions { interval: args.interval.0, verify_reads: args.verify, ..RunOptions::default() };
+    let (tx, rx) = mpsc::channel::<WorkloadEvent>();
+    let wall_start = std::time::SystemTime::now();
+    let handle = virtgap_workloads::start(&spec, &target, &options, Arc::clone(&stop), tx);
+
+    let total = spec.ramp.0 + spec.duration.0;
+    let mut merger = IntervalMerger::new(spec.workers);
+    let mut intervals: Vec<IntervalSample> = Vec::new();
+    let mut stats = RunStats::default();
+    let mut errors = Vec::new();
+    let mut finished = 0;
+    let mut features = String::new();
+    let run_start = Instant::now();
+    while finished < spec.workers {
+        let event = match rx.recv_timeout(Duration::from_millis(250)) {
+            Ok(ev) => ev,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if progress {
+                    draw_progress(run_start.elapsed(), total, intervals.last());
+                }
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
+        match event {
+            WorkloadEvent::Started { engine_features } => features = engine_features,
+            WorkloadEvent::Interval(sample) => intervals.extend(merger.add(sample)),
+            WorkloadEvent::Finished { worker, result } => {
+                finished += 1;
+                intervals.extend(merger.worker_finished(worker));
+                match result {
+                    Ok(s) => stats.merge(&s),
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        if progress {
+            draw_progress(run_start.elapsed(), total, intervals.last());
+        }
+    }
+    handle.join();
+    if progress {
+        eprint!("\r\x1b[2K");
+    }
+    if let Some(e) = errors.into_iter().next() {
+        return Err(e).context("the workload failed");
+    }
+    if stats.engine_features.is_empty() {
+        stats.engine_features = features;
+    }
+    let interrupted = stop.load(Ordering::Relaxed);
+    let report = Report {
+        spec: &spec,
+        origin: &loaded.origin,
+        target: &target,
+        stats: &stats,
+        intervals: &intervals,
+        interrupted,
+        started: wall_start,
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report::json(&report))?;
+        writeln!(out)?;
+    } else {
+        report::write_summary(&mut out, &report)?;
+    }
+    out.flush()?;
+    if interrupted {
+        eprintln!("virtgap: interrupted after {:.1} s of measurement", stats.seconds());
+        return Ok(ExitCode::from(EXIT_INTERRUPTED));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn draw_progress(elapsed: Duration, total: Duration, last: Option<&IntervalSample>) {
+    let mut line = format!("[{:>4.0}/{:.0} s]", elapsed.as_secs_f64().min(total.as_secs_f64()), total.as_secs_f64());
+    if let Some(s) = last {
+        line.push_str(&format!(" {} IOPS", units::count(s.iops())));
+        if let Some(p99) = s.lat.percentile_ns(99.0) {
+            line.push_str(&format!(", p99 lat {}", units::latency(p99 as f64)));
+        }
+    }
+    eprint!("\r\x1b[2K{line}");
+    let _ = std::io::stderr().flush();
+}

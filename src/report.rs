@@ -1,0 +1,267 @@
+//! Reports of a run: the human summary, and JSON laid out like fio's so fio parsers read it
+//! (`jobs[0].read.iops`, `jobs[0].read.clat_ns.percentile["99.000000"]`, ...).
+
+use std::io::{self, Write};
+use std::time::SystemTime;
+
+use serde_json::{json, Map, Value};
+use virtgap_workloads::histogram::{LatencyHistogram, FIO_PERCENTILES};
+use virtgap_workloads::stats::{DirStats, IntervalSample, RunStats};
+use virtgap_workloads::target::Target;
+use virtgap_workloads::units;
+use virtgap_workloads::WorkloadSpec;
+
+/// Everything a report is made from.
+pub struct Report<'a> {
+    pub spec: &'a WorkloadSpec,
+    pub origin: &'a str,
+    pub target: &'a Target,
+    pub stats: &'a RunStats,
+    pub intervals: &'a [IntervalSample],
+    pub interrupted: bool,
+    pub started: SystemTime,
+}
+
+/// Per-interval IOPS and bandwidth spread of one direction.
+struct Spread {
+    min: f64,
+    max: f64,
+    mean: f64,
+    stddev: f64,
+    samples: usize,
+}
+
+fn spread(values: impl Iterator<Item = f64>) -> Option<Spread> {
+    let v: Vec<f64> = values.collect();
+    if v.is_empty() {
+        return None;
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    Some(Spread {
+        min: v.iter().copied().fold(f64::INFINITY, f64::min),
+        max: v.iter().copied().fold(0.0, f64::max),
+        mean,
+        stddev: var.sqrt(),
+        samples: v.len(),
+    })
+}
+
+fn interval_secs(s: &IntervalSample) -> f64 {
+    (s.end_ns - s.start_ns) as f64 / 1e9
+}
+
+/// Full-length intervals only: a short last interval would skew the spread.
+fn full_intervals<'a>(r: &'a Report<'_>) -> impl Iterator<Item = &'a IntervalSample> {
+    let longest = r.intervals.iter().map(|s| s.end_ns - s.start_ns).max().unwrap_or(0);
+    r.intervals.iter().filter(move |s| s.end_ns - s.start_ns == longest && longest > 0)
+}
+
+pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
+    let spec = r.spec;
+    writeln!(out, "{} ({}): {}", spec.name, r.origin, spec.describe())?;
+    writeln!(out, "  target: {}", r.target.describe())?;
+    writeln!(out, "  engine: {} ({})", spec.engine.name(), r.stats.engine_features)?;
+    let secs = r.stats.seconds();
+    for (label, d, write) in [("read", &r.stats.read, false), ("write", &r.stats.write, true)] {
+        if d.ios == 0 {
+            continue;
+        }
+        let iops = d.ios as f64 / secs;
+        let bw = d.bytes as f64 / secs;
+        writeln!(
+            out,
+            "  {label}: IOPS {}, BW {}/s ({:.1} MB/s), {} in {:.1} s",
+            units::count(iops),
+            units::bytes(bw as u64),
+            bw / 1e6,
+            units::bytes(d.bytes),
+            secs
+        )?;
+        writeln!(
+            out,
+            "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "latency", "min", "mean", "p50", "p99", "p99.9", "max", "stddev"
+        )?;
+        let mut rows = vec![("slat", &d.slat), ("clat", &d.clat), ("lat", &d.lat)];
+        if !d.lat_intended.is_empty() {
+            rows.push(("lat_intended", &d.lat_intended));
+        }
+        for (name, h) in rows {
+            write_latency_row(out, name, h)?;
+        }
+        let ios = |s: &IntervalSample| if write { s.write_ios } else { s.read_ios };
+        if let Some(sp) = spread(full_intervals(r).map(|s| ios(s) as f64 / interval_secs(s))) {
+            writeln!(
+                out,
+                "    IOPS per {:.0} s interval: min {}, mean {}, max {}, stddev {:.1}% ({} samples)",
+                r.intervals.first().map(interval_secs).unwrap_or(1.0),
+                units::count(sp.min),
+                units::count(sp.mean),
+                units::count(sp.max),
+                if sp.mean > 0.0 { sp.stddev / sp.mean * 100.0 } else { 0.0 },
+                sp.samples
+            )?;
+        }
+    }
+    if r.stats.total_ios() == 0 {
+        writeln!(out, "  no I/O completed in the measured window")?;
+    }
+    if r.spec.rate_iops.is_some() {
+        writeln!(out, "  schedule: worst lag behind the pacing schedule {}", units::latency(r.stats.max_lag_ns as f64))?;
+    }
+    let cpu = &r.stats.cpu;
+    if secs > 0.0 {
+        write!(
+            out,
+            "  cpu: usr {:.1}%, sys {:.1}% of one CPU, {} context switches",
+            cpu.user_ns as f64 / 1e9 / secs * 100.0,
+            cpu.system_ns as f64 / 1e9 / secs * 100.0,
+            cpu.context_switches
+        )?;
+        if let Some(per_io) = r.stats.cpu_ns_per_io() {
+            write!(out, ", {} CPU per I/O", units::latency(per_io))?;
+        }
+        writeln!(out)?;
+    }
+    if r.interrupted {
+        writeln!(out, "  (interrupted: {:.1} s of {:.0} s measured)", secs, r.spec.duration.0.as_secs_f64())?;
+    }
+    Ok(())
+}
+
+fn write_latency_row(out: &mut impl Write, name: &str, h: &LatencyHistogram) -> io::Result<()> {
+    let f = |v: Option<f64>| v.map(units::latency).unwrap_or_else(|| "-".into());
+    let p = |q: f64| h.percentile_ns(q).map(|v| v as f64);
+    writeln!(
+        out,
+        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        name,
+        f(h.min_ns().map(|v| v as f64)),
+        f(h.mean_ns()),
+        f(p(50.0)),
+        f(p(99.0)),
+        f(p(99.9)),
+        f(h.max_ns().map(|v| v as f64)),
+        f(h.stddev_ns()),
+    )
+}
+
+/// fio's `{min,max,mean,stddev,N,percentile}` object for one latency distribution.
+fn latency_json(h: &LatencyHistogram, percentiles: bool) -> Value {
+    let mut m = Map::new();
+    m.insert("min".into(), json!(h.min_ns().unwrap_or(0)));
+    m.insert("max".into(), json!(h.max_ns().unwrap_or(0)));
+    m.insert("mean".into(), json!(h.mean_ns().unwrap_or(0.0)));
+    m.insert("stddev".into(), json!(h.stddev_ns().unwrap_or(0.0)));
+    m.insert("N".into(), json!(h.count()));
+    if percentiles && !h.is_empty() {
+        let pct: Map<String, Value> = FIO_PERCENTILES
+            .iter()
+            .map(|&p| (format!("{p:.6}"), json!(h.percentile_ns(p).unwrap_or(0))))
+            .collect();
+        m.insert("percentile".into(), Value::Object(pct));
+    }
+    Value::Object(m)
+}
+
+fn direction_json(r: &Report<'_>, d: &DirStats, write: bool) -> Value {
+    let secs = r.stats.seconds();
+    let rate = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };
+    let ios = |s: &IntervalSample| if write { s.write_ios } else { s.read_ios };
+    let bytes = |s: &IntervalSample| if write { s.write_bytes } else { s.read_bytes };
+    let iops = spread(full_intervals(r).map(|s| ios(s) as f64 / interval_secs(s)));
+    let bw_kib = spread(full_intervals(r).map(|s| bytes(s) as f64 / 1024.0 / interval_secs(s)));
+    let mut m = Map::new();
+    m.insert("io_bytes".into(), json!(d.bytes));
+    m.insert("io_kbytes".into(), json!(d.bytes / 1024));
+    m.insert("bw_bytes".into(), json!(rate(d.bytes) as u64));
+    m.insert("bw".into(), json!((rate(d.bytes) / 1024.0) as u64));
+    m.insert("iops".into(), json!(rate(d.ios)));
+    m.insert("runtime".into(), json!(r.stats.measured_ns / 1_000_000));
+    m.insert("total_ios".into(), json!(d.ios));
+    m.insert("short_ios".into(), json!(0));
+    m.insert("drop_ios".into(), json!(0));
+    m.insert("slat_ns".into(), latency_json(&d.slat, false));
+    m.insert("clat_ns".into(), latency_json(&d.clat, true));
+    m.insert("lat_ns".into(), latency_json(&d.lat, true));
+    if !d.lat_intended.is_empty() {
+        m.insert("lat_intended_ns".into(), latency_json(&d.lat_intended, true));
+    }
+    if let (Some(iops), Some(bw)) = (iops, bw_kib) {
+        m.insert("bw_min".into(), json!(bw.min as u64));
+        m.insert("bw_max".into(), json!(bw.max as u64));
+        m.insert("bw_mean".into(), json!(bw.mean));
+        m.insert("bw_dev".into(), json!(bw.stddev));
+        m.insert("bw_samples".into(), json!(bw.samples));
+        m.insert("iops_min".into(), json!(iops.min as u64));
+        m.insert("iops_max".into(), json!(iops.max as u64));
+        m.insert("iops_mean".into(), json!(iops.mean));
+        m.insert("iops_stddev".into(), json!(iops.stddev));
+        m.insert("iops_samples".into(), json!(iops.samples));
+    }
+    Value::Object(m)
+}
+
+pub fn json(r: &Report<'_>) -> Value {
+    let spec = r.spec;
+    let secs = r.stats.seconds();
+    let pct = |ns: u64| if secs > 0.0 { ns as f64 / 1e9 / secs * 100.0 } else { 0.0 };
+    let timestamp = r.started.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let intervals: Vec<Value> = r
+        .intervals
+        .iter()
+        .map(|s| {
+            json!({
+                "start_ms": s.start_ns / 1_000_000,
+                "end_ms": s.end_ns / 1_000_000,
+                "read_ios": s.read_ios,
+                "write_ios": s.write_ios,
+                "read_bytes": s.read_bytes,
+                "write_bytes": s.write_bytes,
+                "iops": s.iops(),
+                "lat_p50_ns": s.lat.percentile_ns(50.0),
+                "lat_p99_ns": s.lat.percentile_ns(99.0),
+                "lat_mean_ns": s.lat.mean_ns(),
+            })
+        })
+        .collect();
+    json!({
+        "virtgap_version": env!("CARGO_PKG_VERSION"),
+        "timestamp": timestamp,
+        "interrupted": r.interrupted,
+        "workload": {
+            "name": spec.name,
+            "origin": r.origin,
+            "spec_toml": spec.to_toml(),
+            "fio_equivalent": spec.fio_command(&r.target.path.display().to_string()),
+        },
+        "target": {
+            "description": r.target.describe(),
+            "path": r.target.path.display().to_string(),
+            "size_bytes": r.target.size,
+        },
+        "jobs": [{
+            "jobname": spec.name,
+            "groupid": 0,
+            "error": 0,
+            "elapsed": (secs.round() as u64),
+            "job options": {
+                "rw": spec.fio_rw(),
+                "bs": spec.bs.0.to_string(),
+                "iodepth": spec.qd.to_string(),
+                "numjobs": spec.workers.to_string(),
+                "ioengine": spec.engine.name(),
+                "direct": u8::from(spec.direct).to_string(),
+            },
+            "read": direction_json(r, &r.stats.read, false),
+            "write": direction_json(r, &r.stats.write, true),
+            "usr_cpu": pct(r.stats.cpu.user_ns),
+            "sys_cpu": pct(r.stats.cpu.system_ns),
+            "ctx": r.stats.cpu.context_switches,
+            "engine_features": r.stats.engine_features,
+            "intervals": intervals,
+        }],
+    })
+}

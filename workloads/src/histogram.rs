@@ -1,0 +1,253 @@
+//! Latency histograms: log-linear buckets (HdrHistogram, 2 significant digits, so any recorded
+//! value is reported within 1% of itself) plus exact count, sum, sum of squares, min and max,
+//! so means and standard deviations are exact rather than bucket midpoints.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Largest latency a histogram tracks: one hour. Longer values saturate into the top bucket.
+const MAX_TRACKABLE_NS: u64 = 3_600_000_000_000;
+/// Two significant digits: 256 sub-buckets per power of two, relative bucket width <= 0.78%.
+const SIGNIFICANT_DIGITS: u8 = 2;
+
+/// The percentiles fio prints by default, as fractions of 100.
+pub const FIO_PERCENTILES: [f64; 17] = [
+    1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 80.0, 90.0, 95.0, 99.0, 99.5, 99.9, 99.95,
+    99.99,
+];
+
+/// A latency distribution in nanoseconds.
+#[derive(Clone, Debug)]
+pub struct LatencyHistogram {
+    buckets: Histogram<u64>,
+    count: u64,
+    sum_ns: u128,
+    sum_sq_ns: u128,
+    min_ns: u64,
+    max_ns: u64,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LatencyHistogram {
+    pub fn new() -> Self {
+        let buckets = Histogram::new_with_bounds(1, MAX_TRACKABLE_NS, SIGNIFICANT_DIGITS)
+            .expect("constant histogram bounds are valid");
+        Self { buckets, count: 0, sum_ns: 0, sum_sq_ns: 0, min_ns: u64::MAX, max_ns: 0 }
+    }
+
+    /// Records one latency. O(1), no allocation.
+    #[inline]
+    pub fn record(&mut self, ns: u64) {
+        // Zero is not representable in a log-linear histogram with a lowest value of 1 ns;
+        // a zero reading means "below clock resolution", which 1 ns describes faithfully.
+        let ns = ns.max(1);
+        self.buckets.saturating_record(ns);
+        self.count += 1;
+        self.sum_ns += u128::from(ns);
+        self.sum_sq_ns += u128::from(ns) * u128::from(ns);
+        self.min_ns = self.min_ns.min(ns);
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    /// Adds every observation of `other` to this histogram.
+    pub fn merge(&mut self, other: &Self) {
+        if other.count == 0 {
+            return;
+        }
+        self.buckets.add(&other.buckets).expect("histograms share the same bounds");
+        self.count += other.count;
+        self.sum_ns += other.sum_ns;
+        self.sum_sq_ns += other.sum_sq_ns;
+        self.min_ns = self.min_ns.min(other.min_ns);
+        self.max_ns = self.max_ns.max(other.max_ns);
+    }
+
+    pub fn reset(&mut self) {
+        *self = Self::new();
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Exact sum of all recorded values.
+    pub fn sum_ns(&self) -> u128 {
+        self.sum_ns
+    }
+
+    /// Smallest recorded value, or `None` when empty.
+    pub fn min_ns(&self) -> Option<u64> {
+        (self.count > 0).then_some(self.min_ns)
+    }
+
+    pub fn max_ns(&self) -> Option<u64> {
+        (self.count > 0).then_some(self.max_ns)
+    }
+
+    /// Exact mean.
+    pub fn mean_ns(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum_ns as f64 / self.count as f64)
+    }
+
+    /// Exact population standard deviation (fio reports the same).
+    pub fn stddev_ns(&self) -> Option<f64> {
+        let mean = self.mean_ns()?;
+        let mean_sq = self.sum_sq_ns as f64 / self.count as f64;
+        Some((mean_sq - mean * mean).max(0.0).sqrt())
+    }
+
+    /// The value at percentile `p` (0–100), within 1% of a recorded value; clamped to the exact
+    /// minimum and maximum so p0 and p100 are exact.
+    pub fn percentile_ns(&self, p: f64) -> Option<u64> {
+        if self.count == 0 {
+            return None;
+        }
+        let v = self.buckets.value_at_quantile((p / 100.0).clamp(0.0, 1.0));
+        Some(v.clamp(self.min_ns, self.max_ns))
+    }
+
+    /// Non-empty buckets as (low ns inclusive, high ns inclusive, count), ascending.
+    pub fn buckets(&self) -> Vec<(u64, u64, u64)> {
+        self.buckets
+            .iter_recorded()
+            .map(|v| {
+                let high = v.value_iterated_to();
+                let low = self.buckets.lowest_equivalent(high);
+                (low, high, v.count_since_last_iteration())
+            })
+            .collect()
+    }
+
+    /// A serializable summary with fio's percentile list.
+    pub fn summary(&self) -> LatencySummary {
+        LatencySummary {
+            count: self.count,
+            min_ns: self.min_ns().unwrap_or(0),
+            max_ns: self.max_ns().unwrap_or(0),
+            mean_ns: self.mean_ns().unwrap_or(0.0),
+            stddev_ns: self.stddev_ns().unwrap_or(0.0),
+            percentiles_ns: FIO_PERCENTILES
+                .iter()
+                .map(|&p| (p, self.percentile_ns(p).unwrap_or(0)))
+                .collect(),
+        }
+    }
+}
+
+/// Summary statistics of one latency distribution, as plain data.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct LatencySummary {
+    pub count: u64,
+    pub min_ns: u64,
+    pub max_ns: u64,
+    pub mean_ns: f64,
+    pub stddev_ns: f64,
+    /// (percentile 0–100, value ns), in fio's default list.
+    pub percentiles_ns: Vec<(f64, u64)>,
+}
+
+impl LatencySummary {
+    pub fn percentile(&self, p: f64) -> Option<u64> {
+        self.percentiles_ns.iter().find(|(q, _)| (*q - p).abs() < 1e-9).map(|(_, v)| *v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_histogram_has_no_statistics() {
+        let h = LatencyHistogram::new();
+        assert_eq!(h.count(), 0);
+        assert_eq!(h.mean_ns(), None);
+        assert_eq!(h.percentile_ns(50.0), None);
+        assert_eq!(h.min_ns(), None);
+    }
+
+    #[test]
+    fn mean_and_stddev_are_exact() {
+        let mut h = LatencyHistogram::new();
+        for v in [1_000u64, 2_000, 3_000, 4_000] {
+            h.record(v);
+        }
+        assert_eq!(h.mean_ns(), Some(2_500.0));
+        let sd = h.stddev_ns().unwrap();
+        assert!((sd - 1118.033_988_75).abs() < 1e-6, "stddev {sd}");
+        assert_eq!(h.min_ns(), Some(1_000));
+        assert_eq!(h.max_ns(), Some(4_000));
+    }
+
+    #[test]
+    fn every_value_is_reported_within_one_percent() {
+        // Walk values across twelve orders of magnitude; a histogram holding one value must
+        // report each percentile within 1% of it.
+        let mut v = 1u64;
+        while v < MAX_TRACKABLE_NS {
+            let mut h = LatencyHistogram::new();
+            h.record(v);
+            // Percentiles of a single value are clamped to it; check the raw buckets instead.
+            let (low, high, count) = h.buckets()[0];
+            assert_eq!(count, 1);
+            assert!(low <= v && v <= high, "{v} not in [{low}, {high}]");
+            let width = (high - low) as f64;
+            assert!(width <= v as f64 * 0.01 + 1.0, "bucket [{low},{high}] too wide for {v}");
+            v = v * 7 / 3 + 1;
+        }
+    }
+
+    #[test]
+    fn percentiles_of_a_uniform_spread_are_within_one_percent() {
+        let mut h = LatencyHistogram::new();
+        for v in 1..=100_000u64 {
+            h.record(v * 10);
+        }
+        for p in [50.0, 90.0, 99.0, 99.9] {
+            let exact = (p / 100.0 * 100_000.0) * 10.0;
+            let got = h.percentile_ns(p).unwrap() as f64;
+            assert!((got - exact).abs() / exact <= 0.01, "p{p}: {got} vs {exact}");
+        }
+    }
+
+    #[test]
+    fn merge_equals_recording_everything_in_one() {
+        let mut a = LatencyHistogram::new();
+        let mut b = LatencyHistogram::new();
+        let mut all = LatencyHistogram::new();
+        for v in 0..5_000u64 {
+            let x = 1_000 + v * 37 % 91_000;
+            if v % 3 == 0 { a.record(x) } else { b.record(x) }
+            all.record(x);
+        }
+        a.merge(&b);
+        assert_eq!(a.count(), all.count());
+        assert_eq!(a.sum_ns(), all.sum_ns());
+        assert_eq!(a.percentile_ns(99.0), all.percentile_ns(99.0));
+        assert_eq!(a.buckets(), all.buckets());
+    }
+
+    #[test]
+    fn zero_is_recorded_as_one_nanosecond() {
+        let mut h = LatencyHistogram::new();
+        h.record(0);
+        assert_eq!(h.min_ns(), Some(1));
+        assert_eq!(h.count(), 1);
+    }
+
+    #[test]
+    fn values_beyond_an_hour_saturate() {
+        let mut h = LatencyHistogram::new();
+        h.record(u64::MAX / 2);
+        assert_eq!(h.count(), 1);
+        assert!(h.percentile_ns(100.0).is_some());
+    }
+}

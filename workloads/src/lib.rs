@@ -1,0 +1,23 @@
+//! virtgap's storage workloads: I/O engines (io_uring, psync, null), offset generators, open-loop
+//! pacing, fio-compatible latency statistics, presets, and the safety checks that keep a write
+//! workload away from data the user did not offer.
+//!
+//! Everything here builds and runs without root and without BPF.
+
+pub mod engine;
+pub mod histogram;
+pub mod offsets;
+pub mod pattern;
+pub mod run;
+pub mod safety;
+pub mod schedule;
+pub mod spec;
+pub mod stats;
+pub mod target;
+pub mod units;
+
+pub use histogram::LatencyHistogram;
+pub use run::{start, RunHandle, RunOptions, WorkloadError, WorkloadEvent};
+pub use spec::{LoadedSpec, WorkloadSpec};
+pub use stats::{IntervalMerger, IntervalSample, RunStats};
+pub use target::{Target, TargetChoice, TargetRequest};

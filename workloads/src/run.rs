@@ -1,0 +1,393 @@
+//! Running a workload: one thread per worker, each with its own engine, offset generator and
+//! statistics. Workers send interval samples and their final statistics as owned events over a
+//! channel; nothing is shared between them but the stop flag.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Barrier};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::engine::{
+    Completion, Engine, EngineConfig, EngineError, IoDir, IoRequest, NullEngine, PsyncEngine,
+    UringEngine, Wait,
+};
+use crate::offsets::OffsetGenerator;
+use crate::pattern;
+use crate::schedule::RateSchedule;
+use crate::spec::{EngineKind, ReadWrite, WorkloadSpec};
+use crate::stats::{CpuTime, DirStats, IntervalSample, RunStats};
+use crate::target::Target;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("worker {worker}: {source}")]
+    Engine { worker: u32, source: EngineError },
+    #[error("worker {worker}: {dir} of {len} B at offset {offset} failed: {error}")]
+    Io { worker: u32, dir: &'static str, offset: u64, len: u32, error: std::io::Error },
+    #[error("worker {worker}: {dir} of {len} B at offset {offset} transferred only {got} B")]
+    Short { worker: u32, dir: &'static str, offset: u64, len: u32, got: u32 },
+    #[error("worker {worker}: read at offset {offset} returned wrong data: {detail}")]
+    Verify { worker: u32, offset: u64, detail: String },
+    #[error("worker {worker} panicked")]
+    Panicked { worker: u32 },
+}
+
+/// Messages from workers.
+#[derive(Debug)]
+pub enum WorkloadEvent {
+    /// Every worker has set up its engine and the measured timeline has started.
+    Started { engine_features: String },
+    Interval(IntervalSample),
+    Finished { worker: u32, result: Result<RunStats, WorkloadError> },
+}
+
+/// Knobs that are not part of the workload itself.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Length of an interval sample.
+    pub interval: Duration,
+    /// Check the header of every sector read (targets filled by virtgap only).
+    pub verify_reads: bool,
+    /// Tag stamped into written sectors.
+    pub write_tag: u64,
+    pub seed: u64,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(1),
+            verify_reads: false,
+            write_tag: 2,
+            seed: rand::random(),
+        }
+    }
+}
+
+/// A started run: the worker threads.
+#[derive(Debug)]
+pub struct RunHandle {
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl RunHandle {
+    /// Waits for every worker thread to exit.
+    pub fn join(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts `spec.workers` threads on `target`. Events arrive on `tx`; the run ends after
+/// ramp + duration, or early when `stop` is set. Each worker sends exactly one `Finished`.
+pub fn start<T>(
+    spec: &WorkloadSpec,
+    target: &Target,
+    options: &RunOptions,
+    stop: Arc<AtomicBool>,
+    tx: Sender<T>,
+) -> RunHandle
+where
+    T: From<WorkloadEvent> + Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(spec.workers as usize));
+    let threads = (0..spec.workers)
+        .map(|worker| {
+            let ctx = WorkerContext {
+                worker,
+                spec: spec.clone(),
+                options: options.clone(),
+                file: Arc::clone(&target.file),
+                target_size: target.size,
+                align: target.align as usize,
+                stop: Arc::clone(&stop),
+                barrier: Arc::clone(&barrier),
+            };
+            let tx = tx.clone();
+            std::thread::Builder::new()
+                .name(format!("vg-worker-{worker}"))
+                .spawn(move || {
+                    let send = |ev: WorkloadEvent| {
+                        let _ = tx.send(T::from(ev));
+                    };
+                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        ctx.run(&send)
+                    }))
+                    .unwrap_or(Err(WorkloadError::Panicked { worker }));
+                    if result.is_err() {
+                        ctx.stop.store(true, Ordering::Relaxed);
+                    }
+                    send(WorkloadEvent::Finished { worker, result });
+                })
+                .expect("spawning a worker thread")
+        })
+        .collect();
+    RunHandle { threads }
+}
+
+struct WorkerContext {
+    worker: u32,
+    spec: WorkloadSpec,
+    options: RunOptions,
+    file: Arc<std::fs::File>,
+    target_size: u64,
+    align: usize,
+    stop: Arc<AtomicBool>,
+    barrier: Arc<Barrier>,
+}
+
+/// Bookkeeping for one in-flight slot.
+#[derive(Clone, Copy, Debug, Default)]
+struct Slot {
+    dir_write: bool,
+    offset: u64,
+    created_ns: u64,
+    submitted_ns: u64,
+    scheduled_ns: Option<u64>,
+}
+
+impl WorkerContext {
+    fn run(&self, send: &dyn Fn(WorkloadEvent)) -> Result<RunStats, WorkloadError> {
+        let qd = if self.spec.engine == EngineKind::Psync { 1 } else { self.spec.qd };
+        let cfg = EngineConfig {
+            file: Arc::clone(&self.file),
+            slots: qd,
+            buffer_len: self.spec.bs.0 as usize,
+            buffer_align: self.align.max(4096),
+        };
+        // Engines are built on the thread that uses them (io_uring's single-issuer rule).
+        let engine: Result<Box<dyn Engine>, EngineError> = match self.spec.engine {
+            EngineKind::IoUring => UringEngine::new(&cfg).map(|e| Box::new(e) as Box<dyn Engine>),
+            EngineKind::Psync => PsyncEngine::new(&cfg).map(|e| Box::new(e) as Box<dyn Engine>),
+            EngineKind::Null => NullEngine::new(&cfg).map(|e| Box::new(e) as Box<dyn Engine>),
+        };
+        // Everyone meets at the barrier, so a failed setup cannot leave the others waiting.
+        self.barrier.wait();
+        let mut engine = engine.map_err(|source| WorkloadError::Engine { worker: self.worker, source })?;
+        if self.worker == 0 {
+            send(WorkloadEvent::Started { engine_features: engine.features() });
+        }
+        self.drive(engine.as_mut(), qd, send)
+    }
+
+    /// Hands the queued batch to the kernel and stamps its submission time; returns that time.
+    fn flush(
+        &self,
+        engine: &mut dyn Engine,
+        batch: &mut Vec<u32>,
+        slots: &mut [Slot],
+        now_ns: &dyn Fn() -> u64,
+    ) -> Result<u64, WorkloadError> {
+        engine.submit().map_err(|source| WorkloadError::Engine { worker: self.worker, source })?;
+        let submitted = now_ns();
+        for &slot in batch.iter() {
+            slots[slot as usize].submitted_ns = submitted;
+        }
+        batch.clear();
+        Ok(submitted)
+    }
+
+    /// The I/O loop. Generic over `dyn Engine`: one virtual call per batch step, not per byte.
+    fn drive(
+        &self,
+        engine: &mut dyn Engine,
+        qd: u32,
+        send: &dyn Fn(WorkloadEvent),
+    ) -> Result<RunStats, WorkloadError> {
+        let spec = &self.spec;
+        let worker = self.worker;
+        let bs = spec.bs.0 as u32;
+        let mut offsets = OffsetGenerator::new(
+            spec.pattern,
+            spec.distribution,
+            self.target_size,
+            u64::from(bs),
+            worker,
+            spec.workers,
+            self.options.seed,
+        );
+        let mut schedule = spec
+            .rate_iops
+            .map(|total| RateSchedule::new(total as f64 / f64::from(spec.workers)));
+
+        let t0 = Instant::now();
+        let ramp_ns = spec.ramp.0.as_nanos() as u64;
+        let end_ns = ramp_ns + spec.duration.0.as_nanos() as u64;
+        let interval_ns = self.options.interval.as_nanos().max(1) as u64;
+        let now_ns = || t0.elapsed().as_nanos() as u64;
+
+        let mut slots = vec![Slot::default(); qd as usize];
+        let mut free: Vec<u32> = (0..qd).rev().collect();
+        let mut completions: Vec<Completion> = Vec::with_capacity(qd as usize);
+        let mut batch: Vec<u32> = Vec::with_capacity(qd as usize);
+        let submit_batch = spec.submit_batch.clamp(1, qd) as usize;
+        let mut stats = RunStats::default();
+        let mut interval = IntervalSample::empty(worker, 0, 0);
+        let mut measuring = ramp_ns == 0;
+        let mut cpu_start = CpuTime::of_this_thread();
+        let mut failure: Option<WorkloadError> = None;
+
+        let mut now = now_ns();
+        loop {
+            if !measuring && now >= ramp_ns {
+                measuring = true;
+                cpu_start = CpuTime::of_this_thread();
+            }
+            if now >= end_ns || self.stop.load(Ordering::Relaxed) || failure.is_some() {
+                break;
+            }
+
+            // Issue: fill free slots with I/Os that are due.
+            batch.clear();
+            while let Some(&slot) = free.last() {
+                let scheduled = match schedule.as_mut() {
+                    Some(s) => match s.take_due(now) {
+                        Some(t) => Some(t),
+                        None => break,
+                    },
+                    None => None,
+                };
+                free.pop();
+                let write = match spec.rw {
+                    ReadWrite::Read => false,
+                    ReadWrite::Write => true,
+                    ReadWrite::Mix => offsets.percent() >= spec.rwmix_read,
+                };
+                let offset = offsets.next_offset();
+                if write {
+                    pattern::stamp(engine.buffer_mut(slot), offset, self.options.write_tag);
+                }
+                // `now` is refreshed after every submission, so each I/O's creation time is
+                // stamped without an extra clock read.
+                slots[slot as usize] = Slot {
+                    dir_write: write,
+                    offset,
+                    created_ns: now,
+                    submitted_ns: 0,
+                    scheduled_ns: scheduled,
+                };
+                let dir = if write { IoDir::Write } else { IoDir::Read };
+                engine
+                    .queue(IoRequest { slot, dir, offset, len: bs })
+                    .map_err(|source| WorkloadError::Engine { worker, source })?;
+                batch.push(slot);
+                if batch.len() >= submit_batch {
+                    now = self.flush(engine, &mut batch, &mut slots, &now_ns)?;
+                }
+            }
+            if !batch.is_empty() {
+                self.flush(engine, &mut batch, &mut slots, &now_ns)?;
+            }
+
+            // Reap: block for one completion, or until the next scheduled I/O or interval end.
+            let inflight = qd - free.len() as u32;
+            let wait = match schedule.as_ref() {
+                _ if inflight == 0 && schedule.is_none() => Wait::None,
+                None => Wait::One,
+                Some(_) if inflight == qd => Wait::One,
+                Some(s) => {
+                    let wake = s.next_due_ns().min(end_ns);
+                    Wait::Until(t0 + Duration::from_nanos(wake))
+                }
+            };
+            completions.clear();
+            engine
+                .reap(wait, &mut completions)
+                .map_err(|source| WorkloadError::Engine { worker, source })?;
+            now = now_ns();
+
+            for c in &completions {
+                let s = slots[c.slot as usize];
+                free.push(c.slot);
+                if let Err(e) = check_completion(worker, &s, c, bs) {
+                    failure.get_or_insert(e);
+                    continue;
+                }
+                if self.options.verify_reads && !s.dir_write {
+                    if let Err(detail) = pattern::verify(engine.buffer_mut(c.slot), s.offset) {
+                        failure.get_or_insert(WorkloadError::Verify { worker, offset: s.offset, detail });
+                        continue;
+                    }
+                }
+                if !measuring || s.created_ns < ramp_ns {
+                    continue;
+                }
+                let d: &mut DirStats = if s.dir_write { &mut stats.write } else { &mut stats.read };
+                d.ios += 1;
+                d.bytes += u64::from(bs);
+                d.slat.record(s.submitted_ns.saturating_sub(s.created_ns));
+                d.clat.record(now.saturating_sub(s.submitted_ns));
+                let lat = now.saturating_sub(s.created_ns);
+                d.lat.record(lat);
+                if let Some(sched) = s.scheduled_ns {
+                    d.lat_intended.record(now.saturating_sub(sched));
+                }
+                if s.dir_write {
+                    interval.write_ios += 1;
+                    interval.write_bytes += u64::from(bs);
+                } else {
+                    interval.read_ios += 1;
+                    interval.read_bytes += u64::from(bs);
+                }
+                interval.lat.record(lat);
+            }
+            if let Some(s) = schedule.as_ref() {
+                stats.max_lag_ns = stats.max_lag_ns.max(s.lag_ns(now));
+            }
+
+            // Close every interval boundary crossed (measured window only).
+            if measuring {
+                let window_now = now.min(end_ns) - ramp_ns;
+                while window_now >= interval.start_ns + interval_ns {
+                    let next_start = interval.start_ns + interval_ns;
+                    interval.end_ns = next_start;
+                    let next = IntervalSample::empty(worker, interval.index + 1, next_start);
+                    send(WorkloadEvent::Interval(std::mem::replace(&mut interval, next)));
+                }
+            }
+        }
+
+        // Measured window over (or stopped): account CPU, then let in-flight I/Os finish so no
+        // buffer is freed under the kernel.
+        let end = now.min(end_ns);
+        stats.cpu = CpuTime::of_this_thread().since(cpu_start);
+        stats.measured_ns = end.saturating_sub(ramp_ns);
+        if measuring && end > ramp_ns + interval.start_ns {
+            interval.end_ns = end - ramp_ns;
+            send(WorkloadEvent::Interval(interval));
+        }
+        stats.engine_features = engine.features();
+        while (free.len() as u32) < qd {
+            completions.clear();
+            engine.submit().map_err(|source| WorkloadError::Engine { worker, source })?;
+            engine
+                .reap(Wait::One, &mut completions)
+                .map_err(|source| WorkloadError::Engine { worker, source })?;
+            stats.drained_ios += completions.len() as u64;
+            free.extend(completions.iter().map(|c| c.slot));
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(stats),
+        }
+    }
+}
+
+fn check_completion(worker: u32, s: &Slot, c: &Completion, bs: u32) -> Result<(), WorkloadError> {
+    let dir = if s.dir_write { "write" } else { "read" };
+    if c.result < 0 {
+        return Err(WorkloadError::Io {
+            worker,
+            dir,
+            offset: s.offset,
+            len: bs,
+            error: std::io::Error::from_raw_os_error(-c.result),
+        });
+    }
+    if c.result as u32 != bs {
+        return Err(WorkloadError::Short { worker, dir, offset: s.offset, len: bs, got: c.result as u32 });
+    }
+    Ok(())
+}

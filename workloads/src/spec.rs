@@ -1,0 +1,731 @@
+//! Workload specifications: the TOML files in `presets/` (embedded in the binary) and user copies
+//! of them, plus command-line overrides. A spec is plain data; validation names the key at fault.
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// Built-in presets: (name, TOML text).
+pub const PRESETS: &[(&str, &str)] = &[
+    ("rand4k", include_str!("../presets/rand4k.toml")),
+    ("rand4k-write", include_str!("../presets/rand4k-write.toml")),
+    ("rand4k-mix", include_str!("../presets/rand4k-mix.toml")),
+    ("rand4k-qd1", include_str!("../presets/rand4k-qd1.toml")),
+    ("rand4k-paced", include_str!("../presets/rand4k-paced.toml")),
+    ("seq1m", include_str!("../presets/seq1m.toml")),
+    ("seq1m-write", include_str!("../presets/seq1m-write.toml")),
+    ("fio-randread", include_str!("../presets/fio-randread.toml")),
+];
+
+/// The preset `virtgap` runs when none is named.
+pub const DEFAULT_PRESET: &str = "rand4k";
+
+/// Largest block size accepted: larger requests are split by the block layer anyway.
+pub const MAX_BS: u64 = 64 << 20;
+/// Largest per-worker queue depth accepted (io_uring's own ring limit is 32768).
+pub const MAX_QD: u32 = 4096;
+pub const MAX_WORKERS: u32 = 1024;
+/// One pebibyte: anything larger is a typo, not a target.
+pub const MAX_SIZE: u64 = 1 << 50;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    #[error("unknown workload preset '{0}'; `virtgap workloads` lists the presets, or pass a path to a .toml file")]
+    UnknownPreset(String),
+    #[error("cannot read workload file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("workload file {origin}: {message}")]
+    Parse { origin: String, message: String },
+    #[error("{origin}{key} = {value}: {reason}")]
+    Invalid { origin: String, key: &'static str, value: String, reason: String },
+}
+
+/// Random offsets or one sequential stream per worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pattern {
+    Random,
+    Sequential,
+}
+
+/// Read, write, or a mix of both chosen per I/O.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReadWrite {
+    Read,
+    Write,
+    Mix,
+}
+
+impl FromStr for ReadWrite {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "read" => Ok(Self::Read),
+            "write" => Ok(Self::Write),
+            "mix" | "rw" | "randrw" => Ok(Self::Mix),
+            _ => Err(format!("'{s}' is not one of read, write, mix")),
+        }
+    }
+}
+
+/// The I/O engine a worker uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EngineKind {
+    /// One io_uring per worker, batched submission and reaping.
+    #[serde(rename = "io_uring")]
+    IoUring,
+    /// Blocking pread/pwrite, one I/O in flight per worker.
+    #[serde(rename = "psync")]
+    Psync,
+    /// No I/O at all: completes every request at once. Measures the generator's own cost.
+    #[serde(rename = "null")]
+    Null,
+}
+
+impl EngineKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::IoUring => "io_uring",
+            Self::Psync => "psync",
+            Self::Null => "null",
+        }
+    }
+}
+
+impl FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "io_uring" | "uring" => Ok(Self::IoUring),
+            "psync" => Ok(Self::Psync),
+            "null" => Ok(Self::Null),
+            _ => Err(format!("'{s}' is not one of io_uring, psync, null")),
+        }
+    }
+}
+
+/// How random offsets are spread over the target.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Distribution {
+    Uniform,
+    /// Zipf with exponent theta; hot blocks are scattered over the target by a hash.
+    Zipf(f64),
+}
+
+impl FromStr for Distribution {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "uniform" {
+            return Ok(Self::Uniform);
+        }
+        if let Some(theta) = s.strip_prefix("zipf:") {
+            let theta: f64 = theta.parse().map_err(|_| format!("'{theta}' is not a number"))?;
+            if !(theta > 0.0 && theta <= 10.0) {
+                return Err(format!("zipf exponent {theta} must be in (0, 10]"));
+            }
+            return Ok(Self::Zipf(theta));
+        }
+        Err(format!("'{s}' is not 'uniform' or 'zipf:THETA' (e.g. zipf:0.99)"))
+    }
+}
+
+impl fmt::Display for Distribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Uniform => f.write_str("uniform"),
+            Self::Zipf(t) => write!(f, "zipf:{t}"),
+        }
+    }
+}
+
+/// A byte count written as "4KiB", "1M", "1 GiB" or a plain integer; k/M/G are powers of 1024
+/// as in fio.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+impl FromStr for ByteSize {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let t = s.trim();
+        if t.starts_with('-') {
+            return Err(format!("'{s}' is negative"));
+        }
+        parse_size::Config::new()
+            .with_binary()
+            .parse_size(t)
+            .map(ByteSize)
+            .map_err(|e| format!("'{s}' is not a size like 4KiB or 1GiB ({e})"))
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&crate::units::bytes_exact(self.0))
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Text(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) if n < 0 => Err(serde::de::Error::custom(format!("{n} is negative"))),
+            Raw::Int(n) => Ok(ByteSize(n as u64)),
+            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// A duration written as "10s", "1m 30s", "500ms".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Span(pub Duration);
+
+impl FromStr for Span {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        humantime::parse_duration(s.trim())
+            .map(Span)
+            .map_err(|e| format!("'{s}' is not a duration like 10s or 2m ({e})"))
+    }
+}
+
+impl Serialize for Span {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(self.0).to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for Span {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+fn ser_display<T: fmt::Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&v.to_string())
+}
+
+fn de_from_str<'de, T: FromStr<Err = String>, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+    String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+}
+
+fn default_rwmix_read() -> u8 {
+    70
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn zero_span() -> Span {
+    Span(Duration::ZERO)
+}
+
+fn uniform() -> Distribution {
+    Distribution::Uniform
+}
+
+/// One workload, as written in a preset file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadSpec {
+    /// Short name shown in reports.
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    pub pattern: Pattern,
+    pub rw: ReadWrite,
+    /// Percent of I/Os that are reads when `rw = "mix"`.
+    #[serde(default = "default_rwmix_read")]
+    pub rwmix_read: u8,
+    /// Bytes per I/O.
+    pub bs: ByteSize,
+    /// I/Os in flight per worker.
+    pub qd: u32,
+    pub workers: u32,
+    pub engine: EngineKind,
+    #[serde(default = "uniform", serialize_with = "ser_display", deserialize_with = "de_from_str")]
+    pub distribution: Distribution,
+    /// Total I/Os per second over all workers; absent for a closed loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_iops: Option<u64>,
+    /// Size of the temp file (or of the region used on an existing target).
+    pub size: ByteSize,
+    /// Measured time.
+    pub duration: Span,
+    /// Time run before measuring starts, excluded from the results.
+    #[serde(default = "zero_span")]
+    pub ramp: Span,
+    /// O_DIRECT (bypass the page cache).
+    #[serde(default = "default_true")]
+    pub direct: bool,
+    /// Queued I/Os handed to the kernel per submission (fio's iodepth_batch_submit). 1 submits
+    /// each I/O at once, which keeps a paravirtual device busiest; larger batches save syscalls.
+    #[serde(default = "one")]
+    pub submit_batch: u32,
+}
+
+/// A spec together with where it came from and its original text.
+#[derive(Clone, Debug)]
+pub struct LoadedSpec {
+    pub spec: WorkloadSpec,
+    /// "preset rand4k" or the file path.
+    pub origin: String,
+    /// The preset or file text exactly as read.
+    pub source_text: String,
+}
+
+/// Looks up a preset by name.
+pub fn preset_text(name: &str) -> Option<&'static str> {
+    PRESETS.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}
+
+/// Resolves `name_or_path`: a preset name, or a path to a TOML file (anything containing a '/'
+/// or ending in ".toml", or an existing file).
+pub fn load(name_or_path: &str) -> Result<LoadedSpec, SpecError> {
+    let looks_like_path = name_or_path.contains('/')
+        || name_or_path.ends_with(".toml")
+        || (preset_text(name_or_path).is_none() && Path::new(name_or_path).is_file());
+    if !looks_like_path {
+        let text = preset_text(name_or_path)
+            .ok_or_else(|| SpecError::UnknownPreset(name_or_path.to_string()))?;
+        let origin = format!("preset {name_or_path}");
+        let spec = parse(text, &origin)?;
+        return Ok(LoadedSpec { spec, origin, source_text: text.to_string() });
+    }
+    let text = std::fs::read_to_string(name_or_path)
+        .map_err(|source| SpecError::Read { path: name_or_path.to_string(), source })?;
+    let spec = parse(&text, name_or_path)?;
+    Ok(LoadedSpec { spec, origin: name_or_path.to_string(), source_text: text })
+}
+
+/// Parses and validates TOML text; errors name the key and its line.
+pub fn parse(text: &str, origin: &str) -> Result<WorkloadSpec, SpecError> {
+    let spec: WorkloadSpec = toml::from_str(text).map_err(|e| SpecError::Parse {
+        origin: origin.to_string(),
+        message: describe_toml_error(&e, text),
+    })?;
+    spec.validate().map_err(|e| match e {
+        SpecError::Invalid { key, value, reason, .. } => {
+            let line = line_of_key(text, key).map(|l| format!(":{l}")).unwrap_or_default();
+            SpecError::Invalid { origin: format!("{origin}{line}: "), key, value, reason }
+        }
+        other => other,
+    })?;
+    Ok(spec)
+}
+
+fn describe_toml_error(e: &toml::de::Error, text: &str) -> String {
+    let msg = e.message().trim().to_string();
+    match e.span() {
+        Some(span) => {
+            let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+            format!("line {line}: {msg}")
+        }
+        None => msg,
+    }
+}
+
+/// 1-based line where `key = ...` is set, if it is.
+fn line_of_key(text: &str, key: &str) -> Option<usize> {
+    text.lines().position(|l| {
+        let l = l.trim_start();
+        l.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
+    })
+    .map(|i| i + 1)
+}
+
+impl WorkloadSpec {
+    fn invalid(key: &'static str, value: impl fmt::Display, reason: impl Into<String>) -> SpecError {
+        SpecError::Invalid {
+            origin: String::new(),
+            key,
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Checks every value is usable; the error names the first key at fault.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.qd == 0 || self.qd > MAX_QD {
+            return Err(Self::invalid("qd", self.qd, format!("queue depth must be 1..={MAX_QD}")));
+        }
+        if self.workers == 0 || self.workers > MAX_WORKERS {
+            return Err(Self::invalid(
+                "workers",
+                self.workers,
+                format!("worker count must be 1..={MAX_WORKERS}"),
+            ));
+        }
+        let bs = self.bs.0;
+        if bs == 0 || bs > MAX_BS {
+            return Err(Self::invalid("bs", self.bs, "block size must be between 512 B and 64 MiB"));
+        }
+        if self.direct && bs % 512 != 0 {
+            return Err(Self::invalid(
+                "bs",
+                self.bs,
+                "O_DIRECT needs a multiple of 512 B (the device's logical block size is checked too)",
+            ));
+        }
+        if self.rwmix_read > 100 {
+            return Err(Self::invalid("rwmix_read", self.rwmix_read, "a percentage must be 0..=100"));
+        }
+        if self.size.0 == 0 || self.size.0 > MAX_SIZE {
+            return Err(Self::invalid("size", self.size, "size must be above zero and at most 1 PiB"));
+        }
+        let min_size = bs.saturating_mul(u64::from(self.workers));
+        if self.size.0 < min_size {
+            return Err(Self::invalid(
+                "size",
+                self.size,
+                format!("must hold at least one block per worker ({})", ByteSize(min_size)),
+            ));
+        }
+        if self.duration.0.is_zero() {
+            return Err(Self::invalid("duration", "0s", "the measured duration must be above zero"));
+        }
+        if self.duration.0 > Duration::from_secs(366 * 24 * 3600) {
+            return Err(Self::invalid(
+                "duration",
+                humantime::format_duration(self.duration.0),
+                "longer than a year; pick a shorter run",
+            ));
+        }
+        if self.submit_batch == 0 || self.submit_batch > self.qd {
+            return Err(Self::invalid(
+                "submit_batch",
+                self.submit_batch,
+                format!("must be 1..=qd ({})", self.qd),
+            ));
+        }
+        if let Some(rate) = self.rate_iops {
+            if rate == 0 {
+                return Err(Self::invalid(
+                    "rate_iops",
+                    rate,
+                    "must be above zero; remove the key for a closed-loop run",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Serializes the spec back to TOML (the effective spec, after overrides).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a workload spec always serializes")
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.rw == ReadWrite::Read
+    }
+
+    /// fio's `--rw` value for this spec.
+    pub fn fio_rw(&self) -> &'static str {
+        match (self.pattern, self.rw) {
+            (Pattern::Random, ReadWrite::Read) => "randread",
+            (Pattern::Random, ReadWrite::Write) => "randwrite",
+            (Pattern::Random, ReadWrite::Mix) => "randrw",
+            (Pattern::Sequential, ReadWrite::Read) => "read",
+            (Pattern::Sequential, ReadWrite::Write) => "write",
+            (Pattern::Sequential, ReadWrite::Mix) => "rw",
+        }
+    }
+
+    /// A one-line description: "random read, bs 4 KiB, qd 32 x 1 worker, io_uring, O_DIRECT".
+    pub fn describe(&self) -> String {
+        let pattern = match self.pattern {
+            Pattern::Random => "random",
+            Pattern::Sequential => "sequential",
+        };
+        let rw = match self.rw {
+            ReadWrite::Read => "read".to_string(),
+            ReadWrite::Write => "write".to_string(),
+            ReadWrite::Mix => format!("{}% read / {}% write", self.rwmix_read, 100 - self.rwmix_read),
+        };
+        let workers = if self.workers == 1 { "worker" } else { "workers" };
+        let mut s = format!(
+            "{pattern} {rw}, bs {}, qd {} x {} {workers}, {}, {}",
+            crate::units::bytes(self.bs.0),
+            self.qd,
+            self.workers,
+            self.engine.name(),
+            if self.direct { "O_DIRECT" } else { "buffered" }
+        );
+        if self.pattern == Pattern::Random && self.distribution != Distribution::Uniform {
+            s.push_str(&format!(", {}", self.distribution));
+        }
+        if let Some(rate) = self.rate_iops {
+            s.push_str(&format!(", paced at {rate} IOPS"));
+        }
+        s
+    }
+
+    /// The fio command line that runs the same job on `filename`.
+    pub fn fio_command(&self, filename: &str) -> String {
+        let mut args = vec![
+            "fio".to_string(),
+            format!("--name={}", self.name),
+            format!("--filename={filename}"),
+            format!("--direct={}", u8::from(self.direct)),
+            format!("--ioengine={}", self.engine.name()),
+            format!("--rw={}", self.fio_rw()),
+            format!("--bs={}", self.bs.0),
+            format!("--iodepth={}", self.qd),
+            format!("--numjobs={}", self.workers),
+        ];
+        if self.rw == ReadWrite::Mix {
+            args.push(format!("--rwmixread={}", self.rwmix_read));
+        }
+        match self.pattern {
+            Pattern::Random => {
+                args.push(format!("--size={}", self.size.0));
+                args.push("--norandommap".into());
+                args.push("--randrepeat=0".into());
+                if let Distribution::Zipf(t) = self.distribution {
+                    args.push(format!("--random_distribution=zipf:{t}"));
+                }
+            }
+            Pattern::Sequential => {
+                // Each worker owns a disjoint region, as ours do.
+                let region = self.size.0 / u64::from(self.workers) / self.bs.0 * self.bs.0;
+                args.push(format!("--size={region}"));
+                args.push(format!("--offset_increment={region}"));
+            }
+        }
+        if self.engine == EngineKind::IoUring {
+            args.push("--registerfiles".into());
+            args.push("--fixedbufs".into());
+        }
+        if let Some(rate) = self.rate_iops {
+            args.push(format!("--rate_iops={}", (rate / u64::from(self.workers)).max(1)));
+            args.push("--io_submit_mode=offload".into());
+        }
+        if self.submit_batch > 1 {
+            args.push(format!("--iodepth_batch_submit={}", self.submit_batch));
+        }
+        args.push("--time_based".into());
+        args.push(format!("--runtime={}", self.duration.0.as_secs().max(1)));
+        if !self.ramp.0.is_zero() {
+            args.push(format!("--ramp_time={}", self.ramp.0.as_secs().max(1)));
+        }
+        args.push("--group_reporting".into());
+        args.push("--output-format=json".into());
+        args.join(" ")
+    }
+}
+
+/// Command-line overrides; `None` keeps the spec's value.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub rw: Option<ReadWrite>,
+    pub rwmix_read: Option<u8>,
+    pub bs: Option<ByteSize>,
+    pub qd: Option<u32>,
+    pub workers: Option<u32>,
+    pub engine: Option<EngineKind>,
+    pub distribution: Option<Distribution>,
+    pub rate_iops: Option<u64>,
+    pub size: Option<ByteSize>,
+    pub duration: Option<Span>,
+    pub ramp: Option<Span>,
+    pub direct: Option<bool>,
+    pub submit_batch: Option<u32>,
+}
+
+impl Overrides {
+    /// Applies the overrides and re-validates; errors name the command-line flag.
+    /// On error `spec` is left unchanged.
+    pub fn apply(&self, spec: &mut WorkloadSpec) -> Result<(), SpecError> {
+        let mut next = spec.clone();
+        macro_rules! set {
+            ($($field:ident),*) => { $( if let Some(v) = self.$field { next.$field = v; } )* };
+        }
+        set!(rw, rwmix_read, bs, qd, workers, engine, distribution, size, duration, ramp, direct, submit_batch);
+        if let Some(r) = self.rate_iops {
+            next.rate_iops = Some(r);
+        }
+        if self.rwmix_read.is_some() && self.rw.is_none() {
+            next.rw = ReadWrite::Mix;
+        }
+        next.validate().map_err(|e| match e {
+            SpecError::Invalid { key, value, reason, .. } => SpecError::Invalid {
+                origin: String::new(),
+                key: flag_for_key(key),
+                value,
+                reason,
+            },
+            other => other,
+        })?;
+        *spec = next;
+        Ok(())
+    }
+}
+
+fn flag_for_key(key: &'static str) -> &'static str {
+    match key {
+        "qd" => "--qd",
+        "workers" => "--workers",
+        "bs" => "--bs",
+        "size" => "--size",
+        "duration" => "--duration",
+        "rate_iops" => "--rate-iops",
+        "rwmix_read" => "--rwmix-read",
+        "submit_batch" => "--submit-batch",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_preset_parses_and_validates() {
+        for (name, text) in PRESETS {
+            let spec = parse(text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(&spec.name, name, "preset {name} names itself");
+            assert!(!spec.description.is_empty(), "preset {name} has a description");
+        }
+        assert!(preset_text(DEFAULT_PRESET).is_some());
+    }
+
+    #[test]
+    fn default_preset_is_random_4k_reads_at_qd32() {
+        let spec = load(DEFAULT_PRESET).unwrap().spec;
+        assert_eq!(spec.pattern, Pattern::Random);
+        assert_eq!(spec.rw, ReadWrite::Read);
+        assert_eq!(spec.bs, ByteSize(4096));
+        assert_eq!(spec.qd, 32);
+        assert_eq!(spec.engine, EngineKind::IoUring);
+        assert_eq!(spec.size, ByteSize(1 << 30));
+    }
+
+    #[test]
+    fn unknown_preset_is_named() {
+        let e = load("rand5k").unwrap_err().to_string();
+        assert!(e.contains("unknown workload preset 'rand5k'"), "{e}");
+    }
+
+    #[test]
+    fn unknown_key_reports_key_and_line() {
+        let text = preset_text("rand4k").unwrap().replace("qd = 32", "queue_depth = 32");
+        let e = parse(&text, "my.toml").unwrap_err().to_string();
+        assert!(e.contains("queue_depth"), "{e}");
+        assert!(e.contains("line "), "{e}");
+    }
+
+    #[test]
+    fn bad_value_reports_key_and_line() {
+        let text = preset_text("rand4k").unwrap().replace("bs = \"4KiB\"", "bs = \"4 potatoes\"");
+        let e = parse(&text, "my.toml").unwrap_err().to_string();
+        let line = line_of_key(&text, "bs").unwrap();
+        assert!(e.contains(&format!("line {line}")), "{e}");
+        assert!(e.contains("4 potatoes"), "{e}");
+    }
+
+    #[test]
+    fn zero_qd_in_a_file_names_key_and_line() {
+        let text = preset_text("rand4k").unwrap().replace("qd = 32", "qd = 0");
+        let e = parse(&text, "my.toml").unwrap_err().to_string();
+        let line = line_of_key(&text, "qd").unwrap();
+        assert!(e.starts_with(&format!("my.toml:{line}: qd = 0:")), "{e}");
+    }
+
+    #[test]
+    fn overrides_are_validated_and_name_the_flag() {
+        let mut spec = load("rand4k").unwrap().spec;
+        let e = Overrides { qd: Some(0), ..Default::default() }.apply(&mut spec).unwrap_err();
+        assert!(e.to_string().starts_with("--qd = 0"), "{e}");
+        let e = Overrides { bs: Some(ByteSize(1000)), ..Default::default() }
+            .apply(&mut spec)
+            .unwrap_err();
+        assert!(e.to_string().contains("multiple of 512"), "{e}");
+        let e = Overrides { duration: Some(Span(Duration::ZERO)), ..Default::default() }
+            .apply(&mut spec)
+            .unwrap_err();
+        assert!(e.to_string().starts_with("--duration"), "{e}");
+    }
+
+    #[test]
+    fn rwmix_override_implies_mix() {
+        let mut spec = load("rand4k").unwrap().spec;
+        Overrides { rwmix_read: Some(50), ..Default::default() }.apply(&mut spec).unwrap();
+        assert_eq!(spec.rw, ReadWrite::Mix);
+        assert_eq!(spec.fio_rw(), "randrw");
+    }
+
+    #[test]
+    fn sizes_parse_as_binary_units() {
+        assert_eq!("4k".parse::<ByteSize>().unwrap(), ByteSize(4096));
+        assert_eq!("4KiB".parse::<ByteSize>().unwrap(), ByteSize(4096));
+        assert_eq!("1 GiB".parse::<ByteSize>().unwrap(), ByteSize(1 << 30));
+        assert_eq!("1M".parse::<ByteSize>().unwrap(), ByteSize(1 << 20));
+        assert!("-4k".parse::<ByteSize>().is_err());
+        assert!("lots".parse::<ByteSize>().is_err());
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused() {
+        let mut spec = load("rand4k").unwrap().spec;
+        let e = Overrides { size: Some(ByteSize(1 << 60)), ..Default::default() }
+            .apply(&mut spec)
+            .unwrap_err();
+        assert!(e.to_string().contains("1 PiB"), "{e}");
+    }
+
+    #[test]
+    fn distributions_parse() {
+        assert_eq!("uniform".parse::<Distribution>().unwrap(), Distribution::Uniform);
+        assert_eq!("zipf:0.99".parse::<Distribution>().unwrap(), Distribution::Zipf(0.99));
+        assert!("zipf:0".parse::<Distribution>().is_err());
+        assert!("pareto".parse::<Distribution>().is_err());
+    }
+
+    #[test]
+    fn spec_round_trips_through_toml() {
+        for (name, text) in PRESETS {
+            let spec = parse(text, name).unwrap();
+            let again = parse(&spec.to_toml(), name).unwrap();
+            assert_eq!(spec, again, "{name}");
+        }
+    }
+
+    #[test]
+    fn fio_command_mirrors_the_job() {
+        let spec = load("fio-randread").unwrap().spec;
+        let cmd = spec.fio_command("/data/f");
+        for part in [
+            "--rw=randread",
+            "--bs=4096",
+            "--iodepth=32",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--filename=/data/f",
+            "--registerfiles",
+            "--fixedbufs",
+        ] {
+            assert!(cmd.contains(part), "{cmd} lacks {part}");
+        }
+        let seq = load("seq1m").unwrap().spec;
+        assert!(seq.fio_command("f").contains("--offset_increment="));
+    }
+}

@@ -1,0 +1,83 @@
+//! Human-readable units for reports: binary byte sizes and latencies with their unit attached.
+
+/// "4 KiB", "1.50 GiB", "512 B" — rounded for reading.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64;
+    let mut unit = "B";
+    for u in UNITS {
+        if value < 1024.0 {
+            break;
+        }
+        value /= 1024.0;
+        unit = u;
+    }
+    if value.fract() == 0.0 {
+        format!("{value:.0} {unit}")
+    } else {
+        format!("{value:.2} {unit}")
+    }
+}
+
+/// Exact form for specs: "4KiB", "1GiB", or plain bytes when not a whole unit.
+pub fn bytes_exact(n: u64) -> String {
+    const UNITS: [(&str, u32); 5] =
+        [("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    for (unit, shift) in UNITS {
+        if n != 0 && n % (1u64 << shift) == 0 {
+            return format!("{}{unit}", n >> shift);
+        }
+    }
+    n.to_string()
+}
+
+/// A latency with a unit chosen for its size: "850 ns", "12.3 µs", "4.56 ms", "1.20 s".
+pub fn latency(ns: f64) -> String {
+    if ns < 1_000.0 {
+        format!("{ns:.0} ns")
+    } else if ns < 1_000_000.0 {
+        format!("{:.1} µs", ns / 1e3)
+    } else if ns < 1_000_000_000.0 {
+        format!("{:.2} ms", ns / 1e6)
+    } else {
+        format!("{:.2} s", ns / 1e9)
+    }
+}
+
+/// A rate with an SI suffix: "74.2k", "1.20M", "950".
+pub fn count(n: f64) -> String {
+    if n >= 1e6 {
+        format!("{:.2}M", n / 1e6)
+    } else if n >= 1e4 {
+        format!("{:.1}k", n / 1e3)
+    } else {
+        format!("{n:.0}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_bytes() {
+        assert_eq!(bytes(512), "512 B");
+        assert_eq!(bytes(4096), "4 KiB");
+        assert_eq!(bytes(1536 * 1024 * 1024), "1.50 GiB");
+        assert_eq!(bytes_exact(4096), "4KiB");
+        assert_eq!(bytes_exact(1 << 30), "1GiB");
+        assert_eq!(bytes_exact(1000), "1000");
+    }
+
+    #[test]
+    fn formats_latencies_and_counts() {
+        assert_eq!(latency(850.0), "850 ns");
+        assert_eq!(latency(12_345.0), "12.3 µs");
+        assert_eq!(latency(4_560_000.0), "4.56 ms");
+        assert_eq!(count(74_210.0), "74.2k");
+        assert_eq!(count(950.0), "950");
+    }
+}
