@@ -24,6 +24,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once
 pub enum Command {
     /// Run a workload headless and print its summary (or JSON with --json)
     Record(RecordArgs),
@@ -98,10 +99,10 @@ pub struct WorkloadOverrides {
     #[arg(long, value_name = "DURATION")]
     pub ramp: Option<Span>,
     /// Temp file size, or region of --target, e.g. 1GiB
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
     pub size: Option<ByteSize>,
     /// Bytes per I/O, e.g. 4k, 1MiB
-    #[arg(long, value_name = "BYTES")]
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
     pub bs: Option<ByteSize>,
     /// I/Os in flight per worker
     #[arg(long, value_name = "N")]

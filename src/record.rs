@@ -25,14 +25,19 @@ pub fn workloads(args: &WorkloadsArgs) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     match &args.name {
         Some(name) => {
-            let text = spec::preset_text(name).ok_or_else(|| spec::SpecError::UnknownPreset(name.clone()))?;
+            let text = spec::preset_text(name)
+                .ok_or_else(|| spec::SpecError::UnknownPreset(name.clone()))?;
             out.write_all(text.as_bytes())?;
         }
         None => {
             writeln!(out, "{:<14} DESCRIPTION", "PRESET")?;
             for (name, text) in PRESETS {
                 let spec = spec::parse(text, name)?;
-                let marker = if *name == spec::DEFAULT_PRESET { " (default)" } else { "" };
+                let marker = if *name == spec::DEFAULT_PRESET {
+                    " (default)"
+                } else {
+                    ""
+                };
                 writeln!(out, "{name:<14} {}{marker}", spec.description)?;
             }
             writeln!(out, "\nPrint one with `virtgap workloads NAME`; run an edited copy with `virtgap record -w FILE.toml`.")?;
@@ -62,14 +67,21 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // A second signal while stopping exits at once (temp files are already unlinked).
-        signal_hook::flag::register_conditional_shutdown(sig, i32::from(EXIT_INTERRUPTED), Arc::clone(&stop))
+        signal_hook::flag::register_conditional_shutdown(
+            sig,
+            i32::from(EXIT_INTERRUPTED),
+            Arc::clone(&stop),
+        )
+        .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
             .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
     }
 
     let choice = match &args.target.target {
         Some(p) => TargetChoice::Path(p.clone()),
-        None => TargetChoice::TempFile { dir: args.target.dir.clone() },
+        None => TargetChoice::TempFile {
+            dir: args.target.dir.clone(),
+        },
     };
     if args.target.destroy_data.is_some() && args.target.target.is_none() {
         bail!("--destroy-data only applies to an existing --target");
@@ -126,7 +138,11 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         }
     }
 
-    let options = RunOptions { interval: args.interval.0, verify_reads: args.verify, ..RunOptions::default() };
+    let options = RunOptions {
+        interval: args.interval.0,
+        verify_reads: args.verify,
+        ..RunOptions::default()
+    };
     let (tx, rx) = mpsc::channel::<WorkloadEvent>();
     let wall_start = std::time::SystemTime::now();
     let handle = virtgap_workloads::start(&spec, &target, &options, Arc::clone(&stop), tx);
@@ -195,14 +211,21 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     }
     out.flush()?;
     if interrupted {
-        eprintln!("virtgap: interrupted after {:.1} s of measurement", stats.seconds());
+        eprintln!(
+            "virtgap: interrupted after {:.1} s of measurement",
+            stats.seconds()
+        );
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
     Ok(ExitCode::SUCCESS)
 }
 
 fn draw_progress(elapsed: Duration, total: Duration, last: Option<&IntervalSample>) {
-    let mut line = format!("[{:>4.0}/{:.0} s]", elapsed.as_secs_f64().min(total.as_secs_f64()), total.as_secs_f64());
+    let mut line = format!(
+        "[{:>4.0}/{:.0} s]",
+        elapsed.as_secs_f64().min(total.as_secs_f64()),
+        total.as_secs_f64()
+    );
     if let Some(s) = last {
         line.push_str(&format!(" {} IOPS", units::count(s.iops())));
         if let Some(p99) = s.lat.percentile_ns(99.0) {

@@ -54,17 +54,32 @@ fn interval_secs(s: &IntervalSample) -> f64 {
 
 /// Full-length intervals only: a short last interval would skew the spread.
 fn full_intervals<'a>(r: &'a Report<'_>) -> impl Iterator<Item = &'a IntervalSample> {
-    let longest = r.intervals.iter().map(|s| s.end_ns - s.start_ns).max().unwrap_or(0);
-    r.intervals.iter().filter(move |s| s.end_ns - s.start_ns == longest && longest > 0)
+    let longest = r
+        .intervals
+        .iter()
+        .map(|s| s.end_ns - s.start_ns)
+        .max()
+        .unwrap_or(0);
+    r.intervals
+        .iter()
+        .filter(move |s| s.end_ns - s.start_ns == longest && longest > 0)
 }
 
 pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
     let spec = r.spec;
     writeln!(out, "{} ({}): {}", spec.name, r.origin, spec.describe())?;
     writeln!(out, "  target: {}", r.target.describe())?;
-    writeln!(out, "  engine: {} ({})", spec.engine.name(), r.stats.engine_features)?;
+    writeln!(
+        out,
+        "  engine: {} ({})",
+        spec.engine.name(),
+        r.stats.engine_features
+    )?;
     let secs = r.stats.seconds();
-    for (label, d, write) in [("read", &r.stats.read, false), ("write", &r.stats.write, true)] {
+    for (label, d, write) in [
+        ("read", &r.stats.read, false),
+        ("write", &r.stats.write, true),
+    ] {
         if d.ios == 0 {
             continue;
         }
@@ -109,7 +124,11 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
         writeln!(out, "  no I/O completed in the measured window")?;
     }
     if r.spec.rate_iops.is_some() {
-        writeln!(out, "  schedule: worst lag behind the pacing schedule {}", units::latency(r.stats.max_lag_ns as f64))?;
+        writeln!(
+            out,
+            "  schedule: worst lag behind the pacing schedule {}",
+            units::latency(r.stats.max_lag_ns as f64)
+        )?;
     }
     let cpu = &r.stats.cpu;
     if secs > 0.0 {
@@ -126,7 +145,12 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
         writeln!(out)?;
     }
     if r.interrupted {
-        writeln!(out, "  (interrupted: {:.1} s of {:.0} s measured)", secs, r.spec.duration.0.as_secs_f64())?;
+        writeln!(
+            out,
+            "  (interrupted: {:.1} s of {:.0} s measured)",
+            secs,
+            r.spec.duration.0.as_secs_f64()
+        )?;
     }
     Ok(())
 }
@@ -187,7 +211,10 @@ fn direction_json(r: &Report<'_>, d: &DirStats, write: bool) -> Value {
     m.insert("clat_ns".into(), latency_json(&d.clat, true));
     m.insert("lat_ns".into(), latency_json(&d.lat, true));
     if !d.lat_intended.is_empty() {
-        m.insert("lat_intended_ns".into(), latency_json(&d.lat_intended, true));
+        m.insert(
+            "lat_intended_ns".into(),
+            latency_json(&d.lat_intended, true),
+        );
     }
     if let (Some(iops), Some(bw)) = (iops, bw_kib) {
         m.insert("bw_min".into(), json!(bw.min as u64));
@@ -207,8 +234,18 @@ fn direction_json(r: &Report<'_>, d: &DirStats, write: bool) -> Value {
 pub fn json(r: &Report<'_>) -> Value {
     let spec = r.spec;
     let secs = r.stats.seconds();
-    let pct = |ns: u64| if secs > 0.0 { ns as f64 / 1e9 / secs * 100.0 } else { 0.0 };
-    let timestamp = r.started.duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let pct = |ns: u64| {
+        if secs > 0.0 {
+            ns as f64 / 1e9 / secs * 100.0
+        } else {
+            0.0
+        }
+    };
+    let timestamp = r
+        .started
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let intervals: Vec<Value> = r
         .intervals
         .iter()

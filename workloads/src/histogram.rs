@@ -37,7 +37,14 @@ impl LatencyHistogram {
     pub fn new() -> Self {
         let buckets = Histogram::new_with_bounds(1, MAX_TRACKABLE_NS, SIGNIFICANT_DIGITS)
             .expect("constant histogram bounds are valid");
-        Self { buckets, count: 0, sum_ns: 0, sum_sq_ns: 0, min_ns: u64::MAX, max_ns: 0 }
+        Self {
+            buckets,
+            count: 0,
+            sum_ns: 0,
+            sum_sq_ns: 0,
+            min_ns: u64::MAX,
+            max_ns: 0,
+        }
     }
 
     /// Records one latency. O(1), no allocation.
@@ -59,7 +66,9 @@ impl LatencyHistogram {
         if other.count == 0 {
             return;
         }
-        self.buckets.add(&other.buckets).expect("histograms share the same bounds");
+        self.buckets
+            .add(&other.buckets)
+            .expect("histograms share the same bounds");
         self.count += other.count;
         self.sum_ns += other.sum_ns;
         self.sum_sq_ns += other.sum_sq_ns;
@@ -157,7 +166,10 @@ pub struct LatencySummary {
 
 impl LatencySummary {
     pub fn percentile(&self, p: f64) -> Option<u64> {
-        self.percentiles_ns.iter().find(|(q, _)| (*q - p).abs() < 1e-9).map(|(_, v)| *v)
+        self.percentiles_ns
+            .iter()
+            .find(|(q, _)| (*q - p).abs() < 1e-9)
+            .map(|(_, v)| *v)
     }
 }
 
@@ -182,7 +194,7 @@ mod tests {
         }
         assert_eq!(h.mean_ns(), Some(2_500.0));
         let sd = h.stddev_ns().unwrap();
-        assert!((sd - 1118.033_988_75).abs() < 1e-6, "stddev {sd}");
+        assert!((sd - 1_118.033_988_75).abs() < 1e-6, "stddev {sd}");
         assert_eq!(h.min_ns(), Some(1_000));
         assert_eq!(h.max_ns(), Some(4_000));
     }
@@ -200,7 +212,10 @@ mod tests {
             assert_eq!(count, 1);
             assert!(low <= v && v <= high, "{v} not in [{low}, {high}]");
             let width = (high - low) as f64;
-            assert!(width <= v as f64 * 0.01 + 1.0, "bucket [{low},{high}] too wide for {v}");
+            assert!(
+                width <= v as f64 * 0.01 + 1.0,
+                "bucket [{low},{high}] too wide for {v}"
+            );
             v = v * 7 / 3 + 1;
         }
     }
@@ -214,7 +229,10 @@ mod tests {
         for p in [50.0, 90.0, 99.0, 99.9] {
             let exact = (p / 100.0 * 100_000.0) * 10.0;
             let got = h.percentile_ns(p).unwrap() as f64;
-            assert!((got - exact).abs() / exact <= 0.01, "p{p}: {got} vs {exact}");
+            assert!(
+                (got - exact).abs() / exact <= 0.01,
+                "p{p}: {got} vs {exact}"
+            );
         }
     }
 
@@ -225,7 +243,11 @@ mod tests {
         let mut all = LatencyHistogram::new();
         for v in 0..5_000u64 {
             let x = 1_000 + v * 37 % 91_000;
-            if v % 3 == 0 { a.record(x) } else { b.record(x) }
+            if v % 3 == 0 {
+                a.record(x)
+            } else {
+                b.record(x)
+            }
             all.record(x);
         }
         a.merge(&b);

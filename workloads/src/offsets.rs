@@ -17,9 +17,18 @@ pub struct OffsetGenerator {
 
 #[derive(Debug)]
 enum Kind {
-    Uniform { blocks: u64 },
-    Zipf { blocks: u64, zipf: Zipf<f64> },
-    Sequential { first_block: u64, blocks: u64, next: u64 },
+    Uniform {
+        blocks: u64,
+    },
+    Zipf {
+        blocks: u64,
+        zipf: Zipf<f64>,
+    },
+    Sequential {
+        first_block: u64,
+        blocks: u64,
+        next: u64,
+    },
 }
 
 impl OffsetGenerator {
@@ -49,7 +58,11 @@ impl OffsetGenerator {
                 }
             }
         };
-        Self { bs, rng: SmallRng::seed_from_u64(seed ^ u64::from(worker).wrapping_mul(0x9e37_79b9)), kind }
+        Self {
+            bs,
+            rng: SmallRng::seed_from_u64(seed ^ u64::from(worker).wrapping_mul(0x9e37_79b9)),
+            kind,
+        }
     }
 
     /// The next offset in bytes, aligned to the block size.
@@ -63,7 +76,11 @@ impl OffsetGenerator {
                 let rank = zipf.sample(&mut self.rng) as u64;
                 fnv1a64(rank) % *blocks
             }
-            Kind::Sequential { first_block, blocks, next } => {
+            Kind::Sequential {
+                first_block,
+                blocks,
+                next,
+            } => {
                 let b = *first_block + *next;
                 *next = (*next + 1) % *blocks;
                 b
@@ -95,7 +112,15 @@ mod tests {
 
     #[test]
     fn uniform_offsets_are_aligned_and_in_range() {
-        let mut g = OffsetGenerator::new(Pattern::Random, Distribution::Uniform, 1 << 20, 4096, 0, 1, 7);
+        let mut g = OffsetGenerator::new(
+            Pattern::Random,
+            Distribution::Uniform,
+            1 << 20,
+            4096,
+            0,
+            1,
+            7,
+        );
         let mut seen = HashSet::new();
         for _ in 0..10_000 {
             let o = g.next_offset();
@@ -109,8 +134,24 @@ mod tests {
     #[test]
     fn sequential_workers_own_disjoint_regions_and_wrap() {
         let size = 8 * 4096;
-        let mut a = OffsetGenerator::new(Pattern::Sequential, Distribution::Uniform, size, 4096, 0, 2, 1);
-        let mut b = OffsetGenerator::new(Pattern::Sequential, Distribution::Uniform, size, 4096, 1, 2, 1);
+        let mut a = OffsetGenerator::new(
+            Pattern::Sequential,
+            Distribution::Uniform,
+            size,
+            4096,
+            0,
+            2,
+            1,
+        );
+        let mut b = OffsetGenerator::new(
+            Pattern::Sequential,
+            Distribution::Uniform,
+            size,
+            4096,
+            1,
+            2,
+            1,
+        );
         let a_offs: Vec<u64> = (0..5).map(|_| a.next_offset()).collect();
         let b_offs: Vec<u64> = (0..5).map(|_| b.next_offset()).collect();
         assert_eq!(a_offs, [0, 4096, 8192, 12288, 0]);
@@ -119,18 +160,28 @@ mod tests {
 
     #[test]
     fn zipf_concentrates_on_few_blocks() {
-        let mut g =
-            OffsetGenerator::new(Pattern::Random, Distribution::Zipf(0.99), 1 << 30, 4096, 0, 1, 3);
+        let mut g = OffsetGenerator::new(
+            Pattern::Random,
+            Distribution::Zipf(0.99),
+            1 << 30,
+            4096,
+            0,
+            1,
+            3,
+        );
         let mut counts = std::collections::HashMap::new();
         for _ in 0..100_000 {
             let o = g.next_offset();
-            assert!(o < 1 << 30 && o % 4096 == 0);
+            assert!(o < 1 << 30 && o.is_multiple_of(4096));
             *counts.entry(o).or_insert(0u32) += 1;
         }
         let mut v: Vec<u32> = counts.into_values().collect();
         v.sort_unstable_by(|a, b| b.cmp(a));
         let top100: u32 = v.iter().take(100).sum();
         // Under uniform draws over 262,144 blocks the top 100 would hold well under 1%.
-        assert!(top100 > 20_000, "top 100 blocks got only {top100} of 100k draws");
+        assert!(
+            top100 > 20_000,
+            "top 100 blocks got only {top100} of 100k draws"
+        );
     }
 }

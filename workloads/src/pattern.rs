@@ -41,9 +41,14 @@ pub fn verify(buf: &[u8], offset: u64) -> Result<Vec<SectorHeader>, String> {
             }
             let found = word(8..16);
             if found != want {
-                return Err(format!("sector at byte {want} holds the data of byte {found}"));
+                return Err(format!(
+                    "sector at byte {want} holds the data of byte {found}"
+                ));
             }
-            Ok(SectorHeader { offset: found, tag: word(16..24) })
+            Ok(SectorHeader {
+                offset: found,
+                tag: word(16..24),
+            })
         })
         .collect()
 }
@@ -72,7 +77,13 @@ mod tests {
         stamp(&mut buf, 8192, 7);
         let headers = verify(&buf, 8192).unwrap();
         assert_eq!(headers.len(), 8);
-        assert_eq!(headers[3], SectorHeader { offset: 8192 + 3 * 512, tag: 7 });
+        assert_eq!(
+            headers[3],
+            SectorHeader {
+                offset: 8192 + 3 * 512,
+                tag: 7
+            }
+        );
     }
 
     #[test]

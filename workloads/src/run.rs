@@ -21,14 +21,30 @@ use crate::target::Target;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkloadError {
-    #[error("worker {worker}: {source}")]
-    Engine { worker: u32, source: EngineError },
+    #[error("worker {worker}: {error}")]
+    Engine { worker: u32, error: EngineError },
     #[error("worker {worker}: {dir} of {len} B at offset {offset} failed: {error}")]
-    Io { worker: u32, dir: &'static str, offset: u64, len: u32, error: std::io::Error },
+    Io {
+        worker: u32,
+        dir: &'static str,
+        offset: u64,
+        len: u32,
+        error: std::io::Error,
+    },
     #[error("worker {worker}: {dir} of {len} B at offset {offset} transferred only {got} B")]
-    Short { worker: u32, dir: &'static str, offset: u64, len: u32, got: u32 },
+    Short {
+        worker: u32,
+        dir: &'static str,
+        offset: u64,
+        len: u32,
+        got: u32,
+    },
     #[error("worker {worker}: read at offset {offset} returned wrong data: {detail}")]
-    Verify { worker: u32, offset: u64, detail: String },
+    Verify {
+        worker: u32,
+        offset: u64,
+        detail: String,
+    },
     #[error("worker {worker} panicked")]
     Panicked { worker: u32 },
 }
@@ -37,9 +53,14 @@ pub enum WorkloadError {
 #[derive(Debug)]
 pub enum WorkloadEvent {
     /// Every worker has set up its engine and the measured timeline has started.
-    Started { engine_features: String },
+    Started {
+        engine_features: String,
+    },
     Interval(IntervalSample),
-    Finished { worker: u32, result: Result<RunStats, WorkloadError> },
+    Finished {
+        worker: u32,
+        result: Result<Box<RunStats>, WorkloadError>,
+    },
 }
 
 /// Knobs that are not part of the workload itself.
@@ -112,10 +133,10 @@ where
                     let send = |ev: WorkloadEvent| {
                         let _ = tx.send(T::from(ev));
                     };
-                    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        ctx.run(&send)
-                    }))
-                    .unwrap_or(Err(WorkloadError::Panicked { worker }));
+                    let result =
+                        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ctx.run(&send)))
+                            .unwrap_or(Err(WorkloadError::Panicked { worker }))
+                            .map(Box::new);
                     if result.is_err() {
                         ctx.stop.store(true, Ordering::Relaxed);
                     }
@@ -150,7 +171,11 @@ struct Slot {
 
 impl WorkerContext {
     fn run(&self, send: &dyn Fn(WorkloadEvent)) -> Result<RunStats, WorkloadError> {
-        let qd = if self.spec.engine == EngineKind::Psync { 1 } else { self.spec.qd };
+        let qd = if self.spec.engine == EngineKind::Psync {
+            1
+        } else {
+            self.spec.qd
+        };
         let cfg = EngineConfig {
             file: Arc::clone(&self.file),
             slots: qd,
@@ -165,9 +190,14 @@ impl WorkerContext {
         };
         // Everyone meets at the barrier, so a failed setup cannot leave the others waiting.
         self.barrier.wait();
-        let mut engine = engine.map_err(|source| WorkloadError::Engine { worker: self.worker, source })?;
+        let mut engine = engine.map_err(|error| WorkloadError::Engine {
+            worker: self.worker,
+            error,
+        })?;
         if self.worker == 0 {
-            send(WorkloadEvent::Started { engine_features: engine.features() });
+            send(WorkloadEvent::Started {
+                engine_features: engine.features(),
+            });
         }
         self.drive(engine.as_mut(), qd, send)
     }
@@ -180,7 +210,10 @@ impl WorkerContext {
         slots: &mut [Slot],
         now_ns: &dyn Fn() -> u64,
     ) -> Result<u64, WorkloadError> {
-        engine.submit().map_err(|source| WorkloadError::Engine { worker: self.worker, source })?;
+        engine.submit().map_err(|error| WorkloadError::Engine {
+            worker: self.worker,
+            error,
+        })?;
         let submitted = now_ns();
         for &slot in batch.iter() {
             slots[slot as usize].submitted_ns = submitted;
@@ -270,8 +303,13 @@ impl WorkerContext {
                 };
                 let dir = if write { IoDir::Write } else { IoDir::Read };
                 engine
-                    .queue(IoRequest { slot, dir, offset, len: bs })
-                    .map_err(|source| WorkloadError::Engine { worker, source })?;
+                    .queue(IoRequest {
+                        slot,
+                        dir,
+                        offset,
+                        len: bs,
+                    })
+                    .map_err(|error| WorkloadError::Engine { worker, error })?;
                 batch.push(slot);
                 if batch.len() >= submit_batch {
                     now = self.flush(engine, &mut batch, &mut slots, &now_ns)?;
@@ -295,7 +333,7 @@ impl WorkerContext {
             completions.clear();
             engine
                 .reap(wait, &mut completions)
-                .map_err(|source| WorkloadError::Engine { worker, source })?;
+                .map_err(|error| WorkloadError::Engine { worker, error })?;
             now = now_ns();
 
             for c in &completions {
@@ -307,14 +345,22 @@ impl WorkerContext {
                 }
                 if self.options.verify_reads && !s.dir_write {
                     if let Err(detail) = pattern::verify(engine.buffer_mut(c.slot), s.offset) {
-                        failure.get_or_insert(WorkloadError::Verify { worker, offset: s.offset, detail });
+                        failure.get_or_insert(WorkloadError::Verify {
+                            worker,
+                            offset: s.offset,
+                            detail,
+                        });
                         continue;
                     }
                 }
                 if !measuring || s.created_ns < ramp_ns {
                     continue;
                 }
-                let d: &mut DirStats = if s.dir_write { &mut stats.write } else { &mut stats.read };
+                let d: &mut DirStats = if s.dir_write {
+                    &mut stats.write
+                } else {
+                    &mut stats.read
+                };
                 d.ios += 1;
                 d.bytes += u64::from(bs);
                 d.slat.record(s.submitted_ns.saturating_sub(s.created_ns));
@@ -344,7 +390,10 @@ impl WorkerContext {
                     let next_start = interval.start_ns + interval_ns;
                     interval.end_ns = next_start;
                     let next = IntervalSample::empty(worker, interval.index + 1, next_start);
-                    send(WorkloadEvent::Interval(std::mem::replace(&mut interval, next)));
+                    send(WorkloadEvent::Interval(std::mem::replace(
+                        &mut interval,
+                        next,
+                    )));
                 }
             }
         }
@@ -361,10 +410,12 @@ impl WorkerContext {
         stats.engine_features = engine.features();
         while (free.len() as u32) < qd {
             completions.clear();
-            engine.submit().map_err(|source| WorkloadError::Engine { worker, source })?;
+            engine
+                .submit()
+                .map_err(|error| WorkloadError::Engine { worker, error })?;
             engine
                 .reap(Wait::One, &mut completions)
-                .map_err(|source| WorkloadError::Engine { worker, source })?;
+                .map_err(|error| WorkloadError::Engine { worker, error })?;
             stats.drained_ios += completions.len() as u64;
             free.extend(completions.iter().map(|c| c.slot));
         }
@@ -387,7 +438,13 @@ fn check_completion(worker: u32, s: &Slot, c: &Completion, bs: u32) -> Result<()
         });
     }
     if c.result as u32 != bs {
-        return Err(WorkloadError::Short { worker, dir, offset: s.offset, len: bs, got: c.result as u32 });
+        return Err(WorkloadError::Short {
+            worker,
+            dir,
+            offset: s.offset,
+            len: bs,
+            got: c.result as u32,
+        });
     }
     Ok(())
 }

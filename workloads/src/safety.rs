@@ -11,15 +11,27 @@ pub enum SafetyError {
     #[error("{path} is not a block device known to sysfs ({reason})")]
     UnknownDevice { path: String, reason: String },
     #[error("refusing to write to /dev/{device}: /dev/{part} is mounted on {mountpoint}")]
-    Mounted { device: String, part: String, mountpoint: String },
+    Mounted {
+        device: String,
+        part: String,
+        mountpoint: String,
+    },
     #[error("refusing to write to /dev/{device}: /dev/{part} is in use as swap")]
     Swap { device: String, part: String },
     #[error("refusing to write to /dev/{device}: /dev/{part} is held by {holder} (LVM, MD, dm-crypt or similar)")]
-    Held { device: String, part: String, holder: String },
+    Held {
+        device: String,
+        part: String,
+        holder: String,
+    },
     #[error("refusing to write to /dev/{device}: writes destroy its data; pass --destroy-data=<its serial or WWN> (see `lsblk -o NAME,SERIAL,WWN`){hint}")]
     NeedsIdentity { device: String, hint: String },
     #[error("refusing to write to /dev/{device}: --destroy-data={given} does not match its identity ({known})")]
-    WrongIdentity { device: String, given: String, known: String },
+    WrongIdentity {
+        device: String,
+        given: String,
+        known: String,
+    },
     #[error("refusing to write to /dev/{device}: it reports no serial or WWN, so virtgap cannot confirm which device it is")]
     NoIdentity { device: String },
 }
@@ -42,7 +54,9 @@ pub struct SysRoot {
 
 impl Default for SysRoot {
     fn default() -> Self {
-        Self { root: PathBuf::from("/") }
+        Self {
+            root: PathBuf::from("/"),
+        }
     }
 }
 
@@ -56,7 +70,9 @@ impl SysRoot {
     }
 
     fn read(&self, rel: &str) -> Option<String> {
-        fs::read_to_string(self.path(rel)).ok().map(|s| s.trim().to_string())
+        fs::read_to_string(self.path(rel))
+            .ok()
+            .map(|s| s.trim().to_string())
     }
 
     /// Finds the device with number `major:minor` via /sys/dev/block.
@@ -64,13 +80,22 @@ impl SysRoot {
         let link = self.path(&format!("sys/dev/block/{major}:{minor}"));
         let target = fs::read_link(&link).map_err(|e| format!("{}: {e}", link.display()))?;
         let name = file_name(&target).ok_or("empty sysfs link")?;
-        let is_partition = self.path(&format!("sys/class/block/{name}/partition")).exists();
+        let is_partition = self
+            .path(&format!("sys/class/block/{name}/partition"))
+            .exists();
         let disk = if is_partition {
-            target.parent().and_then(file_name).ok_or("partition without a parent disk")?
+            target
+                .parent()
+                .and_then(file_name)
+                .ok_or("partition without a parent disk")?
         } else {
             name.clone()
         };
-        Ok(BlockDevice { name, disk, is_partition })
+        Ok(BlockDevice {
+            name,
+            disk,
+            is_partition,
+        })
     }
 
     /// The partitions of `disk` (names), from the sysfs directory of the disk.
@@ -111,12 +136,20 @@ impl SysRoot {
 
     /// Logical block size of a device (partitions use their disk's queue).
     pub fn logical_block_size(&self, dev: &BlockDevice) -> Option<u32> {
-        self.read(&format!("sys/class/block/{}/queue/logical_block_size", dev.disk))?.parse().ok()
+        self.read(&format!(
+            "sys/class/block/{}/queue/logical_block_size",
+            dev.disk
+        ))?
+        .parse()
+        .ok()
     }
 
     /// Size in bytes of a device or partition.
     pub fn size_bytes(&self, dev: &BlockDevice) -> Option<u64> {
-        let sectors: u64 = self.read(&format!("sys/class/block/{}/size", dev.name))?.parse().ok()?;
+        let sectors: u64 = self
+            .read(&format!("sys/class/block/{}/size", dev.name))?
+            .parse()
+            .ok()?;
         Some(sectors * 512)
     }
 
@@ -133,7 +166,9 @@ impl SysRoot {
         }
         let mounts = self.read("proc/self/mountinfo").unwrap_or_default();
         for part in &affected {
-            let Some(devnum) = self.dev_number(part) else { continue };
+            let Some(devnum) = self.dev_number(part) else {
+                continue;
+            };
             if let Some(mountpoint) = mountpoint_of(&mounts, &devnum) {
                 return Err(SafetyError::Mounted {
                     device: dev.name.clone(),
@@ -144,10 +179,18 @@ impl SysRoot {
         }
         let swaps = self.read("proc/swaps").unwrap_or_default();
         for line in swaps.lines().skip(1) {
-            let Some(path) = line.split_whitespace().next() else { continue };
-            let swapped = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let Some(path) = line.split_whitespace().next() else {
+                continue;
+            };
+            let swapped = Path::new(path)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("");
             if let Some(part) = affected.iter().find(|p| *p == swapped) {
-                return Err(SafetyError::Swap { device: dev.name.clone(), part: part.clone() });
+                return Err(SafetyError::Swap {
+                    device: dev.name.clone(),
+                    part: part.clone(),
+                });
             }
         }
         for part in &affected {
@@ -167,21 +210,33 @@ impl SysRoot {
         }
         let known = self.identities(&dev.disk);
         let Some(given) = destroy_data else {
-            let hint = if self.path(&format!("sys/class/block/{}/loop", dev.disk)).exists() {
+            let hint = if self
+                .path(&format!("sys/class/block/{}/loop", dev.disk))
+                .exists()
+            {
                 "; a loop device is identified by its backing file's path".to_string()
             } else {
                 String::new()
             };
-            return Err(SafetyError::NeedsIdentity { device: dev.name.clone(), hint });
+            return Err(SafetyError::NeedsIdentity {
+                device: dev.name.clone(),
+                hint,
+            });
         };
         if known.is_empty() {
-            return Err(SafetyError::NoIdentity { device: dev.name.clone() });
+            return Err(SafetyError::NoIdentity {
+                device: dev.name.clone(),
+            });
         }
         if !known.iter().any(|k| k == given.trim()) {
             return Err(SafetyError::WrongIdentity {
                 device: dev.name.clone(),
                 given: given.to_string(),
-                known: format!("{} identit{} on record", known.len(), if known.len() == 1 { "y" } else { "ies" }),
+                known: format!(
+                    "{} identit{} on record",
+                    known.len(),
+                    if known.len() == 1 { "y" } else { "ies" }
+                ),
             });
         }
         Ok(())
@@ -223,7 +278,10 @@ mod tests {
             f.part("sdb", "sdb1", "8:17");
             f.part("sdb", "sdb2", "8:18");
             f.disk("loop0", "7:0", None);
-            f.write("sys/class/block/loop0/loop/backing_file", "/var/tmp/backing.img\n");
+            f.write(
+                "sys/class/block/loop0/loop/backing_file",
+                "/var/tmp/backing.img\n",
+            );
             f.write("proc/swaps", "Filename\tType\tSize\tUsed\tPriority\n");
             f.write("proc/self/mountinfo", "");
             f
@@ -260,8 +318,16 @@ mod tests {
             let root = self.dir.path();
             fs::create_dir_all(root.join("sys/class/block")).unwrap();
             fs::create_dir_all(root.join("sys/dev/block")).unwrap();
-            symlink(root.join(base), root.join(format!("sys/class/block/{name}"))).unwrap();
-            symlink(root.join(base), root.join(format!("sys/dev/block/{devnum}"))).unwrap();
+            symlink(
+                root.join(base),
+                root.join(format!("sys/class/block/{name}")),
+            )
+            .unwrap();
+            symlink(
+                root.join(base),
+                root.join(format!("sys/dev/block/{devnum}")),
+            )
+            .unwrap();
         }
 
         fn sys(&self) -> SysRoot {
@@ -274,7 +340,14 @@ mod tests {
         let f = Fixture::new();
         let s = f.sys();
         let sdb1 = s.block_device(8, 17).unwrap();
-        assert_eq!(sdb1, BlockDevice { name: "sdb1".into(), disk: "sdb".into(), is_partition: true });
+        assert_eq!(
+            sdb1,
+            BlockDevice {
+                name: "sdb1".into(),
+                disk: "sdb".into(),
+                is_partition: true
+            }
+        );
         let vda = s.block_device(254, 0).unwrap();
         assert!(!vda.is_partition);
         assert_eq!(s.partitions("sdb"), ["sdb1", "sdb2"]);
@@ -292,7 +365,10 @@ mod tests {
         let s = f.sys();
         let vda = s.block_device(254, 0).unwrap();
         let e = s.check_writable(&vda, Some("anything")).unwrap_err();
-        assert_eq!(e.to_string(), "refusing to write to /dev/vda: /dev/vda is mounted on /");
+        assert_eq!(
+            e.to_string(),
+            "refusing to write to /dev/vda: /dev/vda is mounted on /"
+        );
     }
 
     #[test]
@@ -305,8 +381,11 @@ mod tests {
         let s = f.sys();
         let sdb = s.block_device(8, 16).unwrap();
         let e = s.check_writable(&sdb, Some("ABC123")).unwrap_err();
-        assert!(matches!(&e, SafetyError::Mounted { part, mountpoint, .. }
-            if part == "sdb2" && mountpoint == "/mnt/data disk"), "{e}");
+        assert!(
+            matches!(&e, SafetyError::Mounted { part, mountpoint, .. }
+            if part == "sdb2" && mountpoint == "/mnt/data disk"),
+            "{e}"
+        );
         // The unmounted sibling partition alone may be written.
         let sdb1 = s.block_device(8, 17).unwrap();
         assert_eq!(s.check_writable(&sdb1, Some("ABC123")), Ok(()));
@@ -325,10 +404,16 @@ mod tests {
         assert!(matches!(e, SafetyError::Swap { .. }), "{e}");
 
         let f = Fixture::new();
-        fs::create_dir_all(f.dir.path().join("sys/devices/virtual/block/sdb/sdb2/holders/dm-0"))
-            .unwrap();
+        fs::create_dir_all(
+            f.dir
+                .path()
+                .join("sys/devices/virtual/block/sdb/sdb2/holders/dm-0"),
+        )
+        .unwrap();
         let s = f.sys();
-        let e = s.check_writable(&s.block_device(8, 16).unwrap(), Some("ABC123")).unwrap_err();
+        let e = s
+            .check_writable(&s.block_device(8, 16).unwrap(), Some("ABC123"))
+            .unwrap_err();
         assert!(e.to_string().contains("held by dm-0"), "{e}");
     }
 
@@ -341,7 +426,10 @@ mod tests {
         assert!(e.to_string().contains("--destroy-data="), "{e}");
         let e = s.check_writable(&sdb, Some("XYZ")).unwrap_err();
         assert!(matches!(e, SafetyError::WrongIdentity { .. }), "{e}");
-        assert!(!e.to_string().contains("ABC123"), "the error must not hand out the identity");
+        assert!(
+            !e.to_string().contains("ABC123"),
+            "the error must not hand out the identity"
+        );
         assert_eq!(s.check_writable(&sdb, Some("ABC123")), Ok(()));
     }
 
@@ -350,7 +438,10 @@ mod tests {
         let f = Fixture::new();
         let s = f.sys();
         let vda = s.block_device(254, 0).unwrap();
-        assert!(matches!(s.check_writable(&vda, Some("x")), Err(SafetyError::NoIdentity { .. })));
+        assert!(matches!(
+            s.check_writable(&vda, Some("x")),
+            Err(SafetyError::NoIdentity { .. })
+        ));
     }
 
     #[test]

@@ -13,7 +13,10 @@ impl RateSchedule {
     /// A timeline of `ios_per_s` evenly spaced I/Os.
     pub fn new(ios_per_s: f64) -> Self {
         assert!(ios_per_s > 0.0, "rate must be positive");
-        Self { interval_ns: 1e9 / ios_per_s, issued: 0 }
+        Self {
+            interval_ns: 1e9 / ios_per_s,
+            issued: 0,
+        }
     }
 
     /// When the next I/O is due.

@@ -35,12 +35,17 @@ pub const MAX_SIZE: u64 = 1 << 50;
 pub enum SpecError {
     #[error("unknown workload preset '{0}'; `virtgap workloads` lists the presets, or pass a path to a .toml file")]
     UnknownPreset(String),
-    #[error("cannot read workload file {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    #[error("cannot read workload file {path}: {err}")]
+    Read { path: String, err: std::io::Error },
     #[error("workload file {origin}: {message}")]
     Parse { origin: String, message: String },
     #[error("{origin}{key} = {value}: {reason}")]
-    Invalid { origin: String, key: &'static str, value: String, reason: String },
+    Invalid {
+        origin: String,
+        key: &'static str,
+        value: String,
+        reason: String,
+    },
 }
 
 /// Random offsets or one sequential stream per worker.
@@ -123,13 +128,17 @@ impl FromStr for Distribution {
             return Ok(Self::Uniform);
         }
         if let Some(theta) = s.strip_prefix("zipf:") {
-            let theta: f64 = theta.parse().map_err(|_| format!("'{theta}' is not a number"))?;
+            let theta: f64 = theta
+                .parse()
+                .map_err(|_| format!("'{theta}' is not a number"))?;
             if !(theta > 0.0 && theta <= 10.0) {
                 return Err(format!("zipf exponent {theta} must be in (0, 10]"));
             }
             return Ok(Self::Zipf(theta));
         }
-        Err(format!("'{s}' is not 'uniform' or 'zipf:THETA' (e.g. zipf:0.99)"))
+        Err(format!(
+            "'{s}' is not 'uniform' or 'zipf:THETA' (e.g. zipf:0.99)"
+        ))
     }
 }
 
@@ -211,7 +220,9 @@ impl Serialize for Span {
 
 impl<'de> Deserialize<'de> for Span {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -220,7 +231,9 @@ fn ser_display<T: fmt::Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::
 }
 
 fn de_from_str<'de, T: FromStr<Err = String>, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
-    String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    String::deserialize(d)?
+        .parse()
+        .map_err(serde::de::Error::custom)
 }
 
 fn default_rwmix_read() -> u8 {
@@ -262,7 +275,11 @@ pub struct WorkloadSpec {
     pub qd: u32,
     pub workers: u32,
     pub engine: EngineKind,
-    #[serde(default = "uniform", serialize_with = "ser_display", deserialize_with = "de_from_str")]
+    #[serde(
+        default = "uniform",
+        serialize_with = "ser_display",
+        deserialize_with = "de_from_str"
+    )]
     pub distribution: Distribution,
     /// Total I/Os per second over all workers; absent for a closed loop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -309,12 +326,22 @@ pub fn load(name_or_path: &str) -> Result<LoadedSpec, SpecError> {
             .ok_or_else(|| SpecError::UnknownPreset(name_or_path.to_string()))?;
         let origin = format!("preset {name_or_path}");
         let spec = parse(text, &origin)?;
-        return Ok(LoadedSpec { spec, origin, source_text: text.to_string() });
+        return Ok(LoadedSpec {
+            spec,
+            origin,
+            source_text: text.to_string(),
+        });
     }
-    let text = std::fs::read_to_string(name_or_path)
-        .map_err(|source| SpecError::Read { path: name_or_path.to_string(), source })?;
+    let text = std::fs::read_to_string(name_or_path).map_err(|err| SpecError::Read {
+        path: name_or_path.to_string(),
+        err,
+    })?;
     let spec = parse(&text, name_or_path)?;
-    Ok(LoadedSpec { spec, origin: name_or_path.to_string(), source_text: text })
+    Ok(LoadedSpec {
+        spec,
+        origin: name_or_path.to_string(),
+        source_text: text,
+    })
 }
 
 /// Parses and validates TOML text; errors name the key and its line.
@@ -324,9 +351,18 @@ pub fn parse(text: &str, origin: &str) -> Result<WorkloadSpec, SpecError> {
         message: describe_toml_error(&e, text),
     })?;
     spec.validate().map_err(|e| match e {
-        SpecError::Invalid { key, value, reason, .. } => {
-            let line = line_of_key(text, key).map(|l| format!(":{l}")).unwrap_or_default();
-            SpecError::Invalid { origin: format!("{origin}{line}: "), key, value, reason }
+        SpecError::Invalid {
+            key, value, reason, ..
+        } => {
+            let line = line_of_key(text, key)
+                .map(|l| format!(":{l}"))
+                .unwrap_or_default();
+            SpecError::Invalid {
+                origin: format!("{origin}{line}: "),
+                key,
+                value,
+                reason,
+            }
         }
         other => other,
     })?;
@@ -346,15 +382,21 @@ fn describe_toml_error(e: &toml::de::Error, text: &str) -> String {
 
 /// 1-based line where `key = ...` is set, if it is.
 fn line_of_key(text: &str, key: &str) -> Option<usize> {
-    text.lines().position(|l| {
-        let l = l.trim_start();
-        l.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('='))
-    })
-    .map(|i| i + 1)
+    text.lines()
+        .position(|l| {
+            let l = l.trim_start();
+            l.strip_prefix(key)
+                .is_some_and(|rest| rest.trim_start().starts_with('='))
+        })
+        .map(|i| i + 1)
 }
 
 impl WorkloadSpec {
-    fn invalid(key: &'static str, value: impl fmt::Display, reason: impl Into<String>) -> SpecError {
+    fn invalid(
+        key: &'static str,
+        value: impl fmt::Display,
+        reason: impl Into<String>,
+    ) -> SpecError {
         SpecError::Invalid {
             origin: String::new(),
             key,
@@ -366,7 +408,11 @@ impl WorkloadSpec {
     /// Checks every value is usable; the error names the first key at fault.
     pub fn validate(&self) -> Result<(), SpecError> {
         if self.qd == 0 || self.qd > MAX_QD {
-            return Err(Self::invalid("qd", self.qd, format!("queue depth must be 1..={MAX_QD}")));
+            return Err(Self::invalid(
+                "qd",
+                self.qd,
+                format!("queue depth must be 1..={MAX_QD}"),
+            ));
         }
         if self.workers == 0 || self.workers > MAX_WORKERS {
             return Err(Self::invalid(
@@ -377,9 +423,13 @@ impl WorkloadSpec {
         }
         let bs = self.bs.0;
         if bs == 0 || bs > MAX_BS {
-            return Err(Self::invalid("bs", self.bs, "block size must be between 512 B and 64 MiB"));
+            return Err(Self::invalid(
+                "bs",
+                self.bs,
+                "block size must be between 512 B and 64 MiB",
+            ));
         }
-        if self.direct && bs % 512 != 0 {
+        if self.direct && !bs.is_multiple_of(512) {
             return Err(Self::invalid(
                 "bs",
                 self.bs,
@@ -387,21 +437,36 @@ impl WorkloadSpec {
             ));
         }
         if self.rwmix_read > 100 {
-            return Err(Self::invalid("rwmix_read", self.rwmix_read, "a percentage must be 0..=100"));
+            return Err(Self::invalid(
+                "rwmix_read",
+                self.rwmix_read,
+                "a percentage must be 0..=100",
+            ));
         }
         if self.size.0 == 0 || self.size.0 > MAX_SIZE {
-            return Err(Self::invalid("size", self.size, "size must be above zero and at most 1 PiB"));
+            return Err(Self::invalid(
+                "size",
+                self.size,
+                "size must be above zero and at most 1 PiB",
+            ));
         }
         let min_size = bs.saturating_mul(u64::from(self.workers));
         if self.size.0 < min_size {
             return Err(Self::invalid(
                 "size",
                 self.size,
-                format!("must hold at least one block per worker ({})", ByteSize(min_size)),
+                format!(
+                    "must hold at least one block per worker ({})",
+                    ByteSize(min_size)
+                ),
             ));
         }
         if self.duration.0.is_zero() {
-            return Err(Self::invalid("duration", "0s", "the measured duration must be above zero"));
+            return Err(Self::invalid(
+                "duration",
+                "0s",
+                "the measured duration must be above zero",
+            ));
         }
         if self.duration.0 > Duration::from_secs(366 * 24 * 3600) {
             return Err(Self::invalid(
@@ -459,9 +524,17 @@ impl WorkloadSpec {
         let rw = match self.rw {
             ReadWrite::Read => "read".to_string(),
             ReadWrite::Write => "write".to_string(),
-            ReadWrite::Mix => format!("{}% read / {}% write", self.rwmix_read, 100 - self.rwmix_read),
+            ReadWrite::Mix => format!(
+                "{}% read / {}% write",
+                self.rwmix_read,
+                100 - self.rwmix_read
+            ),
         };
-        let workers = if self.workers == 1 { "worker" } else { "workers" };
+        let workers = if self.workers == 1 {
+            "worker"
+        } else {
+            "workers"
+        };
         let mut s = format!(
             "{pattern} {rw}, bs {}, qd {} x {} {workers}, {}, {}",
             crate::units::bytes(self.bs.0),
@@ -516,7 +589,10 @@ impl WorkloadSpec {
             args.push("--fixedbufs".into());
         }
         if let Some(rate) = self.rate_iops {
-            args.push(format!("--rate_iops={}", (rate / u64::from(self.workers)).max(1)));
+            args.push(format!(
+                "--rate_iops={}",
+                (rate / u64::from(self.workers)).max(1)
+            ));
             args.push("--io_submit_mode=offload".into());
         }
         if self.submit_batch > 1 {
@@ -559,7 +635,20 @@ impl Overrides {
         macro_rules! set {
             ($($field:ident),*) => { $( if let Some(v) = self.$field { next.$field = v; } )* };
         }
-        set!(rw, rwmix_read, bs, qd, workers, engine, distribution, size, duration, ramp, direct, submit_batch);
+        set!(
+            rw,
+            rwmix_read,
+            bs,
+            qd,
+            workers,
+            engine,
+            distribution,
+            size,
+            duration,
+            ramp,
+            direct,
+            submit_batch
+        );
         if let Some(r) = self.rate_iops {
             next.rate_iops = Some(r);
         }
@@ -567,7 +656,9 @@ impl Overrides {
             next.rw = ReadWrite::Mix;
         }
         next.validate().map_err(|e| match e {
-            SpecError::Invalid { key, value, reason, .. } => SpecError::Invalid {
+            SpecError::Invalid {
+                key, value, reason, ..
+            } => SpecError::Invalid {
                 origin: String::new(),
                 key: flag_for_key(key),
                 value,
@@ -603,7 +694,10 @@ mod tests {
         for (name, text) in PRESETS {
             let spec = parse(text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert_eq!(&spec.name, name, "preset {name} names itself");
-            assert!(!spec.description.is_empty(), "preset {name} has a description");
+            assert!(
+                !spec.description.is_empty(),
+                "preset {name} has a description"
+            );
         }
         assert!(preset_text(DEFAULT_PRESET).is_some());
     }
@@ -627,7 +721,9 @@ mod tests {
 
     #[test]
     fn unknown_key_reports_key_and_line() {
-        let text = preset_text("rand4k").unwrap().replace("qd = 32", "queue_depth = 32");
+        let text = preset_text("rand4k")
+            .unwrap()
+            .replace("qd = 32", "queue_depth = 32");
         let e = parse(&text, "my.toml").unwrap_err().to_string();
         assert!(e.contains("queue_depth"), "{e}");
         assert!(e.contains("line "), "{e}");
@@ -635,7 +731,9 @@ mod tests {
 
     #[test]
     fn bad_value_reports_key_and_line() {
-        let text = preset_text("rand4k").unwrap().replace("bs = \"4KiB\"", "bs = \"4 potatoes\"");
+        let text = preset_text("rand4k")
+            .unwrap()
+            .replace("bs = \"4KiB\"", "bs = \"4 potatoes\"");
         let e = parse(&text, "my.toml").unwrap_err().to_string();
         let line = line_of_key(&text, "bs").unwrap();
         assert!(e.contains(&format!("line {line}")), "{e}");
@@ -653,22 +751,38 @@ mod tests {
     #[test]
     fn overrides_are_validated_and_name_the_flag() {
         let mut spec = load("rand4k").unwrap().spec;
-        let e = Overrides { qd: Some(0), ..Default::default() }.apply(&mut spec).unwrap_err();
+        let e = Overrides {
+            qd: Some(0),
+            ..Default::default()
+        }
+        .apply(&mut spec)
+        .unwrap_err();
         assert!(e.to_string().starts_with("--qd = 0"), "{e}");
-        let e = Overrides { bs: Some(ByteSize(1000)), ..Default::default() }
-            .apply(&mut spec)
-            .unwrap_err();
+        let e = Overrides {
+            bs: Some(ByteSize(1000)),
+            ..Default::default()
+        }
+        .apply(&mut spec)
+        .unwrap_err();
         assert!(e.to_string().contains("multiple of 512"), "{e}");
-        let e = Overrides { duration: Some(Span(Duration::ZERO)), ..Default::default() }
-            .apply(&mut spec)
-            .unwrap_err();
+        let e = Overrides {
+            duration: Some(Span(Duration::ZERO)),
+            ..Default::default()
+        }
+        .apply(&mut spec)
+        .unwrap_err();
         assert!(e.to_string().starts_with("--duration"), "{e}");
     }
 
     #[test]
     fn rwmix_override_implies_mix() {
         let mut spec = load("rand4k").unwrap().spec;
-        Overrides { rwmix_read: Some(50), ..Default::default() }.apply(&mut spec).unwrap();
+        Overrides {
+            rwmix_read: Some(50),
+            ..Default::default()
+        }
+        .apply(&mut spec)
+        .unwrap();
         assert_eq!(spec.rw, ReadWrite::Mix);
         assert_eq!(spec.fio_rw(), "randrw");
     }
@@ -686,16 +800,25 @@ mod tests {
     #[test]
     fn absurd_sizes_are_refused() {
         let mut spec = load("rand4k").unwrap().spec;
-        let e = Overrides { size: Some(ByteSize(1 << 60)), ..Default::default() }
-            .apply(&mut spec)
-            .unwrap_err();
+        let e = Overrides {
+            size: Some(ByteSize(1 << 60)),
+            ..Default::default()
+        }
+        .apply(&mut spec)
+        .unwrap_err();
         assert!(e.to_string().contains("1 PiB"), "{e}");
     }
 
     #[test]
     fn distributions_parse() {
-        assert_eq!("uniform".parse::<Distribution>().unwrap(), Distribution::Uniform);
-        assert_eq!("zipf:0.99".parse::<Distribution>().unwrap(), Distribution::Zipf(0.99));
+        assert_eq!(
+            "uniform".parse::<Distribution>().unwrap(),
+            Distribution::Uniform
+        );
+        assert_eq!(
+            "zipf:0.99".parse::<Distribution>().unwrap(),
+            Distribution::Zipf(0.99)
+        );
         assert!("zipf:0".parse::<Distribution>().is_err());
         assert!("pareto".parse::<Distribution>().is_err());
     }

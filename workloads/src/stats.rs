@@ -60,7 +60,9 @@ impl CpuTime {
         Self {
             user_ns: self.user_ns.saturating_sub(earlier.user_ns),
             system_ns: self.system_ns.saturating_sub(earlier.system_ns),
-            context_switches: self.context_switches.saturating_sub(earlier.context_switches),
+            context_switches: self
+                .context_switches
+                .saturating_sub(earlier.context_switches),
         }
     }
 
@@ -153,7 +155,11 @@ impl IntervalSample {
 
     pub fn iops(&self) -> f64 {
         let secs = (self.end_ns - self.start_ns) as f64 / 1e9;
-        if secs > 0.0 { self.ios() as f64 / secs } else { 0.0 }
+        if secs > 0.0 {
+            self.ios() as f64 / secs
+        } else {
+            0.0
+        }
     }
 
     pub fn merge(&mut self, other: &Self) {
@@ -212,8 +218,8 @@ impl IntervalMerger {
     fn release(&mut self) -> Vec<IntervalSample> {
         let mut out = Vec::new();
         while let Some((&index, _)) = self.pending.iter().next() {
-            let ready = (0..self.workers as usize)
-                .all(|w| self.finished[w] || self.reported[w] > index);
+            let ready =
+                (0..self.workers as usize).all(|w| self.finished[w] || self.reported[w] > index);
             if !ready {
                 break;
             }
@@ -259,6 +265,9 @@ mod tests {
             x = x.wrapping_add(std::hint::black_box(1));
         }
         let used = CpuTime::of_this_thread().since(before);
-        assert!(used.user_ns + used.system_ns >= 10_000_000, "{used:?} ({x})");
+        assert!(
+            used.user_ns + used.system_ns >= 10_000_000,
+            "{used:?} ({x})"
+        );
     }
 }

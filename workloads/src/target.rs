@@ -29,10 +29,15 @@ pub enum TargetError {
     DirMissing(String),
     #[error("--dir {0} is not a directory")]
     DirNotDir(String),
-    #[error("--dir {dir} is not writable ({source}); pick another --dir")]
-    DirNotWritable { dir: String, source: io::Error },
+    #[error("--dir {dir} is not writable ({err}); pick another --dir")]
+    DirNotWritable { dir: String, err: io::Error },
     #[error("--dir {dir} has {free} free; a {size} temp file needs {need}; pick another --dir or a smaller --size")]
-    NoSpace { dir: String, free: String, size: String, need: String },
+    NoSpace {
+        dir: String,
+        free: String,
+        size: String,
+        need: String,
+    },
     #[error("the filesystem of {dir} does not support O_DIRECT; pick another --dir, or pass --buffered (page-cache I/O, e.g. with --engine psync)")]
     NoDirectIo { dir: String },
     #[error("--target {0} does not exist")]
@@ -41,16 +46,20 @@ pub enum TargetError {
     IsDirectory(String),
     #[error("--target {0} is neither a regular file nor a block device")]
     NotFileOrDevice(String),
-    #[error("cannot open {path}: {source}")]
-    Open { path: String, source: io::Error },
+    #[error("cannot open {path}: {err}")]
+    Open { path: String, err: io::Error },
     #[error("refusing to write to {0}: it is an existing file whose contents would be destroyed; pass --destroy-data={0} to allow it")]
     FileNeedsConsent(String),
     #[error("--destroy-data={given} does not match --target {path}")]
     FileConsentMismatch { given: String, path: String },
-    #[error("{0}")]
+    #[error(transparent)]
     Unsafe(#[from] SafetyError),
     #[error("--target {path} is {have}, smaller than --size {want}")]
-    TooSmall { path: String, have: String, want: String },
+    TooSmall {
+        path: String,
+        have: String,
+        want: String,
+    },
     #[error("--bs {bs} B is not a multiple of {what}'s direct-I/O alignment ({align} B)")]
     Misaligned { bs: u64, what: String, align: u32 },
     #[error("/dev/{0} is busy (opened exclusively by something else); refusing to write to it")]
@@ -153,7 +162,11 @@ fn open_temp(req: &TargetRequest, dir: Option<&Path>) -> Result<Target, TargetEr
         }
     };
     check_space(&dir, req.size)?;
-    let name = format!(".virtgap-{}-{:x}.tmp", std::process::id(), rand::random::<u32>());
+    let name = format!(
+        ".virtgap-{}-{:x}.tmp",
+        std::process::id(),
+        rand::random::<u32>()
+    );
     let path = dir.join(name);
     let mut opts = OpenOptions::new();
     opts.read(true).write(true).create_new(true).mode(0o600);
@@ -166,13 +179,19 @@ fn open_temp(req: &TargetRequest, dir: Option<&Path>) -> Result<Target, TargetEr
             // Some filesystems create the file and then refuse O_DIRECT at open.
             let _ = std::fs::remove_file(&path);
             return Err(match e.raw_os_error() {
-                Some(libc::EINVAL) if req.direct => {
-                    TargetError::NoDirectIo { dir: dir.display().to_string() }
-                }
+                Some(libc::EINVAL) if req.direct => TargetError::NoDirectIo {
+                    dir: dir.display().to_string(),
+                },
                 Some(libc::EACCES) | Some(libc::EROFS) | Some(libc::EPERM) => {
-                    TargetError::DirNotWritable { dir: dir.display().to_string(), source: e }
+                    TargetError::DirNotWritable {
+                        dir: dir.display().to_string(),
+                        err: e,
+                    }
                 }
-                _ => TargetError::Open { path: path.display().to_string(), source: e },
+                _ => TargetError::Open {
+                    path: path.display().to_string(),
+                    err: e,
+                },
             });
         }
     };
@@ -197,17 +216,21 @@ fn check_dir(dir: &Path) -> Result<(), TargetError> {
     if !meta.is_dir() {
         return Err(TargetError::DirNotDir(shown));
     }
-    let c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| TargetError::DirMissing(shown.clone()))?;
+    let c = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| TargetError::DirMissing(shown.clone()))?;
     // SAFETY: c is a valid NUL-terminated path.
     if unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } != 0 {
-        return Err(TargetError::DirNotWritable { dir: shown, source: io::Error::last_os_error() });
+        return Err(TargetError::DirNotWritable {
+            dir: shown,
+            err: io::Error::last_os_error(),
+        });
     }
     // access() ignores read-only mounts for root; statvfs tells.
     if let Ok(st) = statvfs(dir) {
         if st.f_flag & libc::ST_RDONLY != 0 {
             return Err(TargetError::DirNotWritable {
                 dir: shown,
-                source: io::Error::from_raw_os_error(libc::EROFS),
+                err: io::Error::from_raw_os_error(libc::EROFS),
             });
         }
     }
@@ -215,7 +238,8 @@ fn check_dir(dir: &Path) -> Result<(), TargetError> {
 }
 
 fn statvfs(dir: &Path) -> io::Result<libc::statvfs> {
-    let c = CString::new(dir.as_os_str().as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let c = CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
     // SAFETY: c is a valid path and st points to writable memory of the right type.
     if unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) } != 0 {
@@ -227,6 +251,10 @@ fn statvfs(dir: &Path) -> io::Result<libc::statvfs> {
 
 fn check_space(dir: &Path, size: u64) -> Result<(), TargetError> {
     let st = statvfs(dir).map_err(|_| TargetError::DirMissing(dir.display().to_string()))?;
+    if st.f_blocks == 0 {
+        // The filesystem reports no capacity (ramfs and the like): nothing to check against.
+        return Ok(());
+    }
     let free = st.f_bavail as u64 * st.f_frsize as u64;
     let need = size.saturating_add(SPACE_MARGIN);
     if free < need {
@@ -279,8 +307,12 @@ fn dio_alignment(file: &File) -> Option<u32> {
 }
 
 fn check_bs(bs: u64, align: u32, what: &str) -> Result<(), TargetError> {
-    if bs % u64::from(align) != 0 {
-        return Err(TargetError::Misaligned { bs, what: what.to_string(), align });
+    if !bs.is_multiple_of(u64::from(align)) {
+        return Err(TargetError::Misaligned {
+            bs,
+            what: what.to_string(),
+            align,
+        });
     }
     Ok(())
 }
@@ -289,7 +321,10 @@ fn open_existing(req: &TargetRequest, path: &Path, sys: &SysRoot) -> Result<Targ
     let shown = path.display().to_string();
     let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
         io::ErrorKind::NotFound => TargetError::Missing(shown.clone()),
-        _ => TargetError::Open { path: shown.clone(), source: e },
+        _ => TargetError::Open {
+            path: shown.clone(),
+            err: e,
+        },
     })?;
     let ft = meta.file_type();
     if ft.is_dir() {
@@ -303,7 +338,10 @@ fn open_existing(req: &TargetRequest, path: &Path, sys: &SysRoot) -> Result<Targ
         let (major, minor) = (libc::major(meta.rdev()), libc::minor(meta.rdev()));
         let dev = sys
             .block_device(major, minor)
-            .map_err(|reason| SafetyError::UnknownDevice { path: shown.clone(), reason })?;
+            .map_err(|reason| SafetyError::UnknownDevice {
+                path: shown.clone(),
+                reason,
+            })?;
         if req.write {
             sys.check_writable(&dev, req.destroy_data.as_deref())?;
             // The kernel refuses O_EXCL on a block device something else has claimed.
@@ -316,7 +354,10 @@ fn open_existing(req: &TargetRequest, path: &Path, sys: &SysRoot) -> Result<Targ
             .open(path)
             .map_err(|e| match e.raw_os_error() {
                 Some(libc::EBUSY) => TargetError::Busy(dev.name.clone()),
-                _ => TargetError::Open { path: shown.clone(), source: e },
+                _ => TargetError::Open {
+                    path: shown.clone(),
+                    err: e,
+                },
             })?;
         let have = sys.size_bytes(&dev).unwrap_or(0);
         let size = fit_size(req, have, &shown)?;
@@ -338,7 +379,10 @@ fn open_existing(req: &TargetRequest, path: &Path, sys: &SysRoot) -> Result<Targ
         match req.destroy_data.as_deref() {
             None => return Err(TargetError::FileNeedsConsent(shown)),
             Some(given) if !same_file(given, path) => {
-                return Err(TargetError::FileConsentMismatch { given: given.to_string(), path: shown })
+                return Err(TargetError::FileConsentMismatch {
+                    given: given.to_string(),
+                    path: shown,
+                })
             }
             Some(_) => {}
         }
@@ -350,9 +394,16 @@ fn open_existing(req: &TargetRequest, path: &Path, sys: &SysRoot) -> Result<Targ
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::EINVAL) if req.direct => TargetError::NoDirectIo {
-                dir: path.parent().unwrap_or(Path::new(".")).display().to_string(),
+                dir: path
+                    .parent()
+                    .unwrap_or(Path::new("."))
+                    .display()
+                    .to_string(),
             },
-            _ => TargetError::Open { path: shown.clone(), source: e },
+            _ => TargetError::Open {
+                path: shown.clone(),
+                err: e,
+            },
         })?;
     let size = fit_size(req, meta.len(), &shown)?;
     let align = dio_alignment(&file).unwrap_or(512);
@@ -360,12 +411,20 @@ fn open_existing(req: &TargetRequest, path: &Path, sys: &SysRoot) -> Result<Targ
     let warning = (meta.blocks() * 512 < meta.len()).then(|| {
         format!("{shown} is sparse: reads of its holes never reach the device and will look fast")
     });
-    Ok(Target { file: Arc::new(file), kind: TargetKind::File, path: path.to_path_buf(), size, align, warning })
+    Ok(Target {
+        file: Arc::new(file),
+        kind: TargetKind::File,
+        path: path.to_path_buf(),
+        size,
+        align,
+        warning,
+    })
 }
 
 fn same_file(given: &str, path: &Path) -> bool {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
-    given == path.to_string_lossy() || canon(Path::new(given)).is_some_and(|g| Some(g) == canon(path))
+    given == path.to_string_lossy()
+        || canon(Path::new(given)).is_some_and(|g| Some(g) == canon(path))
 }
 
 fn fit_size(req: &TargetRequest, have: u64, shown: &str) -> Result<u64, TargetError> {

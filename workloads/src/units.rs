@@ -24,10 +24,15 @@ pub fn bytes(n: u64) -> String {
 
 /// Exact form for specs: "4KiB", "1GiB", or plain bytes when not a whole unit.
 pub fn bytes_exact(n: u64) -> String {
-    const UNITS: [(&str, u32); 5] =
-        [("PiB", 50), ("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)];
+    const UNITS: [(&str, u32); 5] = [
+        ("PiB", 50),
+        ("TiB", 40),
+        ("GiB", 30),
+        ("MiB", 20),
+        ("KiB", 10),
+    ];
     for (unit, shift) in UNITS {
-        if n != 0 && n % (1u64 << shift) == 0 {
+        if n != 0 && n.is_multiple_of(1u64 << shift) {
             return format!("{}{unit}", n >> shift);
         }
     }

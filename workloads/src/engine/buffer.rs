@@ -49,7 +49,10 @@ impl AlignedBuffer {
     }
 
     pub fn iovec(&mut self) -> libc::iovec {
-        libc::iovec { iov_base: self.ptr.as_ptr().cast(), iov_len: self.layout.size() }
+        libc::iovec {
+            iov_base: self.ptr.as_ptr().cast(),
+            iov_len: self.layout.size(),
+        }
     }
 }
 

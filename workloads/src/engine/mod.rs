@@ -11,8 +11,8 @@ use std::fs::File;
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use buffer::AlignedBuffer;
 pub(crate) use buffer::slot_buffers;
+pub use buffer::AlignedBuffer;
 pub use null::NullEngine;
 pub use psync::PsyncEngine;
 pub use uring::UringEngine;

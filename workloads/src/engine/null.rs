@@ -1,7 +1,10 @@
 //! The null engine: every request completes at once with its full length and no I/O is done.
 //! It measures the generator's own cost per I/O (fio's `ioengine=null`).
 
-use super::{sleep_until, slot_buffers, AlignedBuffer, Completion, Engine, EngineConfig, EngineError, IoRequest, Wait};
+use super::{
+    sleep_until, slot_buffers, AlignedBuffer, Completion, Engine, EngineConfig, EngineError,
+    IoRequest, Wait,
+};
 
 #[derive(Debug)]
 pub struct NullEngine {
@@ -26,7 +29,10 @@ impl Engine for NullEngine {
     }
 
     fn queue(&mut self, req: IoRequest) -> Result<(), EngineError> {
-        self.queued.push(Completion { slot: req.slot, result: req.len as i32 });
+        self.queued.push(Completion {
+            slot: req.slot,
+            result: req.len as i32,
+        });
         Ok(())
     }
 

@@ -2,7 +2,10 @@
 
 use std::os::fd::AsRawFd;
 
-use super::{sleep_until, slot_buffers, AlignedBuffer, Completion, Engine, EngineConfig, EngineError, IoDir, IoRequest, Wait};
+use super::{
+    sleep_until, slot_buffers, AlignedBuffer, Completion, Engine, EngineConfig, EngineError, IoDir,
+    IoRequest, Wait,
+};
 
 #[derive(Debug)]
 pub struct PsyncEngine {
@@ -57,11 +60,16 @@ impl Engine for PsyncEngine {
             }
         };
         let result = if n < 0 {
-            -std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
+            -std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO)
         } else {
             n as i32
         };
-        out.push(Completion { slot: req.slot, result });
+        out.push(Completion {
+            slot: req.slot,
+            result,
+        });
         Ok(())
     }
 

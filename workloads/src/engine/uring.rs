@@ -9,7 +9,10 @@ use std::time::Instant;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
 
-use super::{slot_buffers, AlignedBuffer, Completion, Engine, EngineConfig, EngineError, IoDir, IoRequest, Wait};
+use super::{
+    slot_buffers, AlignedBuffer, Completion, Engine, EngineConfig, EngineError, IoDir, IoRequest,
+    Wait,
+};
 
 pub struct UringEngine {
     ring: IoUring<squeue::Entry, cqueue::Entry>,
@@ -29,7 +32,9 @@ impl UringEngine {
         let ring = build_ring(entries, &mut features).map_err(EngineError::Setup)?;
 
         let mut probe = Probe::new();
-        ring.submitter().register_probe(&mut probe).map_err(EngineError::Setup)?;
+        ring.submitter()
+            .register_probe(&mut probe)
+            .map_err(EngineError::Setup)?;
         if !probe.is_supported(opcode::Read::CODE) || !probe.is_supported(opcode::Write::CODE) {
             return Err(EngineError::Unsupported("IORING_OP_READ/WRITE"));
         }
@@ -71,14 +76,19 @@ impl UringEngine {
 
     fn drain(&mut self, out: &mut Vec<Completion>) {
         for cqe in self.ring.completion() {
-            out.push(Completion { slot: cqe.user_data() as u32, result: cqe.result() });
+            out.push(Completion {
+                slot: cqe.user_data() as u32,
+                result: cqe.result(),
+            });
         }
     }
 }
 
 impl std::fmt::Debug for UringEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UringEngine").field("features", &self.features).finish_non_exhaustive()
+        f.debug_struct("UringEngine")
+            .field("features", &self.features)
+            .finish_non_exhaustive()
     }
 }
 
@@ -96,7 +106,11 @@ fn build_ring(
         features.push("single issuer, deferred task work");
         return Ok(ring);
     }
-    if let Ok(ring) = IoUring::builder().setup_cqsize(cq).setup_coop_taskrun().build(entries) {
+    if let Ok(ring) = IoUring::builder()
+        .setup_cqsize(cq)
+        .setup_coop_taskrun()
+        .build(entries)
+    {
         features.push("cooperative task work");
         return Ok(ring);
     }
@@ -104,7 +118,10 @@ fn build_ring(
 }
 
 fn is_transient(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::ETIME) | Some(libc::EAGAIN) | Some(libc::EBUSY))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR) | Some(libc::ETIME) | Some(libc::EAGAIN) | Some(libc::EBUSY)
+    )
 }
 
 impl Engine for UringEngine {
@@ -125,12 +142,12 @@ impl Engine for UringEngine {
                     .offset(req.offset)
                     .build()
             }
-            (IoDir::Read, true, false) => {
-                opcode::Read::new(types::Fixed(0), buf, req.len).offset(req.offset).build()
-            }
-            (IoDir::Write, true, false) => {
-                opcode::Write::new(types::Fixed(0), buf, req.len).offset(req.offset).build()
-            }
+            (IoDir::Read, true, false) => opcode::Read::new(types::Fixed(0), buf, req.len)
+                .offset(req.offset)
+                .build(),
+            (IoDir::Write, true, false) => opcode::Write::new(types::Fixed(0), buf, req.len)
+                .offset(req.offset)
+                .build(),
             (IoDir::Read, false, true) => {
                 opcode::ReadFixed::new(types::Fd(self.raw_fd), buf, req.len, req.slot as u16)
                     .offset(req.offset)
@@ -141,11 +158,13 @@ impl Engine for UringEngine {
                     .offset(req.offset)
                     .build()
             }
-            (IoDir::Read, false, false) => {
-                opcode::Read::new(types::Fd(self.raw_fd), buf, req.len).offset(req.offset).build()
-            }
+            (IoDir::Read, false, false) => opcode::Read::new(types::Fd(self.raw_fd), buf, req.len)
+                .offset(req.offset)
+                .build(),
             (IoDir::Write, false, false) => {
-                opcode::Write::new(types::Fd(self.raw_fd), buf, req.len).offset(req.offset).build()
+                opcode::Write::new(types::Fd(self.raw_fd), buf, req.len)
+                    .offset(req.offset)
+                    .build()
             }
         };
         let entry = entry.user_data(u64::from(req.slot));

@@ -1,0 +1,40 @@
+# virtgap's recipes: the front door for people and CI alike. `just --list` shows them.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# List the recipes
+default:
+    @just --list
+
+# Build the release binary
+build:
+    cargo build --release --locked
+
+# The main job: record 10 s of the default workload (random 4 KiB reads on a temp file)
+run *ARGS: build
+    ./target/release/virtgap record --duration 10s {{ARGS}}
+
+# Every test tier: unit, workload I/O, BPF (load and attach for real; needs root), CLI
+test:
+    cargo test --workspace --locked --no-fail-fast
+
+# Formatting and lints
+lint:
+    cargo fmt --all --check
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+
+# Our rand4k generator against fio, alternating pairs: median IOPS and CPU-per-I/O ratios
+bench-generator PAIRS="5" RUNTIME="10": build
+    python3 scripts/bench_generator.py --virtgap target/release/virtgap --pairs {{PAIRS}} --runtime {{RUNTIME}}
+
+# Regenerate bpf/vmlinux/<arch>/vmlinux.h from the running kernel's BTF
+vmlinux:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    arch=$(uname -m)
+    release=$(uname -r | cut -d. -f1,2)
+    out=bpf/vmlinux/$arch/vmlinux_$release.h
+    mkdir -p bpf/vmlinux/$arch
+    bpftool btf dump file /sys/kernel/btf/vmlinux format c > "$out"
+    ln -sf "vmlinux_$release.h" bpf/vmlinux/$arch/vmlinux.h
+    echo "wrote $out; record its provenance in bpf/vmlinux/README.md"

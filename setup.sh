@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Installs what virtgap needs to build and test on Debian/Ubuntu (idempotent), then runs the
+# given `just` recipe: `./setup.sh run` (the main job) or `./setup.sh test` (the test suite).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+# Build: clang (BPF objects), libelf/zlib + pkg-config + make + a C compiler (libbpf-sys builds
+# libbpf from source). Run and test: fio (the generator's yardstick), bpftool, python3, tmux,
+# util-linux (mount, losetup), procps.
+PACKAGES=(clang libelf-dev zlib1g-dev pkg-config make gcc libc6-dev fio bpftool python3 tmux
+          util-linux procps)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "setup: missing packages: ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+        exit 1
+    fi
+    echo "setup: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# rustup installs cargo under ~/.cargo/bin, which a non-login shell may not have on PATH.
+if ! command -v cargo >/dev/null && [[ -f "$HOME/.cargo/env" ]]; then
+    # shellcheck source=/dev/null
+    . "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null || { echo "setup: cargo not found; install Rust with rustup first" >&2; exit 1; }
+
+if ! command -v just >/dev/null; then
+    # Debian 13 / Ubuntu 24.04 package it; older releases build it from crates.io.
+    if ! { [[ $(id -u) -eq 0 ]] && apt-get install -y -qq just >/dev/null 2>&1; }; then
+        echo "setup: installing just from crates.io" >&2
+        cargo install --locked --quiet just
+    fi
+fi
+export PATH="$HOME/.cargo/bin:$PATH"
+
+exec just "$@"

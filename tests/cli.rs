@@ -1,0 +1,435 @@
+//! End-to-end tests of the `virtgap` binary: every bad input gets one clear line on stderr, a
+//! non-zero exit and leaves nothing behind; good runs print what a user expects.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command as StdCommand, Stdio};
+use std::time::{Duration, Instant};
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn vg() -> Command {
+    Command::cargo_bin("virtgap").unwrap()
+}
+
+/// A scratch directory on a disk-backed filesystem.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("vg-cli-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
+fn entries(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Root-only tests: in CI (`CI` set) not being root is a failure, elsewhere a printed skip.
+fn root_allowed(what: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} must run as root in CI"
+    );
+    eprintln!("skipping {what}: needs root");
+    false
+}
+
+/// Asserts a failed run printed exactly one line on stderr containing `needle`.
+fn fails_with(cmd: &mut Command, needle: &str) {
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+    let lines = stderr.lines().filter(|l| !l.trim().is_empty()).count();
+    assert_eq!(lines, 1, "one line of error expected, got: {stderr}");
+    assert!(out.stdout.is_empty(), "nothing on stdout for a failure");
+}
+
+/// A small, fast null-engine record with a temp file in `dir`; `args` replace the defaults
+/// for the flags they name.
+fn quick_with(dir: &Path, args: &[&str]) -> Command {
+    let defaults = [
+        ("--engine", "null"),
+        ("--size", "4MiB"),
+        ("--duration", "1s"),
+    ];
+    let mut c = vg();
+    c.args(["record", "--quiet"]);
+    for (flag, value) in defaults {
+        if !args.contains(&flag) {
+            c.args([flag, value]);
+        }
+    }
+    if !args.contains(&"--dir") && !args.contains(&"--target") {
+        c.arg("--dir").arg(dir);
+    }
+    c.args(args);
+    c
+}
+
+fn quick(dir: &Path) -> Command {
+    quick_with(dir, &[])
+}
+
+#[test]
+fn help_explains_the_commands() {
+    vg().arg("--help")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("record").and(predicate::str::contains("workloads")));
+    vg().args(["record", "--help"]).assert().success().stdout(
+        predicate::str::contains("--destroy-data").and(predicate::str::contains("--rate-iops")),
+    );
+}
+
+#[test]
+fn workloads_lists_presets_and_prints_one() {
+    vg().arg("workloads")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("rand4k").and(predicate::str::contains("seq1m")));
+    let out = vg().args(["workloads", "seq1m"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("pattern = \"sequential\""), "{text}");
+    fails_with(
+        vg().args(["workloads", "nope"]),
+        "unknown workload preset 'nope'",
+    );
+}
+
+#[test]
+fn an_edited_copy_of_a_preset_runs() {
+    let dir = scratch();
+    let file = dir.path().join("mine.toml");
+    let text =
+        String::from_utf8(vg().args(["workloads", "rand4k"]).output().unwrap().stdout).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("qd = 32", "qd = 4")
+            .replace("name = \"rand4k\"", "name = \"mine\""),
+    )
+    .unwrap();
+    let out = quick(dir.path())
+        .arg("--workload")
+        .arg(&file)
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["jobs"][0]["jobname"], "mine");
+    assert_eq!(doc["jobs"][0]["job options"]["iodepth"], "4");
+}
+
+#[test]
+fn bad_workload_input_is_refused_with_one_line() {
+    let dir = scratch();
+    fails_with(
+        &mut quick_with(dir.path(), &["--workload", "rand5k"]),
+        "unknown workload preset 'rand5k'",
+    );
+    let file = dir.path().join("bad.toml");
+    std::fs::write(
+        &file,
+        "name = \"x\"\npattern = \"random\"\nrw = \"read\"\nbs = \"4KiB\"\nqd = \"lots\"\n",
+    )
+    .unwrap();
+    fails_with(quick(dir.path()).arg("--workload").arg(&file), "line 5");
+    fails_with(
+        &mut quick_with(dir.path(), &["--workload", "/nonexistent/w.toml"]),
+        "cannot read workload file",
+    );
+    fails_with(&mut quick_with(dir.path(), &["--qd", "0"]), "--qd = 0");
+    fails_with(
+        &mut quick_with(dir.path(), &["--bs", "1000"]),
+        "multiple of 512",
+    );
+    fails_with(
+        &mut quick_with(dir.path(), &["--duration", "0s"]),
+        "--duration",
+    );
+    fails_with(&mut quick_with(dir.path(), &["--size", "2PiB"]), "1 PiB");
+    let out = quick_with(dir.path(), &["--size", "-5"]).output().unwrap();
+    assert!(!out.status.success());
+    assert_eq!(
+        entries(dir.path()).len(),
+        1,
+        "only bad.toml: nothing written"
+    );
+}
+
+#[test]
+fn bad_targets_are_refused_before_anything_is_written() {
+    let dir = scratch();
+    fails_with(
+        &mut quick_with(dir.path(), &["--dir", "/nonexistent-dir"]),
+        "does not exist",
+    );
+    let file = dir.path().join("plain");
+    std::fs::write(&file, b"keep me").unwrap();
+    fails_with(
+        &mut quick_with(dir.path(), &["--dir", file.to_str().unwrap()]),
+        "is not a directory",
+    );
+    fails_with(
+        vg().args(["record", "--quiet", "--target", "/nonexistent-target"]),
+        "does not exist",
+    );
+    fails_with(
+        vg().args(["record", "--quiet", "--target"]).arg(dir.path()),
+        "is a directory",
+    );
+    // 100 TiB cannot fit here.
+    fails_with(&mut quick_with(dir.path(), &["--size", "100TiB"]), "free");
+    // Writing to an existing file needs consent naming it; the file stays intact.
+    fails_with(
+        vg().args(["record", "--quiet", "-w", "rand4k-write", "--target"])
+            .arg(&file),
+        "--destroy-data",
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+    fails_with(
+        vg().args([
+            "record",
+            "--quiet",
+            "-w",
+            "rand4k-write",
+            "--destroy-data",
+            "/other",
+            "--target",
+        ])
+        .arg(&file),
+        "does not match",
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"keep me");
+}
+
+#[test]
+fn writes_to_a_mounted_disk_are_refused() {
+    // The root filesystem's disk is mounted, whatever identity is given.
+    let root_dev = {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata("/").unwrap().dev();
+        let link = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
+        match std::fs::canonicalize(link) {
+            Ok(p) => p.file_name().unwrap().to_string_lossy().to_string(),
+            Err(_) => {
+                eprintln!("skipping: / is not on a block device here");
+                return;
+            }
+        }
+    };
+    let dev = format!("/dev/{root_dev}");
+    if !Path::new(&dev).exists() {
+        eprintln!("skipping: {dev} has no device node here");
+        return;
+    }
+    for extra in [&[][..], &["--destroy-data", "whatever"][..]] {
+        fails_with(
+            vg().args(["record", "--quiet", "-w", "rand4k-write", "--target", &dev])
+                .args(extra),
+            "is mounted on /",
+        );
+    }
+}
+
+#[test]
+fn read_only_dir_and_missing_o_direct_are_explained() {
+    if !root_allowed("mount-based CLI test") {
+        return;
+    }
+    struct Mount(PathBuf);
+    impl Drop for Mount {
+        fn drop(&mut self) {
+            let _ = StdCommand::new("umount").arg(&self.0).status();
+        }
+    }
+    let dir = scratch();
+    let ro = dir.path().join("ro");
+    std::fs::create_dir(&ro).unwrap();
+    assert!(StdCommand::new("mount")
+        .args(["-t", "tmpfs", "-o", "ro,size=8m", "none"])
+        .arg(&ro)
+        .status()
+        .unwrap()
+        .success());
+    let _ro = Mount(ro.clone());
+    fails_with(
+        &mut quick_with(dir.path(), &["--dir", ro.to_str().unwrap()]),
+        "not writable",
+    );
+
+    let ram = dir.path().join("ram");
+    std::fs::create_dir(&ram).unwrap();
+    assert!(StdCommand::new("mount")
+        .args(["-t", "ramfs", "none"])
+        .arg(&ram)
+        .status()
+        .unwrap()
+        .success());
+    let _ram = Mount(ram.clone());
+    fails_with(
+        &mut quick_with(dir.path(), &["--dir", ram.to_str().unwrap()]),
+        "does not support O_DIRECT",
+    );
+    assert!(entries(&ram).is_empty(), "no file left on the ramfs");
+    // The suggested way out works.
+    let out = quick_with(
+        dir.path(),
+        &[
+            "--dir",
+            ram.to_str().unwrap(),
+            "--buffered",
+            "--engine",
+            "psync",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(entries(&ram).is_empty());
+}
+
+#[test]
+fn null_engine_json_follows_fio_layout_and_stdout_is_clean() {
+    let dir = scratch();
+    let out = quick(dir.path()).arg("--json").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is pure JSON");
+    let read = &doc["jobs"][0]["read"];
+    assert!(read["iops"].as_f64().unwrap() > 1000.0);
+    assert!(read["total_ios"].as_u64().unwrap() > 0);
+    assert!(read["clat_ns"]["percentile"]["99.000000"]
+        .as_u64()
+        .is_some());
+    assert!(read["lat_ns"]["mean"].as_f64().unwrap() > 0.0);
+    assert!(read["slat_ns"]["N"].as_u64().unwrap() > 0);
+    assert_eq!(doc["jobs"][0]["write"]["total_ios"], 0);
+    assert!(doc["jobs"][0]["usr_cpu"].as_f64().is_some());
+    assert!(entries(dir.path()).is_empty(), "temp file removed");
+}
+
+#[test]
+fn real_run_prints_a_summary_with_units() {
+    let dir = scratch();
+    let out = vg()
+        .args([
+            "record",
+            "--size",
+            "16MiB",
+            "--duration",
+            "1s",
+            "--quiet",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "read: IOPS",
+        "MiB/s",
+        "slat",
+        "clat",
+        "p99.9",
+        "µs",
+        "cpu: usr",
+    ] {
+        assert!(text.contains(needle), "summary lacks {needle}:\n{text}");
+    }
+    assert!(entries(dir.path()).is_empty(), "temp file removed");
+}
+
+#[test]
+fn fio_equivalent_prints_the_command() {
+    vg().args(["record", "-w", "fio-randread", "--fio-equivalent"])
+        .assert()
+        .success()
+        .stdout(
+            predicate::str::starts_with("fio --name=fio-randread")
+                .and(predicate::str::contains("--iodepth=32")),
+        );
+}
+
+fn interrupt_after(dir: &Path, args: &[&str], after: Duration) -> (i32, String, String) {
+    let child = StdCommand::new(env!("CARGO_BIN_EXE_virtgap"))
+        .args(["record", "--quiet", "--dir"])
+        .arg(dir)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(after);
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let started = Instant::now();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "Ctrl-C took too long"
+    );
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn ctrl_c_mid_run_prints_what_ran_and_leaves_no_temp_file() {
+    let dir = scratch();
+    let (code, stdout, stderr) = interrupt_after(
+        dir.path(),
+        &["--size", "16MiB", "--duration", "60s"],
+        Duration::from_millis(2500),
+    );
+    assert_eq!(code, 130, "stderr: {stderr}");
+    assert!(stdout.contains("interrupted"), "{stdout}");
+    assert!(stderr.contains("interrupted after"), "{stderr}");
+    assert!(entries(dir.path()).is_empty());
+}
+
+#[test]
+fn ctrl_c_while_preparing_leaves_no_temp_file() {
+    let dir = scratch();
+    let (code, _, stderr) = interrupt_after(
+        dir.path(),
+        &["--size", "4GiB", "--duration", "60s"],
+        Duration::from_millis(300),
+    );
+    assert_eq!(code, 130, "stderr: {stderr}");
+    assert!(entries(dir.path()).is_empty());
+}
