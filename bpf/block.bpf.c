@@ -1,60 +1,265 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * Block layer: completions and bytes per device, counted at block_rq_complete. Attached as a
- * BTF-enabled tracepoint (direct access to struct request), with a raw tracepoint twin for
- * kernels without tp_btf; user space enables exactly one of the two.
+ * Block layer stages per (device, hardware queue, op): queue time (request started ->
+ * issued to the driver) and device time (issued -> completed), as in-kernel log-linear
+ * histograms with exact counts and sums. Requests are keyed by `struct request *`. Also
+ * counts submitting CPU x completing CPU pairs and keeps in-flight gauges per device.
+ *
+ * Every program has a BTF-typed tracepoint version and a raw-tracepoint twin with the same
+ * body; user space enables exactly one of each pair. `block_io_start` (Linux 6.5+) marks the
+ * start of a request in its submitter's context, which is also where the optional process
+ * filter applies; without it the request's own start_time_ns is used at issue.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "virtgap.h"
+#include "vg_hist.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* The kernel's dev_t layout: 12 bits of major above 20 bits of minor. */
+/* Only count requests started by this process (0: every process). */
+const volatile __u32 filter_tgid = 0;
+/* Set when the block_io_start program is enabled. */
+const volatile bool have_io_start = false;
+
 #define VG_MINORBITS 20
+#define VG_REQ_OP_MASK 0xff
+
+struct rq_track {
+	__u64 start_ns;
+	__u64 issue_ns;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, VG_MAX_INFLIGHT);
+	__type(key, __u64);
+	__type(value, struct rq_track);
+} requests SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, VG_MAX_DEVICES);
-	__type(key, __u32);
-	__type(value, struct vg_block_counts);
-} block_counts SEC(".maps");
+	__uint(max_entries, VG_MAX_BLOCK_HISTS);
+	__type(key, struct vg_block_key);
+	__type(value, struct vg_hist);
+} block_hists SEC(".maps");
 
-static __always_inline void count_completion(struct request *rq, unsigned int nr_bytes)
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, VG_MAX_CPU_PAIRS);
+	__type(key, struct vg_cpu_pair);
+	__type(value, __u64);
+} cpu_pairs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, struct vg_block_dev);
+} devices SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, VG_BLOCK_COUNTERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+/* All zeroes: the initial value of a new histogram (too large for the BPF stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct vg_hist);
+} zero_hist SEC(".maps");
+
+static __always_inline void bump(__u32 counter)
+{
+	__u64 *c = bpf_map_lookup_elem(&counters, &counter);
+
+	if (c)
+		(*c)++;
+}
+
+static __always_inline __u32 rq_dev(struct request *rq)
 {
 	struct gendisk *disk = BPF_CORE_READ(rq, q, disk);
-	struct vg_block_counts zero = {}, *counts;
-	__u32 dev;
 
 	if (!disk)
-		return;
-	dev = ((__u32)BPF_CORE_READ(disk, major) << VG_MINORBITS) | BPF_CORE_READ(disk, first_minor);
-	counts = bpf_map_lookup_elem(&block_counts, &dev);
-	if (!counts) {
-		bpf_map_update_elem(&block_counts, &dev, &zero, BPF_NOEXIST);
-		counts = bpf_map_lookup_elem(&block_counts, &dev);
-		if (!counts)
+		return 0;
+	return ((__u32)BPF_CORE_READ(disk, major) << VG_MINORBITS) | BPF_CORE_READ(disk, first_minor);
+}
+
+static __always_inline __u8 rq_op(struct request *rq)
+{
+	__u32 op = BPF_CORE_READ(rq, cmd_flags) & VG_REQ_OP_MASK;
+
+	return op <= VG_OP_DISCARD ? op : VG_OP_OTHER;
+}
+
+static __always_inline bool wanted_task(void)
+{
+	return !filter_tgid || (bpf_get_current_pid_tgid() >> 32) == filter_tgid;
+}
+
+static __always_inline void record(struct request *rq, __u8 stage, __u64 delta)
+{
+	struct vg_block_key key = {
+		.dev = rq_dev(rq),
+		.hctx = BPF_CORE_READ(rq, mq_hctx, queue_num),
+		.op = rq_op(rq),
+		.stage = stage,
+	};
+	struct vg_hist *h = bpf_map_lookup_elem(&block_hists, &key);
+
+	if (!h) {
+		__u32 zero = 0;
+		void *init = bpf_map_lookup_elem(&zero_hist, &zero);
+
+		if (!init)
 			return;
+		bpf_map_update_elem(&block_hists, &key, init, BPF_NOEXIST);
+		h = bpf_map_lookup_elem(&block_hists, &key);
+		if (!h) {
+			bump(VG_BLOCK_DROPPED);
+			return;
+		}
 	}
-	__sync_fetch_and_add(&counts->completions, 1);
-	__sync_fetch_and_add(&counts->bytes, nr_bytes);
+	vg_hist_add(h, delta, true);
+}
+
+static __always_inline struct vg_block_dev *device(__u32 dev)
+{
+	struct vg_block_dev zero = {}, *d = bpf_map_lookup_elem(&devices, &dev);
+
+	if (d)
+		return d;
+	bpf_map_update_elem(&devices, &dev, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&devices, &dev);
+}
+
+static __always_inline int on_io_start(struct request *rq)
+{
+	struct rq_track t = { .start_ns = bpf_ktime_get_ns() };
+	__u64 key = (__u64)rq;
+
+	if (!wanted_task())
+		return 0;
+	if (bpf_map_update_elem(&requests, &key, &t, BPF_ANY))
+		bump(VG_BLOCK_DROPPED);
+	return 0;
+}
+
+static __always_inline int on_issue(struct request *rq)
+{
+	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
+	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
+	struct vg_block_dev *d;
+
+	if (!t) {
+		/* With block_io_start, a request not seen starting is not ours (or predates us). */
+		if (have_io_start || !wanted_task())
+			return 0;
+		struct rq_track fresh = { .start_ns = BPF_CORE_READ(rq, start_time_ns) };
+
+		if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY)) {
+			bump(VG_BLOCK_DROPPED);
+			return 0;
+		}
+		t = bpf_map_lookup_elem(&requests, &key);
+		if (!t)
+			return 0;
+	}
+	/* A requeued request is issued again: its queue time counts from the first start. */
+	if (t->start_ns && t->start_ns <= now && !t->issue_ns)
+		record(rq, VG_STAGE_QUEUE, now - t->start_ns);
+	if (!t->issue_ns) {
+		d = device(rq_dev(rq));
+		if (d) {
+			__sync_fetch_and_add(&d->inflight, 1);
+			__sync_fetch_and_add(&d->issued, 1);
+		}
+	}
+	t->issue_ns = now;
+	return 0;
+}
+
+static __always_inline int on_complete(struct request *rq)
+{
+	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
+	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
+	struct vg_block_dev *d;
+
+	if (!t)
+		return 0;
+	if (!t->issue_ns) {
+		bump(VG_BLOCK_UNSEEN);
+		bpf_map_delete_elem(&requests, &key);
+		return 0;
+	}
+	record(rq, VG_STAGE_DEVICE, now - t->issue_ns);
+	d = device(rq_dev(rq));
+	if (d) {
+		__sync_fetch_and_add(&d->inflight, -1);
+		__sync_fetch_and_add(&d->completed, 1);
+	}
+	struct vg_cpu_pair pair = {
+		.submit_cpu = BPF_CORE_READ(rq, mq_ctx, cpu),
+		.complete_cpu = bpf_get_smp_processor_id(),
+	};
+	__u64 one = 1, *n = bpf_map_lookup_elem(&cpu_pairs, &pair);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else if (bpf_map_update_elem(&cpu_pairs, &pair, &one, BPF_NOEXIST))
+		bump(VG_BLOCK_DROPPED);
+	bpf_map_delete_elem(&requests, &key);
+	return 0;
+}
+
+SEC("tp_btf/block_io_start")
+int BPF_PROG(block_io_start_btf, struct request *rq)
+{
+	return on_io_start(rq);
+}
+
+SEC("raw_tp/block_io_start")
+int BPF_PROG(block_io_start_raw, struct request *rq)
+{
+	return on_io_start(rq);
+}
+
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(block_rq_issue_btf, struct request *rq)
+{
+	return on_issue(rq);
+}
+
+SEC("raw_tp/block_rq_issue")
+int BPF_PROG(block_rq_issue_raw, struct request *rq)
+{
+	return on_issue(rq);
 }
 
 SEC("tp_btf/block_rq_complete")
 int BPF_PROG(block_rq_complete_btf, struct request *rq, blk_status_t error, unsigned int nr_bytes)
 {
-	count_completion(rq, nr_bytes);
-	return 0;
+	return on_complete(rq);
 }
 
 SEC("raw_tp/block_rq_complete")
 int BPF_PROG(block_rq_complete_raw, struct request *rq, blk_status_t error, unsigned int nr_bytes)
 {
-	count_completion(rq, nr_bytes);
-	return 0;
+	return on_complete(rq);
 }
 
 /* Emit the shared types into BTF so the skeleton generates their Rust definitions. */
-struct vg_block_counts vg_abi_block_counts = {};
+struct vg_block_key vg_abi_block_key = {};
+struct vg_hist vg_abi_hist = {};
+struct vg_cpu_pair vg_abi_cpu_pair = {};
+struct vg_block_dev vg_abi_block_dev = {};
+enum vg_block_stage vg_abi_block_stage = VG_STAGE_QUEUE;
+enum vg_block_op vg_abi_block_op = VG_OP_READ;
+enum vg_block_counter vg_abi_block_counter = VG_BLOCK_DROPPED;

@@ -1,21 +1,117 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
  * The ABI shared by virtgap's BPF programs and its Rust code. Only fixed-width types and
- * explicit padding; values Rust needs are enums (BTF carries enums, not macros), and Rust
- * reads these types from the generated skeletons, never from hand-written mirrors.
+ * explicit padding; values Rust needs are enums (BTF carries enums, not macros), and Rust reads
+ * these types from the generated skeletons, never from hand-written mirrors.
  */
 #ifndef VIRTGAP_H
 #define VIRTGAP_H
 
-enum virtgap_limits {
-	/* Block devices tracked at once. */
-	VG_MAX_DEVICES = 64,
+enum vg_limits {
+	/* Log-linear histogram: values 0..7 exactly, then 8 sub-buckets per power of two, up to
+	 * 2^42 ns (about 73 minutes); larger values land in the last slot. */
+	VG_HIST_SUB_BITS = 3,
+	VG_HIST_SLOTS = 320,
+	/* Requests tracked between their start and completion. */
+	VG_MAX_INFLIGHT = 65536,
+	/* Histogram keys: (device, hardware queue, op, stage) combinations. */
+	VG_MAX_BLOCK_HISTS = 1024,
+	/* (submitting CPU, completing CPU) pairs. */
+	VG_MAX_CPU_PAIRS = 16384,
+	/* (CPU, IRQ) pairs. */
+	VG_MAX_IRQS = 8192,
+	VG_NR_SOFTIRQS = 10,
+	/* Threads of the workload tracked between wakeup and running. */
+	VG_MAX_TASKS = 65536,
 };
 
-/* Per-device block-layer counters, keyed by the device number (major << 20 | minor). */
-struct vg_block_counts {
-	__u64 completions;
-	__u64 bytes;
+/* A latency histogram with exact count and sum (ns). */
+struct vg_hist {
+	__u64 slots[VG_HIST_SLOTS];
+	__u64 count;
+	__u64 sum_ns;
+};
+
+/* Stage of a block request's life. */
+enum vg_block_stage {
+	/* Request started (allocated and accounted) -> issued to the driver. */
+	VG_STAGE_QUEUE = 0,
+	/* Issued to the driver -> completed (device service plus interrupt delivery). */
+	VG_STAGE_DEVICE = 1,
+};
+
+/* Request operation, from cmd_flags & REQ_OP_MASK. */
+enum vg_block_op {
+	VG_OP_READ = 0,
+	VG_OP_WRITE = 1,
+	VG_OP_FLUSH = 2,
+	VG_OP_DISCARD = 3,
+	VG_OP_OTHER = 4,
+};
+
+struct vg_block_key {
+	__u32 dev; /* major << 20 | minor of the whole disk */
+	__u16 hctx; /* hardware queue index */
+	__u8 op; /* enum vg_block_op */
+	__u8 stage; /* enum vg_block_stage */
+};
+
+struct vg_cpu_pair {
+	__u32 submit_cpu;
+	__u32 complete_cpu;
+};
+
+/* Per-device gauges. */
+struct vg_block_dev {
+	__s64 inflight;
+	__u64 issued;
+	__u64 completed;
+};
+
+/* Counters of the block probe's own trouble. */
+enum vg_block_counter {
+	/* A map was full: the request or histogram was not recorded. */
+	VG_BLOCK_DROPPED = 0,
+	/* Completed requests never seen starting (in flight when the probe attached). */
+	VG_BLOCK_UNSEEN = 1,
+	VG_BLOCK_COUNTERS = 2,
+};
+
+struct vg_irq_key {
+	__u32 cpu;
+	__u32 irq;
+};
+
+struct vg_irq_stats {
+	__u64 count;
+	__u64 time_ns;
+	struct vg_hist duration;
+};
+
+/* Count and time of one kind of event on one CPU (per-CPU maps). */
+struct vg_count_time {
+	__u64 count;
+	__u64 time_ns;
+};
+
+/* x86 system vectors, from the irq_vectors tracepoints. */
+enum vg_vector {
+	VG_VEC_LOCAL_TIMER = 0,
+	VG_VEC_RESCHEDULE = 1,
+	VG_VEC_CALL_FUNCTION = 2,
+	VG_VEC_CALL_FUNCTION_SINGLE = 3,
+	VG_VEC_IRQ_WORK = 4,
+	VG_NR_VECTORS = 5,
+};
+
+/* Why an IPI was sent, from the ipi tracepoints' callback. */
+enum vg_ipi_kind {
+	/* __blk_mq_complete_request_remote: a block completion redirected to the submitter. */
+	VG_IPI_BLOCK_COMPLETE = 0,
+	/* No callback: a reschedule. */
+	VG_IPI_RESCHEDULE = 1,
+	VG_IPI_OTHER = 2,
+	VG_NR_IPI_KINDS = 3,
 };
 
 #endif /* VIRTGAP_H */

@@ -1,4 +1,5 @@
-//! Generated skeletons, one module per `bpf/*.bpf.c`.
+//! Generated skeletons, one module per `bpf/*.bpf.c`, and the plain-data impls that let Rust
+//! copy map values into the generated ABI types.
 #![allow(
     clippy::all,
     missing_debug_implementations,
@@ -6,11 +7,41 @@
     non_camel_case_types
 )]
 
+macro_rules! plain_types {
+    ($($ty:ty),* $(,)?) => {
+        // SAFETY: the generated types are #[repr(C)] structs of plain integers (and arrays of
+        // them) mirroring bpf/include/virtgap.h: every byte pattern of their size is valid.
+        $( unsafe impl plain::Plain for $ty {} )*
+    };
+}
+
 pub mod block {
     include!(concat!(env!("OUT_DIR"), "/block.skel.rs"));
-
-    // SAFETY: the generated type is #[repr(C)] plain integers with no padding or invalid bit
-    // patterns, so any byte string of its size is a valid value.
-    unsafe impl plain::Plain for types::vg_block_counts {}
-    const _: () = assert!(std::mem::size_of::<types::vg_block_counts>() == 16);
+    plain_types!(
+        types::vg_block_key,
+        types::vg_hist,
+        types::vg_cpu_pair,
+        types::vg_block_dev
+    );
 }
+
+pub mod irq {
+    include!(concat!(env!("OUT_DIR"), "/irq.skel.rs"));
+    plain_types!(types::vg_irq_key, types::vg_irq_stats, types::vg_count_time);
+}
+
+pub mod sched {
+    include!(concat!(env!("OUT_DIR"), "/sched.skel.rs"));
+    plain_types!(types::vg_hist);
+}
+
+// The ABI the C side declares; a mismatch breaks the build rather than the numbers.
+const _: () = {
+    use std::mem::size_of;
+    assert!(size_of::<block::types::vg_block_key>() == 8);
+    assert!(size_of::<block::types::vg_hist>() == (320 + 2) * 8);
+    assert!(size_of::<block::types::vg_cpu_pair>() == 8);
+    assert!(size_of::<block::types::vg_block_dev>() == 24);
+    assert!(size_of::<irq::types::vg_irq_key>() == 8);
+    assert!(size_of::<irq::types::vg_count_time>() == 16);
+};

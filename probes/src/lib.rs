@@ -1,40 +1,23 @@
-//! virtgap's eBPF probes: the skeletons built from `../bpf` (one object per probe family), loaded
-//! and attached with fallbacks (tp_btf, then raw_tp), read into plain Rust data.
+//! virtgap's eBPF probes: the skeletons built from `../bpf` (one object per probe family),
+//! loaded and attached with fallbacks (tp_btf, then raw_tp), read into plain snapshots.
+//!
+//! - [`session`]: load, attach, report capabilities, read maps.
+//! - [`collector`]: the one thread that owns a session and sends snapshots every interval.
+//! - [`model`] and [`hist`]: the plain data.
 
-pub mod block;
+pub mod attach;
 mod bpf;
+pub mod collector;
+pub mod hist;
+pub mod model;
+pub mod procfs;
+pub mod session;
 
-pub use block::{count_block_completions, BlockCounts};
-
-/// How a program ended up attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttachKind {
-    /// BTF-enabled tracepoint: typed arguments, cheapest.
-    TpBtf,
-    /// Raw tracepoint: same arguments without BTF typing, for kernels lacking tp_btf.
-    RawTp,
-}
-
-impl AttachKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::TpBtf => "tp_btf",
-            Self::RawTp => "raw_tp",
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ProbeError {
-    #[error("{probe}: cannot load or attach ({reason})")]
-    Unsupported { probe: &'static str, reason: String },
-    #[error("{probe}: reading map {map}: {err}")]
-    Read {
-        probe: &'static str,
-        map: &'static str,
-        err: libbpf_rs::Error,
-    },
-}
+pub use attach::AttachKind;
+pub use collector::{ProbeEvent, ProbeHandle};
+pub use hist::KernelHist;
+pub use model::ProbeSnapshot;
+pub use session::{CapabilityReport, Family, ProbeConfig, ProbeSession, ProbeStorage};
 
 /// Whether this process may load BPF programs at all, and if not, why.
 pub fn bpf_permission() -> Result<(), String> {

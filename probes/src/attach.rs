@@ -1,0 +1,166 @@
+//! Choosing and attaching programs. Every program comes as a `tp_btf` version and a `raw_tp`
+//! twin; before load, one flavour is enabled and programs whose tracepoint this kernel lacks
+//! are left out. After load, each program attaches on its own, so one failure costs one signal.
+
+use std::collections::BTreeSet;
+
+use libbpf_rs::btf::types::Typedef;
+use libbpf_rs::btf::Btf;
+use libbpf_rs::{Link, Object, OpenObject};
+use serde::Serialize;
+
+/// How a program is attached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachKind {
+    /// BTF-enabled tracepoint: typed arguments, cheapest.
+    TpBtf,
+    /// Raw tracepoint: the same arguments without BTF typing.
+    RawTp,
+}
+
+impl AttachKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::TpBtf => "tp_btf",
+            Self::RawTp => "raw_tp",
+        }
+    }
+
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::TpBtf => "_btf",
+            Self::RawTp => "_raw",
+        }
+    }
+}
+
+/// The tracepoints this kernel defines, read once from its BTF (`btf_trace_<name>` typedefs).
+#[derive(Debug, Default)]
+pub struct KernelTracepoints {
+    btf: Option<Btf<'static>>,
+    /// Why BTF could not be read, if it could not.
+    pub error: Option<String>,
+}
+
+impl KernelTracepoints {
+    pub fn load() -> Self {
+        match Btf::from_vmlinux() {
+            Ok(btf) => Self {
+                btf: Some(btf),
+                error: None,
+            },
+            Err(e) => Self {
+                btf: None,
+                error: Some(format!("no kernel BTF: {e}")),
+            },
+        }
+    }
+
+    pub fn has_btf(&self) -> bool {
+        self.btf.is_some()
+    }
+
+    /// Whether tracepoint `name` exists. Without BTF the answer is "assume yes" and the attach
+    /// itself decides.
+    pub fn has(&self, name: &str) -> bool {
+        match &self.btf {
+            Some(btf) => btf
+                .type_by_name::<Typedef<'_>>(&format!("btf_trace_{name}"))
+                .is_some(),
+            None => true,
+        }
+    }
+}
+
+/// The tracepoint a program's section names ("tp_btf/block_rq_issue" -> "block_rq_issue").
+fn section_tracepoint(section: &str) -> Option<&str> {
+    section
+        .strip_prefix("tp_btf/")
+        .or_else(|| section.strip_prefix("raw_tp/"))
+}
+
+/// Enables the `kind` flavour of every program whose tracepoint exists and `wanted` accepts;
+/// returns the tracepoints left out because the kernel lacks them.
+pub fn select_programs(
+    object: &mut OpenObject,
+    kind: AttachKind,
+    kernel: &KernelTracepoints,
+    wanted: impl Fn(&str) -> bool,
+) -> BTreeSet<String> {
+    let mut missing = BTreeSet::new();
+    for mut prog in object.progs_mut() {
+        let name = prog.name().to_string_lossy().into_owned();
+        let section = prog.section().to_string_lossy().into_owned();
+        let Some(tp) = section_tracepoint(&section) else {
+            continue;
+        };
+        let right_flavour = name.ends_with(kind.suffix());
+        let exists = kernel.has(tp);
+        if right_flavour && !exists {
+            missing.insert(tp.to_string());
+        }
+        prog.set_autoload(right_flavour && exists && wanted(tp));
+    }
+    missing
+}
+
+/// One tracepoint's outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AttachOutcome {
+    pub tracepoint: String,
+    /// How it attached, or None.
+    pub attached: Option<AttachKind>,
+    /// Why it did not attach.
+    pub reason: Option<String>,
+}
+
+/// Attaches every loaded program on its own. Returns the links to keep and one outcome per
+/// tracepoint.
+pub fn attach_each(object: &Object, kind: AttachKind) -> (Vec<Link>, Vec<AttachOutcome>) {
+    let mut links = Vec::new();
+    let mut outcomes = Vec::new();
+    for prog in object.progs_mut() {
+        if !prog.autoload() {
+            continue;
+        }
+        let section = prog.section().to_string_lossy().into_owned();
+        let tracepoint = section_tracepoint(&section).unwrap_or(&section).to_string();
+        match prog.attach() {
+            Ok(link) => {
+                links.push(link);
+                outcomes.push(AttachOutcome {
+                    tracepoint,
+                    attached: Some(kind),
+                    reason: None,
+                });
+            }
+            Err(e) => outcomes.push(AttachOutcome {
+                tracepoint,
+                attached: None,
+                reason: Some(format!("{} attach: {e}", kind.name())),
+            }),
+        }
+    }
+    outcomes.sort_by(|a, b| a.tracepoint.cmp(&b.tracepoint));
+    outcomes.dedup_by(|a, b| a.tracepoint == b.tracepoint && a.attached == b.attached);
+    (links, outcomes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_name_their_tracepoint() {
+        assert_eq!(
+            section_tracepoint("tp_btf/block_rq_issue"),
+            Some("block_rq_issue")
+        );
+        assert_eq!(
+            section_tracepoint("raw_tp/irq_handler_entry"),
+            Some("irq_handler_entry")
+        );
+        assert_eq!(section_tracepoint("kprobe/foo"), None);
+    }
+}

@@ -1,0 +1,77 @@
+//! The collector: one thread owns the probe session, reads every map once per interval into
+//! an owned snapshot, and sends it over the pipeline's channel. Nothing else touches the maps.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::model::ProbeSnapshot;
+use crate::session::{CapabilityReport, ProbeConfig, ProbeSession, ProbeStorage};
+
+/// Messages from the collector.
+#[derive(Debug)]
+pub enum ProbeEvent {
+    /// Sent once, after loading: what attached and what did not.
+    Attached(CapabilityReport),
+    /// Sent every interval: cumulative totals and the interval's own activity.
+    Snapshot {
+        cumulative: Box<ProbeSnapshot>,
+        interval: Box<ProbeSnapshot>,
+    },
+}
+
+/// The running collector thread.
+#[derive(Debug)]
+pub struct ProbeHandle {
+    thread: JoinHandle<()>,
+    stop: Arc<AtomicBool>,
+}
+
+impl ProbeHandle {
+    /// Starts the collector. It sends `Attached` first, then a snapshot every `interval` until
+    /// stopped, then one final snapshot.
+    pub fn start<T>(config: ProbeConfig, interval: Duration, tx: Sender<T>) -> Self
+    where
+        T: From<ProbeEvent> + Send + 'static,
+    {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("vg-collector".into())
+            .spawn(move || {
+                let mut storage = ProbeStorage::default();
+                let session = ProbeSession::load(&mut storage, &config);
+                let _ = tx.send(T::from(ProbeEvent::Attached(session.report.clone())));
+                let mut previous = session.snapshot();
+                let mut next = Instant::now() + interval;
+                loop {
+                    // Sleep in short steps so a stop is noticed quickly.
+                    while Instant::now() < next && !flag.load(Ordering::Relaxed) {
+                        std::thread::sleep((next - Instant::now()).min(Duration::from_millis(50)));
+                    }
+                    let cumulative = session.snapshot();
+                    let delta = cumulative.since(&previous);
+                    previous = cumulative.clone();
+                    let sent = tx.send(T::from(ProbeEvent::Snapshot {
+                        cumulative: Box::new(cumulative),
+                        interval: Box::new(delta),
+                    }));
+                    if sent.is_err() || flag.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    next += interval;
+                }
+                // The session drops here: links detach, objects unload.
+            })
+            .expect("spawning the collector thread");
+        Self { thread, stop }
+    }
+
+    /// Stops the collector after one last snapshot and waits for it to detach the probes.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+    }
+}

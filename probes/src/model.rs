@@ -1,0 +1,364 @@
+//! Plain data read from the probes' maps: no BPF types, no I/O. Snapshots are cumulative since
+//! the probes attached; `since` turns two of them into one interval.
+
+use serde::Serialize;
+
+use crate::hist::KernelHist;
+
+/// Stage of a block request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockStage {
+    /// Request started (allocated and accounted) -> issued to the driver.
+    Queue,
+    /// Issued to the driver -> completed: device service plus interrupt delivery.
+    Device,
+}
+
+impl BlockStage {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Queue => "queue",
+            Self::Device => "device",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockOp {
+    Read,
+    Write,
+    Flush,
+    Discard,
+    Other,
+}
+
+impl BlockOp {
+    pub fn from_raw(op: u8) -> Self {
+        match op {
+            0 => Self::Read,
+            1 => Self::Write,
+            2 => Self::Flush,
+            3 => Self::Discard,
+            _ => Self::Other,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Read => "read",
+            Self::Write => "write",
+            Self::Flush => "flush",
+            Self::Discard => "discard",
+            Self::Other => "other",
+        }
+    }
+}
+
+/// A device number (major, minor).
+pub type DevNum = (u32, u32);
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BlockStageHist {
+    pub dev: DevNum,
+    /// Hardware queue index.
+    pub hctx: u16,
+    pub op: BlockOp,
+    pub stage: BlockStage,
+    pub hist: KernelHist,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceGauge {
+    pub dev: DevNum,
+    /// Requests issued and not yet completed, as of the snapshot.
+    pub inflight: i64,
+    pub issued: u64,
+    pub completed: u64,
+}
+
+/// Requests completed on `complete_cpu` that were submitted on `submit_cpu`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CpuPair {
+    pub submit_cpu: u32,
+    pub complete_cpu: u32,
+    pub count: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct BlockSnapshot {
+    pub stages: Vec<BlockStageHist>,
+    pub devices: Vec<DeviceGauge>,
+    pub cpu_pairs: Vec<CpuPair>,
+    /// Requests or histogram entries lost to full maps.
+    pub dropped: u64,
+    /// Completions of requests never seen issued (in flight when the probe attached).
+    pub unseen: u64,
+}
+
+impl BlockSnapshot {
+    /// All histograms of one stage on one device, merged over queues and the given ops.
+    pub fn stage(&self, dev: Option<DevNum>, stage: BlockStage, ops: &[BlockOp]) -> KernelHist {
+        let mut h = KernelHist::default();
+        for s in &self.stages {
+            if s.stage == stage && dev.is_none_or(|d| d == s.dev) && ops.contains(&s.op) {
+                h.merge(&s.hist);
+            }
+        }
+        h
+    }
+
+    /// Completions whose submitting and completing CPU differ.
+    pub fn cross_cpu_completions(&self) -> (u64, u64) {
+        let total: u64 = self.cpu_pairs.iter().map(|p| p.count).sum();
+        let cross = self
+            .cpu_pairs
+            .iter()
+            .filter(|p| p.submit_cpu != p.complete_cpu)
+            .map(|p| p.count)
+            .sum();
+        (cross, total)
+    }
+
+    pub fn since(&self, earlier: &Self) -> Self {
+        let stages = self
+            .stages
+            .iter()
+            .map(|s| {
+                let prev = earlier
+                    .stages
+                    .iter()
+                    .find(|p| (p.dev, p.hctx, p.op, p.stage) == (s.dev, s.hctx, s.op, s.stage));
+                BlockStageHist {
+                    hist: prev.map_or_else(|| s.hist.clone(), |p| s.hist.since(&p.hist)),
+                    ..s.clone()
+                }
+            })
+            .collect();
+        let devices = self
+            .devices
+            .iter()
+            .map(|d| {
+                let prev = earlier.devices.iter().find(|p| p.dev == d.dev);
+                DeviceGauge {
+                    dev: d.dev,
+                    inflight: d.inflight,
+                    issued: d.issued - prev.map_or(0, |p| p.issued.min(d.issued)),
+                    completed: d.completed - prev.map_or(0, |p| p.completed.min(d.completed)),
+                }
+            })
+            .collect();
+        let cpu_pairs = self
+            .cpu_pairs
+            .iter()
+            .map(|c| {
+                let prev = earlier
+                    .cpu_pairs
+                    .iter()
+                    .find(|p| (p.submit_cpu, p.complete_cpu) == (c.submit_cpu, c.complete_cpu));
+                CpuPair {
+                    count: c.count - prev.map_or(0, |p| p.count.min(c.count)),
+                    ..c.clone()
+                }
+            })
+            .collect();
+        Self {
+            stages,
+            devices,
+            cpu_pairs,
+            dropped: self.dropped.saturating_sub(earlier.dropped),
+            unseen: self.unseen.saturating_sub(earlier.unseen),
+        }
+    }
+}
+
+/// Hard-IRQ activity of one IRQ on one CPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct HardIrq {
+    pub cpu: u32,
+    pub irq: u32,
+    /// From /proc/interrupts, e.g. "virtio1-req.0", "nvme0q3".
+    pub name: String,
+    pub count: u64,
+    pub time_ns: u64,
+    pub duration: KernelHist,
+}
+
+/// Count and time of one kind of event (a softirq vector, a system vector, an IPI kind) on one
+/// CPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CpuEvents {
+    pub cpu: u32,
+    pub kind: String,
+    pub count: u64,
+    /// Zero for kinds that are only counted (IPI sends).
+    pub time_ns: u64,
+}
+
+pub const SOFTIRQ_NAMES: [&str; 10] = [
+    "HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU",
+];
+pub const VECTOR_NAMES: [&str; 5] = [
+    "local_timer",
+    "reschedule",
+    "call_function",
+    "call_function_single",
+    "irq_work",
+];
+pub const IPI_KIND_NAMES: [&str; 3] = ["block_completion", "reschedule", "other"];
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct IrqSnapshot {
+    pub hardirqs: Vec<HardIrq>,
+    pub softirqs: Vec<CpuEvents>,
+    pub vectors: Vec<CpuEvents>,
+    pub ipis_sent: Vec<CpuEvents>,
+    pub dropped: u64,
+}
+
+fn events_since(now: &[CpuEvents], earlier: &[CpuEvents]) -> Vec<CpuEvents> {
+    now.iter()
+        .map(|e| {
+            let prev = earlier.iter().find(|p| p.cpu == e.cpu && p.kind == e.kind);
+            CpuEvents {
+                count: e.count - prev.map_or(0, |p| p.count.min(e.count)),
+                time_ns: e.time_ns - prev.map_or(0, |p| p.time_ns.min(e.time_ns)),
+                ..e.clone()
+            }
+        })
+        .collect()
+}
+
+impl IrqSnapshot {
+    pub fn since(&self, earlier: &Self) -> Self {
+        let hardirqs = self
+            .hardirqs
+            .iter()
+            .map(|h| {
+                let prev = earlier
+                    .hardirqs
+                    .iter()
+                    .find(|p| p.cpu == h.cpu && p.irq == h.irq);
+                HardIrq {
+                    count: h.count - prev.map_or(0, |p| p.count.min(h.count)),
+                    time_ns: h.time_ns - prev.map_or(0, |p| p.time_ns.min(h.time_ns)),
+                    duration: prev
+                        .map_or_else(|| h.duration.clone(), |p| h.duration.since(&p.duration)),
+                    ..h.clone()
+                }
+            })
+            .collect();
+        Self {
+            hardirqs,
+            softirqs: events_since(&self.softirqs, &earlier.softirqs),
+            vectors: events_since(&self.vectors, &earlier.vectors),
+            ipis_sent: events_since(&self.ipis_sent, &earlier.ipis_sent),
+            dropped: self.dropped.saturating_sub(earlier.dropped),
+        }
+    }
+
+    /// Time each CPU spent in hard-IRQ handlers and in softirqs, in ns: (cpu, hardirq, softirq).
+    pub fn cpu_irq_time(&self) -> Vec<(u32, u64, u64)> {
+        let mut cpus: Vec<u32> = self
+            .hardirqs
+            .iter()
+            .map(|h| h.cpu)
+            .chain(self.softirqs.iter().map(|s| s.cpu))
+            .collect();
+        cpus.sort_unstable();
+        cpus.dedup();
+        cpus.into_iter()
+            .map(|cpu| {
+                let hard = self
+                    .hardirqs
+                    .iter()
+                    .filter(|h| h.cpu == cpu)
+                    .map(|h| h.time_ns)
+                    .sum();
+                let soft = self
+                    .softirqs
+                    .iter()
+                    .filter(|s| s.cpu == cpu)
+                    .map(|s| s.time_ns)
+                    .sum();
+                (cpu, hard, soft)
+            })
+            .collect()
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WakeupSnapshot {
+    /// Wakeup -> on-CPU latency of the workload's threads.
+    pub latency: KernelHist,
+    pub dropped: u64,
+}
+
+impl WakeupSnapshot {
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            latency: self.latency.since(&earlier.latency),
+            dropped: self.dropped.saturating_sub(earlier.dropped),
+        }
+    }
+}
+
+/// Run statistics of one of our BPF programs (needs the BPF_ENABLE_STATS fd held).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProgramStats {
+    pub family: &'static str,
+    pub name: String,
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+/// Everything the probes measured, cumulative since they attached.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ProbeSnapshot {
+    /// Nanoseconds since the probes attached.
+    pub elapsed_ns: u64,
+    pub block: Option<BlockSnapshot>,
+    pub irq: Option<IrqSnapshot>,
+    pub wakeups: Option<WakeupSnapshot>,
+    /// Empty when run-time statistics are unavailable.
+    pub programs: Vec<ProgramStats>,
+}
+
+impl ProbeSnapshot {
+    /// The activity between `earlier` and this snapshot.
+    pub fn since(&self, earlier: &Self) -> Self {
+        fn pair<T>(a: &Option<T>, b: &Option<T>, f: impl Fn(&T, &T) -> T) -> Option<T>
+        where
+            T: Clone,
+        {
+            match (a, b) {
+                (Some(a), Some(b)) => Some(f(a, b)),
+                (Some(a), None) => Some(a.clone()),
+                _ => None,
+            }
+        }
+        Self {
+            elapsed_ns: self.elapsed_ns.saturating_sub(earlier.elapsed_ns),
+            block: pair(&self.block, &earlier.block, BlockSnapshot::since),
+            irq: pair(&self.irq, &earlier.irq, IrqSnapshot::since),
+            wakeups: pair(&self.wakeups, &earlier.wakeups, WakeupSnapshot::since),
+            programs: self
+                .programs
+                .iter()
+                .map(|p| {
+                    let prev = earlier
+                        .programs
+                        .iter()
+                        .find(|q| q.name == p.name && q.family == p.family);
+                    ProgramStats {
+                        run_count: p.run_count - prev.map_or(0, |q| q.run_count.min(p.run_count)),
+                        run_time_ns: p.run_time_ns
+                            - prev.map_or(0, |q| q.run_time_ns.min(p.run_time_ns)),
+                        ..p.clone()
+                    }
+                })
+                .collect(),
+        }
+    }
+}

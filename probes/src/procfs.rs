@@ -1,0 +1,101 @@
+//! Small readers of /proc files the probes need: IRQ names from /proc/interrupts, symbol
+//! addresses from /proc/kallsyms. Parsers take text so tests feed them fixtures.
+
+use std::collections::BTreeMap;
+
+/// IRQ number -> action name ("virtio1-req.0", "nvme0q3"), from /proc/interrupts text.
+pub fn irq_names(interrupts: &str) -> BTreeMap<u32, String> {
+    let mut lines = interrupts.lines();
+    let cpus = lines.next().map_or(0, |h| h.split_whitespace().count());
+    lines
+        .filter_map(|line| {
+            let (num, rest) = line.trim_start().split_once(':')?;
+            let irq: u32 = num.trim().parse().ok()?;
+            // After the per-CPU counts: chip name, hwirq/trigger, then the action name(s).
+            let fields: Vec<&str> = rest.split_whitespace().skip(cpus).collect();
+            let name = fields
+                .get(2..)
+                .map(|f| f.join(" "))
+                .filter(|s| !s.is_empty())?;
+            Some((irq, name))
+        })
+        .collect()
+}
+
+/// The chip of each numbered IRQ ("PCI-MSIX-0000:00:02.0", "xen-pirq-msi-x", "IR-PCI-MSI").
+pub fn irq_chips(interrupts: &str) -> BTreeMap<u32, String> {
+    let mut lines = interrupts.lines();
+    let cpus = lines.next().map_or(0, |h| h.split_whitespace().count());
+    lines
+        .filter_map(|line| {
+            let (num, rest) = line.trim_start().split_once(':')?;
+            let irq: u32 = num.trim().parse().ok()?;
+            let mut fields = rest.split_whitespace().skip(cpus);
+            let chip = fields.next()?;
+            // Xen prints its handler type as a separate "-msi-x" word after "xen-pirq".
+            let chip = match fields.next() {
+                Some(kind) if kind.starts_with('-') => format!("{chip}{kind}"),
+                _ => chip.to_string(),
+            };
+            Some((irq, chip))
+        })
+        .collect()
+}
+
+/// Address of `symbol` in /proc/kallsyms text (0 addresses mean kptr_restrict hid them).
+pub fn symbol_address(kallsyms: &str, symbol: &str) -> Option<u64> {
+    kallsyms.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        let addr = f.next()?;
+        let _kind = f.next()?;
+        let name = f.next()?;
+        if name != symbol {
+            return None;
+        }
+        u64::from_str_radix(addr, 16).ok().filter(|&a| a != 0)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const THIS_MACHINE: &str = "           CPU0       CPU1       \n \
+ 24:          1          0  IO-APIC   5-edge      ACPI:Ged\n \
+ 36:          0    1201022 PCI-MSIX-0000:00:02.0   1-edge      virtio1-req.0\n \
+ 39:       2734          0 PCI-MSIX-0000:00:03.0   2-edge      virtio2-output.0\n\
+NMI:          0          0   Non-maskable interrupts\n\
+LOC:    1234567    2345678   Local timer interrupts\n";
+
+    #[test]
+    fn names_irqs_from_proc_interrupts() {
+        let names = irq_names(THIS_MACHINE);
+        assert_eq!(names[&36], "virtio1-req.0");
+        assert_eq!(names[&24], "ACPI:Ged");
+        assert_eq!(names.len(), 3, "system rows have no number");
+        assert_eq!(irq_chips(THIS_MACHINE)[&36], "PCI-MSIX-0000:00:02.0");
+    }
+
+    #[test]
+    fn names_xen_nvme_queues() {
+        // Xen prints the chip and its handler type as two words.
+        let xen = "      CPU0   CPU1   CPU2\n \
+ 90:   12   0   5   xen-pirq    -msi-x     nvme0q1\n \
+ 91:   0   99   0   xen-pirq    -msi-x     nvme0q2\n";
+        let names = irq_names(xen);
+        assert_eq!(names[&91], "nvme0q2");
+        assert_eq!(irq_chips(xen)[&90], "xen-pirq-msi-x");
+    }
+
+    #[test]
+    fn finds_symbols() {
+        let ks = "ffffffff81b010a0 t __blk_mq_complete_request_remote\n\
+ffffffff81b01000 T blk_mq_complete_request\n0000000000000000 t hidden_sym\n";
+        assert_eq!(
+            symbol_address(ks, "__blk_mq_complete_request_remote"),
+            Some(0xffffffff81b010a0)
+        );
+        assert_eq!(symbol_address(ks, "hidden_sym"), None);
+        assert_eq!(symbol_address(ks, "missing"), None);
+    }
+}

@@ -1,0 +1,581 @@
+//! A probe session: loads the probe families (one BPF object each, so a family that cannot
+//! load fails alone), attaches them, reports what attached and how, and reads their maps into
+//! plain snapshots. The session borrows caller-provided storage for the BPF objects, so it
+//! lives on the stack of the thread that owns it (the collector).
+
+use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::time::Instant;
+
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, Object, OpenObject};
+use serde::Serialize;
+
+use crate::attach::{attach_each, select_programs, AttachKind, AttachOutcome, KernelTracepoints};
+use crate::bpf;
+use crate::hist::KernelHist;
+use crate::model::*;
+use crate::procfs;
+
+/// The probe families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    Block,
+    Irq,
+    Wakeup,
+}
+
+impl Family {
+    pub const ALL: [Family; 3] = [Family::Block, Family::Irq, Family::Wakeup];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Block => "block",
+            Self::Irq => "irq",
+            Self::Wakeup => "wakeup",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == s)
+    }
+}
+
+/// What to load.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    pub families: Vec<Family>,
+    /// Restrict block and wakeup probes to this process (the workload). The wakeup probe needs
+    /// it and is reported unavailable without it.
+    pub filter_tgid: Option<u32>,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self {
+            families: Family::ALL.to_vec(),
+            filter_tgid: None,
+        }
+    }
+}
+
+/// One family's outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FamilyReport {
+    pub family: Family,
+    /// Why the whole family is unavailable, if it is.
+    pub unavailable: Option<String>,
+    /// Per tracepoint: attached how, or why not.
+    pub tracepoints: Vec<AttachOutcome>,
+}
+
+/// What attached on this host, for doctor, the profile and the reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct CapabilityReport {
+    pub families: Vec<FamilyReport>,
+    /// Why per-program run statistics are unavailable, if they are.
+    pub run_stats_unavailable: Option<String>,
+}
+
+impl CapabilityReport {
+    pub fn attached_count(&self) -> usize {
+        self.families
+            .iter()
+            .flat_map(|f| &f.tracepoints)
+            .filter(|t| t.attached.is_some())
+            .count()
+    }
+
+    pub fn unavailable_count(&self) -> usize {
+        self.families
+            .iter()
+            .map(|f| {
+                if f.unavailable.is_some() {
+                    1
+                } else {
+                    f.tracepoints
+                        .iter()
+                        .filter(|t| t.attached.is_none())
+                        .count()
+                }
+            })
+            .sum()
+    }
+}
+
+/// Backing storage for the BPF objects: two slots per family (a failed tp_btf load consumes
+/// its slot; the raw_tp retry gets a fresh one).
+pub struct ProbeStorage {
+    block: [MaybeUninit<OpenObject>; 2],
+    irq: [MaybeUninit<OpenObject>; 2],
+    sched: [MaybeUninit<OpenObject>; 2],
+}
+
+impl std::fmt::Debug for ProbeStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProbeStorage")
+    }
+}
+
+impl Default for ProbeStorage {
+    fn default() -> Self {
+        let two = || [MaybeUninit::uninit(), MaybeUninit::uninit()];
+        Self {
+            block: two(),
+            irq: two(),
+            sched: two(),
+        }
+    }
+}
+
+/// Loaded and attached probes.
+pub struct ProbeSession<'a> {
+    block: Option<bpf::block::BlockSkel<'a>>,
+    irq: Option<bpf::irq::IrqSkel<'a>>,
+    sched: Option<bpf::sched::SchedSkel<'a>>,
+    _links: Vec<Link>,
+    _stats_fd: Option<OwnedFd>,
+    started: Instant,
+    irq_names: BTreeMap<u32, String>,
+    pub report: CapabilityReport,
+}
+
+impl std::fmt::Debug for ProbeSession<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProbeSession")
+            .field("report", &self.report)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens a skeleton in `slot`, lets `setup` configure it, selects programs and loads it.
+fn open_and_load<'a, B>(
+    builder: B,
+    slot: &'a mut MaybeUninit<OpenObject>,
+    kind: AttachKind,
+    kernel: &KernelTracepoints,
+    wanted: &dyn Fn(&str) -> bool,
+    setup: &dyn Fn(&mut B::Output),
+) -> Result<(<B::Output as OpenSkel<'a>>::Output, Vec<String>), String>
+where
+    B: SkelBuilder<'a>,
+{
+    let mut open = builder.open(slot).map_err(|e| format!("open: {e}"))?;
+    setup(&mut open);
+    let missing = select_programs(open.open_object_mut(), kind, kernel, wanted);
+    let skel = open
+        .load()
+        .map_err(|e| format!("{} load: {e}", kind.name()))?;
+    Ok((skel, missing.into_iter().collect()))
+}
+
+/// Loads a family with tp_btf programs, or raw_tp ones if that fails; attaches each program.
+fn load_family<'a, B, F>(
+    family: Family,
+    make: F,
+    slots: &'a mut [MaybeUninit<OpenObject>; 2],
+    kernel: &KernelTracepoints,
+    wanted: &dyn Fn(&str) -> bool,
+    setup: &dyn Fn(&mut B::Output),
+    links: &mut Vec<Link>,
+) -> (Option<<B::Output as OpenSkel<'a>>::Output>, FamilyReport)
+where
+    B: SkelBuilder<'a>,
+    F: Fn() -> B,
+{
+    let [first, second] = slots;
+    let kinds = if kernel.has_btf() {
+        [AttachKind::TpBtf, AttachKind::RawTp]
+    } else {
+        [AttachKind::RawTp, AttachKind::RawTp]
+    };
+    let mut errors = Vec::new();
+    for (kind, slot) in kinds.into_iter().zip([first, second]) {
+        match open_and_load(make(), slot, kind, kernel, wanted, setup) {
+            Ok((skel, missing)) => {
+                let (mut new_links, mut outcomes) = attach_each(skel.object(), kind);
+                links.append(&mut new_links);
+                outcomes.extend(missing.into_iter().map(|tp| AttachOutcome {
+                    tracepoint: tp,
+                    attached: None,
+                    reason: Some("tracepoint not in this kernel".into()),
+                }));
+                outcomes.sort_by(|a, b| a.tracepoint.cmp(&b.tracepoint));
+                let report = FamilyReport {
+                    family,
+                    unavailable: None,
+                    tracepoints: outcomes,
+                };
+                return (Some(skel), report);
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    errors.dedup();
+    let report = FamilyReport {
+        family,
+        unavailable: Some(errors.join("; ")),
+        tracepoints: vec![],
+    };
+    (None, report)
+}
+
+fn unavailable(family: Family, reason: impl Into<String>) -> FamilyReport {
+    FamilyReport {
+        family,
+        unavailable: Some(reason.into()),
+        tracepoints: vec![],
+    }
+}
+
+impl<'a> ProbeSession<'a> {
+    /// Loads and attaches the configured families. Never fails as a whole: what cannot attach
+    /// is in `report`, with its reason.
+    pub fn load(storage: &'a mut ProbeStorage, config: &ProbeConfig) -> Self {
+        let mut report = CapabilityReport::default();
+        let mut links = Vec::new();
+        let kernel = KernelTracepoints::load();
+        let permission = crate::bpf_permission();
+        let wants = |f: Family| config.families.contains(&f);
+
+        let stats_fd = match &permission {
+            Ok(()) => enable_run_stats()
+                .map_err(|e| report.run_stats_unavailable = Some(e))
+                .ok(),
+            Err(e) => {
+                report.run_stats_unavailable = Some(e.clone());
+                None
+            }
+        };
+
+        let ProbeStorage {
+            block: block_slots,
+            irq: irq_slots,
+            sched: sched_slots,
+        } = storage;
+        let mut block = None;
+        if wants(Family::Block) {
+            if let Err(e) = &permission {
+                report.families.push(unavailable(Family::Block, e.clone()));
+            } else {
+                let tgid = config.filter_tgid.unwrap_or(0);
+                let has_io_start = kernel.has("block_io_start");
+                let setup = |open: &mut bpf::block::OpenBlockSkel<'_>| {
+                    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+                        ro.filter_tgid = tgid;
+                        ro.have_io_start = has_io_start;
+                    }
+                };
+                let (skel, r) = load_family(
+                    Family::Block,
+                    bpf::block::BlockSkelBuilder::default,
+                    block_slots,
+                    &kernel,
+                    &|_| true,
+                    &setup,
+                    &mut links,
+                );
+                block = skel;
+                report.families.push(r);
+            }
+        }
+
+        let mut irq = None;
+        if wants(Family::Irq) {
+            if let Err(e) = &permission {
+                report.families.push(unavailable(Family::Irq, e.clone()));
+            } else {
+                let remote_fn = std::fs::read_to_string("/proc/kallsyms")
+                    .ok()
+                    .and_then(|k| procfs::symbol_address(&k, "__blk_mq_complete_request_remote"))
+                    .unwrap_or(0);
+                let setup = |open: &mut bpf::irq::OpenIrqSkel<'_>| {
+                    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+                        ro.blk_complete_remote_fn = remote_fn;
+                    }
+                };
+                let (skel, r) = load_family(
+                    Family::Irq,
+                    bpf::irq::IrqSkelBuilder::default,
+                    irq_slots,
+                    &kernel,
+                    &|_| true,
+                    &setup,
+                    &mut links,
+                );
+                irq = skel;
+                report.families.push(r);
+            }
+        }
+
+        let mut sched = None;
+        if wants(Family::Wakeup) {
+            match (&permission, config.filter_tgid) {
+                (Err(e), _) => report.families.push(unavailable(Family::Wakeup, e.clone())),
+                (Ok(()), None) => report.families.push(unavailable(
+                    Family::Wakeup,
+                    "needs a workload process to follow",
+                )),
+                (Ok(()), Some(tgid)) => {
+                    let setup = |open: &mut bpf::sched::OpenSchedSkel<'_>| {
+                        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+                            ro.filter_tgid = tgid;
+                        }
+                    };
+                    let (skel, r) = load_family(
+                        Family::Wakeup,
+                        bpf::sched::SchedSkelBuilder::default,
+                        sched_slots,
+                        &kernel,
+                        &|_| true,
+                        &setup,
+                        &mut links,
+                    );
+                    sched = skel;
+                    report.families.push(r);
+                }
+            }
+        }
+
+        let irq_names = std::fs::read_to_string("/proc/interrupts")
+            .map(|t| procfs::irq_names(&t))
+            .unwrap_or_default();
+        Self {
+            block,
+            irq,
+            sched,
+            _links: links,
+            _stats_fd: stats_fd,
+            started: Instant::now(),
+            irq_names,
+            report,
+        }
+    }
+
+    /// Reads every map into a cumulative snapshot.
+    pub fn snapshot(&self) -> ProbeSnapshot {
+        let mut programs = Vec::new();
+        if self._stats_fd.is_some() {
+            if let Some(s) = &self.block {
+                programs.extend(program_stats("block", s.object()));
+            }
+            if let Some(s) = &self.irq {
+                programs.extend(program_stats("irq", s.object()));
+            }
+            if let Some(s) = &self.sched {
+                programs.extend(program_stats("wakeup", s.object()));
+            }
+        }
+        ProbeSnapshot {
+            elapsed_ns: self.started.elapsed().as_nanos() as u64,
+            block: self.block.as_ref().map(read_block),
+            irq: self.irq.as_ref().map(|s| read_irq(s, &self.irq_names)),
+            wakeups: self.sched.as_ref().map(read_wakeups),
+            programs,
+        }
+    }
+}
+
+/// Holds kernel BPF run-time statistics on while the fd lives (only our run pays for them).
+fn enable_run_stats() -> Result<OwnedFd, String> {
+    // SAFETY: plain syscall wrapper; a non-negative return is a new fd we own.
+    let fd = unsafe {
+        libbpf_rs::libbpf_sys::bpf_enable_stats(libbpf_rs::libbpf_sys::BPF_STATS_RUN_TIME)
+    };
+    if fd < 0 {
+        return Err(format!(
+            "BPF_ENABLE_STATS: {}",
+            std::io::Error::from_raw_os_error(-fd)
+        ));
+    }
+    // SAFETY: fd is a fresh descriptor returned by the kernel, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn program_stats(family: &'static str, object: &Object) -> Vec<ProgramStats> {
+    object
+        .progs()
+        .filter(|p| p.autoload())
+        .filter_map(|p| {
+            let mut info = libbpf_rs::libbpf_sys::bpf_prog_info::default();
+            let mut len = std::mem::size_of_val(&info) as u32;
+            // SAFETY: info is a writable bpf_prog_info of `len` bytes; the fd is live.
+            let rc = unsafe {
+                libbpf_rs::libbpf_sys::bpf_prog_get_info_by_fd(
+                    p.as_fd().as_raw_fd(),
+                    &mut info,
+                    &mut len,
+                )
+            };
+            (rc == 0).then(|| ProgramStats {
+                family,
+                name: p.name().to_string_lossy().into_owned(),
+                run_count: info.run_cnt,
+                run_time_ns: info.run_time_ns,
+            })
+        })
+        .collect()
+}
+
+fn dev_of(raw: u32) -> DevNum {
+    (raw >> 20, raw & 0xf_ffff)
+}
+
+fn copy<T: plain::Plain + Default>(bytes: &[u8]) -> Option<T> {
+    let mut v = T::default();
+    plain::copy_from_bytes(&mut v, bytes).ok()?;
+    Some(v)
+}
+
+/// Sums a per-CPU array slot over CPUs, or returns per-CPU values.
+fn percpu_values<T: plain::Plain + Default>(map: &dyn MapCore, index: u32) -> Vec<T> {
+    map.lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
+        .ok()
+        .flatten()
+        .map(|per_cpu| per_cpu.iter().filter_map(|b| copy::<T>(b)).collect())
+        .unwrap_or_default()
+}
+
+fn hist_of(h: &bpf::block::types::vg_hist) -> KernelHist {
+    KernelHist::from_raw(&h.slots, h.count, h.sum_ns)
+}
+
+fn read_block(skel: &bpf::block::BlockSkel<'_>) -> BlockSnapshot {
+    use bpf::block::types;
+    let maps = &skel.maps;
+    let mut snap = BlockSnapshot::default();
+    for key in maps.block_hists.keys() {
+        let (Some(k), Ok(Some(v))) = (
+            copy::<types::vg_block_key>(&key),
+            maps.block_hists.lookup(&key, MapFlags::ANY),
+        ) else {
+            continue;
+        };
+        let Some(h) = copy::<types::vg_hist>(&v) else {
+            continue;
+        };
+        snap.stages.push(BlockStageHist {
+            dev: dev_of(k.dev),
+            hctx: k.hctx,
+            op: BlockOp::from_raw(k.op),
+            stage: if k.stage == 0 {
+                BlockStage::Queue
+            } else {
+                BlockStage::Device
+            },
+            hist: hist_of(&h),
+        });
+    }
+    snap.stages.sort_by_key(|s| (s.dev, s.hctx, s.op, s.stage));
+    for key in maps.devices.keys() {
+        let (Ok(raw), Ok(Some(v))) = (
+            <[u8; 4]>::try_from(&key[..]),
+            maps.devices.lookup(&key, MapFlags::ANY),
+        ) else {
+            continue;
+        };
+        let Some(d) = copy::<types::vg_block_dev>(&v) else {
+            continue;
+        };
+        snap.devices.push(DeviceGauge {
+            dev: dev_of(u32::from_ne_bytes(raw)),
+            inflight: d.inflight,
+            issued: d.issued,
+            completed: d.completed,
+        });
+    }
+    snap.devices.sort_by_key(|d| d.dev);
+    for key in maps.cpu_pairs.keys() {
+        let (Some(k), Ok(Some(v))) = (
+            copy::<types::vg_cpu_pair>(&key),
+            maps.cpu_pairs.lookup(&key, MapFlags::ANY),
+        ) else {
+            continue;
+        };
+        let Ok(n) = <[u8; 8]>::try_from(&v[..]) else {
+            continue;
+        };
+        snap.cpu_pairs.push(CpuPair {
+            submit_cpu: k.submit_cpu,
+            complete_cpu: k.complete_cpu,
+            count: u64::from_ne_bytes(n),
+        });
+    }
+    snap.cpu_pairs
+        .sort_by_key(|p| (p.submit_cpu, p.complete_cpu));
+    snap.dropped = percpu_values::<u64>(&maps.counters, 0).iter().sum();
+    snap.unseen = percpu_values::<u64>(&maps.counters, 1).iter().sum();
+    snap
+}
+
+fn read_irq(skel: &bpf::irq::IrqSkel<'_>, names: &BTreeMap<u32, String>) -> IrqSnapshot {
+    use bpf::irq::types;
+    let maps = &skel.maps;
+    let mut snap = IrqSnapshot::default();
+    for key in maps.hardirqs.keys() {
+        let (Some(k), Ok(Some(v))) = (
+            copy::<types::vg_irq_key>(&key),
+            maps.hardirqs.lookup(&key, MapFlags::ANY),
+        ) else {
+            continue;
+        };
+        let Some(st) = copy::<types::vg_irq_stats>(&v) else {
+            continue;
+        };
+        snap.hardirqs.push(HardIrq {
+            cpu: k.cpu,
+            irq: k.irq,
+            name: names
+                .get(&k.irq)
+                .cloned()
+                .unwrap_or_else(|| format!("irq{}", k.irq)),
+            count: st.count,
+            time_ns: st.time_ns,
+            duration: KernelHist::from_raw(
+                &st.duration.slots,
+                st.duration.count,
+                st.duration.sum_ns,
+            ),
+        });
+    }
+    snap.hardirqs.sort_by_key(|h| (h.cpu, h.irq));
+    let per_cpu = |map: &dyn MapCore, kinds: &[&str]| -> Vec<CpuEvents> {
+        let mut out = Vec::new();
+        for (i, kind) in kinds.iter().enumerate() {
+            for (cpu, ct) in percpu_values::<types::vg_count_time>(map, i as u32)
+                .into_iter()
+                .enumerate()
+            {
+                if ct.count > 0 {
+                    out.push(CpuEvents {
+                        cpu: cpu as u32,
+                        kind: kind.to_string(),
+                        count: ct.count,
+                        time_ns: ct.time_ns,
+                    });
+                }
+            }
+        }
+        out.sort_by(|a, b| (a.cpu, &a.kind).cmp(&(b.cpu, &b.kind)));
+        out
+    };
+    snap.softirqs = per_cpu(&maps.softirqs, &SOFTIRQ_NAMES);
+    snap.vectors = per_cpu(&maps.vectors, &VECTOR_NAMES);
+    snap.ipis_sent = per_cpu(&maps.ipis, &IPI_KIND_NAMES);
+    snap.dropped = percpu_values::<u64>(&maps.dropped, 0).iter().sum();
+    snap
+}
+
+fn read_wakeups(skel: &bpf::sched::SchedSkel<'_>) -> WakeupSnapshot {
+    let maps = &skel.maps;
+    let mut latency = KernelHist::default();
+    for h in percpu_values::<bpf::sched::types::vg_hist>(&maps.wakeup_hist, 0) {
+        latency.merge(&KernelHist::from_raw(&h.slots, h.count, h.sum_ns));
+    }
+    WakeupSnapshot {
+        latency,
+        dropped: percpu_values::<u64>(&maps.dropped, 0).iter().sum(),
+    }
+}

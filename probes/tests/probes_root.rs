@@ -1,0 +1,365 @@
+//! Loads the probes into the running kernel and checks their numbers against ground truth.
+//! Needs root. Under CI (`CI` set) a probe that cannot load or attach fails the test; elsewhere
+//! the test prints why it skipped.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use virtgap_probes::model::{BlockOp, BlockStage};
+use virtgap_probes::{Family, ProbeConfig, ProbeSession, ProbeStorage};
+
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some()
+}
+
+fn bpf_allowed() -> bool {
+    match virtgap_probes::bpf_permission() {
+        Ok(()) => true,
+        Err(reason) if in_ci() => panic!("BPF tests must run in CI, but: {reason}"),
+        Err(reason) => {
+            eprintln!("skipping BPF test: {reason}");
+            false
+        }
+    }
+}
+
+/// Fails (CI) or skips (elsewhere) when `family` did not load and attach fully.
+fn family_ready(session: &ProbeSession<'_>, family: Family) -> bool {
+    let report = session
+        .report
+        .families
+        .iter()
+        .find(|f| f.family == family)
+        .expect("family reported");
+    let problem = report.unavailable.clone().or_else(|| {
+        let failed: Vec<String> = report
+            .tracepoints
+            .iter()
+            .filter(|t| t.attached.is_none())
+            .map(|t| format!("{}: {}", t.tracepoint, t.reason.clone().unwrap_or_default()))
+            .collect();
+        (!failed.is_empty()).then(|| failed.join("; "))
+    });
+    match problem {
+        None => true,
+        Some(p) if in_ci() => panic!("{} probe did not attach: {p}", family.name()),
+        Some(p) => {
+            eprintln!("skipping {} checks: {p}", family.name());
+            false
+        }
+    }
+}
+
+/// The whole-disk sysfs directory holding `path`'s filesystem.
+fn disk_sysfs(path: &Path) -> PathBuf {
+    let dev = std::fs::metadata(path).unwrap().dev();
+    let sys = std::fs::canonicalize(format!(
+        "/sys/dev/block/{}:{}",
+        libc::major(dev),
+        libc::minor(dev)
+    ))
+    .unwrap();
+    if sys.join("partition").exists() {
+        sys.parent().unwrap().to_path_buf()
+    } else {
+        sys
+    }
+}
+
+fn devnum(sys: &Path) -> (u32, u32) {
+    let text = std::fs::read_to_string(sys.join("dev")).unwrap();
+    let (a, b) = text.trim().split_once(':').unwrap();
+    (a.parse().unwrap(), b.parse().unwrap())
+}
+
+#[repr(align(4096))]
+struct Block([u8; 4096]);
+
+/// A file of `blocks` 4 KiB blocks on the build tree's disk, written and synced.
+fn data_file(dir: &Path, blocks: u64) -> PathBuf {
+    let path = dir.join("reads.bin");
+    let mut f = std::fs::File::create(&path).unwrap();
+    f.write_all(&vec![0x5a; (blocks * 4096) as usize]).unwrap();
+    f.sync_all().unwrap();
+    path
+}
+
+/// Reads every block once with O_DIRECT; returns (min, max) latency of one read in ns.
+fn direct_reads(path: &Path, blocks: u64) -> (u64, u64) {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .unwrap();
+    let mut block = Block([0; 4096]);
+    let (mut min, mut max) = (u64::MAX, 0);
+    for i in 0..blocks {
+        let t = Instant::now();
+        // SAFETY: block is 4096 aligned bytes owned here, alive for the call.
+        let r = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                block.0.as_mut_ptr().cast(),
+                4096,
+                (i * 4096) as i64,
+            )
+        };
+        let ns = t.elapsed().as_nanos() as u64;
+        assert_eq!(r, 4096);
+        min = min.min(ns);
+        max = max.max(ns);
+    }
+    (min, max)
+}
+
+#[test]
+fn block_stages_count_every_direct_read_of_this_process() {
+    if !bpf_allowed() {
+        return;
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    const BLOCKS: u64 = 1000;
+    let path = data_file(dir.path(), BLOCKS);
+    let disk = devnum(&disk_sysfs(dir.path()));
+
+    let mut storage = ProbeStorage::default();
+    let config = ProbeConfig {
+        families: vec![Family::Block],
+        filter_tgid: Some(std::process::id()),
+    };
+    let session = ProbeSession::load(&mut storage, &config);
+    if !family_ready(&session, Family::Block) {
+        return;
+    }
+    let before = session.snapshot();
+    let (min_ns, max_ns) = direct_reads(&path, BLOCKS);
+    let after = session.snapshot();
+    let block = after.block.unwrap().since(&before.block.unwrap());
+
+    let device = block.stage(Some(disk), BlockStage::Device, &[BlockOp::Read]);
+    let queue = block.stage(Some(disk), BlockStage::Queue, &[BlockOp::Read]);
+    let n = device.count as f64;
+    eprintln!("device stage: {} reads, mean {:?} ns; queue mean {:?} ns; reads took {min_ns}..{max_ns} ns", device.count, device.mean_ns(), queue.mean_ns());
+    assert!(
+        (n - BLOCKS as f64).abs() <= BLOCKS as f64 * 0.02,
+        "device stage counted {n} of {BLOCKS} reads"
+    );
+    assert!(
+        (queue.count as f64 - BLOCKS as f64).abs() <= BLOCKS as f64 * 0.02,
+        "queue stage counted {}",
+        queue.count
+    );
+    let mean = device.mean_ns().unwrap() + queue.mean_ns().unwrap();
+    assert!(
+        (min_ns as f64) * 0.5 <= mean && mean <= max_ns as f64,
+        "kernel stages mean {mean} ns outside the reads' own [{min_ns}, {max_ns}] ns"
+    );
+    // Synchronous reads from one thread: every completion is accounted in the CPU pairs.
+    let (_, total) = block.cross_cpu_completions();
+    assert!(total as f64 >= n * 0.98);
+    let gauge = block
+        .devices
+        .iter()
+        .find(|d| d.dev == disk)
+        .expect("device gauge");
+    assert!(gauge.completed as f64 >= n * 0.98);
+    assert_eq!(block.dropped, 0);
+}
+
+/// /proc/interrupts totals per IRQ (summed over CPUs).
+fn interrupt_totals() -> BTreeMap<u32, u64> {
+    let text = std::fs::read_to_string("/proc/interrupts").unwrap();
+    let mut lines = text.lines();
+    let cpus = lines.next().unwrap().split_whitespace().count();
+    lines
+        .filter_map(|l| {
+            let (num, rest) = l.trim_start().split_once(':')?;
+            let irq = num.trim().parse().ok()?;
+            let total = rest
+                .split_whitespace()
+                .take(cpus)
+                .filter_map(|c| c.parse::<u64>().ok())
+                .sum();
+            Some((irq, total))
+        })
+        .collect()
+}
+
+#[test]
+fn disk_irq_count_matches_proc_interrupts() {
+    if !bpf_allowed() {
+        return;
+    }
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    const BLOCKS: u64 = 3000;
+    let path = data_file(dir.path(), BLOCKS);
+    // The disk's driver device (virtio1, nvme0, ...) names its IRQs.
+    let sys = disk_sysfs(dir.path());
+    let driver = std::fs::canonicalize(sys.join("device"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let names =
+        virtgap_probes::procfs::irq_names(&std::fs::read_to_string("/proc/interrupts").unwrap());
+    let disk_irqs: Vec<u32> = names
+        .iter()
+        .filter(|(_, n)| {
+            driver
+                .as_ref()
+                .is_some_and(|d| n.starts_with(&format!("{d}-")) || n.starts_with(&format!("{d}q")))
+        })
+        .map(|(i, _)| *i)
+        .collect();
+    if disk_irqs.is_empty() {
+        eprintln!("skipping: no IRQ named after the disk's device {driver:?}");
+        return;
+    }
+
+    let mut storage = ProbeStorage::default();
+    let session = ProbeSession::load(
+        &mut storage,
+        &ProbeConfig {
+            families: vec![Family::Irq],
+            filter_tgid: None,
+        },
+    );
+    if !family_ready(&session, Family::Irq) {
+        return;
+    }
+    let proc_before = interrupt_totals();
+    let before = session.snapshot();
+    direct_reads(&path, BLOCKS);
+    let after = session.snapshot();
+    let proc_after = interrupt_totals();
+    let window = irq_window(&before, &after);
+    let irq = after.irq.unwrap().since(&before.irq.unwrap());
+
+    let from_proc: u64 = disk_irqs
+        .iter()
+        .map(|i| proc_after[i] - proc_before[i])
+        .sum();
+    let from_probe: u64 = irq
+        .hardirqs
+        .iter()
+        .filter(|h| disk_irqs.contains(&h.irq))
+        .map(|h| h.count)
+        .sum();
+    eprintln!("disk IRQs: probe {from_probe}, /proc/interrupts {from_proc}");
+    assert!(
+        from_proc > 100,
+        "only {from_proc} disk interrupts for {BLOCKS} reads"
+    );
+    let diff = (from_probe as f64 - from_proc as f64).abs() / from_proc as f64;
+    assert!(
+        diff <= 0.02,
+        "probe counted {from_probe} disk IRQs, /proc/interrupts {from_proc}"
+    );
+    // Handler time is real time: positive and well below the window.
+    let time: u64 = irq
+        .hardirqs
+        .iter()
+        .filter(|h| disk_irqs.contains(&h.irq))
+        .map(|h| h.time_ns)
+        .sum();
+    assert!(time > 0 && time < window);
+    assert!(!irq.softirqs.is_empty(), "softirqs run during disk I/O");
+    assert!(
+        irq.vectors.iter().any(|v| v.kind == "local_timer"),
+        "timer ticks seen"
+    );
+}
+
+fn irq_window(a: &virtgap_probes::ProbeSnapshot, b: &virtgap_probes::ProbeSnapshot) -> u64 {
+    b.elapsed_ns - a.elapsed_ns
+}
+
+#[test]
+fn wakeups_of_a_sleeping_process_are_counted() {
+    if !bpf_allowed() {
+        return;
+    }
+    const K: u64 = 50;
+    // Pinned to CPU 0, the child waits for one byte on stdin, then sleeps and wakes K times.
+    let mut child = Command::new("python3")
+        .args([
+            "-c",
+            "import os,sys,time\nos.sched_setaffinity(0,{0})\nsys.stdin.buffer.read(1)\nfor _ in range(50): time.sleep(0.002)\n",
+        ])
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("python3 (installed by setup.sh)");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+
+    let mut storage = ProbeStorage::default();
+    let config = ProbeConfig {
+        families: vec![Family::Wakeup],
+        filter_tgid: Some(child.id()),
+    };
+    let session = ProbeSession::load(&mut storage, &config);
+    if !family_ready(&session, Family::Wakeup) {
+        let _ = child.kill();
+        let _ = child.wait();
+        return;
+    }
+    let before = session.snapshot();
+    child.stdin.take().unwrap().write_all(b"x").unwrap();
+    assert!(child.wait().unwrap().success());
+    let after = session.snapshot();
+    let woken = after
+        .wakeups
+        .unwrap()
+        .since(&before.wakeups.unwrap())
+        .latency;
+    // K timed sleeps, plus the wakeup for the byte on stdin.
+    assert!(
+        (K..=K + 3).contains(&woken.count),
+        "{} wakeups for {K} sleeps",
+        woken.count
+    );
+    assert!(woken.mean_ns().unwrap() > 0.0);
+}
+
+#[test]
+fn run_statistics_cover_our_programs() {
+    if !bpf_allowed() {
+        return;
+    }
+    let mut storage = ProbeStorage::default();
+    let session = ProbeSession::load(
+        &mut storage,
+        &ProbeConfig {
+            families: vec![Family::Irq],
+            filter_tgid: None,
+        },
+    );
+    if !family_ready(&session, Family::Irq) {
+        return;
+    }
+    if let Some(reason) = &session.report.run_stats_unavailable {
+        assert!(!in_ci(), "BPF run statistics unavailable: {reason}");
+        eprintln!("skipping: {reason}");
+        return;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let snap = session.snapshot();
+    let timer = snap
+        .programs
+        .iter()
+        .filter(|p| p.name.starts_with("local_timer"))
+        .map(|p| p.run_count)
+        .sum::<u64>();
+    assert!(
+        timer > 0,
+        "the local timer fired in 200 ms: {:?}",
+        snap.programs
+    );
+    assert!(snap
+        .programs
+        .iter()
+        .all(|p| p.run_count == 0 || p.run_time_ns > 0));
+}
