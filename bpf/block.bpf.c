@@ -3,7 +3,8 @@
  * Block layer stages per (device, hardware queue, op): queue time (request started ->
  * issued to the driver) and device time (issued -> completed), as in-kernel log-linear
  * histograms with exact counts and sums. Requests are keyed by `struct request *`. Also
- * counts submitting CPU x completing CPU pairs and keeps in-flight gauges per device.
+ * counts submitting CPU x completing CPU pairs. Requests issued and completed per device are
+ * the stage histograms' counts.
  *
  * Every program has a BTF-typed tracepoint version and a raw-tracepoint twin with the same
  * body; user space enables exactly one of each pair. `block_io_start` (Linux 6.5+) marks the
@@ -30,35 +31,40 @@ const volatile bool have_io_start = false;
 struct rq_track {
 	__u64 start_ns;
 	__u64 issue_ns;
+	/* Filled at issue so completion reads nothing from the request. */
+	struct vg_block_key key;
+	__u32 submit_cpu;
+	__u32 pad;
 };
 
+/*
+ * In-flight requests. Keys are request addresses, which the block layer recycles from fixed
+ * pools, so an entry left by a request that was merged away is overwritten when its address
+ * comes back: a plain (preallocated, lock-light) hash suffices, no LRU needed.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, VG_MAX_INFLIGHT);
 	__type(key, __u64);
 	__type(value, struct rq_track);
 } requests SEC(".maps");
 
+/* Per-CPU maps below: each CPU updates its own copy without atomics; user space sums. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, VG_MAX_BLOCK_HISTS);
 	__type(key, struct vg_block_key);
 	__type(value, struct vg_hist);
 } block_hists SEC(".maps");
 
+/* Completions by submitting CPU (the index), counted on the completing CPU (the per-CPU copy). */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, VG_MAX_CPU_PAIRS);
-	__type(key, struct vg_cpu_pair);
-	__type(value, __u64);
-} cpu_pairs SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 64);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, VG_MAX_CPUS);
 	__type(key, __u32);
-	__type(value, struct vg_block_dev);
-} devices SEC(".maps");
+	__type(value, __u64);
+} completions_by_submitter SEC(".maps");
+
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -83,20 +89,33 @@ static __always_inline void bump(__u32 counter)
 		(*c)++;
 }
 
-static __always_inline __u32 rq_dev(struct request *rq)
+/*
+ * Reads from the request. tp_btf programs dereference kernel pointers directly (plain loads
+ * the verifier guards); raw_tp twins must go through bpf_probe_read_kernel. `btf` is a
+ * constant in each caller, so each program keeps only its own branch.
+ */
+static __always_inline void fill_key(struct request *rq, bool btf, struct vg_block_key *key,
+				     __u32 *submit_cpu)
 {
-	struct gendisk *disk = BPF_CORE_READ(rq, q, disk);
+	struct gendisk *disk;
+	__u32 op;
 
-	if (!disk)
-		return 0;
-	return ((__u32)BPF_CORE_READ(disk, major) << VG_MINORBITS) | BPF_CORE_READ(disk, first_minor);
-}
-
-static __always_inline __u8 rq_op(struct request *rq)
-{
-	__u32 op = BPF_CORE_READ(rq, cmd_flags) & VG_REQ_OP_MASK;
-
-	return op <= VG_OP_DISCARD ? op : VG_OP_OTHER;
+	if (btf) {
+		disk = rq->q->disk;
+		key->dev = disk ? ((__u32)disk->major << VG_MINORBITS) | disk->first_minor : 0;
+		key->hctx = rq->mq_hctx->queue_num;
+		op = rq->cmd_flags & VG_REQ_OP_MASK;
+		*submit_cpu = rq->mq_ctx->cpu;
+	} else {
+		disk = BPF_CORE_READ(rq, q, disk);
+		key->dev = disk ? ((__u32)BPF_CORE_READ(disk, major) << VG_MINORBITS) |
+					  BPF_CORE_READ(disk, first_minor)
+				: 0;
+		key->hctx = BPF_CORE_READ(rq, mq_hctx, queue_num);
+		op = BPF_CORE_READ(rq, cmd_flags) & VG_REQ_OP_MASK;
+		*submit_cpu = BPF_CORE_READ(rq, mq_ctx, cpu);
+	}
+	key->op = op <= VG_OP_DISCARD ? op : VG_OP_OTHER;
 }
 
 static __always_inline bool wanted_task(void)
@@ -104,15 +123,12 @@ static __always_inline bool wanted_task(void)
 	return !filter_tgid || (bpf_get_current_pid_tgid() >> 32) == filter_tgid;
 }
 
-static __always_inline void record(struct request *rq, __u8 stage, __u64 delta)
+static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 delta)
 {
-	struct vg_block_key key = {
-		.dev = rq_dev(rq),
-		.hctx = BPF_CORE_READ(rq, mq_hctx, queue_num),
-		.op = rq_op(rq),
-		.stage = stage,
-	};
-	struct vg_hist *h = bpf_map_lookup_elem(&block_hists, &key);
+	struct vg_hist *h;
+
+	key->stage = stage;
+	h = bpf_map_lookup_elem(&block_hists, key);
 
 	if (!h) {
 		__u32 zero = 0;
@@ -120,24 +136,14 @@ static __always_inline void record(struct request *rq, __u8 stage, __u64 delta)
 
 		if (!init)
 			return;
-		bpf_map_update_elem(&block_hists, &key, init, BPF_NOEXIST);
-		h = bpf_map_lookup_elem(&block_hists, &key);
+		bpf_map_update_elem(&block_hists, key, init, BPF_NOEXIST);
+		h = bpf_map_lookup_elem(&block_hists, key);
 		if (!h) {
 			bump(VG_BLOCK_DROPPED);
 			return;
 		}
 	}
-	vg_hist_add(h, delta, true);
-}
-
-static __always_inline struct vg_block_dev *device(__u32 dev)
-{
-	struct vg_block_dev zero = {}, *d = bpf_map_lookup_elem(&devices, &dev);
-
-	if (d)
-		return d;
-	bpf_map_update_elem(&devices, &dev, &zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&devices, &dev);
+	vg_hist_add(h, delta, false);
 }
 
 static __always_inline int on_io_start(struct request *rq)
@@ -152,17 +158,18 @@ static __always_inline int on_io_start(struct request *rq)
 	return 0;
 }
 
-static __always_inline int on_issue(struct request *rq)
+static __always_inline int on_issue(struct request *rq, bool btf)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
 	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
-	struct vg_block_dev *d;
 
 	if (!t) {
 		/* With block_io_start, a request not seen starting is not ours (or predates us). */
 		if (have_io_start || !wanted_task())
 			return 0;
-		struct rq_track fresh = { .start_ns = BPF_CORE_READ(rq, start_time_ns) };
+		struct rq_track fresh = {
+			.start_ns = btf ? rq->start_time_ns : BPF_CORE_READ(rq, start_time_ns),
+		};
 
 		if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY)) {
 			bump(VG_BLOCK_DROPPED);
@@ -173,14 +180,10 @@ static __always_inline int on_issue(struct request *rq)
 			return 0;
 	}
 	/* A requeued request is issued again: its queue time counts from the first start. */
-	if (t->start_ns && t->start_ns <= now && !t->issue_ns)
-		record(rq, VG_STAGE_QUEUE, now - t->start_ns);
 	if (!t->issue_ns) {
-		d = device(rq_dev(rq));
-		if (d) {
-			__sync_fetch_and_add(&d->inflight, 1);
-			__sync_fetch_and_add(&d->issued, 1);
-		}
+		fill_key(rq, btf, &t->key, &t->submit_cpu);
+		if (t->start_ns && t->start_ns <= now)
+			record(&t->key, VG_STAGE_QUEUE, now - t->start_ns);
 	}
 	t->issue_ns = now;
 	return 0;
@@ -190,7 +193,6 @@ static __always_inline int on_complete(struct request *rq)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
 	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
-	struct vg_block_dev *d;
 
 	if (!t)
 		return 0;
@@ -199,22 +201,11 @@ static __always_inline int on_complete(struct request *rq)
 		bpf_map_delete_elem(&requests, &key);
 		return 0;
 	}
-	record(rq, VG_STAGE_DEVICE, now - t->issue_ns);
-	d = device(rq_dev(rq));
-	if (d) {
-		__sync_fetch_and_add(&d->inflight, -1);
-		__sync_fetch_and_add(&d->completed, 1);
-	}
-	struct vg_cpu_pair pair = {
-		.submit_cpu = BPF_CORE_READ(rq, mq_ctx, cpu),
-		.complete_cpu = bpf_get_smp_processor_id(),
-	};
-	__u64 one = 1, *n = bpf_map_lookup_elem(&cpu_pairs, &pair);
+	record(&t->key, VG_STAGE_DEVICE, now - t->issue_ns);
+	__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &t->submit_cpu);
 
 	if (n)
-		__sync_fetch_and_add(n, 1);
-	else if (bpf_map_update_elem(&cpu_pairs, &pair, &one, BPF_NOEXIST))
-		bump(VG_BLOCK_DROPPED);
+		(*n)++;
 	bpf_map_delete_elem(&requests, &key);
 	return 0;
 }
@@ -234,13 +225,13 @@ int BPF_PROG(block_io_start_raw, struct request *rq)
 SEC("tp_btf/block_rq_issue")
 int BPF_PROG(block_rq_issue_btf, struct request *rq)
 {
-	return on_issue(rq);
+	return on_issue(rq, true);
 }
 
 SEC("raw_tp/block_rq_issue")
 int BPF_PROG(block_rq_issue_raw, struct request *rq)
 {
-	return on_issue(rq);
+	return on_issue(rq, false);
 }
 
 SEC("tp_btf/block_rq_complete")
@@ -258,8 +249,6 @@ int BPF_PROG(block_rq_complete_raw, struct request *rq, blk_status_t error, unsi
 /* Emit the shared types into BTF so the skeleton generates their Rust definitions. */
 struct vg_block_key vg_abi_block_key = {};
 struct vg_hist vg_abi_hist = {};
-struct vg_cpu_pair vg_abi_cpu_pair = {};
-struct vg_block_dev vg_abi_block_dev = {};
 enum vg_block_stage vg_abi_block_stage = VG_STAGE_QUEUE;
 enum vg_block_op vg_abi_block_op = VG_OP_READ;
 enum vg_block_counter vg_abi_block_counter = VG_BLOCK_DROPPED;

@@ -69,6 +69,14 @@ pub struct RecordArgs {
     /// No progress line on stderr
     #[arg(short, long)]
     pub quiet: bool,
+
+    /// Run the workload without any probe attached
+    #[arg(long, conflicts_with = "probes")]
+    pub no_probes: bool,
+
+    /// Probe families to attach, comma-separated: block, irq, wakeup [default: all]
+    #[arg(long, value_name = "LIST")]
+    pub probes: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -1,6 +1,8 @@
 //! virtgap: runs a storage workload, traces where each I/O's time goes, and compares hosts.
 
 mod cli;
+mod pipeline;
+mod probe_report;
 mod record;
 mod report;
 

@@ -15,7 +15,10 @@ use virtgap_workloads::stats::{IntervalMerger, IntervalSample, RunStats};
 use virtgap_workloads::target::{self, TargetChoice, TargetError, TargetRequest};
 use virtgap_workloads::{units, RunOptions, WorkloadEvent};
 
+use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeEvent, ProbeHandle};
+
 use crate::cli::{RecordArgs, WorkloadsArgs};
+use crate::pipeline::{Event, ProbeResults};
 use crate::report::{self, Report};
 
 /// Exit status after Ctrl-C or SIGTERM, as a shell reports a SIGINT death.
@@ -143,7 +146,27 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         verify_reads: args.verify,
         ..RunOptions::default()
     };
-    let (tx, rx) = mpsc::channel::<WorkloadEvent>();
+    let (tx, rx) = mpsc::channel::<Event>();
+    let mut probes = ProbeResults::default();
+    let collector = match probe_config(args)? {
+        Some(config) => {
+            let handle = ProbeHandle::start(config, args.interval.0, tx.clone());
+            // Wait for the probes to attach before the workload starts.
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(Event::Probe(ProbeEvent::Attached(report))) => {
+                    if !args.json {
+                        for line in report_problems(&report) {
+                            eprintln!("virtgap: {line}");
+                        }
+                    }
+                    probes.report = Some(report);
+                }
+                _ => bail!("the probe collector did not start"),
+            }
+            Some(handle)
+        }
+        None => None,
+    };
     let wall_start = std::time::SystemTime::now();
     let handle = virtgap_workloads::start(&spec, &target, &options, Arc::clone(&stop), tx);
 
@@ -166,6 +189,13 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => break,
         };
+        let event = match event {
+            Event::Workload(ev) => ev,
+            Event::Probe(ev) => {
+                probes.add(ev);
+                continue;
+            }
+        };
         match event {
             WorkloadEvent::Started { engine_features } => features = engine_features,
             WorkloadEvent::Interval(sample) => intervals.extend(merger.add(sample)),
@@ -183,6 +213,15 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         }
     }
     handle.join();
+    if let Some(c) = collector {
+        // One last snapshot arrives before the collector detaches the probes.
+        c.stop();
+        for ev in rx.try_iter() {
+            if let Event::Probe(ev) = ev {
+                probes.add(ev);
+            }
+        }
+    }
     if progress {
         eprint!("\r\x1b[2K");
     }
@@ -201,6 +240,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         intervals: &intervals,
         interrupted,
         started: wall_start,
+        probes: &probes,
     };
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -218,6 +258,54 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The probe families to load, or None for a pure workload run.
+fn probe_config(args: &RecordArgs) -> Result<Option<ProbeConfig>> {
+    if args.no_probes {
+        return Ok(None);
+    }
+    let families = match &args.probes {
+        None => Family::ALL.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|name| {
+                Family::parse(name.trim()).with_context(|| {
+                    let known: Vec<&str> = Family::ALL.iter().map(|f| f.name()).collect();
+                    format!(
+                        "--probes: unknown probe family '{}'; known: {}",
+                        name.trim(),
+                        known.join(", ")
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    // The workload runs in this process: follow it.
+    Ok(Some(ProbeConfig {
+        families,
+        filter_tgid: Some(std::process::id()),
+    }))
+}
+
+/// One line per probe family or tracepoint that did not attach.
+fn report_problems(report: &CapabilityReport) -> Vec<String> {
+    let mut lines = Vec::new();
+    for f in &report.families {
+        if let Some(why) = &f.unavailable {
+            lines.push(format!("{} probes unavailable: {why}", f.family.name()));
+            continue;
+        }
+        for t in f.tracepoints.iter().filter(|t| t.attached.is_none()) {
+            lines.push(format!(
+                "{} probe {} unavailable: {}",
+                f.family.name(),
+                t.tracepoint,
+                t.reason.as_deref().unwrap_or("unknown reason")
+            ));
+        }
+    }
+    lines
 }
 
 fn draw_progress(elapsed: Duration, total: Duration, last: Option<&IntervalSample>) {

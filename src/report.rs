@@ -11,6 +11,8 @@ use virtgap_workloads::target::Target;
 use virtgap_workloads::units;
 use virtgap_workloads::WorkloadSpec;
 
+use crate::pipeline::ProbeResults;
+
 /// Everything a report is made from.
 pub struct Report<'a> {
     pub spec: &'a WorkloadSpec,
@@ -20,6 +22,7 @@ pub struct Report<'a> {
     pub intervals: &'a [IntervalSample],
     pub interrupted: bool,
     pub started: SystemTime,
+    pub probes: &'a ProbeResults,
 }
 
 /// Per-interval IOPS and bandwidth spread of one direction.
@@ -144,6 +147,7 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
         }
         writeln!(out)?;
     }
+    crate::probe_report::write(out, r.probes)?;
     if r.interrupted {
         writeln!(
             out,
@@ -300,5 +304,21 @@ pub fn json(r: &Report<'_>) -> Value {
             "engine_features": r.stats.engine_features,
             "intervals": intervals,
         }],
+        "probes": probes_json(r.probes),
     })
+}
+
+fn probes_json(p: &ProbeResults) -> Value {
+    match &p.report {
+        None => Value::Null,
+        Some(report) => json!({
+            "capabilities": report,
+            "cumulative": p.cumulative,
+            "device_names": p
+                .device_names
+                .iter()
+                .map(|((a, b), n)| (format!("{a}:{b}"), Value::from(n.clone())))
+                .collect::<Map<String, Value>>(),
+        }),
+    }
 }

@@ -16,8 +16,8 @@ enum vg_limits {
 	VG_MAX_INFLIGHT = 65536,
 	/* Histogram keys: (device, hardware queue, op, stage) combinations. */
 	VG_MAX_BLOCK_HISTS = 1024,
-	/* (submitting CPU, completing CPU) pairs. */
-	VG_MAX_CPU_PAIRS = 16384,
+	/* CPUs a per-CPU-indexed array covers. */
+	VG_MAX_CPUS = 1024,
 	/* (CPU, IRQ) pairs. */
 	VG_MAX_IRQS = 8192,
 	VG_NR_SOFTIRQS = 10,
@@ -54,18 +54,6 @@ struct vg_block_key {
 	__u16 hctx; /* hardware queue index */
 	__u8 op; /* enum vg_block_op */
 	__u8 stage; /* enum vg_block_stage */
-};
-
-struct vg_cpu_pair {
-	__u32 submit_cpu;
-	__u32 complete_cpu;
-};
-
-/* Per-device gauges. */
-struct vg_block_dev {
-	__s64 inflight;
-	__u64 issued;
-	__u64 completed;
 };
 
 /* Counters of the block probe's own trouble. */

@@ -17,12 +17,7 @@ macro_rules! plain_types {
 
 pub mod block {
     include!(concat!(env!("OUT_DIR"), "/block.skel.rs"));
-    plain_types!(
-        types::vg_block_key,
-        types::vg_hist,
-        types::vg_cpu_pair,
-        types::vg_block_dev
-    );
+    plain_types!(types::vg_block_key, types::vg_hist);
 }
 
 pub mod irq {
@@ -40,8 +35,6 @@ const _: () = {
     use std::mem::size_of;
     assert!(size_of::<block::types::vg_block_key>() == 8);
     assert!(size_of::<block::types::vg_hist>() == (320 + 2) * 8);
-    assert!(size_of::<block::types::vg_cpu_pair>() == 8);
-    assert!(size_of::<block::types::vg_block_dev>() == 24);
     assert!(size_of::<irq::types::vg_irq_key>() == 8);
     assert!(size_of::<irq::types::vg_count_time>() == 16);
 };

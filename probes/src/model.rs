@@ -69,10 +69,12 @@ pub struct BlockStageHist {
     pub hist: KernelHist,
 }
 
+/// Requests of one device, from the stage histograms' counts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct DeviceGauge {
     pub dev: DevNum,
-    /// Requests issued and not yet completed, as of the snapshot.
+    /// Requests issued and not yet completed, as of the snapshot (issued requests whose start
+    /// was not seen are not counted).
     pub inflight: i64,
     pub issued: u64,
     pub completed: u64,

@@ -442,20 +442,27 @@ fn hist_of(h: &bpf::block::types::vg_hist) -> KernelHist {
     KernelHist::from_raw(&h.slots, h.count, h.sum_ns)
 }
 
+/// Every CPU's copy of a per-CPU hash entry.
+fn percpu_entry<T: plain::Plain + Default>(map: &dyn MapCore, key: &[u8]) -> Vec<T> {
+    map.lookup_percpu(key, MapFlags::ANY)
+        .ok()
+        .flatten()
+        .map(|per_cpu| per_cpu.iter().filter_map(|b| copy::<T>(b)).collect())
+        .unwrap_or_default()
+}
+
 fn read_block(skel: &bpf::block::BlockSkel<'_>) -> BlockSnapshot {
     use bpf::block::types;
     let maps = &skel.maps;
     let mut snap = BlockSnapshot::default();
     for key in maps.block_hists.keys() {
-        let (Some(k), Ok(Some(v))) = (
-            copy::<types::vg_block_key>(&key),
-            maps.block_hists.lookup(&key, MapFlags::ANY),
-        ) else {
+        let Some(k) = copy::<types::vg_block_key>(&key) else {
             continue;
         };
-        let Some(h) = copy::<types::vg_hist>(&v) else {
-            continue;
-        };
+        let mut hist = KernelHist::default();
+        for h in percpu_entry::<types::vg_hist>(&maps.block_hists, &key) {
+            hist.merge(&hist_of(&h));
+        }
         snap.stages.push(BlockStageHist {
             dev: dev_of(k.dev),
             hctx: k.hctx,
@@ -465,43 +472,44 @@ fn read_block(skel: &bpf::block::BlockSkel<'_>) -> BlockSnapshot {
             } else {
                 BlockStage::Device
             },
-            hist: hist_of(&h),
+            hist,
         });
     }
     snap.stages.sort_by_key(|s| (s.dev, s.hctx, s.op, s.stage));
-    for key in maps.devices.keys() {
-        let (Ok(raw), Ok(Some(v))) = (
-            <[u8; 4]>::try_from(&key[..]),
-            maps.devices.lookup(&key, MapFlags::ANY),
-        ) else {
-            continue;
+    // Issued requests are the queue stage's count, completed ones the device stage's.
+    let mut devs: Vec<DevNum> = snap.stages.iter().map(|s| s.dev).collect();
+    devs.dedup();
+    for dev in devs {
+        let count = |stage| {
+            snap.stages
+                .iter()
+                .filter(|s| s.dev == dev && s.stage == stage)
+                .map(|s| s.hist.count)
+                .sum::<u64>()
         };
-        let Some(d) = copy::<types::vg_block_dev>(&v) else {
-            continue;
-        };
+        let (issued, completed) = (count(BlockStage::Queue), count(BlockStage::Device));
         snap.devices.push(DeviceGauge {
-            dev: dev_of(u32::from_ne_bytes(raw)),
-            inflight: d.inflight,
-            issued: d.issued,
-            completed: d.completed,
+            dev,
+            inflight: issued as i64 - completed as i64,
+            issued,
+            completed,
         });
     }
-    snap.devices.sort_by_key(|d| d.dev);
-    for key in maps.cpu_pairs.keys() {
-        let (Some(k), Ok(Some(v))) = (
-            copy::<types::vg_cpu_pair>(&key),
-            maps.cpu_pairs.lookup(&key, MapFlags::ANY),
-        ) else {
-            continue;
-        };
-        let Ok(n) = <[u8; 8]>::try_from(&v[..]) else {
-            continue;
-        };
-        snap.cpu_pairs.push(CpuPair {
-            submit_cpu: k.submit_cpu,
-            complete_cpu: k.complete_cpu,
-            count: u64::from_ne_bytes(n),
-        });
+    let cpus = libbpf_rs::num_possible_cpus().unwrap_or(1).min(1024) as u32;
+    for submit_cpu in 0..cpus {
+        for (complete_cpu, count) in
+            percpu_values::<u64>(&maps.completions_by_submitter, submit_cpu)
+                .into_iter()
+                .enumerate()
+        {
+            if count > 0 {
+                snap.cpu_pairs.push(CpuPair {
+                    submit_cpu,
+                    complete_cpu: complete_cpu as u32,
+                    count,
+                });
+            }
+        }
     }
     snap.cpu_pairs
         .sort_by_key(|p| (p.submit_cpu, p.complete_cpu));

@@ -1,0 +1,66 @@
+//! The one channel of the pipeline: workload threads and the probe collector send owned events;
+//! a sink (the recorder now, the TUI later) consumes them.
+
+use virtgap_probes::{CapabilityReport, ProbeEvent, ProbeSnapshot};
+use virtgap_workloads::WorkloadEvent;
+
+#[derive(Debug)]
+pub enum Event {
+    Workload(WorkloadEvent),
+    Probe(ProbeEvent),
+}
+
+impl From<WorkloadEvent> for Event {
+    fn from(e: WorkloadEvent) -> Self {
+        Self::Workload(e)
+    }
+}
+
+impl From<ProbeEvent> for Event {
+    fn from(e: ProbeEvent) -> Self {
+        Self::Probe(e)
+    }
+}
+
+/// What the probes reported over a run.
+#[derive(Debug, Default)]
+pub struct ProbeResults {
+    /// None when the run had no probes.
+    pub report: Option<CapabilityReport>,
+    /// Totals since the probes attached, as of the last snapshot.
+    pub cumulative: Option<ProbeSnapshot>,
+    /// One entry per collector interval.
+    pub intervals: Vec<ProbeSnapshot>,
+    /// Kernel names of the block devices seen ("vda").
+    pub device_names: std::collections::BTreeMap<(u32, u32), String>,
+}
+
+impl ProbeResults {
+    pub fn add(&mut self, event: ProbeEvent) {
+        match event {
+            ProbeEvent::Attached(report) => self.report = Some(report),
+            ProbeEvent::Snapshot {
+                cumulative,
+                interval,
+            } => {
+                if let Some(block) = &cumulative.block {
+                    for d in &block.devices {
+                        self.device_names
+                            .entry(d.dev)
+                            .or_insert_with(|| device_name(d.dev));
+                    }
+                }
+                self.cumulative = Some(*cumulative);
+                self.intervals.push(*interval);
+            }
+        }
+    }
+}
+
+/// "vda" for (254, 0), from /sys/dev/block; "254:0" when sysfs does not say.
+pub fn device_name((major, minor): (u32, u32)) -> String {
+    std::fs::canonicalize(format!("/sys/dev/block/{major}:{minor}"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| format!("{major}:{minor}"))
+}

@@ -1,0 +1,183 @@
+//! The probe part of the run summary: block stages, interrupt load per CPU, wakeups, and the
+//! probes' own cost. Pure formatting of a `ProbeResults`.
+
+use std::io::{self, Write};
+
+use virtgap_probes::model::{BlockOp, BlockStage};
+use virtgap_probes::{Family, KernelHist};
+use virtgap_workloads::units;
+
+use crate::pipeline::ProbeResults;
+
+fn opt_latency(v: Option<f64>) -> String {
+    v.map(units::latency).unwrap_or_else(|| "-".into())
+}
+
+fn stage_row(out: &mut impl Write, name: &str, h: &KernelHist) -> io::Result<()> {
+    writeln!(
+        out,
+        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        name,
+        units::count(h.count as f64),
+        opt_latency(h.mean_ns()),
+        opt_latency(h.percentile_ns(50.0)),
+        opt_latency(h.percentile_ns(99.0)),
+        opt_latency(h.percentile_ns(99.9)),
+    )
+}
+
+pub fn write(out: &mut impl Write, p: &ProbeResults) -> io::Result<()> {
+    let Some(report) = &p.report else {
+        return writeln!(out, "  probes: off (--no-probes)");
+    };
+    let Some(snap) = &p.cumulative else {
+        return writeln!(out, "  probes: no snapshot was taken");
+    };
+    let secs = snap.elapsed_ns as f64 / 1e9;
+    let why = |family: Family| {
+        report
+            .families
+            .iter()
+            .find(|f| f.family == family)
+            .and_then(|f| f.unavailable.clone())
+            .unwrap_or_else(|| "not requested".into())
+    };
+
+    match &snap.block {
+        Some(block) => {
+            for gauge in &block.devices {
+                let dev = gauge.dev;
+                let name = p
+                    .device_names
+                    .get(&dev)
+                    .cloned()
+                    .unwrap_or_else(|| format!("{}:{}", dev.0, dev.1));
+                for op in [BlockOp::Read, BlockOp::Write] {
+                    let queue = block.stage(Some(dev), BlockStage::Queue, &[op]);
+                    let device = block.stage(Some(dev), BlockStage::Device, &[op]);
+                    if device.is_empty() && queue.is_empty() {
+                        continue;
+                    }
+                    writeln!(
+                        out,
+                        "  block stages of this process's {} on {name}:",
+                        op.name()
+                    )?;
+                    writeln!(
+                        out,
+                        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                        "stage", "requests", "mean", "p50", "p99", "p99.9"
+                    )?;
+                    stage_row(out, "queue", &queue)?;
+                    stage_row(out, "device", &device)?;
+                }
+            }
+            let (cross, total) = block.cross_cpu_completions();
+            if total > 0 {
+                writeln!(
+                    out,
+                    "    completed on another CPU than submitted: {:.1}% ({cross} of {total})",
+                    cross as f64 / total as f64 * 100.0
+                )?;
+            }
+            if block.dropped > 0 {
+                writeln!(
+                    out,
+                    "    {} requests not recorded (probe maps full)",
+                    block.dropped
+                )?;
+            }
+        }
+        None => writeln!(out, "  block stages: unavailable ({})", why(Family::Block))?,
+    }
+
+    match &snap.irq {
+        Some(irq) if secs > 0.0 => {
+            writeln!(out, "  interrupt load per CPU (all sources, {secs:.1} s):")?;
+            writeln!(
+                out,
+                "    {:<5} {:>8} {:>8}  busiest IRQs",
+                "cpu", "hardirq", "softirq"
+            )?;
+            for (cpu, hard, soft) in irq.cpu_irq_time() {
+                let mut top: Vec<_> = irq
+                    .hardirqs
+                    .iter()
+                    .filter(|h| h.cpu == cpu && h.count > 0)
+                    .collect();
+                top.sort_by(|a, b| b.time_ns.cmp(&a.time_ns));
+                let busiest: Vec<String> = top
+                    .iter()
+                    .take(2)
+                    .map(|h| {
+                        format!(
+                            "{} {}/s at {} each",
+                            h.name,
+                            units::count(h.count as f64 / secs),
+                            units::latency(h.time_ns as f64 / h.count as f64)
+                        )
+                    })
+                    .collect();
+                writeln!(
+                    out,
+                    "    {:<5} {:>7.1}% {:>7.1}%  {}",
+                    format!("cpu{cpu}"),
+                    hard as f64 / 1e9 / secs * 100.0,
+                    soft as f64 / 1e9 / secs * 100.0,
+                    busiest.join(", ")
+                )?;
+            }
+            let sent = |kind: &str| {
+                irq.ipis_sent
+                    .iter()
+                    .filter(|e| e.kind == kind)
+                    .map(|e| e.count)
+                    .sum::<u64>() as f64
+                    / secs
+            };
+            writeln!(
+                out,
+                "    IPIs sent: {}/s block completion, {}/s reschedule, {}/s other",
+                units::count(sent("block_completion")),
+                units::count(sent("reschedule")),
+                units::count(sent("other"))
+            )?;
+        }
+        Some(_) => {}
+        None => writeln!(out, "  interrupt load: unavailable ({})", why(Family::Irq))?,
+    }
+
+    match &snap.wakeups {
+        Some(w) if !w.latency.is_empty() => writeln!(
+            out,
+            "  wakeups of the workload's threads: {}, wakeup -> on CPU mean {}, p99 {}",
+            w.latency.count,
+            opt_latency(w.latency.mean_ns()),
+            opt_latency(w.latency.percentile_ns(99.0))
+        )?,
+        Some(_) => writeln!(out, "  wakeups of the workload's threads: none seen")?,
+        None => writeln!(out, "  wakeups: unavailable ({})", why(Family::Wakeup))?,
+    }
+
+    match &report.run_stats_unavailable {
+        None if secs > 0.0 => {
+            let runs: u64 = snap.programs.iter().map(|p| p.run_count).sum();
+            let time: u64 = snap.programs.iter().map(|p| p.run_time_ns).sum();
+            writeln!(
+                out,
+                "  probe overhead: {} programs, {} runs/s, {} per run, {:.2}% of one CPU",
+                snap.programs.len(),
+                units::count(runs as f64 / secs),
+                if runs > 0 {
+                    units::latency(time as f64 / runs as f64)
+                } else {
+                    "-".into()
+                },
+                time as f64 / 1e9 / secs * 100.0
+            )?;
+        }
+        None => {}
+        Some(why) => writeln!(out, "  probe overhead: unavailable ({why})")?,
+    }
+    Ok(())
+}
