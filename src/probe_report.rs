@@ -105,7 +105,7 @@ pub fn write(out: &mut impl Write, p: &ProbeResults) -> io::Result<()> {
                     .iter()
                     .filter(|h| h.cpu == cpu && h.count > 0)
                     .collect();
-                top.sort_by(|a, b| b.time_ns.cmp(&a.time_ns));
+                top.sort_by_key(|h| std::cmp::Reverse(h.time_ns));
                 let busiest: Vec<String> = top
                     .iter()
                     .take(2)
