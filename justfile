@@ -38,3 +38,7 @@ vmlinux:
     bpftool btf dump file /sys/kernel/btf/vmlinux format c > "$out"
     ln -sf "vmlinux_$release.h" bpf/vmlinux/$arch/vmlinux.h
     echo "wrote $out; record its provenance in bpf/vmlinux/README.md"
+
+# Probe overhead: rand4k with no probes, all of ours, and bpftrace's biolatency; IOPS ratios and ns per event
+bench-overhead ROUNDS="5" RUNTIME="10": build
+    python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}}

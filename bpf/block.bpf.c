@@ -31,6 +31,8 @@ const volatile bool have_io_start = false;
 struct rq_track {
 	__u64 start_ns;
 	__u64 issue_ns;
+	/* Set at start, cleared at completion: entries are reused, never deleted. */
+	__u64 active;
 	/* Filled at issue so completion reads nothing from the request. */
 	struct vg_block_key key;
 	__u32 submit_cpu;
@@ -39,8 +41,9 @@ struct rq_track {
 
 /*
  * In-flight requests. Keys are request addresses, which the block layer recycles from fixed
- * pools, so an entry left by a request that was merged away is overwritten when its address
- * comes back: a plain (preallocated, lock-light) hash suffices, no LRU needed.
+ * pools, so the map holds at most one entry per request structure ever used. Entries are
+ * marked inactive at completion and rewritten in place when the address comes back, which
+ * avoids a hash insert and delete per I/O; no LRU needed.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -148,12 +151,21 @@ static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 d
 
 static __always_inline int on_io_start(struct request *rq)
 {
-	struct rq_track t = { .start_ns = bpf_ktime_get_ns() };
 	__u64 key = (__u64)rq;
+	struct rq_track *t;
 
 	if (!wanted_task())
 		return 0;
-	if (bpf_map_update_elem(&requests, &key, &t, BPF_ANY))
+	t = bpf_map_lookup_elem(&requests, &key);
+	if (t) {
+		t->start_ns = bpf_ktime_get_ns();
+		t->issue_ns = 0;
+		t->active = 1;
+		return 0;
+	}
+	struct rq_track fresh = { .start_ns = bpf_ktime_get_ns(), .active = 1 };
+
+	if (bpf_map_update_elem(&requests, &key, &fresh, BPF_NOEXIST))
 		bump(VG_BLOCK_DROPPED);
 	return 0;
 }
@@ -163,12 +175,13 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
 	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
 
-	if (!t) {
+	if (!t || !t->active) {
 		/* With block_io_start, a request not seen starting is not ours (or predates us). */
 		if (have_io_start || !wanted_task())
 			return 0;
 		struct rq_track fresh = {
 			.start_ns = btf ? rq->start_time_ns : BPF_CORE_READ(rq, start_time_ns),
+			.active = 1,
 		};
 
 		if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY)) {
@@ -194,11 +207,11 @@ static __always_inline int on_complete(struct request *rq)
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
 	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
 
-	if (!t)
+	if (!t || !t->active)
 		return 0;
+	t->active = 0;
 	if (!t->issue_ns) {
 		bump(VG_BLOCK_UNSEEN);
-		bpf_map_delete_elem(&requests, &key);
 		return 0;
 	}
 	record(&t->key, VG_STAGE_DEVICE, now - t->issue_ns);
@@ -206,7 +219,6 @@ static __always_inline int on_complete(struct request *rq)
 
 	if (n)
 		(*n)++;
-	bpf_map_delete_elem(&requests, &key);
 	return 0;
 }
 

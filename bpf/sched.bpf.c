@@ -37,16 +37,23 @@ struct {
 	__type(value, __u64);
 } dropped SEC(".maps");
 
-static __always_inline int on_wakeup(struct task_struct *p)
+static __always_inline int on_wakeup(struct task_struct *p, bool btf)
 {
 	__u32 pid;
 	__u64 now;
 
-	if (!filter_tgid || BPF_CORE_READ(p, tgid) != filter_tgid)
+	if (!filter_tgid || (btf ? p->tgid : BPF_CORE_READ(p, tgid)) != filter_tgid)
 		return 0;
-	pid = BPF_CORE_READ(p, pid);
+	pid = btf ? p->pid : BPF_CORE_READ(p, pid);
 	now = bpf_ktime_get_ns();
-	if (bpf_map_update_elem(&woken, &pid, &now, BPF_ANY)) {
+	/* Threads are few and long-lived: rewrite their entry in place rather than re-insert. */
+	__u64 *ts = bpf_map_lookup_elem(&woken, &pid);
+
+	if (ts) {
+		*ts = now;
+		return 0;
+	}
+	if (bpf_map_update_elem(&woken, &pid, &now, BPF_NOEXIST)) {
 		__u32 zero = 0;
 		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
 
@@ -56,59 +63,60 @@ static __always_inline int on_wakeup(struct task_struct *p)
 	return 0;
 }
 
-static __always_inline int on_switch(struct task_struct *next)
+/* `btf` is constant per caller: tp_btf programs read task fields with plain loads. */
+static __always_inline int on_switch(struct task_struct *next, bool btf)
 {
 	__u32 pid, zero = 0;
 	__u64 *ts;
 	struct vg_hist *h;
 
-	if (!filter_tgid || BPF_CORE_READ(next, tgid) != filter_tgid)
+	if (!filter_tgid || (btf ? next->tgid : BPF_CORE_READ(next, tgid)) != filter_tgid)
 		return 0;
-	pid = BPF_CORE_READ(next, pid);
+	pid = btf ? next->pid : BPF_CORE_READ(next, pid);
 	ts = bpf_map_lookup_elem(&woken, &pid);
-	if (!ts)
+	if (!ts || !*ts)
 		return 0;
 	h = bpf_map_lookup_elem(&wakeup_hist, &zero);
 	if (h)
 		vg_hist_add(h, bpf_ktime_get_ns() - *ts, false);
-	bpf_map_delete_elem(&woken, &pid);
+	*ts = 0;
 	return 0;
 }
 
 SEC("tp_btf/sched_wakeup")
 int BPF_PROG(sched_wakeup_btf, struct task_struct *p)
 {
-	return on_wakeup(p);
+	return on_wakeup(p, true);
 }
 
 SEC("raw_tp/sched_wakeup")
 int BPF_PROG(sched_wakeup_raw, struct task_struct *p)
 {
-	return on_wakeup(p);
+	return on_wakeup(p, false);
 }
 
 SEC("tp_btf/sched_wakeup_new")
 int BPF_PROG(sched_wakeup_new_btf, struct task_struct *p)
 {
-	return on_wakeup(p);
+	return on_wakeup(p, true);
 }
 
 SEC("raw_tp/sched_wakeup_new")
 int BPF_PROG(sched_wakeup_new_raw, struct task_struct *p)
 {
-	return on_wakeup(p);
+	return on_wakeup(p, false);
 }
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	return on_switch(next);
+	return on_switch(next, true);
 }
 
 SEC("raw_tp/sched_switch")
 int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	return on_switch(next);
+	return on_switch(next, false);
 }
 
 struct vg_hist vg_abi_hist = {};

@@ -30,6 +30,15 @@ pub enum Command {
     Record(RecordArgs),
     /// List the built-in workload presets, or print one to copy and edit
     Workloads(WorkloadsArgs),
+    /// Check this host: platform fingerprint, which probes attach and how, which views degrade
+    Doctor(DoctorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// Print a JSON document instead of the table
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

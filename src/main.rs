@@ -1,6 +1,8 @@
 //! virtgap: runs a storage workload, traces where each I/O's time goes, and compares hosts.
 
 mod cli;
+mod doctor;
+mod host;
 mod pipeline;
 mod probe_report;
 mod record;
@@ -15,6 +17,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Some(cli::Command::Record(args)) => record::run(&args),
         Some(cli::Command::Workloads(args)) => record::workloads(&args),
+        Some(cli::Command::Doctor(args)) => doctor::run(&args),
         None => {
             // The live TUI will live here; until then the bare command explains itself.
             use clap::CommandFactory;

@@ -433,3 +433,89 @@ fn ctrl_c_while_preparing_leaves_no_temp_file() {
     assert_eq!(code, 130, "stderr: {stderr}");
     assert!(entries(dir.path()).is_empty());
 }
+
+#[test]
+fn doctor_fingerprints_the_host_and_lists_every_probe() {
+    let out = vg().arg("doctor").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "host: ",
+        "clocksource",
+        "block_rq_issue",
+        "irq_handler_entry",
+        "sched_switch",
+        "views:",
+    ] {
+        assert!(
+            text.contains(needle),
+            "doctor output lacks {needle}:\n{text}"
+        );
+    }
+    let json = vg().args(["doctor", "--json"]).output().unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_slice(&json.stdout).expect("doctor --json is JSON");
+    let probes = doc["probes"].as_array().unwrap();
+    assert!(probes.len() >= 20, "{} probe rows", probes.len());
+    if is_root() {
+        // Root on a kernel with these tracepoints: the block and IRQ probes attach.
+        for tp in [
+            "block_rq_issue",
+            "block_rq_complete",
+            "irq_handler_entry",
+            "softirq_entry",
+        ] {
+            let row = probes.iter().find(|r| r["tracepoint"] == tp).unwrap();
+            assert_eq!(row["available"], true, "{row}");
+        }
+    } else {
+        assert!(probes
+            .iter()
+            .any(|r| r["status"].as_str().unwrap().contains("not root")));
+    }
+}
+
+#[test]
+fn record_reports_probe_stages_and_overhead() {
+    if !root_allowed("probe record test") {
+        return;
+    }
+    let dir = scratch();
+    let out = vg()
+        .args([
+            "record",
+            "--size",
+            "16MiB",
+            "--duration",
+            "2s",
+            "--quiet",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "block stages of this process's read",
+        "queue",
+        "device",
+        "interrupt load per CPU",
+        "probe overhead",
+    ] {
+        assert!(text.contains(needle), "summary lacks {needle}:\n{text}");
+    }
+    let out = quick_with(dir.path(), &["--probes", "block,bogus"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown probe family 'bogus'"));
+}

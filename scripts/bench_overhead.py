@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""What tracing costs the workload. Runs rand4k on one file with no probes, with all of
+virtgap's probes, and with no virtgap probes but a bpftrace biolatency one-liner running,
+rotating the order each round so the machine's drift hits all alike. Prints the median IOPS
+ratio of each traced variant to the untraced one, and virtgap's own per-event cost from the
+kernel's BPF run statistics."""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+BIOLATENCY = (
+    "tracepoint:block:block_rq_issue { @start[args->dev, args->sector] = nsecs; } "
+    "tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ { "
+    "@usecs = hist((nsecs - @start[args->dev, args->sector]) / 1000); "
+    "delete(@start[args->dev, args->sector]); }"
+)
+
+
+def ensure_tracefs():
+    if not os.path.exists("/sys/kernel/tracing/events"):
+        subprocess.run(["mount", "-t", "tracefs", "nodev", "/sys/kernel/tracing"], check=True)
+        print("bench: mounted tracefs on /sys/kernel/tracing (bpftrace's tracepoints need it)")
+
+
+def record(virtgap, path, runtime, probes):
+    cmd = [virtgap, "record", "-w", "rand4k", "--target", path, "--duration", f"{runtime}s",
+           "--json", "--quiet"]
+    if not probes:
+        cmd.append("--no-probes")
+    out = subprocess.run(cmd, check=True, capture_output=True).stdout
+    return json.loads(out)
+
+
+def with_bpftrace(virtgap, path, runtime):
+    bt = subprocess.Popen(["bpftrace", "-e", BIOLATENCY], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+    # Wait until bpftrace says its probes are attached.
+    deadline = time.time() + 30
+    for line in bt.stdout:
+        if "Attaching" in line:
+            break
+        if time.time() > deadline:
+            bt.kill()
+            sys.exit("bench: bpftrace did not attach")
+    time.sleep(1)
+    try:
+        return record(virtgap, path, runtime, probes=False)
+    finally:
+        bt.send_signal(signal.SIGINT)
+        bt.wait(timeout=30)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--virtgap", default="target/release/virtgap")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--runtime", type=int, default=10, help="seconds per run")
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+    if args.rounds < 5:
+        sys.exit("bench: use at least 5 rounds")
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (BPF)")
+    ensure_tracefs()
+
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="virtgap-bench-") as d:
+        path = os.path.join(d, "rand4k.bin")
+        subprocess.run(["dd", "if=/dev/urandom", f"of={path}", "bs=1M", "count=1024",
+                        "oflag=direct", "status=none"], check=True)
+        variants = {
+            "none": lambda: record(args.virtgap, path, args.runtime, probes=False),
+            "virtgap": lambda: record(args.virtgap, path, args.runtime, probes=True),
+            "bpftrace": lambda: with_bpftrace(args.virtgap, path, args.runtime),
+        }
+        names = list(variants)
+        iops = {n: [] for n in names}
+        per_event = {"block": [], "irq": [], "wakeup": []}
+        per_io = []
+        cpu_share = []
+        print(f"{'round':>5} " + " ".join(f"{n + ' IOPS':>14}" for n in names))
+        for r in range(args.rounds):
+            order = names[r % 3:] + names[:r % 3]
+            row = {}
+            for n in order:
+                doc = variants[n]()
+                row[n] = doc["jobs"][0]["read"]["iops"]
+                iops[n].append(row[n])
+                if n == "virtgap":
+                    probes = doc["probes"]["cumulative"]
+                    progs = probes["programs"]
+                    for fam in per_event:
+                        runs = sum(p["run_count"] for p in progs if p["family"] == fam)
+                        ns = sum(p["run_time_ns"] for p in progs if p["family"] == fam)
+                        if runs:
+                            per_event[fam].append(ns / runs)
+                    block_ns = sum(p["run_time_ns"] for p in progs if p["family"] == "block")
+                    ios = doc["jobs"][0]["read"]["total_ios"]
+                    per_io.append(block_ns / max(ios, 1))
+                    secs = probes["elapsed_ns"] / 1e9
+                    cpu_share.append(sum(p["run_time_ns"] for p in progs) / 1e9 / secs * 100)
+            print(f"{r + 1:>5} " + " ".join(f"{row[n]:>14.0f}" for n in names), flush=True)
+
+        med = statistics.median
+        ratio = lambda n: med([a / b for a, b in zip(iops[n], iops["none"])])
+        print(f"median IOPS: " + ", ".join(f"{n} {med(iops[n]):.0f}" for n in names))
+        print(f"median IOPS ratio virtgap probes / none: {ratio('virtgap'):.3f} (target >= 0.98)")
+        print(f"median IOPS ratio bpftrace biolatency / none: {ratio('bpftrace'):.3f}")
+        for fam, values in per_event.items():
+            if values:
+                print(f"virtgap {fam} programs: median {med(values):.0f} ns per event "
+                      f"(target <= 100 ns for block and irq)")
+        print(f"virtgap block probes per I/O (3 programs): median {med(per_io):.0f} ns")
+        print(f"virtgap probes' CPU: median {med(cpu_share):.2f}% of one CPU")
+
+
+if __name__ == "__main__":
+    main()

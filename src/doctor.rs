@@ -1,0 +1,332 @@
+//! `virtgap doctor`: the host fingerprint and the probe table — every signal, attached how, or
+//! unavailable and exactly why — and which views degrade as a result.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use serde::Serialize;
+use virtgap_probes::session::FamilyReport;
+use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeSession, ProbeStorage};
+
+use crate::cli::DoctorArgs;
+use crate::host::Fingerprint;
+
+/// What each tracepoint gives the user.
+const SIGNALS: &[(&str, &str)] = &[
+    ("block_io_start", "request start, process filter"),
+    ("block_rq_issue", "block queue time"),
+    ("block_rq_complete", "device time, cross-CPU completions"),
+    ("irq_handler_entry", "hard-IRQ time per CPU and IRQ"),
+    ("irq_handler_exit", "hard-IRQ time per CPU and IRQ"),
+    ("softirq_entry", "softirq time per CPU and vector"),
+    ("softirq_exit", "softirq time per CPU and vector"),
+    ("local_timer_entry", "local timer interrupts"),
+    ("local_timer_exit", "local timer interrupts"),
+    ("reschedule_entry", "reschedule IPIs received"),
+    ("reschedule_exit", "reschedule IPIs received"),
+    ("call_function_entry", "call-function IPIs received"),
+    ("call_function_exit", "call-function IPIs received"),
+    (
+        "call_function_single_entry",
+        "call-function-single IPIs received",
+    ),
+    (
+        "call_function_single_exit",
+        "call-function-single IPIs received",
+    ),
+    ("irq_work_entry", "irq-work interrupts"),
+    ("irq_work_exit", "irq-work interrupts"),
+    ("ipi_send_cpu", "IPIs sent, by purpose"),
+    ("ipi_send_cpumask", "IPIs sent, by purpose"),
+    ("sched_wakeup", "wakeup latency of the workload"),
+    ("sched_wakeup_new", "wakeup latency of the workload"),
+    ("sched_switch", "wakeup latency of the workload"),
+];
+
+fn signal_of(tracepoint: &str) -> &'static str {
+    SIGNALS
+        .iter()
+        .find(|(tp, _)| *tp == tracepoint)
+        .map_or("", |(_, s)| s)
+}
+
+/// One row of the probe table.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbeRow {
+    pub family: String,
+    pub tracepoint: String,
+    pub signal: String,
+    /// "attached via tp_btf", or "unavailable: <reason>".
+    pub status: String,
+    pub available: bool,
+}
+
+/// Signals that are not tracepoints of a loaded family.
+fn extra_rows(report: &CapabilityReport) -> Vec<ProbeRow> {
+    let nvme = if Path::new("/sys/module/nvme_core").exists() {
+        "unavailable: per-queue NVMe probes are not built yet (block stages cover NVMe devices)"
+            .to_string()
+    } else {
+        "unavailable: no NVMe on this host (nvme_core module not loaded)".to_string()
+    };
+    let tracefs = if Path::new("/sys/kernel/tracing/events").exists() {
+        "tracefs mounted (not needed: every probe attaches without it)"
+    } else {
+        "tracefs not mounted (not needed: every probe attaches without it)"
+    };
+    vec![
+        ProbeRow {
+            family: "nvme".into(),
+            tracepoint: "nvme_*".into(),
+            signal: "NVMe latency per queue (qid)".into(),
+            available: false,
+            status: nvme,
+        },
+        ProbeRow {
+            family: "self".into(),
+            tracepoint: "BPF_ENABLE_STATS".into(),
+            signal: "run time of our own programs".into(),
+            available: report.run_stats_unavailable.is_none(),
+            status: match &report.run_stats_unavailable {
+                None => "enabled while virtgap runs".into(),
+                Some(why) => format!("unavailable: {why}"),
+            },
+        },
+        ProbeRow {
+            family: "classic".into(),
+            tracepoint: "tracefs".into(),
+            signal: "classic tracepoints".into(),
+            available: true,
+            status: tracefs.into(),
+        },
+    ]
+}
+
+pub fn probe_rows(report: &CapabilityReport) -> Vec<ProbeRow> {
+    let mut rows = Vec::new();
+    for f in &report.families {
+        rows.extend(family_rows(f));
+    }
+    rows.extend(extra_rows(report));
+    rows
+}
+
+fn family_rows(f: &FamilyReport) -> Vec<ProbeRow> {
+    if let Some(why) = &f.unavailable {
+        return vec![ProbeRow {
+            family: f.family.name().into(),
+            tracepoint: "(all)".into(),
+            signal: match f.family {
+                Family::Block => "block queue and device time",
+                Family::Irq => "interrupt load per CPU",
+                Family::Wakeup => "wakeup latency of the workload",
+            }
+            .into(),
+            status: format!("unavailable: {why}"),
+            available: false,
+        }];
+    }
+    f.tracepoints
+        .iter()
+        .map(|t| ProbeRow {
+            family: f.family.name().into(),
+            tracepoint: t.tracepoint.clone(),
+            signal: signal_of(&t.tracepoint).into(),
+            status: match (t.attached, &t.reason) {
+                (Some(kind), _) => format!("attached via {}", kind.name()),
+                (None, Some(why)) => format!("unavailable: {why}"),
+                (None, None) => "unavailable".into(),
+            },
+            available: t.attached.is_some(),
+        })
+        .collect()
+}
+
+/// Views that lose something on this host, in words.
+pub fn degraded_views(report: &CapabilityReport) -> Vec<String> {
+    let mut out = Vec::new();
+    for f in &report.families {
+        let what = match f.family {
+            Family::Block => "Where the time goes: queue and device stages",
+            Family::Irq => "CPUs: interrupt load per CPU",
+            Family::Wakeup => "Where the time goes: wakeup delay",
+        };
+        if let Some(why) = &f.unavailable {
+            out.push(format!("{what}: missing ({why})"));
+        } else {
+            let missing: Vec<&str> = f
+                .tracepoints
+                .iter()
+                .filter(|t| t.attached.is_none())
+                .map(|t| t.tracepoint.as_str())
+                .collect();
+            if !missing.is_empty() {
+                out.push(format!("{what}: partial (no {})", missing.join(", ")));
+            }
+        }
+    }
+    if let Some(why) = &report.run_stats_unavailable {
+        out.push(format!("probe self-overhead: missing ({why})"));
+    }
+    out
+}
+
+#[derive(Serialize)]
+struct DoctorJson<'a> {
+    host: &'a Fingerprint,
+    platform: String,
+    probes: Vec<ProbeRow>,
+    degraded_views: Vec<String>,
+}
+
+pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
+    let host = Fingerprint::this_host();
+    let mut storage = ProbeStorage::default();
+    // Follow this process so the wakeup probe is exercised too.
+    let config = ProbeConfig {
+        filter_tgid: Some(std::process::id()),
+        ..ProbeConfig::default()
+    };
+    let session = ProbeSession::load(&mut storage, &config);
+    let rows = probe_rows(&session.report);
+    let degraded = degraded_views(&session.report);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let doc = DoctorJson {
+            host: &host,
+            platform: host.describe(),
+            probes: rows,
+            degraded_views: degraded,
+        };
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    write_host(&mut out, &host)?;
+    writeln!(out, "\nprobes:")?;
+    writeln!(
+        out,
+        "  {:<8} {:<28} {:<38} status",
+        "family", "tracepoint", "signal"
+    )?;
+    for r in &rows {
+        writeln!(
+            out,
+            "  {:<8} {:<28} {:<38} {}",
+            r.family, r.tracepoint, r.signal, r.status
+        )?;
+    }
+    writeln!(out, "\nviews:")?;
+    if degraded.is_empty() {
+        writeln!(out, "  every view has all its signals on this host")?;
+    }
+    for d in &degraded {
+        writeln!(out, "  {d}")?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn opt(v: &Option<String>) -> &str {
+    v.as_deref().unwrap_or("-")
+}
+
+fn write_host(out: &mut impl Write, h: &Fingerprint) -> std::io::Result<()> {
+    writeln!(out, "host: {}", h.describe())?;
+    let sig = h
+        .cpuid
+        .signature
+        .as_deref()
+        .map(|s| format!(", CPUID signature \"{s}\""))
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "  hypervisor    {} (hypervisor bit {}{sig})",
+        h.hypervisor,
+        if h.cpuid.hypervisor_bit {
+            "set"
+        } else {
+            "clear"
+        }
+    )?;
+    writeln!(out, "  platform      {}", h.platform)?;
+    match &h.dmi {
+        Some(d) => writeln!(
+            out,
+            "  dmi           vendor {}, product {}, bios {} {}",
+            opt(&d.sys_vendor),
+            opt(&d.product_name),
+            opt(&d.bios_vendor),
+            opt(&d.bios_version)
+        )?,
+        None => writeln!(out, "  dmi           none (no SMBIOS tables)")?,
+    }
+    writeln!(
+        out,
+        "  /sys/hypervisor/type  {}",
+        opt(&h.sys_hypervisor_type)
+    )?;
+    writeln!(
+        out,
+        "  clocksource   {} (available: {})",
+        opt(&h.clocksource),
+        h.available_clocksources.join(" ")
+    )?;
+    writeln!(
+        out,
+        "  kernel        {}, BTF {}",
+        opt(&h.kernel),
+        if h.btf { "yes" } else { "no" }
+    )?;
+    let smt = match h.smt_active {
+        Some(true) => "SMT on",
+        Some(false) => "SMT off",
+        None => "SMT unknown",
+    };
+    writeln!(
+        out,
+        "  cpu           {}, {} CPUs, {smt}",
+        opt(&h.cpu_model),
+        h.cpus
+    )?;
+    writeln!(out, "  block devices:")?;
+    for d in &h.block_devices {
+        writeln!(
+            out,
+            "    {} ({}{}): scheduler {}, nr_requests {}, rq_affinity {}, polling {}, logical block {} B",
+            d.name,
+            d.kind,
+            d.model.as_deref().map(|m| format!(", {m}")).unwrap_or_default(),
+            opt(&d.scheduler),
+            d.nr_requests.map_or("-".into(), |n| n.to_string()),
+            d.rq_affinity.map_or("-".into(), |n| n.to_string()),
+            match d.io_poll {
+                Some(true) => "yes",
+                Some(false) => "no",
+                None => "-",
+            },
+            d.logical_block_size.map_or("-".into(), |n| n.to_string()),
+        )?;
+        for q in &d.queues {
+            match &q.irq {
+                Some(irq) => writeln!(
+                    out,
+                    "      queue {} (CPUs {}): IRQ {} {} via {}, delivered to CPU {}",
+                    q.index,
+                    q.cpu_list,
+                    irq.irq,
+                    irq.name,
+                    irq.chip,
+                    opt(&irq.effective_affinity)
+                )?,
+                None => writeln!(
+                    out,
+                    "      queue {} (CPUs {}): no IRQ found",
+                    q.index, q.cpu_list
+                )?,
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,509 @@
+//! The host fingerprint: which hypervisor (if any), which cloud and instance type, clocksource,
+//! kernel, CPUs, and per block device its queues, scheduler and the IRQ (with its chip and
+//! effective affinity) behind each queue. Everything is read under a root directory so tests
+//! feed fixture trees of real /proc and /sys layouts; only the CPUID signature comes from the
+//! CPU itself and is passed in.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// What the CPU says about a hypervisor (CPUID leaf 1 ECX bit 31, leaf 0x40000000).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cpuid {
+    pub hypervisor_bit: bool,
+    /// The 12-byte vendor signature, e.g. "KVMKVMKVM", "XenVMMXenVMM", "Microsoft Hv".
+    pub signature: Option<String>,
+}
+
+impl Cpuid {
+    /// Reads the running CPU.
+    #[cfg(target_arch = "x86_64")]
+    pub fn read() -> Self {
+        use std::arch::x86_64::__cpuid;
+        // CPUID exists on every x86_64 CPU; an absent leaf returns harmless values.
+        let leaf1 = __cpuid(1);
+        let hypervisor_bit = leaf1.ecx & (1 << 31) != 0;
+        if !hypervisor_bit {
+            return Self {
+                hypervisor_bit,
+                signature: None,
+            };
+        }
+        let leaf = __cpuid(0x4000_0000);
+        let bytes: Vec<u8> = [leaf.ebx, leaf.ecx, leaf.edx]
+            .iter()
+            .flat_map(|r| r.to_le_bytes())
+            .collect();
+        let signature = String::from_utf8_lossy(&bytes)
+            .trim_end_matches('\0')
+            .trim()
+            .to_string();
+        Self {
+            hypervisor_bit,
+            signature: (!signature.is_empty()).then_some(signature),
+        }
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn read() -> Self {
+        Self::default()
+    }
+}
+
+/// SMBIOS identity, from /sys/class/dmi/id.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Dmi {
+    pub sys_vendor: Option<String>,
+    pub product_name: Option<String>,
+    pub bios_vendor: Option<String>,
+    pub bios_version: Option<String>,
+}
+
+/// An IRQ serving a hardware queue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueIrq {
+    pub irq: u32,
+    pub name: String,
+    /// "PCI-MSIX-…", "xen-pirq-msi-x", "IR-PCI-MSI": the delivery path.
+    pub chip: String,
+    /// CPUs the interrupt is delivered to now.
+    pub effective_affinity: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HwQueue {
+    pub index: u32,
+    /// CPUs that submit to this queue.
+    pub cpu_list: String,
+    pub irq: Option<QueueIrq>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockDeviceInfo {
+    pub name: String,
+    /// "virtio-blk", "nvme", "scsi", … from the driver device's name.
+    pub kind: String,
+    /// The driver device ("virtio1", "nvme0").
+    pub driver_device: Option<String>,
+    pub model: Option<String>,
+    pub scheduler: Option<String>,
+    pub nr_requests: Option<u32>,
+    pub rq_affinity: Option<u32>,
+    pub io_poll: Option<bool>,
+    pub logical_block_size: Option<u32>,
+    pub queues: Vec<HwQueue>,
+}
+
+/// Everything virtgap knows about the host before measuring.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    pub cpuid: Cpuid,
+    /// "kvm", "xen", "hyperv", "vmware", "other", or "none".
+    pub hypervisor: String,
+    /// "aws-xen", "aws-nitro", "aws-metal", "microvm", "metal", or "unknown".
+    pub platform: String,
+    pub instance_type: Option<String>,
+    pub dmi: Option<Dmi>,
+    /// /sys/hypervisor/type (present on Xen only).
+    pub sys_hypervisor_type: Option<String>,
+    pub clocksource: Option<String>,
+    pub available_clocksources: Vec<String>,
+    pub kernel: Option<String>,
+    pub btf: bool,
+    pub cpu_model: Option<String>,
+    pub cpus: u32,
+    pub smt_active: Option<bool>,
+    pub block_devices: Vec<BlockDeviceInfo>,
+}
+
+fn read(root: &Path, rel: &str) -> Option<String> {
+    fs::read_to_string(root.join(rel))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+fn hypervisor_of(cpuid: &Cpuid, sys_type: Option<&str>) -> String {
+    let sig = cpuid.signature.as_deref().unwrap_or("");
+    let name = if sig.starts_with("XenVMM") || sys_type == Some("xen") {
+        "xen"
+    } else if sig.starts_with("KVMKVMKVM") || sig == "Linux KVM Hv" {
+        "kvm"
+    } else if sig == "Microsoft Hv" {
+        "hyperv"
+    } else if sig.starts_with("VMware") {
+        "vmware"
+    } else if cpuid.hypervisor_bit {
+        "other"
+    } else {
+        "none"
+    };
+    name.to_string()
+}
+
+fn platform_of(hypervisor: &str, dmi: Option<&Dmi>) -> (String, Option<String>) {
+    let vendor = dmi.and_then(|d| d.sys_vendor.as_deref()).unwrap_or("");
+    let product = dmi.and_then(|d| d.product_name.clone());
+    let bios = dmi.and_then(|d| d.bios_version.as_deref()).unwrap_or("");
+    if vendor == "Amazon EC2" {
+        let metal =
+            product.as_deref().is_some_and(|p| p.ends_with(".metal")) || hypervisor == "none";
+        return (
+            if metal { "aws-metal" } else { "aws-nitro" }.into(),
+            product,
+        );
+    }
+    if hypervisor == "xen" && (bios.contains("amazon") || vendor == "Xen") {
+        return ("aws-xen".into(), None);
+    }
+    match (hypervisor, dmi.is_some()) {
+        ("none", _) => ("metal".into(), product),
+        ("kvm", false) => ("microvm".into(), None),
+        _ => ("unknown".into(), product),
+    }
+}
+
+/// The driver name for a hardware queue's IRQ: "virtio1-req.0" → queue 0, "nvme0q3" → queue 2
+/// (NVMe queue 0 is the admin queue, so I/O queue q serves hctx q-1).
+pub fn queue_of_irq(driver_device: &str, irq_name: &str) -> Option<u32> {
+    let rest = irq_name.strip_prefix(driver_device)?;
+    if let Some(n) = rest.strip_prefix("-req.") {
+        return n.parse().ok();
+    }
+    if let Some(q) = rest.strip_prefix('q') {
+        let qid: u32 = q.parse().ok()?;
+        return qid.checked_sub(1);
+    }
+    None
+}
+
+fn kind_of(driver_device: Option<&str>, name: &str) -> String {
+    match driver_device {
+        Some(d) if d.starts_with("virtio") => "virtio-blk".into(),
+        Some(d) if d.starts_with("nvme") => "nvme".into(),
+        _ if name.starts_with("nvme") => "nvme".into(),
+        _ if name.starts_with("sd") => "scsi".into(),
+        _ if name.starts_with("xvd") => "xen-blkfront".into(),
+        _ => "other".into(),
+    }
+}
+
+fn block_devices(root: &Path, interrupts: &str) -> Vec<BlockDeviceInfo> {
+    let names = virtgap_probes::procfs::irq_names(interrupts);
+    let chips = virtgap_probes::procfs::irq_chips(interrupts);
+    let mut devs: Vec<String> = fs::read_dir(root.join("sys/block"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        // Virtual devices without hardware queues of their own.
+        .filter(|n| {
+            !["loop", "ram", "zram", "dm-", "md", "nbd"]
+                .iter()
+                .any(|p| n.starts_with(p))
+        })
+        .collect();
+    devs.sort();
+    devs.into_iter()
+        .map(|name| {
+            let base = format!("sys/block/{name}");
+            let driver_device = fs::canonicalize(root.join(&base).join("device"))
+                .ok()
+                .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
+            // An NVMe namespace's device link points at the controller (nvme0).
+            let scheduler = read(root, &format!("{base}/queue/scheduler")).map(|s| {
+                s.split_whitespace()
+                    .find(|w| w.starts_with('['))
+                    .map(|w| w.trim_matches(|c| c == '[' || c == ']').to_string())
+                    .unwrap_or(s)
+            });
+            let mut queues: Vec<HwQueue> = fs::read_dir(root.join(&base).join("mq"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    let index: u32 = e.file_name().to_str()?.parse().ok()?;
+                    let cpu_list =
+                        read(root, &format!("{base}/mq/{index}/cpu_list")).unwrap_or_default();
+                    let irq = driver_device.as_deref().and_then(|d| {
+                        names
+                            .iter()
+                            .find(|(_, n)| queue_of_irq(d, n) == Some(index))
+                            .map(|(&irq, n)| QueueIrq {
+                                irq,
+                                name: n.clone(),
+                                chip: chips.get(&irq).cloned().unwrap_or_default(),
+                                effective_affinity: read(
+                                    root,
+                                    &format!("proc/irq/{irq}/effective_affinity_list"),
+                                ),
+                            })
+                    });
+                    Some(HwQueue {
+                        index,
+                        cpu_list,
+                        irq,
+                    })
+                })
+                .collect();
+            queues.sort_by_key(|q| q.index);
+            BlockDeviceInfo {
+                kind: kind_of(driver_device.as_deref(), &name),
+                model: read(root, &format!("{base}/device/model")),
+                scheduler,
+                nr_requests: read(root, &format!("{base}/queue/nr_requests"))
+                    .and_then(|s| s.parse().ok()),
+                rq_affinity: read(root, &format!("{base}/queue/rq_affinity"))
+                    .and_then(|s| s.parse().ok()),
+                io_poll: read(root, &format!("{base}/queue/io_poll")).map(|s| s == "1"),
+                logical_block_size: read(root, &format!("{base}/queue/logical_block_size"))
+                    .and_then(|s| s.parse().ok()),
+                driver_device,
+                queues,
+                name,
+            }
+        })
+        .collect()
+}
+
+impl Fingerprint {
+    /// Reads the host under `root` ("/" in production).
+    pub fn read(root: &Path, cpuid: Cpuid) -> Self {
+        let cpuinfo = read(root, "proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo.lines().find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        });
+        let cpus = cpuinfo
+            .lines()
+            .filter(|l| l.starts_with("processor"))
+            .count() as u32;
+        let cpuid = Cpuid {
+            // /proc/cpuinfo's "hypervisor" flag is the same CPUID bit, readable from fixtures.
+            hypervisor_bit: cpuid.hypervisor_bit
+                || cpuinfo.lines().any(|l| {
+                    l.starts_with("flags") && l.split_whitespace().any(|f| f == "hypervisor")
+                }),
+            signature: cpuid.signature,
+        };
+        let dmi_dir = "sys/class/dmi/id";
+        let dmi = root.join(dmi_dir).is_dir().then(|| Dmi {
+            sys_vendor: read(root, &format!("{dmi_dir}/sys_vendor")),
+            product_name: read(root, &format!("{dmi_dir}/product_name")),
+            bios_vendor: read(root, &format!("{dmi_dir}/bios_vendor")),
+            bios_version: read(root, &format!("{dmi_dir}/bios_version")),
+        });
+        let sys_hypervisor_type = read(root, "sys/hypervisor/type");
+        let hypervisor = hypervisor_of(&cpuid, sys_hypervisor_type.as_deref());
+        let (platform, instance_type) = platform_of(&hypervisor, dmi.as_ref());
+        let cs = "sys/devices/system/clocksource/clocksource0";
+        let interrupts = read(root, "proc/interrupts").unwrap_or_default();
+        Self {
+            cpuid,
+            hypervisor,
+            platform,
+            instance_type,
+            dmi,
+            sys_hypervisor_type,
+            clocksource: read(root, &format!("{cs}/current_clocksource")),
+            available_clocksources: read(root, &format!("{cs}/available_clocksource"))
+                .map(|s| s.split_whitespace().map(str::to_string).collect())
+                .unwrap_or_default(),
+            kernel: read(root, "proc/sys/kernel/osrelease"),
+            btf: root.join("sys/kernel/btf/vmlinux").exists(),
+            cpu_model,
+            cpus,
+            smt_active: read(root, "sys/devices/system/cpu/smt/active").map(|s| s == "1"),
+            block_devices: block_devices(root, &interrupts),
+        }
+    }
+
+    /// This host.
+    pub fn this_host() -> Self {
+        Self::read(&PathBuf::from("/"), Cpuid::read())
+    }
+
+    /// The platform in words, e.g. "KVM guest (microVM) · AMD EPYC · 2 vCPU · clocksource tsc ·
+    /// vda virtio-blk, 1 queue, IRQ on CPU 1".
+    pub fn describe(&self) -> String {
+        let host = match (self.hypervisor.as_str(), self.platform.as_str()) {
+            ("none", "aws-metal") => format!(
+                "bare metal (EC2 {})",
+                self.instance_type.as_deref().unwrap_or("?")
+            ),
+            ("none", _) => "bare metal".to_string(),
+            (_, "aws-nitro") => format!(
+                "Nitro guest (EC2 {})",
+                self.instance_type.as_deref().unwrap_or("?")
+            ),
+            (_, "aws-xen") => "Xen HVM guest (EC2)".to_string(),
+            ("kvm", "microvm") => "KVM guest (microVM, no SMBIOS)".to_string(),
+            (hv, _) => format!("{} guest", hv_name(hv)),
+        };
+        let mut parts = vec![host];
+        if let Some(m) = &self.cpu_model {
+            parts.push(m.clone());
+        }
+        let unit = if self.hypervisor == "none" {
+            "CPU"
+        } else {
+            "vCPU"
+        };
+        parts.push(format!("{} {unit}", self.cpus));
+        if let Some(cs) = &self.clocksource {
+            parts.push(format!("clocksource {cs}"));
+        }
+        for d in self.block_devices.iter().filter(|d| !d.queues.is_empty()) {
+            let irq_cpus: Vec<String> = d
+                .queues
+                .iter()
+                .filter_map(|q| q.irq.as_ref()?.effective_affinity.clone())
+                .collect();
+            let queues = if d.queues.len() == 1 {
+                "1 queue".to_string()
+            } else {
+                format!("{} queues", d.queues.len())
+            };
+            let irq = match irq_cpus.len() {
+                0 => String::new(),
+                1 => format!(", IRQ on CPU {}", irq_cpus[0]),
+                _ => format!(", IRQs on CPUs {}", dedup_join(&irq_cpus)),
+            };
+            parts.push(format!("{} {}, {queues}{irq}", d.name, d.kind));
+        }
+        parts.join(" · ")
+    }
+}
+
+fn hv_name(hv: &str) -> &str {
+    match hv {
+        "kvm" => "KVM",
+        "xen" => "Xen",
+        "hyperv" => "Hyper-V",
+        "vmware" => "VMware",
+        _ => "virtualized",
+    }
+}
+
+fn dedup_join(v: &[String]) -> String {
+    let mut v = v.to_vec();
+    v.sort();
+    v.dedup();
+    v.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixture(name: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/hosts")
+            .join(name)
+    }
+
+    fn cpuid(sig: Option<&str>) -> Cpuid {
+        Cpuid {
+            hypervisor_bit: sig.is_some(),
+            signature: sig.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn this_machine_is_a_kvm_microvm_with_one_virtio_queue_on_cpu1() {
+        let f = Fingerprint::read(&fixture("kvm-microvm"), cpuid(Some("KVMKVMKVM")));
+        assert_eq!(f.hypervisor, "kvm");
+        assert_eq!(f.platform, "microvm");
+        assert_eq!(f.cpus, 2);
+        assert_eq!(f.clocksource.as_deref(), Some("tsc"));
+        let vda = &f.block_devices[0];
+        assert_eq!(vda.name, "vda");
+        assert_eq!(vda.kind, "virtio-blk");
+        assert_eq!(vda.scheduler.as_deref(), Some("mq-deadline"));
+        assert_eq!(vda.queues.len(), 1);
+        let irq = vda.queues[0].irq.as_ref().unwrap();
+        assert_eq!((irq.irq, irq.name.as_str()), (36, "virtio1-req.0"));
+        assert_eq!(irq.effective_affinity.as_deref(), Some("1"));
+        assert_eq!(
+            f.describe(),
+            "KVM guest (microVM, no SMBIOS) · AMD EPYC · 2 vCPU · clocksource tsc · vda virtio-blk, 1 queue, IRQ on CPU 1"
+        );
+    }
+
+    #[test]
+    fn recognises_an_i3_xen_guest_and_its_pirq_nvme_queues() {
+        let f = Fingerprint::read(&fixture("aws-xen-i3"), cpuid(Some("XenVMMXenVMM")));
+        assert_eq!(f.hypervisor, "xen");
+        assert_eq!(f.platform, "aws-xen");
+        assert_eq!(f.sys_hypervisor_type.as_deref(), Some("xen"));
+        assert_eq!(f.clocksource.as_deref(), Some("xen"));
+        let nvme = f
+            .block_devices
+            .iter()
+            .find(|d| d.name == "nvme0n1")
+            .unwrap();
+        assert_eq!(nvme.kind, "nvme");
+        assert_eq!(nvme.queues.len(), 2);
+        let q1 = nvme.queues[1].irq.as_ref().unwrap();
+        assert_eq!(q1.name, "nvme0q2");
+        assert_eq!(q1.chip, "xen-pirq-msi-x");
+        assert!(
+            f.describe().starts_with("Xen HVM guest (EC2)"),
+            "{}",
+            f.describe()
+        );
+    }
+
+    #[test]
+    fn recognises_a_nitro_guest_with_its_instance_type() {
+        let f = Fingerprint::read(&fixture("aws-nitro-i4i"), cpuid(Some("KVMKVMKVM")));
+        assert_eq!(f.platform, "aws-nitro");
+        assert_eq!(f.instance_type.as_deref(), Some("i4i.32xlarge"));
+        let nvme = f
+            .block_devices
+            .iter()
+            .find(|d| d.name == "nvme1n1")
+            .unwrap();
+        assert_eq!(
+            nvme.model.as_deref(),
+            Some("Amazon EC2 NVMe Instance Storage")
+        );
+        assert!(nvme.queues[0]
+            .irq
+            .as_ref()
+            .unwrap()
+            .chip
+            .starts_with("PCI-MSI"));
+        assert!(f.describe().contains("Nitro guest (EC2 i4i.32xlarge)"));
+    }
+
+    #[test]
+    fn recognises_metal() {
+        let f = Fingerprint::read(&fixture("aws-metal-i3"), cpuid(None));
+        assert_eq!(f.hypervisor, "none");
+        assert_eq!(f.platform, "aws-metal");
+        assert_eq!(f.instance_type.as_deref(), Some("i3.metal"));
+        let nvme = &f.block_devices[0];
+        assert_eq!(
+            nvme.queues[0].irq.as_ref().unwrap().chip,
+            "IR-PCI-MSIX-0000:00:1e.0"
+        );
+        assert!(
+            f.describe().starts_with("bare metal (EC2 i3.metal)"),
+            "{}",
+            f.describe()
+        );
+    }
+
+    #[test]
+    fn maps_irq_names_to_queues() {
+        assert_eq!(queue_of_irq("virtio1", "virtio1-req.0"), Some(0));
+        assert_eq!(queue_of_irq("virtio1", "virtio1-config"), None);
+        assert_eq!(queue_of_irq("nvme0", "nvme0q1"), Some(0));
+        assert_eq!(queue_of_irq("nvme0", "nvme0q0"), None, "admin queue");
+        assert_eq!(queue_of_irq("nvme0", "nvme10q1"), None);
+    }
+}
