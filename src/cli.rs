@@ -83,7 +83,7 @@ pub struct RecordArgs {
     #[arg(long, conflicts_with = "probes")]
     pub no_probes: bool,
 
-    /// Probe families to attach, comma-separated: block, irq, wakeup [default: all]
+    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme [default: all]
     #[arg(long, value_name = "LIST")]
     pub probes: Option<String>,
 }

@@ -43,6 +43,8 @@ const SIGNALS: &[(&str, &str)] = &[
     ("sched_wakeup", "wakeup latency of the workload"),
     ("sched_wakeup_new", "wakeup latency of the workload"),
     ("sched_switch", "wakeup latency of the workload"),
+    ("nvme_setup_cmd", "NVMe latency per queue (qid)"),
+    ("nvme_complete_rq", "NVMe latency per queue (qid)"),
 ];
 
 fn signal_of(tracepoint: &str) -> &'static str {
@@ -65,25 +67,12 @@ pub struct ProbeRow {
 
 /// Signals that are not tracepoints of a loaded family.
 fn extra_rows(report: &CapabilityReport) -> Vec<ProbeRow> {
-    let nvme = if Path::new("/sys/module/nvme_core").exists() {
-        "unavailable: per-queue NVMe probes are not built yet (block stages cover NVMe devices)"
-            .to_string()
-    } else {
-        "unavailable: no NVMe on this host (nvme_core module not loaded)".to_string()
-    };
     let tracefs = if Path::new("/sys/kernel/tracing/events").exists() {
         "tracefs mounted (not needed: every probe attaches without it)"
     } else {
         "tracefs not mounted (not needed: every probe attaches without it)"
     };
     vec![
-        ProbeRow {
-            family: "nvme".into(),
-            tracepoint: "nvme_*".into(),
-            signal: "NVMe latency per queue (qid)".into(),
-            available: false,
-            status: nvme,
-        },
         ProbeRow {
             family: "self".into(),
             tracepoint: "BPF_ENABLE_STATS".into(),
@@ -122,6 +111,7 @@ fn family_rows(f: &FamilyReport) -> Vec<ProbeRow> {
                 Family::Block => "block queue and device time",
                 Family::Irq => "interrupt load per CPU",
                 Family::Wakeup => "wakeup latency of the workload",
+                Family::Nvme => "NVMe latency per queue (qid)",
             }
             .into(),
             status: format!("unavailable: {why}"),
@@ -152,6 +142,14 @@ pub fn degraded_views(report: &CapabilityReport) -> Vec<String> {
             Family::Block => "Where the time goes: queue and device stages",
             Family::Irq => "CPUs: interrupt load per CPU",
             Family::Wakeup => "Where the time goes: wakeup delay",
+            Family::Nvme
+                if f.unavailable
+                    .as_deref()
+                    .is_some_and(|w| w.starts_with("no NVMe")) =>
+            {
+                continue
+            }
+            Family::Nvme => "Devices: NVMe latency per queue",
         };
         if let Some(why) = &f.unavailable {
             out.push(format!("{what}: missing ({why})"));

@@ -159,6 +159,26 @@ pub fn write(out: &mut impl Write, p: &ProbeResults) -> io::Result<()> {
         None => writeln!(out, "  wakeups: unavailable ({})", why(Family::Wakeup))?,
     }
 
+    if let Some(nvme) = &snap.nvme {
+        let queues: Vec<_> = nvme.queues.iter().filter(|q| !q.hist.is_empty()).collect();
+        if !queues.is_empty() {
+            writeln!(out, "  NVMe command latency per queue (all processes):")?;
+            writeln!(
+                out,
+                "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9}",
+                "queue", "commands", "mean", "p50", "p99", "p99.9"
+            )?;
+            for q in queues {
+                let name = p
+                    .device_names
+                    .get(&q.dev)
+                    .cloned()
+                    .unwrap_or_else(|| format!("{}:{}", q.dev.0, q.dev.1));
+                stage_row(out, &format!("{name} q{} {}", q.qid, q.op.name()), &q.hist)?;
+            }
+        }
+    }
+
     match &report.run_stats_unavailable {
         None if secs > 0.0 => {
             let runs: u64 = snap.programs.iter().map(|p| p.run_count).sum();

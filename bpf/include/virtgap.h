@@ -65,6 +65,14 @@ enum vg_block_counter {
 	VG_BLOCK_COUNTERS = 2,
 };
 
+/* NVMe command latency key. qid = hardware queue index + 1; 0 is the admin queue. */
+struct vg_nvme_key {
+	__u32 dev;
+	__u16 qid;
+	__u8 op; /* enum vg_block_op */
+	__u8 pad;
+};
+
 struct vg_irq_key {
 	__u32 cpu;
 	__u32 irq;

@@ -80,13 +80,12 @@ fn section_tracepoint(section: &str) -> Option<&str> {
         .or_else(|| section.strip_prefix("raw_tp/"))
 }
 
-/// Enables the `kind` flavour of every program whose tracepoint exists and `wanted` accepts;
-/// returns the tracepoints left out because the kernel lacks them.
+/// Enables the `kind` flavour of every program whose tracepoint `exists`; returns the
+/// tracepoints left out because the kernel lacks them.
 pub fn select_programs(
     object: &mut OpenObject,
     kind: AttachKind,
-    kernel: &KernelTracepoints,
-    wanted: impl Fn(&str) -> bool,
+    exists: &dyn Fn(&str) -> bool,
 ) -> BTreeSet<String> {
     let mut missing = BTreeSet::new();
     for mut prog in object.progs_mut() {
@@ -96,11 +95,11 @@ pub fn select_programs(
             continue;
         };
         let right_flavour = name.ends_with(kind.suffix());
-        let exists = kernel.has(tp);
-        if right_flavour && !exists {
+        let present = exists(tp);
+        if right_flavour && !present {
             missing.insert(tp.to_string());
         }
-        prog.set_autoload(right_flavour && exists && wanted(tp));
+        prog.set_autoload(right_flavour && present);
     }
     missing
 }

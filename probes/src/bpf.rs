@@ -30,11 +30,17 @@ pub mod sched {
     plain_types!(types::vg_hist);
 }
 
+pub mod nvme {
+    include!(concat!(env!("OUT_DIR"), "/nvme.skel.rs"));
+    plain_types!(types::vg_nvme_key, types::vg_hist);
+}
+
 // The ABI the C side declares; a mismatch breaks the build rather than the numbers.
 const _: () = {
     use std::mem::size_of;
     assert!(size_of::<block::types::vg_block_key>() == 8);
     assert!(size_of::<block::types::vg_hist>() == (320 + 2) * 8);
     assert!(size_of::<irq::types::vg_irq_key>() == 8);
+    assert!(size_of::<nvme::types::vg_nvme_key>() == 8);
     assert!(size_of::<irq::types::vg_count_time>() == 16);
 };

@@ -306,6 +306,44 @@ impl WakeupSnapshot {
     }
 }
 
+/// NVMe command latency of one queue (setup -> completion).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct NvmeQueueHist {
+    pub dev: DevNum,
+    /// Hardware queue index + 1; 0 is the admin queue. IRQ "nvme<c>q<qid>" serves it.
+    pub qid: u16,
+    pub op: BlockOp,
+    pub hist: KernelHist,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NvmeSnapshot {
+    pub queues: Vec<NvmeQueueHist>,
+    pub dropped: u64,
+}
+
+impl NvmeSnapshot {
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            queues: self
+                .queues
+                .iter()
+                .map(|q| {
+                    let prev = earlier
+                        .queues
+                        .iter()
+                        .find(|p| (p.dev, p.qid, p.op) == (q.dev, q.qid, q.op));
+                    NvmeQueueHist {
+                        hist: prev.map_or_else(|| q.hist.clone(), |p| q.hist.since(&p.hist)),
+                        ..q.clone()
+                    }
+                })
+                .collect(),
+            dropped: self.dropped.saturating_sub(earlier.dropped),
+        }
+    }
+}
+
 /// Run statistics of one of our BPF programs (needs the BPF_ENABLE_STATS fd held).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ProgramStats {
@@ -323,6 +361,7 @@ pub struct ProbeSnapshot {
     pub block: Option<BlockSnapshot>,
     pub irq: Option<IrqSnapshot>,
     pub wakeups: Option<WakeupSnapshot>,
+    pub nvme: Option<NvmeSnapshot>,
     /// Empty when run-time statistics are unavailable.
     pub programs: Vec<ProgramStats>,
 }
@@ -345,6 +384,7 @@ impl ProbeSnapshot {
             block: pair(&self.block, &earlier.block, BlockSnapshot::since),
             irq: pair(&self.irq, &earlier.irq, IrqSnapshot::since),
             wakeups: pair(&self.wakeups, &earlier.wakeups, WakeupSnapshot::since),
+            nvme: pair(&self.nvme, &earlier.nvme, NvmeSnapshot::since),
             programs: self
                 .programs
                 .iter()

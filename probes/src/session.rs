@@ -25,16 +25,18 @@ pub enum Family {
     Block,
     Irq,
     Wakeup,
+    Nvme,
 }
 
 impl Family {
-    pub const ALL: [Family; 3] = [Family::Block, Family::Irq, Family::Wakeup];
+    pub const ALL: [Family; 4] = [Family::Block, Family::Irq, Family::Wakeup, Family::Nvme];
 
     pub fn name(self) -> &'static str {
         match self {
             Self::Block => "block",
             Self::Irq => "irq",
             Self::Wakeup => "wakeup",
+            Self::Nvme => "nvme",
         }
     }
 
@@ -111,6 +113,7 @@ pub struct ProbeStorage {
     block: [MaybeUninit<OpenObject>; 2],
     irq: [MaybeUninit<OpenObject>; 2],
     sched: [MaybeUninit<OpenObject>; 2],
+    nvme: [MaybeUninit<OpenObject>; 2],
 }
 
 impl std::fmt::Debug for ProbeStorage {
@@ -126,6 +129,7 @@ impl Default for ProbeStorage {
             block: two(),
             irq: two(),
             sched: two(),
+            nvme: two(),
         }
     }
 }
@@ -135,6 +139,7 @@ pub struct ProbeSession<'a> {
     block: Option<bpf::block::BlockSkel<'a>>,
     irq: Option<bpf::irq::IrqSkel<'a>>,
     sched: Option<bpf::sched::SchedSkel<'a>>,
+    nvme: Option<bpf::nvme::NvmeSkel<'a>>,
     _links: Vec<Link>,
     _stats_fd: Option<OwnedFd>,
     started: Instant,
@@ -155,8 +160,7 @@ fn open_and_load<'a, B>(
     builder: B,
     slot: &'a mut MaybeUninit<OpenObject>,
     kind: AttachKind,
-    kernel: &KernelTracepoints,
-    wanted: &dyn Fn(&str) -> bool,
+    exists: &dyn Fn(&str) -> bool,
     setup: &dyn Fn(&mut B::Output),
 ) -> Result<(<B::Output as OpenSkel<'a>>::Output, Vec<String>), String>
 where
@@ -164,7 +168,7 @@ where
 {
     let mut open = builder.open(slot).map_err(|e| format!("open: {e}"))?;
     setup(&mut open);
-    let missing = select_programs(open.open_object_mut(), kind, kernel, wanted);
+    let missing = select_programs(open.open_object_mut(), kind, exists);
     let skel = open
         .load()
         .map_err(|e| format!("{} load: {e}", kind.name()))?;
@@ -177,7 +181,7 @@ fn load_family<'a, B, F>(
     make: F,
     slots: &'a mut [MaybeUninit<OpenObject>; 2],
     kernel: &KernelTracepoints,
-    wanted: &dyn Fn(&str) -> bool,
+    exists: &dyn Fn(&str) -> bool,
     setup: &dyn Fn(&mut B::Output),
     links: &mut Vec<Link>,
 ) -> (Option<<B::Output as OpenSkel<'a>>::Output>, FamilyReport)
@@ -193,7 +197,7 @@ where
     };
     let mut errors = Vec::new();
     for (kind, slot) in kinds.into_iter().zip([first, second]) {
-        match open_and_load(make(), slot, kind, kernel, wanted, setup) {
+        match open_and_load(make(), slot, kind, exists, setup) {
             Ok((skel, missing)) => {
                 let (mut new_links, mut outcomes) = attach_each(skel.object(), kind);
                 links.append(&mut new_links);
@@ -254,6 +258,7 @@ impl<'a> ProbeSession<'a> {
             block: block_slots,
             irq: irq_slots,
             sched: sched_slots,
+            nvme: nvme_slots,
         } = storage;
         let mut block = None;
         if wants(Family::Block) {
@@ -273,7 +278,7 @@ impl<'a> ProbeSession<'a> {
                     bpf::block::BlockSkelBuilder::default,
                     block_slots,
                     &kernel,
-                    &|_| true,
+                    &|tp| kernel.has(tp),
                     &setup,
                     &mut links,
                 );
@@ -301,7 +306,7 @@ impl<'a> ProbeSession<'a> {
                     bpf::irq::IrqSkelBuilder::default,
                     irq_slots,
                     &kernel,
-                    &|_| true,
+                    &|tp| kernel.has(tp),
                     &setup,
                     &mut links,
                 );
@@ -329,11 +334,38 @@ impl<'a> ProbeSession<'a> {
                         bpf::sched::SchedSkelBuilder::default,
                         sched_slots,
                         &kernel,
-                        &|_| true,
+                        &|tp| kernel.has(tp),
                         &setup,
                         &mut links,
                     );
                     sched = skel;
+                    report.families.push(r);
+                }
+            }
+        }
+
+        let mut nvme = None;
+        if wants(Family::Nvme) {
+            // The nvme tracepoints live in the nvme_core module (or a kernel that builds it in).
+            let present = std::path::Path::new("/sys/module/nvme_core").exists()
+                || kernel.has("nvme_setup_cmd");
+            match (&permission, present) {
+                (_, false) => report.families.push(unavailable(
+                    Family::Nvme,
+                    "no NVMe on this host (nvme_core module not loaded)",
+                )),
+                (Err(e), true) => report.families.push(unavailable(Family::Nvme, e.clone())),
+                (Ok(()), true) => {
+                    let (skel, r) = load_family(
+                        Family::Nvme,
+                        bpf::nvme::NvmeSkelBuilder::default,
+                        nvme_slots,
+                        &kernel,
+                        &|_| true,
+                        &|_: &mut bpf::nvme::OpenNvmeSkel<'_>| {},
+                        &mut links,
+                    );
+                    nvme = skel;
                     report.families.push(r);
                 }
             }
@@ -346,6 +378,7 @@ impl<'a> ProbeSession<'a> {
             block,
             irq,
             sched,
+            nvme,
             _links: links,
             _stats_fd: stats_fd,
             started: Instant::now(),
@@ -367,12 +400,16 @@ impl<'a> ProbeSession<'a> {
             if let Some(s) = &self.sched {
                 programs.extend(program_stats("wakeup", s.object()));
             }
+            if let Some(s) = &self.nvme {
+                programs.extend(program_stats("nvme", s.object()));
+            }
         }
         ProbeSnapshot {
             elapsed_ns: self.started.elapsed().as_nanos() as u64,
             block: self.block.as_ref().map(read_block),
             irq: self.irq.as_ref().map(|s| read_irq(s, &self.irq_names)),
             wakeups: self.sched.as_ref().map(read_wakeups),
+            nvme: self.nvme.as_ref().map(read_nvme),
             programs,
         }
     }
@@ -585,5 +622,129 @@ fn read_wakeups(skel: &bpf::sched::SchedSkel<'_>) -> WakeupSnapshot {
     WakeupSnapshot {
         latency,
         dropped: percpu_values::<u64>(&maps.dropped, 0).iter().sum(),
+    }
+}
+
+fn read_nvme(skel: &bpf::nvme::NvmeSkel<'_>) -> NvmeSnapshot {
+    use bpf::nvme::types;
+    let maps = &skel.maps;
+    let mut snap = NvmeSnapshot::default();
+    for key in maps.nvme_hists.keys() {
+        let Some(k) = copy::<types::vg_nvme_key>(&key) else {
+            continue;
+        };
+        let mut hist = KernelHist::default();
+        for h in percpu_entry::<types::vg_hist>(&maps.nvme_hists, &key) {
+            hist.merge(&KernelHist::from_raw(&h.slots, h.count, h.sum_ns));
+        }
+        snap.queues.push(NvmeQueueHist {
+            dev: dev_of(k.dev),
+            qid: k.qid,
+            op: BlockOp::from_raw(k.op),
+            hist,
+        });
+    }
+    snap.queues.sort_by_key(|q| (q.dev, q.qid, q.op));
+    snap.dropped = percpu_values::<u64>(&maps.dropped, 0).iter().sum();
+    snap
+}
+
+/// Opens (parses, does not load) every BPF object and lists its programs' sections. Needs no
+/// privilege; proves the embedded objects are well formed.
+pub fn object_sections() -> Result<Vec<(Family, Vec<String>)>, String> {
+    fn sections(object: &OpenObject) -> Vec<String> {
+        object
+            .progs()
+            .map(|p| p.section().to_string_lossy().into_owned())
+            .collect()
+    }
+    let mut out = Vec::new();
+    let mut slot = MaybeUninit::uninit();
+    let open = bpf::block::BlockSkelBuilder::default()
+        .open(&mut slot)
+        .map_err(|e| e.to_string())?;
+    out.push((Family::Block, sections(open.open_object())));
+    let mut slot = MaybeUninit::uninit();
+    let open = bpf::irq::IrqSkelBuilder::default()
+        .open(&mut slot)
+        .map_err(|e| e.to_string())?;
+    out.push((Family::Irq, sections(open.open_object())));
+    let mut slot = MaybeUninit::uninit();
+    let open = bpf::sched::SchedSkelBuilder::default()
+        .open(&mut slot)
+        .map_err(|e| e.to_string())?;
+    out.push((Family::Wakeup, sections(open.open_object())));
+    let mut slot = MaybeUninit::uninit();
+    let open = bpf::nvme::NvmeSkelBuilder::default()
+        .open(&mut slot)
+        .map_err(|e| e.to_string())?;
+    out.push((Family::Nvme, sections(open.open_object())));
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_object_opens_with_tp_btf_and_raw_tp_twins() {
+        for (family, sections) in object_sections().unwrap() {
+            assert!(!sections.is_empty(), "{family:?} has programs");
+            for s in &sections {
+                let tp = s
+                    .strip_prefix("tp_btf/")
+                    .or_else(|| s.strip_prefix("raw_tp/"))
+                    .unwrap_or_else(|| panic!("{family:?}: unexpected section {s}"));
+                let twin = if s.starts_with("tp_btf/") {
+                    format!("raw_tp/{tp}")
+                } else {
+                    format!("tp_btf/{tp}")
+                };
+                assert!(sections.contains(&twin), "{family:?}: {s} has no twin");
+            }
+        }
+    }
+
+    #[test]
+    fn nvme_queue_histograms_subtract_per_queue() {
+        let mut a = KernelHist::default();
+        a.record(10_000);
+        let earlier = NvmeSnapshot {
+            queues: vec![NvmeQueueHist {
+                dev: (259, 0),
+                qid: 3,
+                op: BlockOp::Read,
+                hist: a.clone(),
+            }],
+            dropped: 0,
+        };
+        a.record(20_000);
+        let mut b = KernelHist::default();
+        b.record(5_000);
+        let now = NvmeSnapshot {
+            queues: vec![
+                NvmeQueueHist {
+                    dev: (259, 0),
+                    qid: 3,
+                    op: BlockOp::Read,
+                    hist: a,
+                },
+                NvmeQueueHist {
+                    dev: (259, 0),
+                    qid: 4,
+                    op: BlockOp::Read,
+                    hist: b,
+                },
+            ],
+            dropped: 2,
+        };
+        let d = now.since(&earlier);
+        assert_eq!(d.queues[0].hist.count, 1);
+        assert_eq!(d.queues[0].hist.sum_ns, 20_000);
+        assert_eq!(
+            d.queues[1].hist.count, 1,
+            "a queue new in this interval keeps all of it"
+        );
+        assert_eq!(d.dropped, 2);
     }
 }
