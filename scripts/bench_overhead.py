@@ -38,7 +38,20 @@ def record(virtgap, path, runtime, probes):
     return json.loads(out)
 
 
-def with_bpftrace(virtgap, path, runtime):
+def bpftrace_costs():
+    """ns per run of the tracepoint programs bpftrace loaded, from the kernel's run statistics."""
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    runs = ns = 0
+    for p in json.loads(out.stdout):
+        if p.get("type") == "tracepoint" and p.get("name", "").startswith("block_rq_"):
+            runs += p.get("run_cnt", 0)
+            ns += p.get("run_time_ns", 0)
+    return ns / runs if runs else None
+
+
+def with_bpftrace(virtgap, path, runtime, costs):
     bt = subprocess.Popen(["bpftrace", "-e", BIOLATENCY], stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
     # Wait until bpftrace says its probes are attached.
@@ -51,7 +64,11 @@ def with_bpftrace(virtgap, path, runtime):
             sys.exit("bench: bpftrace did not attach")
     time.sleep(1)
     try:
-        return record(virtgap, path, runtime, probes=False)
+        doc = record(virtgap, path, runtime, probes=False)
+        cost = bpftrace_costs()
+        if cost:
+            costs.append(cost)
+        return doc
     finally:
         bt.send_signal(signal.SIGINT)
         bt.wait(timeout=30)
@@ -69,6 +86,19 @@ def main():
     if os.geteuid() != 0:
         sys.exit("bench: needs root (BPF)")
     ensure_tracefs()
+    # Kernel run statistics for bpftrace's programs (ours hold their own stats fd).
+    os.environ["PATH"] += ":/usr/sbin:/sbin"
+    stats_before = open("/proc/sys/kernel/bpf_stats_enabled").read().strip()
+    with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
+        f.write("1")
+    try:
+        run(args)
+    finally:
+        with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
+            f.write(stats_before)
+
+
+def run(args):
 
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="virtgap-bench-") as d:
         path = os.path.join(d, "rand4k.bin")
@@ -77,12 +107,13 @@ def main():
         variants = {
             "none": lambda: record(args.virtgap, path, args.runtime, probes=False),
             "virtgap": lambda: record(args.virtgap, path, args.runtime, probes=True),
-            "bpftrace": lambda: with_bpftrace(args.virtgap, path, args.runtime),
+            "bpftrace": lambda: with_bpftrace(args.virtgap, path, args.runtime, bpftrace_ns),
         }
         names = list(variants)
         iops = {n: [] for n in names}
         per_event = {"block": [], "irq": [], "wakeup": []}
         per_io = []
+        bpftrace_ns = []
         cpu_share = []
         print(f"{'round':>5} " + " ".join(f"{n + ' IOPS':>14}" for n in names))
         for r in range(args.rounds):
@@ -117,6 +148,9 @@ def main():
                 print(f"virtgap {fam} programs: median {med(values):.0f} ns per event "
                       f"(target <= 100 ns for block and irq)")
         print(f"virtgap block probes per I/O (3 programs): median {med(per_io):.0f} ns")
+        if bpftrace_ns:
+            print(f"bpftrace biolatency programs, same machine: median {med(bpftrace_ns):.0f} ns "
+                  f"per event (2 programs per I/O)")
         print(f"virtgap probes' CPU: median {med(cpu_share):.2f}% of one CPU")
 
 

@@ -67,6 +67,18 @@ pub struct RecordArgs {
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub interval: Span,
 
+    /// Write the profile (a JSON document `virtgap diff` compares) to this file
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Also write intervals.csv, histograms.csv, summary.csv and host.csv into this directory
+    #[arg(long, value_name = "DIR")]
+    pub csv: Option<PathBuf>,
+
+    /// Overwrite an existing --output file or CSV files
+    #[arg(long)]
+    pub force: bool,
+
     /// Print only a JSON document on stdout, laid out like fio's --output-format=json
     #[arg(long)]
     pub json: bool,

@@ -1,10 +1,13 @@
 //! virtgap: runs a storage workload, traces where each I/O's time goes, and compares hosts.
 
 mod cli;
+mod csv_export;
 mod doctor;
 mod host;
+mod output;
 mod pipeline;
 mod probe_report;
+mod profile;
 mod record;
 mod report;
 

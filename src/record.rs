@@ -67,6 +67,14 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
 
+    // Output paths are checked before anything runs, so a bad one costs nothing.
+    if let Some(path) = &args.output {
+        crate::output::check_output(path, args.force)?;
+    }
+    if let Some(dir) = &args.csv {
+        crate::output::check_csv_dir(dir, args.force)?;
+    }
+
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         // A second signal while stopping exits at once (temp files are already unlinked).
@@ -105,6 +113,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     if let Some(w) = &target.warning {
         eprintln!("virtgap: warning: {w}");
     }
+    let target_dev = target_disk(&target);
     let progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
 
     if target.needs_fill() {
@@ -168,6 +177,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         None => None,
     };
     let wall_start = std::time::SystemTime::now();
+    let cpu_start = process_cpu_ns();
     let handle = virtgap_workloads::start(&spec, &target, &options, Arc::clone(&stop), tx);
 
     let total = spec.ramp.0 + spec.duration.0;
@@ -222,6 +232,10 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             }
         }
     }
+    let run_wall = run_start.elapsed().as_secs_f64();
+    let recorder_cpu_ns = process_cpu_ns()
+        .saturating_sub(cpu_start)
+        .saturating_sub(stats.cpu.user_ns + stats.cpu.system_ns);
     if progress {
         eprint!("\r\x1b[2K");
     }
@@ -242,6 +256,70 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         started: wall_start,
         probes: &probes,
     };
+    if args.output.is_some() || args.csv.is_some() {
+        let profile = crate::profile::assemble(crate::profile::ProfileInputs {
+            run: crate::profile::RunInfo {
+                tool_version: env!("CARGO_PKG_VERSION").into(),
+                command_line: std::env::args().collect(),
+                started_unix_ms: unix_ms(wall_start),
+                ended_unix_ms: unix_ms(std::time::SystemTime::now()),
+                interval_s: args.interval.0.as_secs_f64(),
+                complete: !interrupted,
+            },
+            host: crate::host::Fingerprint::this_host(),
+            workload: crate::profile::WorkloadInfo {
+                name: spec.name.clone(),
+                origin: loaded.origin.clone(),
+                source_text: loaded.source_text.clone(),
+                effective_spec: spec.to_toml(),
+                fio_equivalent: spec.fio_command(&target.path.display().to_string()),
+            },
+            target: crate::profile::TargetInfo {
+                description: target.describe(),
+                path: target.path.display().to_string(),
+                size_bytes: target.size,
+                device: target_dev.map(crate::pipeline::device_name),
+            },
+            paced: spec.rate_iops.is_some(),
+            ramp_s: spec.ramp.0.as_secs_f64(),
+            stats: &stats,
+            intervals: &intervals,
+            capabilities: probes.report.clone(),
+            probe_total: probes.cumulative.as_ref(),
+            probe_intervals: &probes.intervals,
+            target_dev,
+            recorder_cpu_pct: (run_wall > 0.0)
+                .then(|| recorder_cpu_ns as f64 / 1e9 / run_wall * 100.0),
+        });
+        if let Some(path) = &args.output {
+            let mut bytes = serde_json::to_vec_pretty(&profile)?;
+            bytes.push(b'\n');
+            crate::output::write_atomic(path, &bytes)?;
+            if !args.quiet && !args.json {
+                eprintln!(
+                    "wrote profile {} ({})",
+                    path.display(),
+                    units::bytes(bytes.len() as u64)
+                );
+            }
+        }
+        if let Some(dir) = &args.csv {
+            if !dir.exists() {
+                std::fs::create_dir(dir)
+                    .with_context(|| format!("creating --csv {}", dir.display()))?;
+            }
+            for (name, text) in crate::csv_export::export(&profile) {
+                crate::output::write_atomic(&dir.join(name), text.as_bytes())?;
+            }
+            if !args.quiet && !args.json {
+                eprintln!(
+                    "wrote {} CSV files into {}",
+                    crate::csv_export::FILES.len(),
+                    dir.display()
+                );
+            }
+        }
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report::json(&report))?;
@@ -258,6 +336,46 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// CPU time this process has used so far (all threads), in ns.
+fn process_cpu_ns() -> u64 {
+    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: ru points to writable memory of the right type.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) } != 0 {
+        return 0;
+    }
+    // SAFETY: getrusage succeeded.
+    let ru = unsafe { ru.assume_init() };
+    let ns = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1_000;
+    ns(ru.ru_utime) + ns(ru.ru_stime)
+}
+
+fn unix_ms(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The whole disk (major, minor) that holds the target.
+fn target_disk(target: &virtgap_workloads::Target) -> Option<(u32, u32)> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let meta = target.file.metadata().ok()?;
+    let dev = if meta.file_type().is_block_device() {
+        meta.rdev()
+    } else {
+        meta.dev()
+    };
+    let link = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
+    let sys = std::fs::canonicalize(link).ok()?;
+    let disk = if sys.join("partition").exists() {
+        sys.parent()?.to_path_buf()
+    } else {
+        sys
+    };
+    let text = std::fs::read_to_string(disk.join("dev")).ok()?;
+    let (a, b) = text.trim().split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
 }
 
 /// The probe families to load, or None for a pure workload run.

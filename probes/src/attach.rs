@@ -7,10 +7,10 @@ use std::collections::BTreeSet;
 use libbpf_rs::btf::types::Typedef;
 use libbpf_rs::btf::Btf;
 use libbpf_rs::{Link, Object, OpenObject};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// How a program is attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AttachKind {
     /// BTF-enabled tracepoint: typed arguments, cheapest.
@@ -105,7 +105,7 @@ pub fn select_programs(
 }
 
 /// One tracepoint's outcome.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttachOutcome {
     pub tracepoint: String,
     /// How it attached, or None.

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, Object, OpenObject};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::attach::{attach_each, select_programs, AttachKind, AttachOutcome, KernelTracepoints};
 use crate::bpf;
@@ -19,7 +19,7 @@ use crate::model::*;
 use crate::procfs;
 
 /// The probe families.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
     Block,
@@ -64,7 +64,7 @@ impl Default for ProbeConfig {
 }
 
 /// One family's outcome.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FamilyReport {
     pub family: Family,
     /// Why the whole family is unavailable, if it is.
@@ -74,7 +74,7 @@ pub struct FamilyReport {
 }
 
 /// What attached on this host, for doctor, the profile and the reports.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CapabilityReport {
     pub families: Vec<FamilyReport>,
     /// Why per-program run statistics are unavailable, if they are.

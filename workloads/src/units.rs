@@ -58,6 +58,8 @@ pub fn count(n: f64) -> String {
         format!("{:.2}M", n / 1e6)
     } else if n >= 1e4 {
         format!("{:.1}k", n / 1e3)
+    } else if n > 0.0 && n < 10.0 {
+        format!("{n:.1}")
     } else {
         format!("{n:.0}")
     }

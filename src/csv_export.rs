@@ -1,0 +1,540 @@
+//! CSV export of a profile: tidy files (one observation per row, units in the metric or column
+//! names, a schema version in every row) that open in a spreadsheet or pandas without cleanup.
+//! Pure: a profile in, file contents out.
+
+use crate::profile::{Histogram, Profile};
+
+/// Version of the CSV layout; bump when columns or metric names change.
+pub const CSV_SCHEMA_VERSION: u32 = 1;
+
+pub const FILES: [&str; 4] = ["intervals.csv", "histograms.csv", "summary.csv", "host.csv"];
+
+pub const INTERVAL_COLUMNS: [&str; 10] = [
+    "schema_version",
+    "interval",
+    "start_s",
+    "end_s",
+    "metric",
+    "cpu",
+    "device",
+    "stage",
+    "name",
+    "value",
+];
+pub const HISTOGRAM_COLUMNS: [&str; 5] = [
+    "schema_version",
+    "stage",
+    "bucket_low_ns",
+    "bucket_high_ns",
+    "count",
+];
+pub const SUMMARY_COLUMNS: [&str; 3] = ["schema_version", "metric", "value"];
+pub const HOST_COLUMNS: [&str; 3] = ["schema_version", "key", "value"];
+
+fn writer(columns: &[&str]) -> csv::Writer<Vec<u8>> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(columns).expect("writing to memory");
+    w
+}
+
+fn finish(w: csv::Writer<Vec<u8>>) -> String {
+    String::from_utf8(w.into_inner().expect("flushing to memory")).expect("CSV is UTF-8")
+}
+
+fn num(v: f64) -> String {
+    if v.is_finite() {
+        format!("{}", (v * 1000.0).round() / 1000.0)
+    } else {
+        String::new()
+    }
+}
+
+/// `intervals.csv`: one row per interval x metric, labelled by cpu / device / stage / name.
+pub fn intervals(p: &Profile) -> String {
+    let mut w = writer(&INTERVAL_COLUMNS);
+    let v = CSV_SCHEMA_VERSION.to_string();
+    let device = p.target.device.clone().unwrap_or_default();
+    for iv in &p.intervals {
+        let secs = iv.end_s - iv.start_s;
+        let rate = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
+        let mut row =
+            |metric: &str, cpu: String, dev: &str, stage: &str, name: &str, value: f64| {
+                w.write_record([
+                    v.as_str(),
+                    &iv.index.to_string(),
+                    &num(iv.start_s),
+                    &num(iv.end_s),
+                    metric,
+                    &cpu,
+                    dev,
+                    stage,
+                    name,
+                    &num(value),
+                ])
+                .expect("writing to memory");
+            };
+        row(
+            "read_iops",
+            String::new(),
+            "",
+            "",
+            "",
+            rate(iv.read_ios as f64),
+        );
+        row(
+            "write_iops",
+            String::new(),
+            "",
+            "",
+            "",
+            rate(iv.write_ios as f64),
+        );
+        row(
+            "read_bw_bytes_per_s",
+            String::new(),
+            "",
+            "",
+            "",
+            rate(iv.read_bytes as f64),
+        );
+        row(
+            "write_bw_bytes_per_s",
+            String::new(),
+            "",
+            "",
+            "",
+            rate(iv.write_bytes as f64),
+        );
+        if iv.lat_count > 0 {
+            row(
+                "lat_mean_ns",
+                String::new(),
+                "",
+                "app",
+                "",
+                iv.lat_sum_ns / iv.lat_count as f64,
+            );
+        }
+        if let Some(p50) = iv.lat_p50_ns {
+            row("lat_p50_ns", String::new(), "", "app", "", p50 as f64);
+        }
+        if let Some(p99) = iv.lat_p99_ns {
+            row("lat_p99_ns", String::new(), "", "app", "", p99 as f64);
+        }
+        for (stage, s) in &iv.stages {
+            let dev = if stage == "wakeup" {
+                ""
+            } else {
+                device.as_str()
+            };
+            row("stage_count", String::new(), dev, stage, "", s.count as f64);
+            if s.count > 0 {
+                row(
+                    "stage_mean_ns",
+                    String::new(),
+                    dev,
+                    stage,
+                    "",
+                    s.sum_ns as f64 / s.count as f64,
+                );
+            }
+        }
+        for c in &iv.cpus {
+            let cpu = c.cpu.to_string();
+            row(
+                "hardirq_pct",
+                cpu.clone(),
+                "",
+                "",
+                "",
+                rate(c.hardirq_ns as f64 / 1e9) * 100.0,
+            );
+            row(
+                "softirq_pct",
+                cpu.clone(),
+                "",
+                "",
+                "",
+                rate(c.softirq_ns as f64 / 1e9) * 100.0,
+            );
+            for (name, n) in &c.irqs {
+                row("irqs_per_s", cpu.clone(), "", "", name, rate(*n as f64));
+            }
+            for (kind, n) in &c.ipis_sent {
+                row(
+                    "ipis_sent_per_s",
+                    cpu.clone(),
+                    "",
+                    "",
+                    kind,
+                    rate(*n as f64),
+                );
+            }
+        }
+        if let Some(ns) = iv.probe_run_ns {
+            row(
+                "probe_cpu_pct",
+                String::new(),
+                "",
+                "",
+                "",
+                rate(ns as f64 / 1e9) * 100.0,
+            );
+        }
+    }
+    finish(w)
+}
+
+/// `histograms.csv`: the cumulative stage histograms, one row per non-empty bucket.
+pub fn histograms(p: &Profile) -> String {
+    let mut w = writer(&HISTOGRAM_COLUMNS);
+    let v = CSV_SCHEMA_VERSION.to_string();
+    let stages: [(&str, Option<&Histogram>); 4] = [
+        ("app", Some(&p.stages.app)),
+        ("queue", p.stages.queue.as_ref()),
+        ("device", p.stages.device.as_ref()),
+        ("wakeup", p.stages.wakeup.as_ref()),
+    ];
+    for (stage, h) in stages {
+        for [low, high, count] in h.map(|h| h.buckets.as_slice()).unwrap_or_default() {
+            w.write_record([
+                v.as_str(),
+                stage,
+                &low.to_string(),
+                &high.to_string(),
+                &count.to_string(),
+            ])
+            .expect("writing to memory");
+        }
+    }
+    finish(w)
+}
+
+/// `summary.csv`: one row per whole-run metric; units in the metric name.
+pub fn summary(p: &Profile) -> String {
+    let mut w = writer(&SUMMARY_COLUMNS);
+    let v = CSV_SCHEMA_VERSION.to_string();
+    let mut row = |metric: String, value: Option<f64>| {
+        if let Some(value) = value {
+            w.write_record([v.as_str(), &metric, &num(value)])
+                .expect("writing to memory");
+        }
+    };
+    let r = &p.results;
+    row("complete".into(), Some(if p.complete { 1.0 } else { 0.0 }));
+    row("measured_s".into(), Some(r.measured_s));
+    for (dir, d) in [("read", &r.read), ("write", &r.write)] {
+        if d.ios == 0 {
+            continue;
+        }
+        row(format!("{dir}_ios"), Some(d.ios as f64));
+        row(format!("{dir}_iops"), Some(d.iops));
+        row(format!("{dir}_bw_bytes_per_s"), Some(d.bw_bytes_per_s));
+        let mut lats = vec![("slat", &d.slat), ("clat", &d.clat), ("lat", &d.lat)];
+        if let Some(li) = &d.lat_intended {
+            lats.push(("lat_intended", li));
+        }
+        for (name, h) in lats {
+            row(format!("{dir}_{name}_mean_ns"), h.mean_ns());
+            row(format!("{dir}_{name}_p50_ns"), h.percentile_ns(50.0));
+            row(format!("{dir}_{name}_p99_ns"), h.percentile_ns(99.0));
+            row(format!("{dir}_{name}_p99_9_ns"), h.percentile_ns(99.9));
+            row(format!("{dir}_{name}_max_ns"), h.max_ns.map(|x| x as f64));
+        }
+    }
+    row("usr_cpu_pct".into(), Some(r.usr_cpu_pct));
+    row("sys_cpu_pct".into(), Some(r.sys_cpu_pct));
+    row("cpu_ns_per_io".into(), r.cpu_ns_per_io);
+    for (stage, h) in [
+        ("queue", p.stages.queue.as_ref()),
+        ("device", p.stages.device.as_ref()),
+        ("wakeup", p.stages.wakeup.as_ref()),
+    ] {
+        if let Some(h) = h {
+            row(format!("{stage}_count"), Some(h.count as f64));
+            row(format!("{stage}_mean_ns"), h.mean_ns());
+            row(format!("{stage}_p50_ns"), h.percentile_ns(50.0));
+            row(format!("{stage}_p99_ns"), h.percentile_ns(99.0));
+            row(format!("{stage}_p99_9_ns"), h.percentile_ns(99.9));
+        }
+    }
+    if let Some(secs) = p.probe_seconds.filter(|s| *s > 0.0) {
+        for c in &p.cpus {
+            row(
+                format!("cpu{}_hardirq_pct", c.cpu),
+                Some(c.hardirq_ns as f64 / 1e9 / secs * 100.0),
+            );
+            row(
+                format!("cpu{}_softirq_pct", c.cpu),
+                Some(c.softirq_ns as f64 / 1e9 / secs * 100.0),
+            );
+        }
+    }
+    row("probe_cpu_pct".into(), p.self_overhead.probe_cpu_pct);
+    row("recorder_cpu_pct".into(), p.self_overhead.recorder_cpu_pct);
+    row("probe_dropped".into(), Some(p.self_overhead.dropped as f64));
+    finish(w)
+}
+
+/// `host.csv`: the fingerprint flattened to key/value rows.
+pub fn host(p: &Profile) -> String {
+    let mut w = writer(&HOST_COLUMNS);
+    let v = CSV_SCHEMA_VERSION.to_string();
+    let h = &p.host;
+    let mut row = |key: String, value: String| {
+        w.write_record([v.as_str(), &key, &value])
+            .expect("writing to memory");
+    };
+    let opt = |s: &Option<String>| s.clone().unwrap_or_default();
+    row("platform_description".into(), h.describe());
+    row("hypervisor".into(), h.hypervisor.clone());
+    row("platform".into(), h.platform.clone());
+    row("instance_type".into(), opt(&h.instance_type));
+    row("cpuid_signature".into(), opt(&h.cpuid.signature));
+    row("clocksource".into(), opt(&h.clocksource));
+    row("kernel".into(), opt(&h.kernel));
+    row("btf".into(), h.btf.to_string());
+    row("cpu_model".into(), opt(&h.cpu_model));
+    row("cpus".into(), h.cpus.to_string());
+    row(
+        "smt_active".into(),
+        h.smt_active.map(|b| b.to_string()).unwrap_or_default(),
+    );
+    for d in &h.block_devices {
+        let k = |field: &str| format!("device.{}.{field}", d.name);
+        row(k("kind"), d.kind.clone());
+        row(k("scheduler"), opt(&d.scheduler));
+        row(
+            k("nr_requests"),
+            d.nr_requests.map(|n| n.to_string()).unwrap_or_default(),
+        );
+        row(
+            k("rq_affinity"),
+            d.rq_affinity.map(|n| n.to_string()).unwrap_or_default(),
+        );
+        row(k("queues"), d.queues.len().to_string());
+        for q in &d.queues {
+            if let Some(irq) = &q.irq {
+                row(
+                    k(&format!("queue{}.irq", q.index)),
+                    format!("{} {}", irq.irq, irq.name),
+                );
+                row(k(&format!("queue{}.irq_chip", q.index)), irq.chip.clone());
+                row(
+                    k(&format!("queue{}.irq_cpus", q.index)),
+                    opt(&irq.effective_affinity),
+                );
+            }
+        }
+    }
+    finish(w)
+}
+
+/// All four files: (name, contents).
+pub fn export(p: &Profile) -> [(&'static str, String); 4] {
+    [
+        (FILES[0], intervals(p)),
+        (FILES[1], histograms(p)),
+        (FILES[2], summary(p)),
+        (FILES[3], host(p)),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::host::{BlockDeviceInfo, Cpuid, Fingerprint, HwQueue, QueueIrq};
+    use crate::profile::*;
+
+    fn hist(values: &[u64]) -> Histogram {
+        let mut h = virtgap_workloads::LatencyHistogram::new();
+        for &v in values {
+            h.record(v);
+        }
+        Histogram::from_latency(&h)
+    }
+
+    /// A small profile with every kind of row, fixed so the output never changes by accident.
+    fn fixture() -> Profile {
+        let host = Fingerprint {
+            cpuid: Cpuid {
+                hypervisor_bit: true,
+                signature: Some("KVMKVMKVM".into()),
+            },
+            hypervisor: "kvm".into(),
+            platform: "microvm".into(),
+            instance_type: None,
+            dmi: None,
+            sys_hypervisor_type: None,
+            clocksource: Some("tsc".into()),
+            available_clocksources: vec!["tsc".into(), "kvm-clock".into()],
+            kernel: Some("6.18.0".into()),
+            btf: true,
+            cpu_model: Some("AMD EPYC".into()),
+            cpus: 2,
+            smt_active: Some(false),
+            block_devices: vec![BlockDeviceInfo {
+                name: "vda".into(),
+                kind: "virtio-blk".into(),
+                driver_device: Some("virtio1".into()),
+                model: None,
+                scheduler: Some("none".into()),
+                nr_requests: Some(256),
+                rq_affinity: Some(1),
+                io_poll: Some(false),
+                logical_block_size: Some(512),
+                queues: vec![HwQueue {
+                    index: 0,
+                    cpu_list: "0-1".into(),
+                    irq: Some(QueueIrq {
+                        irq: 36,
+                        name: "virtio1-req.0".into(),
+                        chip: "PCI-MSIX-0000:00:02.0".into(),
+                        effective_affinity: Some("1".into()),
+                    }),
+                }],
+            }],
+        };
+        let cpu = CpuLoad {
+            cpu: 1,
+            hardirq_ns: 10_000_000,
+            softirq_ns: 50_000_000,
+            hardirq_count: 2_000,
+            softirq_count: 2_100,
+            irqs: BTreeMap::from([("virtio1-req.0".to_string(), 2_000)]),
+            ipis_sent: BTreeMap::from([("reschedule".to_string(), 10)]),
+            vectors: BTreeMap::from([("local_timer".to_string(), 250)]),
+        };
+        let stages = BTreeMap::from([
+            (
+                "device".to_string(),
+                StageSample {
+                    count: 1000,
+                    sum_ns: 400_000_000,
+                },
+            ),
+            (
+                "queue".to_string(),
+                StageSample {
+                    count: 1000,
+                    sum_ns: 2_000_000,
+                },
+            ),
+        ]);
+        let read = DirectionResult {
+            ios: 2000,
+            bytes: 2000 * 4096,
+            iops: 1000.0,
+            bw_bytes_per_s: 4_096_000.0,
+            slat: hist(&[1_000, 2_000]),
+            clat: hist(&[400_000, 500_000]),
+            lat: hist(&[401_000, 502_000]),
+            lat_intended: None,
+        };
+        Profile {
+            schema_version: SCHEMA_VERSION,
+            complete: true,
+            run: RunInfo {
+                tool_version: "0.1.0".into(),
+                command_line: vec!["virtgap".into(), "record".into()],
+                started_unix_ms: 1_700_000_000_000,
+                ended_unix_ms: 1_700_000_002_000,
+                interval_s: 1.0,
+                complete: true,
+            },
+            host,
+            capabilities: None,
+            workload: WorkloadInfo {
+                name: "rand4k".into(),
+                ..Default::default()
+            },
+            target: TargetInfo {
+                description: "temp file".into(),
+                path: "/tmp/x".into(),
+                size_bytes: 1 << 30,
+                device: Some("vda".into()),
+            },
+            results: WorkloadResult {
+                read,
+                measured_s: 2.0,
+                usr_cpu_pct: 2.5,
+                sys_cpu_pct: 30.0,
+                cpu_ns_per_io: Some(5_000.0),
+                engine_features: "fixed buffers".into(),
+                ..Default::default()
+            },
+            stages: Stages {
+                app: hist(&[401_000, 502_000]),
+                queue: Some(hist(&[2_000, 2_100])),
+                device: Some(hist(&[399_000, 401_000])),
+                wakeup: None,
+            },
+            intervals: (0..2)
+                .map(|i| Interval {
+                    index: i,
+                    start_s: i as f64,
+                    end_s: i as f64 + 1.0,
+                    read_ios: 1000,
+                    read_bytes: 4_096_000,
+                    lat_count: 1000,
+                    lat_sum_ns: 450_000_000.0,
+                    lat_p50_ns: Some(449_000),
+                    lat_p99_ns: Some(900_000),
+                    stages: stages.clone(),
+                    cpus: vec![cpu.clone()],
+                    probe_run_ns: Some(3_000_000),
+                    ..Default::default()
+                })
+                .collect(),
+            cpus: vec![cpu],
+            probe_seconds: Some(2.0),
+            cpu_pairs: vec![[1, 1, 2000]],
+            virtualization: None,
+            calibration: None,
+            self_overhead: SelfOverhead {
+                programs: Some(vec![]),
+                probe_cpu_pct: Some(0.3),
+                dropped: 0,
+                recorder_cpu_pct: Some(0.2),
+            },
+        }
+    }
+
+    #[test]
+    fn csv_files_match_their_golden_copies() {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden");
+        for (name, text) in export(&fixture()) {
+            let path = dir.join(name);
+            if std::env::var_os("UPDATE_GOLDEN").is_some() {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&path, &text).unwrap();
+            }
+            let golden = std::fs::read_to_string(&path)
+                .unwrap_or_else(|_| panic!("{} missing; run with UPDATE_GOLDEN=1", path.display()));
+            assert_eq!(text, golden, "{name} differs from its golden copy");
+        }
+    }
+
+    #[test]
+    fn every_row_has_the_declared_columns() {
+        let p = fixture();
+        for (name, text, cols) in [
+            ("intervals", intervals(&p), INTERVAL_COLUMNS.len()),
+            ("histograms", histograms(&p), HISTOGRAM_COLUMNS.len()),
+            ("summary", summary(&p), SUMMARY_COLUMNS.len()),
+            ("host", host(&p), HOST_COLUMNS.len()),
+        ] {
+            let mut r = csv::Reader::from_reader(text.as_bytes());
+            assert_eq!(r.headers().unwrap().len(), cols, "{name}");
+            let rows: Vec<_> = r.records().map(|x| x.unwrap()).collect();
+            assert!(!rows.is_empty(), "{name}");
+            assert!(
+                rows.iter().all(|row| row.len() == cols && &row[0] == "1"),
+                "{name}"
+            );
+        }
+    }
+}

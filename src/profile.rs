@@ -1,0 +1,597 @@
+//! The profile: one JSON document describing a recorded run — the host, what could be measured
+//! on it, the exact workload, per-interval series and cumulative stage histograms. Pure data
+//! (serde both ways): the recorder builds it, the diff and the CSV writer read it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use virtgap_probes::model::{BlockOp, BlockStage, IrqSnapshot, ProbeSnapshot, ProgramStats};
+use virtgap_probes::{CapabilityReport, KernelHist};
+use virtgap_workloads::stats::{IntervalSample, RunStats};
+use virtgap_workloads::LatencyHistogram;
+
+use crate::host::Fingerprint;
+
+/// Bump when a field changes meaning or disappears; readers refuse newer versions.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A latency distribution as sparse buckets with exact count and sum.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Histogram {
+    pub count: u64,
+    pub sum_ns: f64,
+    pub min_ns: Option<u64>,
+    pub max_ns: Option<u64>,
+    /// [low ns, high ns inclusive, count] for every non-empty bucket, ascending.
+    pub buckets: Vec<[u64; 3]>,
+}
+
+impl Histogram {
+    pub fn from_latency(h: &LatencyHistogram) -> Self {
+        Self {
+            count: h.count(),
+            sum_ns: h.sum_ns() as f64,
+            min_ns: h.min_ns(),
+            max_ns: h.max_ns(),
+            buckets: h
+                .buckets()
+                .into_iter()
+                .map(|(l, hi, n)| [l, hi, n])
+                .collect(),
+        }
+    }
+
+    pub fn from_kernel(h: &KernelHist) -> Self {
+        let buckets: Vec<[u64; 3]> = h
+            .buckets()
+            .into_iter()
+            .map(|(l, hi, n)| [l, hi.min(u64::MAX / 2), n])
+            .collect();
+        Self {
+            count: h.count,
+            sum_ns: h.sum_ns as f64,
+            min_ns: buckets.first().map(|b| b[0]),
+            max_ns: buckets.last().map(|b| b[1]),
+            buckets,
+        }
+    }
+
+    pub fn mean_ns(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum_ns / self.count as f64)
+    }
+
+    /// Percentile `p` (0–100), interpolated inside the bucket that holds it.
+    pub fn percentile_ns(&self, p: f64) -> Option<f64> {
+        let total: u64 = self.buckets.iter().map(|b| b[2]).sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = (p / 100.0).clamp(0.0, 1.0) * total as f64;
+        // Exact extremes, when known, bound the interpolation.
+        let clamp = |v: f64| {
+            let lo = self.min_ns.map_or(f64::MIN, |m| m as f64);
+            let hi = self.max_ns.map_or(f64::MAX, |m| m as f64);
+            v.clamp(lo, hi.max(lo))
+        };
+        let mut seen = 0u64;
+        for &[low, high, n] in &self.buckets {
+            if (seen + n) as f64 >= rank {
+                let frac = ((rank - seen as f64) / n as f64).clamp(0.0, 1.0);
+                return Some(clamp(low as f64 + frac * (high - low) as f64));
+            }
+            seen += n;
+        }
+        self.buckets.last().map(|b| clamp(b[1] as f64))
+    }
+}
+
+/// Latency statistics of one direction of the workload (fio's definitions).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DirectionResult {
+    pub ios: u64,
+    pub bytes: u64,
+    pub iops: f64,
+    pub bw_bytes_per_s: f64,
+    pub slat: Histogram,
+    pub clat: Histogram,
+    pub lat: Histogram,
+    /// Paced runs only.
+    pub lat_intended: Option<Histogram>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadResult {
+    pub read: DirectionResult,
+    pub write: DirectionResult,
+    pub measured_s: f64,
+    pub usr_cpu_pct: f64,
+    pub sys_cpu_pct: f64,
+    pub cpu_ns_per_io: Option<f64>,
+    pub context_switches: u64,
+    pub engine_features: String,
+    /// Worst lag behind the pacing schedule (paced runs).
+    pub max_schedule_lag_ns: Option<u64>,
+}
+
+/// The stage histograms of the workload's own I/Os, cumulative over the run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stages {
+    /// Application-visible latency (`lat`, both directions).
+    pub app: Histogram,
+    /// Block layer: request start -> issue (None when the block probe did not attach).
+    pub queue: Option<Histogram>,
+    /// Issue -> completion.
+    pub device: Option<Histogram>,
+    /// Wakeup -> on CPU of the workload's threads.
+    pub wakeup: Option<Histogram>,
+}
+
+/// One CPU's interrupt load over an interval or a run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CpuLoad {
+    pub cpu: u32,
+    pub hardirq_ns: u64,
+    pub softirq_ns: u64,
+    pub hardirq_count: u64,
+    pub softirq_count: u64,
+    /// Hard IRQs by name (e.g. "virtio1-req.0") -> count.
+    pub irqs: BTreeMap<String, u64>,
+    /// IPIs sent from this CPU by purpose -> count.
+    pub ipis_sent: BTreeMap<String, u64>,
+    /// System vectors received (local_timer, reschedule, ...) -> count.
+    pub vectors: BTreeMap<String, u64>,
+}
+
+/// A block stage over one interval, for one device (both ops merged).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StageSample {
+    pub count: u64,
+    pub sum_ns: u64,
+}
+
+/// Everything measured in one interval.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Interval {
+    pub index: u64,
+    /// Seconds since the measured window started.
+    pub start_s: f64,
+    pub end_s: f64,
+    pub read_ios: u64,
+    pub write_ios: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub lat_count: u64,
+    pub lat_sum_ns: f64,
+    pub lat_p50_ns: Option<u64>,
+    pub lat_p99_ns: Option<u64>,
+    /// Stage name ("queue", "device", "wakeup") -> this interval's count and sum.
+    pub stages: BTreeMap<String, StageSample>,
+    pub cpus: Vec<CpuLoad>,
+    /// CPU time our BPF programs used in the interval, ns.
+    pub probe_run_ns: Option<u64>,
+}
+
+/// The probes' own cost over the run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SelfOverhead {
+    /// None when run statistics were unavailable.
+    pub programs: Option<Vec<ProgramCost>>,
+    pub probe_cpu_pct: Option<f64>,
+    /// Map-full events: measurements not recorded.
+    pub dropped: u64,
+    /// CPU used by virtgap's recorder and collector threads (beyond the workload and the probes).
+    pub recorder_cpu_pct: Option<f64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProgramCost {
+    pub family: String,
+    pub name: String,
+    pub runs: u64,
+    pub run_time_ns: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TargetInfo {
+    pub description: String,
+    pub path: String,
+    pub size_bytes: u64,
+    /// Block device holding the target ("vda"), when known.
+    pub device: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadInfo {
+    pub name: String,
+    /// "preset rand4k" or the file path.
+    pub origin: String,
+    /// The preset or file text exactly as read.
+    pub source_text: String,
+    /// The spec as run, after command-line overrides (TOML).
+    pub effective_spec: String,
+    pub fio_equivalent: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub tool_version: String,
+    pub command_line: Vec<String>,
+    pub started_unix_ms: u64,
+    pub ended_unix_ms: u64,
+    pub interval_s: f64,
+    /// False when the run was interrupted (Ctrl-C, SIGTERM) before its planned end.
+    pub complete: bool,
+}
+
+/// The whole profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Profile {
+    pub schema_version: u32,
+    pub complete: bool,
+    pub run: RunInfo,
+    pub host: Fingerprint,
+    /// None for runs without probes.
+    pub capabilities: Option<CapabilityReport>,
+    pub workload: WorkloadInfo,
+    pub target: TargetInfo,
+    pub results: WorkloadResult,
+    pub stages: Stages,
+    pub intervals: Vec<Interval>,
+    /// Cumulative interrupt load per CPU over the probes' lifetime.
+    pub cpus: Vec<CpuLoad>,
+    /// Seconds the probes were attached (the denominator for the CPU loads).
+    pub probe_seconds: Option<f64>,
+    /// (submitting CPU, completing CPU, count) of the workload's block requests.
+    pub cpu_pairs: Vec<[u64; 3]>,
+    /// Hypervisor signals (exits, PV paths, steal, sampler); not measured by this version.
+    pub virtualization: Option<serde_json::Value>,
+    /// Calibrated costs of exit-causing operations; not run by this version.
+    pub calibration: Option<serde_json::Value>,
+    pub self_overhead: SelfOverhead,
+}
+
+fn direction(d: &virtgap_workloads::stats::DirStats, secs: f64) -> DirectionResult {
+    let rate = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };
+    DirectionResult {
+        ios: d.ios,
+        bytes: d.bytes,
+        iops: rate(d.ios),
+        bw_bytes_per_s: rate(d.bytes),
+        slat: Histogram::from_latency(&d.slat),
+        clat: Histogram::from_latency(&d.clat),
+        lat: Histogram::from_latency(&d.lat),
+        lat_intended: (!d.lat_intended.is_empty())
+            .then(|| Histogram::from_latency(&d.lat_intended)),
+    }
+}
+
+pub fn workload_result(stats: &RunStats, paced: bool) -> WorkloadResult {
+    let secs = stats.seconds();
+    let pct = |ns: u64| {
+        if secs > 0.0 {
+            ns as f64 / 1e9 / secs * 100.0
+        } else {
+            0.0
+        }
+    };
+    WorkloadResult {
+        read: direction(&stats.read, secs),
+        write: direction(&stats.write, secs),
+        measured_s: secs,
+        usr_cpu_pct: pct(stats.cpu.user_ns),
+        sys_cpu_pct: pct(stats.cpu.system_ns),
+        cpu_ns_per_io: stats.cpu_ns_per_io(),
+        context_switches: stats.cpu.context_switches,
+        engine_features: stats.engine_features.clone(),
+        max_schedule_lag_ns: paced.then_some(stats.max_lag_ns),
+    }
+}
+
+/// The app-stage histogram: `lat` of both directions merged.
+pub fn app_stage(stats: &RunStats) -> Histogram {
+    let mut all = stats.read.lat.clone();
+    all.merge(&stats.write.lat);
+    Histogram::from_latency(&all)
+}
+
+fn load_of(cpus: &mut BTreeMap<u32, CpuLoad>, cpu: u32) -> &mut CpuLoad {
+    cpus.entry(cpu).or_insert_with(|| CpuLoad {
+        cpu,
+        ..Default::default()
+    })
+}
+
+/// Per-CPU interrupt load from an IRQ snapshot (cumulative or one interval).
+pub fn cpu_loads(irq: &IrqSnapshot) -> Vec<CpuLoad> {
+    let mut cpus: BTreeMap<u32, CpuLoad> = BTreeMap::new();
+    // Zero counts (a source idle in this interval) are left out of the per-name maps.
+    for h in &irq.hardirqs {
+        let c = load_of(&mut cpus, h.cpu);
+        c.hardirq_ns += h.time_ns;
+        c.hardirq_count += h.count;
+        if h.count > 0 {
+            *c.irqs.entry(h.name.clone()).or_default() += h.count;
+        }
+    }
+    for s in &irq.softirqs {
+        let c = load_of(&mut cpus, s.cpu);
+        c.softirq_ns += s.time_ns;
+        c.softirq_count += s.count;
+    }
+    for v in irq.vectors.iter().filter(|v| v.count > 0) {
+        *load_of(&mut cpus, v.cpu)
+            .vectors
+            .entry(v.kind.clone())
+            .or_default() += v.count;
+    }
+    for i in irq.ipis_sent.iter().filter(|i| i.count > 0) {
+        *load_of(&mut cpus, i.cpu)
+            .ipis_sent
+            .entry(i.kind.clone())
+            .or_default() += i.count;
+    }
+    cpus.into_values().collect()
+}
+
+/// Stage samples of the workload's device from one probe interval.
+pub fn stage_samples(
+    snap: &ProbeSnapshot,
+    dev: Option<(u32, u32)>,
+) -> BTreeMap<String, StageSample> {
+    let mut out = BTreeMap::new();
+    if let Some(block) = &snap.block {
+        for stage in [BlockStage::Queue, BlockStage::Device] {
+            let h = block.stage(dev, stage, &[BlockOp::Read, BlockOp::Write]);
+            out.insert(
+                stage.name().to_string(),
+                StageSample {
+                    count: h.count,
+                    sum_ns: h.sum_ns,
+                },
+            );
+        }
+    }
+    if let Some(w) = &snap.wakeups {
+        out.insert(
+            "wakeup".into(),
+            StageSample {
+                count: w.latency.count,
+                sum_ns: w.latency.sum_ns,
+            },
+        );
+    }
+    out
+}
+
+/// A workload interval joined with the probe interval that ended closest to it.
+pub fn interval(
+    sample: &IntervalSample,
+    probes: Option<&ProbeSnapshot>,
+    dev: Option<(u32, u32)>,
+) -> Interval {
+    Interval {
+        index: sample.index,
+        start_s: sample.start_ns as f64 / 1e9,
+        end_s: sample.end_ns as f64 / 1e9,
+        read_ios: sample.read_ios,
+        write_ios: sample.write_ios,
+        read_bytes: sample.read_bytes,
+        write_bytes: sample.write_bytes,
+        lat_count: sample.lat.count(),
+        lat_sum_ns: sample.lat.sum_ns() as f64,
+        lat_p50_ns: sample.lat.percentile_ns(50.0),
+        lat_p99_ns: sample.lat.percentile_ns(99.0),
+        stages: probes.map(|p| stage_samples(p, dev)).unwrap_or_default(),
+        cpus: probes
+            .and_then(|p| p.irq.as_ref())
+            .map(cpu_loads)
+            .unwrap_or_default(),
+        probe_run_ns: probes
+            .filter(|p| !p.programs.is_empty())
+            .map(|p| p.programs.iter().map(|q| q.run_time_ns).sum()),
+    }
+}
+
+pub fn program_costs(programs: &[ProgramStats]) -> Vec<ProgramCost> {
+    programs
+        .iter()
+        .map(|p| ProgramCost {
+            family: p.family.to_string(),
+            name: p.name.clone(),
+            runs: p.run_count,
+            run_time_ns: p.run_time_ns,
+        })
+        .collect()
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("{path}: cannot read: {err}")]
+    Read { path: String, err: std::io::Error },
+    #[error("{path}: not a virtgap profile ({err})")]
+    NotProfile { path: String, err: String },
+    #[error("{path}: schema version {found} is newer than this virtgap understands ({SCHEMA_VERSION}); upgrade virtgap")]
+    Newer { path: String, found: u64 },
+}
+
+/// Reads a profile, refusing files that are not profiles or come from a newer virtgap.
+pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|err| ProfileError::Read {
+        path: shown.clone(),
+        err,
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ProfileError::NotProfile {
+            path: shown.clone(),
+            err: format!("not JSON: {e}"),
+        })?;
+    let version = value
+        .get("schema_version")
+        .and_then(|v| v.as_u64())
+        .ok_or_else(|| ProfileError::NotProfile {
+            path: shown.clone(),
+            err: "no schema_version".into(),
+        })?;
+    if version > u64::from(SCHEMA_VERSION) {
+        return Err(ProfileError::Newer {
+            path: shown,
+            found: version,
+        });
+    }
+    serde_json::from_value(value).map_err(|e| ProfileError::NotProfile {
+        path: shown,
+        err: e.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_percentiles_interpolate_within_buckets() {
+        let h = Histogram {
+            count: 4,
+            sum_ns: 10.0,
+            min_ns: Some(1),
+            max_ns: Some(4),
+            buckets: vec![[1, 1, 1], [2, 2, 1], [3, 3, 1], [4, 4, 1]],
+        };
+        assert_eq!(h.mean_ns(), Some(2.5));
+        assert_eq!(h.percentile_ns(100.0), Some(4.0));
+        assert_eq!(h.percentile_ns(50.0), Some(2.0));
+        assert_eq!(Histogram::default().percentile_ns(50.0), None);
+    }
+
+    #[test]
+    fn kernel_histograms_keep_exact_sums() {
+        let mut k = KernelHist::default();
+        for v in [100, 200, 300, 10_000] {
+            k.record(v);
+        }
+        let h = Histogram::from_kernel(&k);
+        assert_eq!(h.count, 4);
+        assert_eq!(h.mean_ns(), Some(2_650.0));
+        assert_eq!(h.buckets.iter().map(|b| b[2]).sum::<u64>(), 4);
+    }
+
+    #[test]
+    fn newer_schema_and_non_profiles_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.json");
+        std::fs::write(&p, r#"{"schema_version": 99}"#).unwrap();
+        assert!(matches!(
+            load(&p),
+            Err(ProfileError::Newer { found: 99, .. })
+        ));
+        std::fs::write(&p, "not json").unwrap();
+        assert!(load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("not a virtgap profile"));
+        std::fs::write(&p, r#"{"hello": 1}"#).unwrap();
+        assert!(load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("no schema_version"));
+    }
+}
+
+/// Everything a run produced, borrowed for assembling its profile.
+pub struct ProfileInputs<'a> {
+    pub run: RunInfo,
+    pub host: Fingerprint,
+    pub workload: WorkloadInfo,
+    pub target: TargetInfo,
+    pub paced: bool,
+    pub ramp_s: f64,
+    pub stats: &'a RunStats,
+    pub intervals: &'a [IntervalSample],
+    pub capabilities: Option<CapabilityReport>,
+    pub probe_total: Option<&'a ProbeSnapshot>,
+    pub probe_intervals: &'a [ProbeSnapshot],
+    /// The block device (major, minor) holding the target, when known.
+    pub target_dev: Option<(u32, u32)>,
+    pub recorder_cpu_pct: Option<f64>,
+}
+
+/// Builds the profile (pure: no I/O).
+pub fn assemble(i: ProfileInputs<'_>) -> Profile {
+    // Collector intervals start when the probes attach, just before the workload; the ones
+    // that fall in the ramp are not part of the measured window.
+    let interval_s = i.run.interval_s.max(1e-9);
+    let skip = (i.ramp_s / interval_s).round() as usize;
+    let intervals = i
+        .intervals
+        .iter()
+        .enumerate()
+        .map(|(n, s)| interval(s, i.probe_intervals.get(n + skip), i.target_dev))
+        .collect();
+    let dev = i.target_dev;
+    let total = i.probe_total;
+    let kernel_stage = |stage: BlockStage| {
+        total
+            .and_then(|t| t.block.as_ref())
+            .map(|b| Histogram::from_kernel(&b.stage(dev, stage, &[BlockOp::Read, BlockOp::Write])))
+    };
+    let secs = total.map(|t| t.elapsed_ns as f64 / 1e9);
+    let programs = total
+        .filter(|t| !t.programs.is_empty())
+        .map(|t| program_costs(&t.programs));
+    let probe_cpu_pct = match (&programs, secs) {
+        (Some(p), Some(s)) if s > 0.0 => {
+            Some(p.iter().map(|c| c.run_time_ns).sum::<u64>() as f64 / 1e9 / s * 100.0)
+        }
+        _ => None,
+    };
+    let dropped = total
+        .map(|t| {
+            t.block.as_ref().map_or(0, |b| b.dropped)
+                + t.irq.as_ref().map_or(0, |q| q.dropped)
+                + t.wakeups.as_ref().map_or(0, |w| w.dropped)
+                + t.nvme.as_ref().map_or(0, |n| n.dropped)
+        })
+        .unwrap_or(0);
+    Profile {
+        schema_version: SCHEMA_VERSION,
+        complete: i.run.complete,
+        run: i.run,
+        host: i.host,
+        capabilities: i.capabilities,
+        workload: i.workload,
+        target: i.target,
+        results: workload_result(i.stats, i.paced),
+        stages: Stages {
+            app: app_stage(i.stats),
+            queue: kernel_stage(BlockStage::Queue),
+            device: kernel_stage(BlockStage::Device),
+            wakeup: total
+                .and_then(|t| t.wakeups.as_ref())
+                .map(|w| Histogram::from_kernel(&w.latency)),
+        },
+        intervals,
+        cpus: total
+            .and_then(|t| t.irq.as_ref())
+            .map(cpu_loads)
+            .unwrap_or_default(),
+        probe_seconds: secs,
+        cpu_pairs: total
+            .and_then(|t| t.block.as_ref())
+            .map(|b| {
+                b.cpu_pairs
+                    .iter()
+                    .map(|p| [u64::from(p.submit_cpu), u64::from(p.complete_cpu), p.count])
+                    .collect()
+            })
+            .unwrap_or_default(),
+        virtualization: None,
+        calibration: None,
+        self_overhead: SelfOverhead {
+            programs,
+            probe_cpu_pct,
+            dropped,
+            recorder_cpu_pct: i.recorder_cpu_pct,
+        },
+    }
+}

@@ -1,0 +1,357 @@
+//! The profile file and CSV export, end to end: recorded profiles validate against the JSON
+//! Schema in schema/, interrupted runs still write a valid (incomplete) profile, bad output
+//! paths fail before the workload runs, and every CSV reads back with its declared columns.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command as StdCommand, Stdio};
+use std::time::Duration;
+
+use assert_cmd::Command;
+
+fn vg() -> Command {
+    Command::cargo_bin("virtgap").unwrap()
+}
+
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("vg-profile-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn root_allowed(what: &str) -> bool {
+    if is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} must run as root in CI"
+    );
+    eprintln!("skipping {what}: needs root");
+    false
+}
+
+fn validate(path: &Path) -> serde_json::Value {
+    let schema_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/profile.schema.json");
+    let schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(schema_path).unwrap()).unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let validator = jsonschema::validator_for(&schema).expect("the schema compiles");
+    let errors: Vec<String> = validator
+        .iter_errors(&doc)
+        .map(|e| format!("{} at {}", e, e.instance_path))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "profile does not match the schema:\n{}",
+        errors.join("\n")
+    );
+    doc
+}
+
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A short null-engine record writing into `dir`.
+fn null_record(dir: &Path, extra: &[&str]) -> Command {
+    let mut c = vg();
+    c.args([
+        "record",
+        "--engine",
+        "null",
+        "--size",
+        "4MiB",
+        "--duration",
+        "2s",
+        "--quiet",
+        "--no-probes",
+        "--dir",
+    ])
+    .arg(dir)
+    .args(extra);
+    c
+}
+
+#[test]
+fn null_engine_profile_matches_the_schema() {
+    let dir = scratch();
+    let out = dir.path().join("null.json");
+    let res = null_record(dir.path(), &["-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let doc = validate(&out);
+    assert_eq!(doc["complete"], true);
+    assert_eq!(
+        doc["capabilities"],
+        serde_json::Value::Null,
+        "no probes in this run"
+    );
+    assert_eq!(doc["intervals"].as_array().unwrap().len(), 2);
+    assert!(doc["workload"]["source_text"]
+        .as_str()
+        .unwrap()
+        .contains("name = \"rand4k\""));
+    assert!(doc["workload"]["effective_spec"]
+        .as_str()
+        .unwrap()
+        .contains("engine = \"null\""));
+    assert!(doc["results"]["read"]["ios"].as_u64().unwrap() > 0);
+    assert_eq!(names_in(dir.path()), ["null.json"], "no temp file left");
+}
+
+#[test]
+fn real_profile_with_probes_matches_the_schema() {
+    if !root_allowed("profile with probes") {
+        return;
+    }
+    let dir = scratch();
+    let out = dir.path().join("real.json");
+    let csv = dir.path().join("csv");
+    let res = vg()
+        .args([
+            "record",
+            "--size",
+            "32MiB",
+            "--duration",
+            "3s",
+            "--quiet",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .args(["-o", out.to_str().unwrap(), "--csv", csv.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let doc = validate(&out);
+    let device = &doc["stages"]["device"];
+    let app = &doc["stages"]["app"];
+    assert!(
+        device["count"].as_u64().unwrap() > 0,
+        "the block probe saw the workload's I/O"
+    );
+    // Every measured I/O is one request of this process on the target's disk (± a few in flight
+    // at the window's edges).
+    let ios = app["count"].as_u64().unwrap() as f64;
+    let reqs = device["count"].as_u64().unwrap() as f64;
+    assert!(
+        (reqs - ios).abs() / ios < 0.02,
+        "{reqs} requests for {ios} I/Os"
+    );
+    assert!(!doc["cpus"].as_array().unwrap().is_empty());
+    assert!(doc["self_overhead"]["probe_cpu_pct"].as_f64().is_some());
+    assert!(doc["target"]["device"].is_string());
+    assert_eq!(
+        names_in(&csv),
+        ["histograms.csv", "host.csv", "intervals.csv", "summary.csv"]
+    );
+}
+
+#[test]
+fn every_csv_reads_back_with_its_declared_columns() {
+    let dir = scratch();
+    let csv = dir.path().join("csv");
+    let res = null_record(dir.path(), &["--csv", csv.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    // Python's csv module, as a spreadsheet or pandas user would read them.
+    let script = r#"
+import csv, sys
+declared = {
+    "intervals.csv": ["schema_version","interval","start_s","end_s","metric","cpu","device","stage","name","value"],
+    "histograms.csv": ["schema_version","stage","bucket_low_ns","bucket_high_ns","count"],
+    "summary.csv": ["schema_version","metric","value"],
+    "host.csv": ["schema_version","key","value"],
+}
+for name, cols in declared.items():
+    with open(f"{sys.argv[1]}/{name}", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == cols, (name, rows[0])
+    assert len(rows) > 1, f"{name} has no data rows"
+    for r in rows[1:]:
+        assert len(r) == len(cols), (name, r)
+        assert r[0] == "1", (name, "schema version", r)
+print("ok")
+"#;
+    let out = StdCommand::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&csv)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn bad_output_paths_fail_before_the_workload_runs() {
+    let dir = scratch();
+    let one_line_error = |args: &[&str], needle: &str| {
+        // A 60 s run: failing fast proves the check happens before the workload.
+        let started = std::time::Instant::now();
+        let out = vg()
+            .args([
+                "record",
+                "--engine",
+                "null",
+                "--size",
+                "4MiB",
+                "--duration",
+                "60s",
+                "--quiet",
+                "--no-probes",
+                "--dir",
+            ])
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "expected failure for {args:?}");
+        assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the check came after the run"
+        );
+    };
+    one_line_error(&["-o", "/nonexistent-dir/p.json"], "does not exist");
+    let existing = dir.path().join("exists.json");
+    std::fs::write(&existing, "keep").unwrap();
+    one_line_error(&["-o", existing.to_str().unwrap()], "--force");
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep");
+    let file = dir.path().join("plainfile");
+    std::fs::write(&file, "x").unwrap();
+    one_line_error(&["--csv", file.to_str().unwrap()], "is a file");
+    one_line_error(&["-o", dir.path().to_str().unwrap()], "is a directory");
+    // --force overwrites.
+    let res = null_record(dir.path(), &["-o", existing.to_str().unwrap(), "--force"])
+        .output()
+        .unwrap();
+    assert!(res.status.success());
+    validate(&existing);
+}
+
+struct Mount(PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = StdCommand::new("umount").arg(&self.0).status();
+    }
+}
+
+fn tmpfs(path: &Path, opts: &str) -> Mount {
+    std::fs::create_dir_all(path).unwrap();
+    assert!(StdCommand::new("mount")
+        .args(["-t", "tmpfs", "-o", opts, "none"])
+        .arg(path)
+        .status()
+        .unwrap()
+        .success());
+    Mount(path.to_path_buf())
+}
+
+#[test]
+fn read_only_and_full_filesystems_leave_nothing_behind() {
+    if !root_allowed("mount-based output tests") {
+        return;
+    }
+    let dir = scratch();
+    let ro = dir.path().join("ro");
+    let _ro = tmpfs(&ro, "ro,size=1m");
+    let out = null_record(dir.path(), &["-o", ro.join("p.json").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("cannot write"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // 16 KiB cannot hold a profile: the write fails, and neither the profile nor its temp file
+    // is left on the filesystem.
+    let full = dir.path().join("full");
+    let _full = tmpfs(&full, "size=16k");
+    let out = null_record(dir.path(), &["-o", full.join("p.json").to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("No space left"), "{stderr}");
+    assert!(
+        names_in(&full).is_empty(),
+        "left behind: {:?}",
+        names_in(&full)
+    );
+}
+
+#[test]
+fn ctrl_c_writes_an_incomplete_but_valid_profile() {
+    let dir = scratch();
+    let out = dir.path().join("partial.json");
+    let child = StdCommand::new(env!("CARGO_BIN_EXE_virtgap"))
+        .args([
+            "record",
+            "--engine",
+            "null",
+            "--rate-iops",
+            "20000",
+            "--size",
+            "4MiB",
+            "--duration",
+            "60s",
+            "--quiet",
+            "--no-probes",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .args(["-o", out.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    // SAFETY: plain kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let res = child.wait_with_output().unwrap();
+    assert_eq!(
+        res.status.code(),
+        Some(130),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let doc = validate(&out);
+    assert_eq!(doc["complete"], false);
+    assert_eq!(doc["run"]["complete"], false);
+    assert!(!doc["intervals"].as_array().unwrap().is_empty());
+    assert_eq!(names_in(dir.path()), ["partial.json"], "no temp files");
+}
