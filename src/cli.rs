@@ -32,6 +32,31 @@ pub enum Command {
     Workloads(WorkloadsArgs),
     /// Check this host: platform fingerprint, which probes attach and how, which views degrade
     Doctor(DoctorArgs),
+    /// Compare two profiles: which stage makes B slower than A, by how much, and how sure
+    Diff(DiffArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// Reference profile (e.g. the bare-metal host)
+    pub a: PathBuf,
+    /// Profile to explain (e.g. the VM)
+    pub b: PathBuf,
+    /// Compare even when the two profiles ran different workloads
+    #[arg(long)]
+    pub force: bool,
+    /// Print Markdown instead of the terminal report
+    #[arg(long, conflicts_with = "json")]
+    pub markdown: bool,
+    /// Print the diff as JSON
+    #[arg(long)]
+    pub json: bool,
+    /// Also write one CSV row per metric (a, b, delta, ci_low, ci_high, verdict) to FILE
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Also write waterfall.svg and stages.svg into DIR
+    #[arg(long, value_name = "DIR")]
+    pub svg: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

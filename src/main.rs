@@ -2,6 +2,8 @@
 
 mod cli;
 mod csv_export;
+mod diff;
+mod diff_render;
 mod doctor;
 mod host;
 mod output;
@@ -21,6 +23,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Record(args)) => record::run(&args),
         Some(cli::Command::Workloads(args)) => record::workloads(&args),
         Some(cli::Command::Doctor(args)) => doctor::run(&args),
+        Some(cli::Command::Diff(args)) => run_diff(&args),
         None => {
             // The live TUI will live here; until then the bare command explains itself.
             use clap::CommandFactory;
@@ -35,4 +38,61 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn run_diff(args: &cli::DiffArgs) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let a = profile::load(&args.a)?;
+    let b = profile::load(&args.b)?;
+    for (p, path) in [(&a, &args.a), (&b, &args.b)] {
+        if !p.complete {
+            eprintln!(
+                "virtgap: warning: {} is incomplete (its run was interrupted); comparing anyway",
+                path.display()
+            );
+        }
+    }
+    let differences = diff::spec_differences(&a, &b);
+    if !differences.is_empty() && !args.force {
+        anyhow::bail!(
+            "the profiles ran different workloads ({}); pass --force to compare anyway",
+            differences.join(", ")
+        );
+    }
+    if let Some(path) = &args.csv {
+        output::check_output(path, true)?;
+    }
+    if let Some(dir) = &args.svg {
+        if dir.exists() && !dir.is_dir() {
+            anyhow::bail!("--svg {} is a file, not a directory", dir.display());
+        }
+    }
+    let d = diff::diff(&a, &b);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &d)?;
+        writeln!(out)?;
+    } else if args.markdown {
+        out.write_all(diff_render::markdown(&d).as_bytes())?;
+    } else {
+        out.write_all(diff_render::terminal(&d).as_bytes())?;
+    }
+    if let Some(path) = &args.csv {
+        output::write_atomic(path, diff_render::csv(&d).as_bytes())?;
+    }
+    if let Some(dir) = &args.svg {
+        if !dir.exists() {
+            std::fs::create_dir(dir)
+                .map_err(|e| anyhow::anyhow!("--svg: cannot create {}: {e}", dir.display()))?;
+        }
+        output::write_atomic(
+            &dir.join("waterfall.svg"),
+            diff_render::waterfall_svg(&d).as_bytes(),
+        )?;
+        output::write_atomic(
+            &dir.join("stages.svg"),
+            diff_render::stages_svg(&a, &b, &d).as_bytes(),
+        )?;
+    }
+    Ok(ExitCode::SUCCESS)
 }

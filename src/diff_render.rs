@@ -1,0 +1,460 @@
+//! Renders a `ProfileDiff`: terminal text (fits 100 columns), Markdown, CSV, and SVG charts.
+
+use std::fmt::Write as _;
+
+use crate::diff::{ProfileDiff, Row, Unit, Verdict};
+use crate::profile::{Histogram, Profile};
+use virtgap_workloads::units;
+
+fn value(v: Option<f64>, unit: Unit) -> String {
+    match (v, unit) {
+        (None, _) => "-".into(),
+        (Some(x), Unit::Ns) => units::latency(x),
+        (Some(x), Unit::PerIo) => format!("{x:.3}"),
+        (Some(x), Unit::Iops) => units::count(x),
+    }
+}
+
+fn signed(v: Option<f64>, unit: Unit) -> String {
+    match v {
+        None => "-".into(),
+        Some(x) => {
+            let sign = if x >= 0.0 { "+" } else { "-" };
+            format!("{sign}{}", value(Some(x.abs()), unit))
+        }
+    }
+}
+
+fn ci(r: &Row) -> String {
+    match (r.ci_low, r.ci_high) {
+        (Some(lo), Some(hi)) => format!(
+            "[{}, {}]",
+            signed(Some(lo), r.unit),
+            signed(Some(hi), r.unit)
+        ),
+        _ => "-".into(),
+    }
+}
+
+fn share(r: &Row) -> String {
+    r.share
+        .map_or(String::new(), |s| format!("{:.0}%", s * 100.0))
+}
+
+fn verdict_words(r: &Row) -> String {
+    let mut w = r.verdict.words().to_string();
+    if r.estimated && r.verdict != Verdict::NotMeasured {
+        w.push_str(" (estimated)");
+    }
+    w
+}
+
+/// Plain text for a terminal, at most 100 columns wide.
+pub fn terminal(d: &ProfileDiff) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "A: {}", d.host_a);
+    let _ = writeln!(s, "B: {}", d.host_b);
+    let _ = writeln!(s, "workload: {}", d.workload);
+    for x in &d.spec_differences {
+        let _ = writeln!(s, "  workload differs: {x}");
+    }
+    for c in &d.confounders {
+        let _ = writeln!(s, "  confounder: {c}");
+    }
+    for w in &d.warnings {
+        let _ = writeln!(s, "  warning: {w}");
+    }
+    let _ = writeln!(
+        s,
+        "\nwhere B's extra latency goes (B - A, 95% confidence interval):"
+    );
+    let _ = writeln!(
+        s,
+        "{:<38} {:>9} {:>9} {:>10} {:>5}  {:<24}",
+        "stage", "A", "B", "delta", "share", "CI / verdict"
+    );
+    for r in &d.waterfall {
+        let _ = writeln!(
+            s,
+            "{:<38} {:>9} {:>9} {:>10} {:>5}  {}",
+            r.metric,
+            value(r.a, r.unit),
+            value(r.b, r.unit),
+            signed(r.delta, r.unit),
+            share(r),
+            verdict_words(r)
+        );
+        if r.ci_low.is_some() {
+            let _ = writeln!(s, "{:>76}{}", "", ci(r));
+        }
+    }
+    let _ = writeln!(s, "\ntails:");
+    let _ = writeln!(
+        s,
+        "{:<8} {:>6} {:>10} {:>10} {:>10}",
+        "stage", "pct", "A", "B", "delta"
+    );
+    for t in &d.tails {
+        let _ = writeln!(
+            s,
+            "{:<8} {:>6} {:>10} {:>10} {:>10}",
+            t.stage,
+            format!("p{}", t.percentile),
+            value(t.a_ns, Unit::Ns),
+            value(t.b_ns, Unit::Ns),
+            signed(t.delta_ns, Unit::Ns)
+        );
+    }
+    if let Some((stage, delta)) = &d.tail_mover {
+        let _ = writeln!(
+            s,
+            "the {stage} stage's p99 moved most: {}",
+            signed(Some(*delta), Unit::Ns)
+        );
+    }
+    let _ = writeln!(s, "\nthroughput:");
+    for r in &d.throughput {
+        let _ = writeln!(
+            s,
+            "{:<38} {:>9} {:>9} {:>10}        {}",
+            r.metric,
+            value(r.a, r.unit),
+            value(r.b, r.unit),
+            signed(r.delta, r.unit),
+            verdict_words(r)
+        );
+    }
+    let _ = writeln!(s, "\nevidence:");
+    for e in &d.evidence {
+        let _ = writeln!(s, "  {}:\n    A: {}\n    B: {}", e.item, e.a, e.b);
+    }
+    let _ = writeln!(s, "\nverdict: {}", verdict_sentence(d));
+    s
+}
+
+fn verdict_sentence(d: &ProfileDiff) -> String {
+    let app = &d.waterfall[0];
+    match (&d.verdict, app.verdict) {
+        (Some(stage), _) => {
+            let r = d
+                .waterfall
+                .iter()
+                .find(|r| r.metric.trim() == stage)
+                .expect("verdict names a row");
+            format!(
+                "B's mean latency differs by {}; {:.0}% of that is in {stage}",
+                signed(app.delta, Unit::Ns),
+                r.share.unwrap_or(0.0) * 100.0
+            )
+        }
+        (None, Verdict::Significant) => format!(
+            "B's mean latency differs by {}, spread over stages with no single significant one",
+            signed(app.delta, Unit::Ns)
+        ),
+        _ => "no significant difference in mean latency".into(),
+    }
+}
+
+/// A Markdown report.
+pub fn markdown(d: &ProfileDiff) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# virtgap diff\n");
+    let _ = writeln!(
+        s,
+        "- **A:** {}\n- **B:** {}\n- **workload:** {}",
+        d.host_a, d.host_b, d.workload
+    );
+    for x in &d.spec_differences {
+        let _ = writeln!(s, "- workload differs: {x}");
+    }
+    for c in &d.confounders {
+        let _ = writeln!(s, "- confounder: {c}");
+    }
+    for w in &d.warnings {
+        let _ = writeln!(s, "- warning: {w}");
+    }
+    let _ = writeln!(s, "\n**Verdict:** {}\n", verdict_sentence(d));
+    let _ = writeln!(s, "## Where the time goes\n");
+    let _ = writeln!(
+        s,
+        "| stage | A | B | delta | share | 95% CI | verdict |\n|---|---:|---:|---:|---:|---|---|"
+    );
+    for r in &d.waterfall {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.metric.trim(),
+            value(r.a, r.unit),
+            value(r.b, r.unit),
+            signed(r.delta, r.unit),
+            share(r),
+            ci(r),
+            verdict_words(r)
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\n## Tails\n\n| stage | percentile | A | B | delta |\n|---|---:|---:|---:|---:|"
+    );
+    for t in &d.tails {
+        let _ = writeln!(
+            s,
+            "| {} | p{} | {} | {} | {} |",
+            t.stage,
+            t.percentile,
+            value(t.a_ns, Unit::Ns),
+            value(t.b_ns, Unit::Ns),
+            signed(t.delta_ns, Unit::Ns)
+        );
+    }
+    if let Some((stage, delta)) = &d.tail_mover {
+        let _ = writeln!(
+            s,
+            "\nThe **{stage}** stage's p99 moved most ({}).",
+            signed(Some(*delta), Unit::Ns)
+        );
+    }
+    let _ = writeln!(s, "\n## Throughput\n\n| metric | A | B | delta | 95% CI | verdict |\n|---|---:|---:|---:|---|---|");
+    for r in &d.throughput {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} |",
+            r.metric,
+            value(r.a, r.unit),
+            value(r.b, r.unit),
+            signed(r.delta, r.unit),
+            ci(r),
+            verdict_words(r)
+        );
+    }
+    let _ = writeln!(s, "\n## Evidence\n\n| | A | B |\n|---|---|---|");
+    for e in &d.evidence {
+        let _ = writeln!(s, "| {} | {} | {} |", e.item, e.a, e.b);
+    }
+    s
+}
+
+/// CSV: one row per metric with a, b, delta, ci_low, ci_high, verdict.
+pub fn csv(d: &ProfileDiff) -> String {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    let num = |v: Option<f64>| {
+        v.map(|x| format!("{}", (x * 1000.0).round() / 1000.0))
+            .unwrap_or_default()
+    };
+    w.write_record([
+        "metric", "unit", "a", "b", "delta", "ci_low", "ci_high", "share", "verdict",
+    ])
+    .expect("writing to memory");
+    for r in d.waterfall.iter().chain(&d.throughput) {
+        let unit = match r.unit {
+            Unit::Ns => "ns",
+            Unit::PerIo => "per_io",
+            Unit::Iops => "iops",
+        };
+        w.write_record([
+            r.metric.trim(),
+            unit,
+            &num(r.a),
+            &num(r.b),
+            &num(r.delta),
+            &num(r.ci_low),
+            &num(r.ci_high),
+            &num(r.share),
+            r.verdict.words(),
+        ])
+        .expect("writing to memory");
+    }
+    for t in &d.tails {
+        w.write_record([
+            &format!("{} p{}", t.stage, t.percentile),
+            "ns",
+            &num(t.a_ns),
+            &num(t.b_ns),
+            &num(t.delta_ns),
+            "",
+            "",
+            "",
+            "",
+        ])
+        .expect("writing to memory");
+    }
+    String::from_utf8(w.into_inner().expect("flushing to memory")).expect("UTF-8")
+}
+
+// The charts are drawn as SVG directly: plotters needs a font rasterizer (system fonts or an
+// embedded font file) to lay out text even for SVG output, while these two charts are a few
+// rectangles and polylines whose text the viewer renders.
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+const COLOR_A: &str = "#1f77b4";
+const COLOR_B: &str = "#d62728";
+
+/// The waterfall: for each stage, A's and B's mean side by side, with the delta.
+pub fn waterfall_svg(d: &ProfileDiff) -> String {
+    let rows: Vec<&Row> = d.waterfall[..4].iter().collect();
+    let max = rows
+        .iter()
+        .flat_map(|r| [r.a, r.b])
+        .flatten()
+        .fold(1.0_f64, f64::max);
+    let (w, left, bar_w) = (900.0, 260.0, 560.0);
+    let h = 90.0 + rows.len() as f64 * 70.0;
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="13">
+<title>virtgap diff: where the time goes</title>
+<rect width="100%" height="100%" fill="white"/>
+<text x="20" y="28" font-size="16" font-weight="bold">Mean latency per stage: A vs B</text>
+<rect x="20" y="42" width="12" height="12" fill="{COLOR_A}"/><text x="38" y="53">A: {}</text>
+<rect x="20" y="60" width="12" height="12" fill="{COLOR_B}"/><text x="38" y="71">B: {}</text>
+"#,
+        esc(&d.host_a),
+        esc(&d.host_b)
+    );
+    for (i, r) in rows.iter().enumerate() {
+        let y = 95.0 + i as f64 * 70.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="20" y="{}">{}</text>"#,
+            y + 22.0,
+            esc(r.metric.trim())
+        );
+        for (j, (v, color, host)) in [(r.a, COLOR_A, "A"), (r.b, COLOR_B, "B")]
+            .into_iter()
+            .enumerate()
+        {
+            let yy = y + j as f64 * 24.0;
+            let len = v.map_or(0.0, |v| (v.max(0.0) / max) * bar_w);
+            let _ = writeln!(
+                s,
+                r#"<rect class="bar-{host}" x="{left}" y="{yy}" width="{len:.1}" height="20" fill="{color}"><title>{host}: {}</title></rect><text x="{:.1}" y="{:.1}">{}</text>"#,
+                value(v, r.unit),
+                left + len + 6.0,
+                yy + 15.0,
+                value(v, r.unit)
+            );
+        }
+        let _ = writeln!(
+            s,
+            r##"<text x="{}" y="{}" fill="#555">{} {}</text>"##,
+            left,
+            y + 62.0,
+            signed(r.delta, r.unit),
+            r.share.map_or(String::new(), |x| format!(
+                "({:.0}% of the gap, {})",
+                x * 100.0,
+                r.verdict.words()
+            ))
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Latency distributions of each stage, both hosts overlaid (log-scaled latency axis).
+pub fn stages_svg(a: &Profile, b: &Profile, d: &ProfileDiff) -> String {
+    let stages: Vec<(&str, Option<&Histogram>, Option<&Histogram>)> = vec![
+        ("app", Some(&a.stages.app), Some(&b.stages.app)),
+        ("queue", a.stages.queue.as_ref(), b.stages.queue.as_ref()),
+        ("device", a.stages.device.as_ref(), b.stages.device.as_ref()),
+        ("wakeup", a.stages.wakeup.as_ref(), b.stages.wakeup.as_ref()),
+    ];
+    let (pw, ph, left, top) = (790.0, 160.0, 60.0, 70.0);
+    let h = top + stages.len() as f64 * (ph + 50.0);
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="900" height="{h}" viewBox="0 0 900 {h}" font-family="sans-serif" font-size="12">
+<title>virtgap diff: latency distribution per stage</title>
+<rect width="100%" height="100%" fill="white"/>
+<text x="20" y="26" font-size="16" font-weight="bold">Latency distribution per stage (share of I/Os per log bucket)</text>
+<rect x="20" y="38" width="12" height="12" fill="{COLOR_A}"/><text x="38" y="49">A: {}</text>
+<rect x="20" y="54" width="12" height="12" fill="{COLOR_B}"/><text x="38" y="65">B: {}</text>
+"#,
+        esc(&d.host_a),
+        esc(&d.host_b)
+    );
+    for (i, (stage, ha, hb)) in stages.iter().enumerate() {
+        let y0 = top + 20.0 + i as f64 * (ph + 50.0);
+        let _ = writeln!(
+            s,
+            r#"<text x="20" y="{}" font-weight="bold">{stage}</text>"#,
+            y0 - 6.0
+        );
+        let _ = writeln!(
+            s,
+            r##"<rect x="{left}" y="{y0}" width="{pw}" height="{ph}" fill="none" stroke="#ccc"/>"##
+        );
+        // Common log10 range over both hosts.
+        let all: Vec<[u64; 3]> = ha
+            .iter()
+            .chain(hb.iter())
+            .flat_map(|h| h.buckets.iter().copied())
+            .collect();
+        if all.is_empty() {
+            let _ = writeln!(
+                s,
+                r#"<text x="{}" y="{}">not measured</text>"#,
+                left + 10.0,
+                y0 + 20.0
+            );
+            continue;
+        }
+        let lo = all
+            .iter()
+            .map(|b| (b[0].max(1) as f64).log10())
+            .fold(f64::MAX, f64::min)
+            .floor();
+        let hi = all
+            .iter()
+            .map(|b| (b[1].max(1) as f64).log10())
+            .fold(f64::MIN, f64::max)
+            .ceil()
+            .max(lo + 1.0);
+        let x_of = |ns: f64| left + (ns.max(1.0).log10() - lo) / (hi - lo) * pw;
+        for decade in (lo as i32)..=(hi as i32) {
+            let x = x_of(10f64.powi(decade));
+            let _ = writeln!(
+                s,
+                r##"<line x1="{x:.1}" y1="{}" x2="{x:.1}" y2="{}" stroke="#eee"/><text x="{x:.1}" y="{}" text-anchor="middle" fill="#555">{}</text>"##,
+                y0,
+                y0 + ph,
+                y0 + ph + 14.0,
+                units::latency(10f64.powi(decade))
+            );
+        }
+        // Density per log10 decade so buckets of different widths compare.
+        let series = |h: Option<&Histogram>| -> Vec<(f64, f64)> {
+            let Some(h) = h else { return vec![] };
+            let total: u64 = h.buckets.iter().map(|b| b[2]).sum();
+            h.buckets
+                .iter()
+                .map(|b| {
+                    let width = ((b[1] + 1) as f64).log10() - (b[0].max(1) as f64).log10();
+                    let mid = ((b[0].max(1) as f64) * (b[1] + 1) as f64).sqrt();
+                    (mid, b[2] as f64 / total.max(1) as f64 / width.max(1e-9))
+                })
+                .collect()
+        };
+        let (sa, sb) = (series(*ha), series(*hb));
+        let ymax = sa.iter().chain(&sb).map(|p| p.1).fold(1e-12, f64::max);
+        for (pts, color, host) in [(sa, COLOR_A, "A"), (sb, COLOR_B, "B")] {
+            if pts.is_empty() {
+                continue;
+            }
+            let path: Vec<String> = pts
+                .iter()
+                .map(|(x, y)| format!("{:.1},{:.1}", x_of(*x), y0 + ph - y / ymax * (ph - 8.0)))
+                .collect();
+            let _ = writeln!(
+                s,
+                r#"<polyline class="series-{host}" data-stage="{stage}" points="{}" fill="none" stroke="{color}" stroke-width="1.5"/>"#,
+                path.join(" ")
+            );
+        }
+    }
+    s.push_str("</svg>\n");
+    s
+}
