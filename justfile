@@ -42,3 +42,7 @@ vmlinux:
 # Probe overhead: rand4k with no probes, all of ours, and bpftrace's biolatency; IOPS ratios and ns per event
 bench-overhead ROUNDS="5" RUNTIME="10": build
     python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}}
+
+# The injected-overhead experiments (root): each prints its diff table and checks the attribution
+attribution-check:
+    cargo test --locked --test attribution -- --nocapture --test-threads=1

@@ -752,11 +752,23 @@ pub(crate) mod tests {
         qh.sum_ns = queue * total as f64;
         dh.count = total;
         dh.sum_ns = device * total as f64;
+        // One bucket around each mean, so the distributions have a shape to draw.
+        let around = |mean: f64| [(mean * 0.9) as u64, (mean * 1.1) as u64, total];
+        app.buckets = vec![around(queue + device + software)];
+        qh.buckets = vec![around(queue)];
+        dh.buckets = vec![around(device)];
         p.stages.app = app;
         p.stages.queue = Some(qh);
         p.stages.device = Some(dh);
         p.results.read.ios = total;
         p.results.measured_s = n as f64;
+        p.capabilities = Some(Default::default());
+        p.cpus = vec![CpuLoad {
+            cpu: 0,
+            hardirq_ns: 1_000_000 * n as u64,
+            ..Default::default()
+        }];
+        p.probe_seconds = Some(n as f64);
         p
     }
 

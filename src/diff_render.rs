@@ -7,6 +7,8 @@ use crate::profile::{Histogram, Profile};
 use virtgap_workloads::units;
 
 fn value(v: Option<f64>, unit: Unit) -> String {
+    // An empty float sum is -0.0; show it as 0.
+    let v = v.map(|x| if x == 0.0 { 0.0 } else { x });
     match (v, unit) {
         (None, _) => "-".into(),
         (Some(x), Unit::Ns) => units::latency(x),
@@ -70,8 +72,8 @@ pub fn terminal(d: &ProfileDiff) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<38} {:>9} {:>9} {:>10} {:>5}  {:<24}",
-        "stage", "A", "B", "delta", "share", "CI / verdict"
+        "{:<38} {:>9} {:>9} {:>10} {:>5}  verdict, CI below",
+        "stage", "A", "B", "delta", "share"
     );
     for r in &d.waterfall {
         let _ = writeln!(
@@ -457,4 +459,83 @@ pub fn stages_svg(a: &Profile, b: &Profile, d: &ProfileDiff) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::diff::{diff, tests::synthetic};
+
+    fn pair() -> (Profile, Profile) {
+        (
+            synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10),
+            synthetic(2_500.0, 800_000.0, 120_000.0, 5_000.0, 10),
+        )
+    }
+
+    fn golden(name: &str, text: &str) {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/golden")
+            .join(name);
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, text).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|_| panic!("{} missing; run with UPDATE_GOLDEN=1", path.display()));
+        assert_eq!(text, expected, "{name} differs from its golden copy");
+    }
+
+    #[test]
+    fn markdown_and_csv_match_their_golden_copies() {
+        let (a, b) = pair();
+        let d = diff(&a, &b);
+        golden("diff.md", &markdown(&d));
+        golden("diff.csv", &csv(&d));
+    }
+
+    #[test]
+    fn terminal_report_fits_100_columns() {
+        let (a, b) = pair();
+        let text = terminal(&diff(&a, &b));
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with("A: ") && !l.starts_with("B: "))
+        {
+            assert!(line.chars().count() <= 100, "too wide: {line}");
+        }
+        assert!(
+            text.contains(
+                "verdict: B's mean latency differs by +520.5 µs; 96% of that is in device"
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn svgs_parse_and_show_both_hosts() {
+        let (a, b) = pair();
+        let d = diff(&a, &b);
+        let w = waterfall_svg(&d);
+        let doc = roxmltree::Document::parse(&w).expect("waterfall.svg is XML");
+        assert_eq!(doc.root_element().tag_name().name(), "svg");
+        let class = |doc: &roxmltree::Document<'_>, c: &str| {
+            doc.descendants()
+                .filter(|n| n.attribute("class") == Some(c))
+                .count()
+        };
+        assert_eq!(class(&doc, "bar-A"), 4);
+        assert_eq!(class(&doc, "bar-B"), 4);
+        let s = stages_svg(&a, &b, &d);
+        let doc = roxmltree::Document::parse(&s).expect("stages.svg is XML");
+        assert!(
+            class(&doc, "series-A") >= 3,
+            "A's app, queue and device distributions"
+        );
+        assert!(class(&doc, "series-B") >= 3);
+        for n in doc.descendants().filter(|n| n.has_tag_name("polyline")) {
+            assert!(n.attribute("points").is_some_and(|p| !p.is_empty()));
+        }
+    }
 }

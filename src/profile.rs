@@ -445,59 +445,6 @@ pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn histogram_percentiles_interpolate_within_buckets() {
-        let h = Histogram {
-            count: 4,
-            sum_ns: 10.0,
-            min_ns: Some(1),
-            max_ns: Some(4),
-            buckets: vec![[1, 1, 1], [2, 2, 1], [3, 3, 1], [4, 4, 1]],
-        };
-        assert_eq!(h.mean_ns(), Some(2.5));
-        assert_eq!(h.percentile_ns(100.0), Some(4.0));
-        assert_eq!(h.percentile_ns(50.0), Some(2.0));
-        assert_eq!(Histogram::default().percentile_ns(50.0), None);
-    }
-
-    #[test]
-    fn kernel_histograms_keep_exact_sums() {
-        let mut k = KernelHist::default();
-        for v in [100, 200, 300, 10_000] {
-            k.record(v);
-        }
-        let h = Histogram::from_kernel(&k);
-        assert_eq!(h.count, 4);
-        assert_eq!(h.mean_ns(), Some(2_650.0));
-        assert_eq!(h.buckets.iter().map(|b| b[2]).sum::<u64>(), 4);
-    }
-
-    #[test]
-    fn newer_schema_and_non_profiles_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("x.json");
-        std::fs::write(&p, r#"{"schema_version": 99}"#).unwrap();
-        assert!(matches!(
-            load(&p),
-            Err(ProfileError::Newer { found: 99, .. })
-        ));
-        std::fs::write(&p, "not json").unwrap();
-        assert!(load(&p)
-            .unwrap_err()
-            .to_string()
-            .contains("not a virtgap profile"));
-        std::fs::write(&p, r#"{"hello": 1}"#).unwrap();
-        assert!(load(&p)
-            .unwrap_err()
-            .to_string()
-            .contains("no schema_version"));
-    }
-}
-
 /// Everything a run produced, borrowed for assembling its profile.
 pub struct ProfileInputs<'a> {
     pub run: RunInfo,
@@ -593,5 +540,58 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             dropped,
             recorder_cpu_pct: i.recorder_cpu_pct,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_percentiles_interpolate_within_buckets() {
+        let h = Histogram {
+            count: 4,
+            sum_ns: 10.0,
+            min_ns: Some(1),
+            max_ns: Some(4),
+            buckets: vec![[1, 1, 1], [2, 2, 1], [3, 3, 1], [4, 4, 1]],
+        };
+        assert_eq!(h.mean_ns(), Some(2.5));
+        assert_eq!(h.percentile_ns(100.0), Some(4.0));
+        assert_eq!(h.percentile_ns(50.0), Some(2.0));
+        assert_eq!(Histogram::default().percentile_ns(50.0), None);
+    }
+
+    #[test]
+    fn kernel_histograms_keep_exact_sums() {
+        let mut k = KernelHist::default();
+        for v in [100, 200, 300, 10_000] {
+            k.record(v);
+        }
+        let h = Histogram::from_kernel(&k);
+        assert_eq!(h.count, 4);
+        assert_eq!(h.mean_ns(), Some(2_650.0));
+        assert_eq!(h.buckets.iter().map(|b| b[2]).sum::<u64>(), 4);
+    }
+
+    #[test]
+    fn newer_schema_and_non_profiles_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("x.json");
+        std::fs::write(&p, r#"{"schema_version": 99}"#).unwrap();
+        assert!(matches!(
+            load(&p),
+            Err(ProfileError::Newer { found: 99, .. })
+        ));
+        std::fs::write(&p, "not json").unwrap();
+        assert!(load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("not a virtgap profile"));
+        std::fs::write(&p, r#"{"hello": 1}"#).unwrap();
+        assert!(load(&p)
+            .unwrap_err()
+            .to_string()
+            .contains("no schema_version"));
     }
 }

@@ -355,3 +355,105 @@ fn ctrl_c_writes_an_incomplete_but_valid_profile() {
     assert!(!doc["intervals"].as_array().unwrap().is_empty());
     assert_eq!(names_in(dir.path()), ["partial.json"], "no temp files");
 }
+
+fn diff_cmd(a: &Path, b: &Path) -> Command {
+    let mut c = vg();
+    c.arg("diff").arg(a).arg(b);
+    c
+}
+
+#[test]
+fn diff_refuses_bad_input_with_one_line() {
+    let dir = scratch();
+    let good = dir.path().join("good.json");
+    let res = null_record(dir.path(), &["-o", good.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(res.status.success());
+    let check = |cmd: &mut Command, needle: &str| {
+        let out = cmd.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "expected failure ({needle})");
+        assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    };
+    check(
+        &mut diff_cmd(&good, &dir.path().join("missing.json")),
+        "cannot read",
+    );
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "hello").unwrap();
+    check(&mut diff_cmd(&good, &text), "not a virtgap profile");
+    let newer = dir.path().join("newer.json");
+    let mut doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&good).unwrap()).unwrap();
+    doc["schema_version"] = 2.into();
+    std::fs::write(&newer, doc.to_string()).unwrap();
+    check(
+        &mut diff_cmd(&good, &newer),
+        "newer than this virtgap understands",
+    );
+
+    // A different workload is refused unless forced, naming the keys that differ.
+    let other = dir.path().join("qd1.json");
+    let res = null_record(dir.path(), &["-o", other.to_str().unwrap(), "--qd", "1"])
+        .output()
+        .unwrap();
+    assert!(res.status.success());
+    check(&mut diff_cmd(&good, &other), "qd: 32 vs 1");
+    let forced = diff_cmd(&good, &other).arg("--force").output().unwrap();
+    assert!(
+        forced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&forced.stderr)
+    );
+
+    // An incomplete profile is compared, with a warning.
+    let mut partial = doc.clone();
+    partial["schema_version"] = 1.into();
+    partial["complete"] = false.into();
+    let partial_path = dir.path().join("partial.json");
+    std::fs::write(&partial_path, partial.to_string()).unwrap();
+    let out = diff_cmd(&good, &partial_path).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("incomplete"));
+}
+
+#[test]
+fn diff_writes_markdown_csv_json_and_svg() {
+    let dir = scratch();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    for p in [&a, &b] {
+        assert!(null_record(dir.path(), &["-o", p.to_str().unwrap()])
+            .output()
+            .unwrap()
+            .status
+            .success());
+    }
+    let md = diff_cmd(&a, &b).arg("--markdown").output().unwrap();
+    assert!(String::from_utf8_lossy(&md.stdout).starts_with("# virtgap diff"));
+    let json = diff_cmd(&a, &b).arg("--json").output().unwrap();
+    let doc: serde_json::Value =
+        serde_json::from_slice(&json.stdout).expect("--json prints JSON only");
+    assert!(doc["waterfall"].as_array().unwrap().len() >= 4);
+    let csv = dir.path().join("d.csv");
+    let svg = dir.path().join("svg");
+    let out = diff_cmd(&a, &b)
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.starts_with("metric,unit,a,b,delta,ci_low,ci_high,share,verdict\n"));
+    for f in ["waterfall.svg", "stages.svg"] {
+        let s = std::fs::read_to_string(svg.join(f)).unwrap();
+        roxmltree::Document::parse(&s).unwrap_or_else(|e| panic!("{f} is not XML: {e}"));
+    }
+}

@@ -1,0 +1,551 @@
+//! Proves the attribution on this machine: record a baseline and a run with a known injected
+//! overhead, diff them, and check the diff blames the right stage with the right size.
+//!
+//! | injected | how | the diff must say |
+//! |---|---|---|
+//! | block-layer queueing | cgroup v1 blkio read-IOPS throttle below the workload's paced demand | queue or submit, not device |
+//! | slower device | loop device over a file on a FUSE filesystem that delays each read | device, ≈ the delay at QD 1 |
+//! | completion path | SCHED_FIFO hog on the CPU that takes the disk IRQ and runs the workload | software (wakeup up), not device |
+//! | nothing (A/A) | two plain runs | no significant difference on any row |
+//!
+//! Needs root (cgroups, mounts, loop devices, BPF). Run by hand with `just attribution-check`,
+//! which prints each experiment's table.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, UNIX_EPOCH};
+
+use serde_json::Value;
+
+/// The experiments share the disk: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn root_allowed(what: &str) -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} must run as root in CI"
+    );
+    eprintln!("skipping {what}: needs root");
+    false
+}
+
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("vg-attr-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
+/// Runs `virtgap record` with `args`, writing the profile to `out`.
+fn record(cmd_prefix: &[&str], args: &[&str], out: &Path) {
+    let bin = env!("CARGO_BIN_EXE_virtgap");
+    let (program, pre) = match cmd_prefix.split_first() {
+        Some((p, rest)) => (*p, rest.to_vec()),
+        None => (bin, vec![]),
+    };
+    let mut c = Command::new(program);
+    c.args(pre);
+    if !cmd_prefix.is_empty() {
+        c.arg(bin);
+    }
+    let res = c
+        .args(["record", "--quiet", "--force", "-o"])
+        .arg(out)
+        .args(args)
+        .output()
+        .expect("running virtgap record");
+    assert!(
+        res.status.success(),
+        "record {args:?} failed: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+}
+
+/// `virtgap diff --json a b`, after printing the human table.
+fn diff(name: &str, a: &Path, b: &Path) -> Value {
+    let bin = env!("CARGO_BIN_EXE_virtgap");
+    let table = Command::new(bin)
+        .arg("diff")
+        .arg(a)
+        .arg(b)
+        .output()
+        .unwrap();
+    eprintln!("=== {name} ===\n{}", String::from_utf8_lossy(&table.stdout));
+    let out = Command::new(bin)
+        .args(["diff", "--json"])
+        .arg(a)
+        .arg(b)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn row<'a>(d: &'a Value, metric: &str) -> &'a Value {
+    d["waterfall"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["metric"].as_str().unwrap().trim() == metric)
+        .unwrap_or_else(|| panic!("no row {metric}"))
+}
+
+fn share(d: &Value, metric: &str) -> f64 {
+    row(d, metric)["share"].as_f64().unwrap_or(0.0)
+}
+
+fn delta(d: &Value, metric: &str) -> f64 {
+    row(d, metric)["delta"]
+        .as_f64()
+        .expect("measured on both hosts")
+}
+
+/// The whole disk (major:minor) holding `path`.
+fn disk_of(path: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).unwrap().dev();
+    let sys = std::fs::canonicalize(format!(
+        "/sys/dev/block/{}:{}",
+        libc::major(dev),
+        libc::minor(dev)
+    ))
+    .unwrap();
+    let disk = if sys.join("partition").exists() {
+        sys.parent().unwrap().to_path_buf()
+    } else {
+        sys
+    };
+    std::fs::read_to_string(disk.join("dev"))
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn aa_two_plain_runs_differ_in_nothing_significant() {
+    if !root_allowed("A/A attribution experiment") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let args = [
+        "-w",
+        "rand4k",
+        "--size",
+        "256MiB",
+        "--duration",
+        "6s",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ];
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    record(&[], &args, &a);
+    record(&[], &args, &b);
+    let d = diff("A/A: two plain runs", &a, &b);
+    for r in d["waterfall"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(d["throughput"].as_array().unwrap())
+    {
+        assert_ne!(
+            r["verdict"], "significant",
+            "A/A run found a difference: {r}"
+        );
+    }
+    assert_eq!(d["verdict"], Value::Null);
+}
+
+/// A cgroup v1 blkio group, removed on drop.
+struct BlkioGroup(PathBuf);
+
+impl BlkioGroup {
+    fn new(read_iops: u32, disk: &str) -> Option<Self> {
+        let root = Path::new("/sys/fs/cgroup/blkio");
+        if !root.join("blkio.throttle.read_iops_device").exists() {
+            return None;
+        }
+        let stamp = std::time::SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir = root.join(format!("virtgap-attr-{}-{stamp}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(
+            dir.join("blkio.throttle.read_iops_device"),
+            format!("{disk} {read_iops}\n"),
+        )
+        .unwrap();
+        Some(Self(dir))
+    }
+}
+
+impl Drop for BlkioGroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+#[test]
+fn blkio_throttling_shows_up_as_queueing_not_device_time() {
+    if !root_allowed("blkio attribution experiment") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let disk = disk_of(dir.path());
+    let Some(group) = BlkioGroup::new(500, &disk) else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "cgroup v1 blkio throttling is needed in CI"
+        );
+        eprintln!("skipping: no cgroup v1 blkio controller");
+        return;
+    };
+    // Paced at 1000 IOPS, throttled to 500: requests wait in the throttle, the device does not.
+    let args = [
+        "-w",
+        "rand4k",
+        "--rate-iops",
+        "1000",
+        "--qd",
+        "16",
+        "--size",
+        "256MiB",
+        "--duration",
+        "6s",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ];
+    let (a, b) = (
+        dir.path().join("base.json"),
+        dir.path().join("throttled.json"),
+    );
+    record(&[], &args, &a);
+    let procs = group.0.join("cgroup.procs");
+    let script = format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display());
+    record(&["sh", "-c", &script], &args, &b);
+    let d = diff(
+        "block-layer queueing: blkio throttle 500 IOPS under a 1000 IOPS demand",
+        &a,
+        &b,
+    );
+    assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
+    let queue_or_submit = share(&d, "block queue") + share(&d, "software: submit + completion");
+    assert!(
+        queue_or_submit >= 0.8,
+        "only {:.0}% of the gap in queue + submit",
+        queue_or_submit * 100.0
+    );
+    assert!(
+        share(&d, "device") < 0.2,
+        "device took {:.0}%",
+        share(&d, "device") * 100.0
+    );
+}
+
+/// A SCHED_FIFO busy loop pinned to `cpu`, running 2 ms out of every 3.
+struct Hog(Child);
+
+impl Hog {
+    fn start(cpu: u32) -> Self {
+        let script = format!(
+            "import os, time\nos.sched_setaffinity(0, {{{cpu}}})\n\
+             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(50))\n\
+             while True:\n    t = time.perf_counter()\n    while time.perf_counter() - t < 0.002: pass\n    time.sleep(0.001)\n"
+        );
+        let child = Command::new("python3")
+            .args(["-c", &script])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("python3");
+        std::thread::sleep(Duration::from_millis(300));
+        Self(child)
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The CPU that takes the interrupts of the disk holding `path`.
+fn irq_cpu(path: &Path) -> Option<u32> {
+    let disk = disk_of(path);
+    let sys = std::fs::canonicalize(format!("/sys/dev/block/{disk}")).ok()?;
+    let driver = std::fs::canonicalize(sys.join("device"))
+        .ok()?
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
+    let interrupts = std::fs::read_to_string("/proc/interrupts").ok()?;
+    let irq = interrupts.lines().find_map(|l| {
+        let (num, rest) = l.trim_start().split_once(':')?;
+        let last = rest.split_whitespace().last()?;
+        (last.starts_with(&format!("{driver}-req")) || last.starts_with(&format!("{driver}q1")))
+            .then(|| num.trim().to_string())
+    })?;
+    let list = std::fs::read_to_string(format!("/proc/irq/{irq}/effective_affinity_list")).ok()?;
+    list.trim().split([',', '-']).next()?.parse().ok()
+}
+
+#[test]
+fn a_cpu_hog_on_the_irq_cpu_shows_up_in_the_completion_path() {
+    if !root_allowed("CPU-hog attribution experiment") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let cpu = irq_cpu(dir.path()).unwrap_or(0);
+    let cpu_s = cpu.to_string();
+    let args = [
+        "-w",
+        "rand4k-qd1",
+        "--size",
+        "256MiB",
+        "--duration",
+        "6s",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ];
+    let (a, b) = (dir.path().join("base.json"), dir.path().join("hog.json"));
+    record(&["taskset", "-c", &cpu_s], &args, &a);
+    {
+        let _hog = Hog::start(cpu);
+        record(&["taskset", "-c", &cpu_s], &args, &b);
+    }
+    let d = diff(
+        &format!("completion path: SCHED_FIFO hog on CPU {cpu} (disk IRQ and workload)"),
+        &a,
+        &b,
+    );
+    assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
+    let software = share(&d, "software: submit + completion");
+    assert!(
+        software >= 0.8,
+        "only {:.0}% of the gap in software",
+        software * 100.0
+    );
+    assert!(
+        share(&d, "device") < 0.2,
+        "device took {:.0}%",
+        share(&d, "device") * 100.0
+    );
+    assert!(
+        delta(&d, "wakeup delay per I/O") > 0.0,
+        "wakeup delay went up"
+    );
+}
+
+mod slow_fuse {
+    //! A one-file FUSE filesystem whose every read waits a fixed time: a device with a known,
+    //! adjustable service time. Files are opened with FOPEN_DIRECT_IO, so no page cache hides the
+    //! delay.
+
+    use std::ffi::OsStr;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use fuser::{
+        FileAttr, FileType, Filesystem, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, Request,
+    };
+
+    pub const SIZE: u64 = 128 << 20;
+    const FILE_INO: u64 = 2;
+    const TTL: Duration = Duration::from_secs(3600);
+
+    pub struct SlowDisk {
+        pub delay: Duration,
+    }
+
+    fn attr(ino: u64) -> FileAttr {
+        let (kind, size, perm) = if ino == 1 {
+            (FileType::Directory, 0, 0o755)
+        } else {
+            (FileType::RegularFile, SIZE, 0o444)
+        };
+        FileAttr {
+            ino,
+            size,
+            blocks: size / 512,
+            atime: UNIX_EPOCH,
+            mtime: UNIX_EPOCH,
+            ctime: UNIX_EPOCH,
+            crtime: UNIX_EPOCH,
+            kind,
+            perm,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: 4096,
+            flags: 0,
+        }
+    }
+
+    impl Filesystem for SlowDisk {
+        fn lookup(&mut self, _req: &Request<'_>, parent: u64, name: &OsStr, reply: ReplyEntry) {
+            if parent == 1 && name == "disk.img" {
+                reply.entry(&TTL, &attr(FILE_INO), 0);
+            } else {
+                reply.error(libc::ENOENT);
+            }
+        }
+
+        fn getattr(&mut self, _req: &Request<'_>, ino: u64, _fh: Option<u64>, reply: ReplyAttr) {
+            match ino {
+                1 | FILE_INO => reply.attr(&TTL, &attr(ino)),
+                _ => reply.error(libc::ENOENT),
+            }
+        }
+
+        fn open(&mut self, _req: &Request<'_>, ino: u64, _flags: i32, reply: ReplyOpen) {
+            if ino == FILE_INO {
+                reply.opened(0, fuser::consts::FOPEN_DIRECT_IO);
+            } else {
+                reply.error(libc::EISDIR);
+            }
+        }
+
+        fn read(
+            &mut self,
+            _req: &Request<'_>,
+            _ino: u64,
+            _fh: u64,
+            offset: i64,
+            size: u32,
+            _flags: i32,
+            _lock: Option<u64>,
+            reply: ReplyData,
+        ) {
+            if !self.delay.is_zero() {
+                let until = SystemTime::now() + self.delay;
+                while SystemTime::now() < until {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+            let len = (SIZE.saturating_sub(offset as u64)).min(u64::from(size)) as usize;
+            reply.data(&vec![0x42; len]);
+        }
+    }
+}
+
+/// A mounted slow filesystem with a read-only loop device over its file; undone on drop.
+struct SlowDevice {
+    loop_dev: String,
+    _session: fuser::BackgroundSession,
+}
+
+impl SlowDevice {
+    fn new(mountpoint: &Path, delay: Duration) -> Result<Self, String> {
+        std::fs::create_dir_all(mountpoint).map_err(|e| e.to_string())?;
+        let options = [
+            fuser::MountOption::RO,
+            fuser::MountOption::FSName("virtgap-slow".into()),
+        ];
+        let session = fuser::spawn_mount2(slow_fuse::SlowDisk { delay }, mountpoint, &options)
+            .map_err(|e| format!("FUSE mount: {e}"))?;
+        let out = Command::new("losetup")
+            .args(["--direct-io=on", "--read-only", "--show", "-f"])
+            .arg(mountpoint.join("disk.img"))
+            .output()
+            .map_err(|e| format!("losetup: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "losetup: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let loop_dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        Ok(Self {
+            loop_dev,
+            _session: session,
+        })
+    }
+}
+
+impl Drop for SlowDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup")
+            .args(["-d", &self.loop_dev])
+            .status();
+        // Give the loop device a moment to let go of the file before the unmount.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline
+            && Command::new("losetup")
+                .arg(&self.loop_dev)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn a_slower_device_shows_up_as_device_time_of_the_injected_size() {
+    if !root_allowed("slow-device attribution experiment") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    const DELAY: Duration = Duration::from_millis(2);
+    let run = |delay: Duration, out: &Path| -> Result<(), String> {
+        let dev = SlowDevice::new(
+            &dir.path().join(format!("mnt-{}", delay.as_micros())),
+            delay,
+        )?;
+        record(
+            &[],
+            &[
+                "-w",
+                "rand4k-qd1",
+                "--target",
+                &dev.loop_dev,
+                "--size",
+                "64MiB",
+                "--duration",
+                "5s",
+            ],
+            out,
+        );
+        Ok(())
+    };
+    let (a, b) = (dir.path().join("fast.json"), dir.path().join("slow.json"));
+    if let Err(why) = run(Duration::ZERO, &a).and_then(|_| run(DELAY, &b)) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the slow-device experiment needs FUSE and loop devices: {why}"
+        );
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let d = diff(
+        "slower device: loop over FUSE, +2 ms per read, QD 1",
+        &a,
+        &b,
+    );
+    assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
+    let device = share(&d, "device");
+    assert!(
+        device >= 0.8,
+        "only {:.0}% of the gap in device",
+        device * 100.0
+    );
+    let injected = DELAY.as_nanos() as f64;
+    let measured = delta(&d, "device");
+    assert!(
+        (measured - injected).abs() <= 0.2 * injected,
+        "device time grew by {measured:.0} ns for an injected {injected:.0} ns"
+    );
+}
