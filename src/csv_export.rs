@@ -407,6 +407,10 @@ mod tests {
             irqs: BTreeMap::from([("virtio1-req.0".to_string(), 2_000)]),
             ipis_sent: BTreeMap::from([("reschedule".to_string(), 10)]),
             vectors: BTreeMap::from([("local_timer".to_string(), 250)]),
+            user_ns: Some(40_000_000),
+            system_ns: Some(300_000_000),
+            idle_ns: Some(1_600_000_000),
+            steal_ns: Some(2_000_000),
         };
         let stages = BTreeMap::from([
             (

@@ -442,6 +442,30 @@ fn saturation(p: &Profile) -> String {
         })
 }
 
+fn steal(p: &Profile) -> String {
+    let steal: Option<u64> = p.cpus.iter().map(|c| c.steal_ns).sum();
+    let total: u64 = p
+        .cpus
+        .iter()
+        .map(|c| {
+            c.user_ns.unwrap_or(0)
+                + c.system_ns.unwrap_or(0)
+                + c.idle_ns.unwrap_or(0)
+                + c.steal_ns.unwrap_or(0)
+                + c.hardirq_ns
+                + c.softirq_ns
+        })
+        .sum();
+    match steal {
+        Some(s) if total > 0 => format!(
+            "{:.2}% of CPU time ({} ms)",
+            s as f64 / total as f64 * 100.0,
+            s / 1_000_000
+        ),
+        _ => "not measured".into(),
+    }
+}
+
 fn cross_cpu(p: &Profile) -> String {
     let total: u64 = p.cpu_pairs.iter().map(|x| x[2]).sum();
     if total == 0 {
@@ -618,9 +642,9 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
             b: cross_cpu(b),
         },
         Evidence {
-            item: "steal".into(),
-            a: "not measured by this version".into(),
-            b: "not measured by this version".into(),
+            item: "steal (all CPUs)".into(),
+            a: steal(a),
+            b: steal(b),
         },
         Evidence {
             item: "exits per second by cause".into(),

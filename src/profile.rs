@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use virtgap_probes::model::{BlockOp, BlockStage, IrqSnapshot, ProbeSnapshot, ProgramStats};
+use virtgap_probes::model::{BlockOp, BlockStage, ProbeSnapshot, ProgramStats};
 use virtgap_probes::{CapabilityReport, KernelHist};
 use virtgap_workloads::stats::{IntervalSample, RunStats};
 use virtgap_workloads::LatencyHistogram;
@@ -140,6 +140,12 @@ pub struct CpuLoad {
     pub ipis_sent: BTreeMap<String, u64>,
     /// System vectors received (local_timer, reschedule, ...) -> count.
     pub vectors: BTreeMap<String, u64>,
+    /// Time in user, system, idle and steal, from /proc/stat (None when not read).
+    pub user_ns: Option<u64>,
+    pub system_ns: Option<u64>,
+    pub idle_ns: Option<u64>,
+    /// Time the hypervisor ran something else while this vCPU wanted to run.
+    pub steal_ns: Option<u64>,
 }
 
 /// A block stage over one interval, for one device (both ops merged).
@@ -301,9 +307,20 @@ fn load_of(cpus: &mut BTreeMap<u32, CpuLoad>, cpu: u32) -> &mut CpuLoad {
     })
 }
 
-/// Per-CPU interrupt load from an IRQ snapshot (cumulative or one interval).
-pub fn cpu_loads(irq: &IrqSnapshot) -> Vec<CpuLoad> {
+/// Per-CPU load from a probe snapshot (cumulative or one interval): interrupt handling from
+/// the IRQ probes, time by state from /proc/stat.
+pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
     let mut cpus: BTreeMap<u32, CpuLoad> = BTreeMap::new();
+    for t in &snap.cpu_times {
+        let c = load_of(&mut cpus, t.cpu);
+        c.user_ns = Some(t.user_ns);
+        c.system_ns = Some(t.system_ns);
+        c.idle_ns = Some(t.idle_ns + t.iowait_ns);
+        c.steal_ns = Some(t.steal_ns);
+    }
+    let Some(irq) = &snap.irq else {
+        return cpus.into_values().collect();
+    };
     // Zero counts (a source idle in this interval) are left out of the per-name maps.
     for h in &irq.hardirqs {
         let c = load_of(&mut cpus, h.cpu);
@@ -382,10 +399,7 @@ pub fn interval(
         lat_p50_ns: sample.lat.percentile_ns(50.0),
         lat_p99_ns: sample.lat.percentile_ns(99.0),
         stages: probes.map(|p| stage_samples(p, dev)).unwrap_or_default(),
-        cpus: probes
-            .and_then(|p| p.irq.as_ref())
-            .map(cpu_loads)
-            .unwrap_or_default(),
+        cpus: probes.map(cpu_loads).unwrap_or_default(),
         probe_run_ns: probes
             .filter(|p| !p.programs.is_empty())
             .map(|p| p.programs.iter().map(|q| q.run_time_ns).sum()),
@@ -518,10 +532,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
                 .map(|w| Histogram::from_kernel(&w.latency)),
         },
         intervals,
-        cpus: total
-            .and_then(|t| t.irq.as_ref())
-            .map(cpu_loads)
-            .unwrap_or_default(),
+        cpus: total.map(cpu_loads).unwrap_or_default(),
         probe_seconds: secs,
         cpu_pairs: total
             .and_then(|t| t.block.as_ref())

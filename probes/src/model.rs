@@ -362,6 +362,8 @@ pub struct ProbeSnapshot {
     pub irq: Option<IrqSnapshot>,
     pub wakeups: Option<WakeupSnapshot>,
     pub nvme: Option<NvmeSnapshot>,
+    /// Per-CPU time by state from /proc/stat (user, system, irq, softirq, steal, idle).
+    pub cpu_times: Vec<crate::procfs::CpuTimes>,
     /// Empty when run-time statistics are unavailable.
     pub programs: Vec<ProgramStats>,
 }
@@ -385,6 +387,17 @@ impl ProbeSnapshot {
             irq: pair(&self.irq, &earlier.irq, IrqSnapshot::since),
             wakeups: pair(&self.wakeups, &earlier.wakeups, WakeupSnapshot::since),
             nvme: pair(&self.nvme, &earlier.nvme, NvmeSnapshot::since),
+            cpu_times: self
+                .cpu_times
+                .iter()
+                .map(|t| {
+                    earlier
+                        .cpu_times
+                        .iter()
+                        .find(|e| e.cpu == t.cpu)
+                        .map_or(*t, |e| t.since(e))
+                })
+                .collect(),
             programs: self
                 .programs
                 .iter()

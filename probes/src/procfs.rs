@@ -42,6 +42,77 @@ pub fn irq_chips(interrupts: &str) -> BTreeMap<u32, String> {
         .collect()
 }
 
+/// Time one CPU spent in each state, from /proc/stat, in nanoseconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CpuTimes {
+    pub cpu: u32,
+    pub user_ns: u64,
+    pub system_ns: u64,
+    pub idle_ns: u64,
+    pub iowait_ns: u64,
+    pub irq_ns: u64,
+    pub softirq_ns: u64,
+    /// Time the hypervisor ran something else while this vCPU wanted to run.
+    pub steal_ns: u64,
+}
+
+impl CpuTimes {
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            cpu: self.cpu,
+            user_ns: self.user_ns.saturating_sub(earlier.user_ns),
+            system_ns: self.system_ns.saturating_sub(earlier.system_ns),
+            idle_ns: self.idle_ns.saturating_sub(earlier.idle_ns),
+            iowait_ns: self.iowait_ns.saturating_sub(earlier.iowait_ns),
+            irq_ns: self.irq_ns.saturating_sub(earlier.irq_ns),
+            softirq_ns: self.softirq_ns.saturating_sub(earlier.softirq_ns),
+            steal_ns: self.steal_ns.saturating_sub(earlier.steal_ns),
+        }
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        self.user_ns
+            + self.system_ns
+            + self.idle_ns
+            + self.iowait_ns
+            + self.irq_ns
+            + self.softirq_ns
+            + self.steal_ns
+    }
+}
+
+/// Per-CPU times from /proc/stat text; `tick_ns` is one USER_HZ tick in ns.
+pub fn cpu_times(stat: &str, tick_ns: u64) -> Vec<CpuTimes> {
+    stat.lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let cpu: u32 = f.next()?.strip_prefix("cpu")?.parse().ok()?;
+            let v: Vec<u64> = f.map(|x| x.parse().unwrap_or(0)).collect();
+            let at = |i: usize| v.get(i).copied().unwrap_or(0) * tick_ns;
+            // user nice system idle iowait irq softirq steal guest guest_nice
+            Some(CpuTimes {
+                cpu,
+                user_ns: at(0) + at(1),
+                system_ns: at(2),
+                idle_ns: at(3),
+                iowait_ns: at(4),
+                irq_ns: at(5),
+                softirq_ns: at(6),
+                steal_ns: at(7),
+            })
+        })
+        .collect()
+}
+
+/// Reads /proc/stat now.
+pub fn read_cpu_times() -> Vec<CpuTimes> {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    std::fs::read_to_string("/proc/stat")
+        .map(|s| cpu_times(&s, 1_000_000_000 / hz))
+        .unwrap_or_default()
+}
+
 /// Address of `symbol` in /proc/kallsyms text (0 addresses mean kptr_restrict hid them).
 pub fn symbol_address(kallsyms: &str, symbol: &str) -> Option<u64> {
     kallsyms.lines().find_map(|line| {
@@ -85,6 +156,17 @@ LOC:    1234567    2345678   Local timer interrupts\n";
         let names = irq_names(xen);
         assert_eq!(names[&91], "nvme0q2");
         assert_eq!(irq_chips(xen)[&90], "xen-pirq-msi-x");
+    }
+
+    #[test]
+    fn reads_cpu_times_with_steal() {
+        let stat = "cpu  100 5 50 1000 10 3 7 40 0 0\ncpu0 60 5 30 500 5 3 7 40 0 0\ncpu1 40 0 20 500 5 0 0 0 0 0\nintr 123\n";
+        let t = cpu_times(stat, 10_000_000);
+        assert_eq!(t.len(), 2, "the aggregate line is skipped");
+        assert_eq!(t[0].user_ns, 650_000_000);
+        assert_eq!(t[0].steal_ns, 400_000_000);
+        assert_eq!(t[1].total_ns(), 965 * 10_000_000);
+        assert_eq!(t[0].since(&t[1]).idle_ns, 0);
     }
 
     #[test]

@@ -410,6 +410,7 @@ impl<'a> ProbeSession<'a> {
             irq: self.irq.as_ref().map(|s| read_irq(s, &self.irq_names)),
             wakeups: self.sched.as_ref().map(read_wakeups),
             nvme: self.nvme.as_ref().map(read_nvme),
+            cpu_times: procfs::read_cpu_times(),
             programs,
         }
     }
