@@ -157,6 +157,23 @@ pub fn intervals(p: &Profile) -> String {
                 "",
                 rate(c.softirq_ns as f64 / 1e9) * 100.0,
             );
+            let states = [
+                ("user_pct", c.user_ns),
+                ("system_pct", c.system_ns),
+                ("steal_pct", c.steal_ns),
+            ];
+            for (metric, ns) in states {
+                if let Some(ns) = ns {
+                    row(
+                        metric,
+                        cpu.clone(),
+                        "",
+                        "",
+                        "",
+                        rate(ns as f64 / 1e9) * 100.0,
+                    );
+                }
+            }
             for (name, n) in &c.irqs {
                 row("irqs_per_s", cpu.clone(), "", "", name, rate(*n as f64));
             }
@@ -267,6 +284,10 @@ pub fn summary(p: &Profile) -> String {
             row(
                 format!("cpu{}_softirq_pct", c.cpu),
                 Some(c.softirq_ns as f64 / 1e9 / secs * 100.0),
+            );
+            row(
+                format!("cpu{}_steal_pct", c.cpu),
+                c.steal_ns.map(|ns| ns as f64 / 1e9 / secs * 100.0),
             );
         }
     }
