@@ -466,29 +466,33 @@ pub struct ProfileInputs<'a> {
     pub workload: WorkloadInfo,
     pub target: TargetInfo,
     pub paced: bool,
-    pub ramp_s: f64,
     pub stats: &'a RunStats,
-    pub intervals: &'a [IntervalSample],
+    /// The measured window's intervals, joined with the probes' (see [`join_intervals`]).
+    pub intervals: Vec<Interval>,
     pub capabilities: Option<CapabilityReport>,
     pub probe_total: Option<&'a ProbeSnapshot>,
-    pub probe_intervals: &'a [ProbeSnapshot],
     /// The block device (major, minor) holding the target, when known.
     pub target_dev: Option<(u32, u32)>,
     pub recorder_cpu_pct: Option<f64>,
 }
 
+/// Joins the workload's intervals with the collector's. Collector intervals start when the
+/// probes attach, just before the workload; the ones that fall in the ramp are not part of the
+/// measured window.
+pub fn join_intervals(
+    samples: &[IntervalSample],
+    probe_intervals: &[ProbeSnapshot],
+    ramp_s: f64,
+    interval_s: f64,
+    dev: Option<(u32, u32)>,
+) -> Vec<Interval> {
+    let skip = (ramp_s / interval_s.max(1e-9)).round() as usize;
+    samples.iter().enumerate().map(|(n, s)| interval(s, probe_intervals.get(n + skip), dev)).collect()
+}
+
 /// Builds the profile (pure: no I/O).
 pub fn assemble(i: ProfileInputs<'_>) -> Profile {
-    // Collector intervals start when the probes attach, just before the workload; the ones
-    // that fall in the ramp are not part of the measured window.
-    let interval_s = i.run.interval_s.max(1e-9);
-    let skip = (i.ramp_s / interval_s).round() as usize;
-    let intervals = i
-        .intervals
-        .iter()
-        .enumerate()
-        .map(|(n, s)| interval(s, i.probe_intervals.get(n + skip), i.target_dev))
-        .collect();
+    let intervals = i.intervals;
     let dev = i.target_dev;
     let total = i.probe_total;
     let kernel_stage = |stage: BlockStage| {

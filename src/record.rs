@@ -75,80 +75,15 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         crate::output::check_csv_dir(dir, args.force)?;
     }
 
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // A second signal while stopping exits at once (temp files are already unlinked).
-        signal_hook::flag::register_conditional_shutdown(
-            sig,
-            i32::from(EXIT_INTERRUPTED),
-            Arc::clone(&stop),
-        )
-        .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
-
-    let choice = match &args.target.target {
-        Some(p) => TargetChoice::Path(p.clone()),
-        None => TargetChoice::TempFile {
-            dir: args.target.dir.clone(),
-        },
+    let verbose = !args.quiet && !args.json;
+    let Some(Prepared { target, target_dev, stop }) = prepare(&spec, overrides.size.is_some(), &args.target, verbose, true)?
+    else {
+        return Ok(ExitCode::from(EXIT_INTERRUPTED));
     };
-    if args.target.destroy_data.is_some() && args.target.target.is_none() {
-        bail!("--destroy-data only applies to an existing --target");
-    }
-    let req = TargetRequest {
-        choice,
-        size: spec.size.0,
-        size_explicit: overrides.size.is_some(),
-        bs: spec.bs.0,
-        write: !spec.is_read_only(),
-        direct: spec.direct,
-        destroy_data: args.target.destroy_data.clone(),
-    };
-    let target = target::open(&req, &SysRoot::default())?;
     if args.verify && !target.needs_fill() {
         bail!("--verify needs a temp-file target (only data virtgap wrote can be checked); drop --target or --verify");
     }
-    if let Some(w) = &target.warning {
-        eprintln!("virtgap: warning: {w}");
-    }
-    let target_dev = target_disk(&target);
-    let progress = !args.quiet && !args.json && std::io::stderr().is_terminal();
-
-    if target.needs_fill() {
-        let started = Instant::now();
-        let mut last_draw = Instant::now();
-        let result = target::fill(&target, &stop, |done| {
-            if progress && last_draw.elapsed() >= Duration::from_millis(200) {
-                last_draw = Instant::now();
-                eprint!(
-                    "\rpreparing {}: {} of {} written  ",
-                    target.describe(),
-                    units::bytes(done),
-                    units::bytes(target.size)
-                );
-            }
-        });
-        if progress {
-            eprint!("\r\x1b[2K");
-        }
-        match result {
-            Ok(()) => {}
-            Err(TargetError::Interrupted) => {
-                eprintln!("virtgap: interrupted while preparing the temp file; nothing measured");
-                return Ok(ExitCode::from(EXIT_INTERRUPTED));
-            }
-            Err(e) => return Err(e.into()),
-        }
-        if !args.quiet && !args.json {
-            eprintln!(
-                "prepared {} in {:.1} s",
-                target.describe(),
-                started.elapsed().as_secs_f64()
-            );
-        }
-    }
+    let progress = verbose && std::io::stderr().is_terminal();
 
     let options = RunOptions {
         interval: args.interval.0,
@@ -281,12 +216,16 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 device: target_dev.map(crate::pipeline::device_name),
             },
             paced: spec.rate_iops.is_some(),
-            ramp_s: spec.ramp.0.as_secs_f64(),
             stats: &stats,
-            intervals: &intervals,
+            intervals: crate::profile::join_intervals(
+                &intervals,
+                &probes.intervals,
+                spec.ramp.0.as_secs_f64(),
+                args.interval.0.as_secs_f64(),
+                target_dev,
+            ),
             capabilities: probes.report.clone(),
             probe_total: probes.cumulative.as_ref(),
-            probe_intervals: &probes.intervals,
             target_dev,
             recorder_cpu_pct: (run_wall > 0.0)
                 .then(|| recorder_cpu_ns as f64 / 1e9 / run_wall * 100.0),
@@ -336,6 +275,102 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A target ready for the workload, and the flag that stops it.
+pub struct Prepared {
+    pub target: virtgap_workloads::Target,
+    pub target_dev: Option<(u32, u32)>,
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Installs the stop signals, opens the target with every safety check, and fills a temp
+/// file (with a progress line on a terminal when `verbose`). None: interrupted while filling.
+pub fn prepare(
+    spec: &virtgap_workloads::WorkloadSpec,
+    size_explicit: bool,
+    target_args: &crate::cli::TargetArgs,
+    verbose: bool,
+    handle_sigint: bool,
+) -> Result<Option<Prepared>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let signals: &[i32] = if handle_sigint {
+        &[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]
+    } else {
+        &[signal_hook::consts::SIGTERM]
+    };
+    for &sig in signals {
+        // A second signal while stopping exits at once (temp files are already unlinked).
+        signal_hook::flag::register_conditional_shutdown(
+            sig,
+            i32::from(EXIT_INTERRUPTED),
+            Arc::clone(&stop),
+        )
+        .context("installing signal handlers")?;
+        signal_hook::flag::register(sig, Arc::clone(&stop))
+            .context("installing signal handlers")?;
+    }
+
+    let choice = match &target_args.target {
+        Some(p) => TargetChoice::Path(p.clone()),
+        None => TargetChoice::TempFile {
+            dir: target_args.dir.clone(),
+        },
+    };
+    if target_args.destroy_data.is_some() && target_args.target.is_none() {
+        bail!("--destroy-data only applies to an existing --target");
+    }
+    let req = TargetRequest {
+        choice,
+        size: spec.size.0,
+        size_explicit,
+        bs: spec.bs.0,
+        write: !spec.is_read_only(),
+        direct: spec.direct,
+        destroy_data: target_args.destroy_data.clone(),
+    };
+    let target = target::open(&req, &SysRoot::default())?;
+    if let Some(w) = &target.warning {
+        eprintln!("virtgap: warning: {w}");
+    }
+    let target_dev = target_disk(&target);
+    let progress = verbose && std::io::stderr().is_terminal();
+
+    if target.needs_fill() {
+        let started = Instant::now();
+        let mut last_draw = Instant::now();
+        let result = target::fill(&target, &stop, |done| {
+            if progress && last_draw.elapsed() >= Duration::from_millis(200) {
+                last_draw = Instant::now();
+                eprint!(
+                    "\rpreparing {}: {} of {} written  ",
+                    target.describe(),
+                    units::bytes(done),
+                    units::bytes(target.size)
+                );
+            }
+        });
+        if progress {
+            eprint!("\r\x1b[2K");
+        }
+        match result {
+            Ok(()) => {}
+            Err(TargetError::Interrupted) => {
+                eprintln!("virtgap: interrupted while preparing the temp file; nothing measured");
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
+        }
+        if verbose {
+            eprintln!(
+                "prepared {} in {:.1} s",
+                target.describe(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    Ok(Some(Prepared { target, target_dev, stop }))
 }
 
 /// CPU time this process has used so far (all threads), in ns.
