@@ -4,7 +4,7 @@
 //! | injected | how | the diff must say |
 //! |---|---|---|
 //! | block-layer queueing | cgroup v1 blkio read-IOPS throttle below the workload's paced demand | queue or submit, not device |
-//! | slower device | loop device over a file on a FUSE filesystem that delays each read | device, ≈ the delay at QD 1 |
+//! | slower device | loop device over a file on a FUSE filesystem that delays each read by 5 ms | device, ≈ the delay at QD 1 |
 //! | completion path | SCHED_FIFO hog on the CPU that takes the disk IRQ and runs the workload | software (wakeup up), not device |
 //! | nothing (A/A) | two plain runs | no significant difference on any row |
 //!
@@ -354,7 +354,7 @@ mod slow_fuse {
     //! delay.
 
     use std::ffi::OsStr;
-    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+    use std::time::{Duration, UNIX_EPOCH};
 
     use fuser::{
         FileAttr, FileType, Filesystem, ReplyAttr, ReplyData, ReplyEntry, ReplyOpen, Request,
@@ -429,10 +429,7 @@ mod slow_fuse {
             reply: ReplyData,
         ) {
             if !self.delay.is_zero() {
-                let until = SystemTime::now() + self.delay;
-                while SystemTime::now() < until {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
+                std::thread::sleep(self.delay);
             }
             let len = (SIZE.saturating_sub(offset as u64)).min(u64::from(size)) as usize;
             reply.data(&vec![0x42; len]);
@@ -499,7 +496,8 @@ fn a_slower_device_shows_up_as_device_time_of_the_injected_size() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch();
-    const DELAY: Duration = Duration::from_millis(2);
+    // Large enough that the fixed costs of a FUSE round trip stay well inside the tolerance.
+    const DELAY: Duration = Duration::from_millis(5);
     let run = |delay: Duration, out: &Path| -> Result<(), String> {
         let dev = SlowDevice::new(
             &dir.path().join(format!("mnt-{}", delay.as_micros())),
