@@ -10,8 +10,12 @@ default:
 build:
     cargo build --release --locked
 
-# The main job: record 10 s of the default workload (random 4 KiB reads on a temp file)
+# The main job: the live TUI on the default workload (random 4 KiB reads on a temp file); q quits
 run *ARGS: build
+    ./target/release/virtgap {{ARGS}}
+
+# Headless: record 10 s of the default workload and print its summary
+record *ARGS: build
     ./target/release/virtgap record --duration 10s {{ARGS}}
 
 # Every test tier: unit, workload I/O, BPF (load and attach for real; needs root), CLI

@@ -13,19 +13,27 @@ use virtgap_workloads::spec::{ByteSize, Distribution, EngineKind, Overrides, Rea
     long_about = "virtgap runs a built-in storage workload (random 4 KiB, sequential 1 MiB, ...) and \
 measures where each I/O's time goes. Record a profile on two hosts and compare them to see which \
 stage makes one slower.\n\nNeeds root (or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE) for tracing.",
-    after_help = "Examples:\n  virtgap record --duration 10s            random 4 KiB reads on a 1 GiB temp file\n  \
+    after_help = "Examples:\n  virtgap                                    the live TUI on the default workload\n  \
+virtgap record --duration 10s            random 4 KiB reads on a 1 GiB temp file\n  \
 virtgap record -w seq1m --json            sequential 1 MiB reads, fio-style JSON on stdout\n  \
 virtgap workloads                          list presets\n  virtgap workloads rand4k > my.toml          \
 copy a preset to edit, then: virtgap record -w ./my.toml"
 )]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
+
+    /// Without a command: the live TUI, with these options (see `virtgap tui --help`)
+    #[command(flatten)]
+    pub tui: TuiArgs,
 }
 
 #[derive(Debug, Subcommand)]
 #[allow(clippy::large_enum_variant)] // parsed once
 pub enum Command {
+    /// The live terminal UI (what plain `virtgap` runs): the workload, traced, as it runs
+    Tui(TuiArgs),
     /// Run a workload headless and print its summary (or JSON with --json)
     Record(RecordArgs),
     /// List the built-in workload presets, or print one to copy and edit
@@ -34,6 +42,39 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Compare two profiles: which stage makes B slower than A, by how much, and how sure
     Diff(DiffArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct TuiArgs {
+    /// Preset name (see `virtgap workloads`) or path to a workload .toml file
+    #[arg(short, long, default_value = virtgap_workloads::spec::DEFAULT_PRESET, value_name = "NAME|FILE")]
+    pub workload: String,
+
+    #[command(flatten)]
+    pub target: TargetArgs,
+
+    #[command(flatten)]
+    pub overrides: WorkloadOverrides,
+
+    /// Refresh period of the screen and the probes' interval
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    pub interval: Span,
+
+    /// Show a recorded profile's stage latencies beside the live ones
+    #[arg(long, value_name = "FILE")]
+    pub baseline: Option<PathBuf>,
+
+    /// Where `s` saves a profile [default: virtgap-<workload>-<time>.json]
+    #[arg(long, value_name = "FILE")]
+    pub save: Option<PathBuf>,
+
+    /// Run the workload without any probe attached
+    #[arg(long, conflicts_with = "probes")]
+    pub no_probes: bool,
+
+    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme [default: all]
+    #[arg(long, value_name = "LIST")]
+    pub probes: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -12,6 +12,7 @@ mod probe_report;
 mod profile;
 mod record;
 mod report;
+mod tui;
 
 use std::process::ExitCode;
 
@@ -24,12 +25,8 @@ fn main() -> ExitCode {
         Some(cli::Command::Workloads(args)) => record::workloads(&args),
         Some(cli::Command::Doctor(args)) => doctor::run(&args),
         Some(cli::Command::Diff(args)) => run_diff(&args),
-        None => {
-            // The live TUI will live here; until then the bare command explains itself.
-            use clap::CommandFactory;
-            let _ = cli::Cli::command().print_help();
-            Ok(ExitCode::SUCCESS)
-        }
+        Some(cli::Command::Tui(args)) => tui::run(&args),
+        None => tui::run(&cli.tui),
     };
     match result {
         Ok(code) => code,

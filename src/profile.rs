@@ -487,7 +487,11 @@ pub fn join_intervals(
     dev: Option<(u32, u32)>,
 ) -> Vec<Interval> {
     let skip = (ramp_s / interval_s.max(1e-9)).round() as usize;
-    samples.iter().enumerate().map(|(n, s)| interval(s, probe_intervals.get(n + skip), dev)).collect()
+    samples
+        .iter()
+        .enumerate()
+        .map(|(n, s)| interval(s, probe_intervals.get(n + skip), dev))
+        .collect()
 }
 
 /// Builds the profile (pure: no I/O).

@@ -76,7 +76,11 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     }
 
     let verbose = !args.quiet && !args.json;
-    let Some(Prepared { target, target_dev, stop }) = prepare(&spec, overrides.size.is_some(), &args.target, verbose, true)?
+    let Some(Prepared {
+        target,
+        target_dev,
+        stop,
+    }) = prepare(&spec, overrides.size.is_some(), &args.target, verbose, true)?
     else {
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     };
@@ -370,7 +374,11 @@ pub fn prepare(
         }
     }
 
-    Ok(Some(Prepared { target, target_dev, stop }))
+    Ok(Some(Prepared {
+        target,
+        target_dev,
+        stop,
+    }))
 }
 
 /// CPU time this process has used so far (all threads), in ns.

@@ -1,0 +1,314 @@
+//! The live TUI: the default workload with every probe the host allows, shown as it runs. It is
+//! one more sink of the pipeline channel; an input thread turns key presses into events on the
+//! same channel, and the screen is redrawn once per second or after a key, never per event.
+
+pub mod app;
+pub mod ui;
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use ratatui::crossterm::event::{self, Event as TermEvent};
+use virtgap_probes::{Family, ProbeConfig, ProbeEvent, ProbeHandle};
+use virtgap_workloads::spec::{self, Span};
+use virtgap_workloads::stats::{IntervalMerger, RunStats};
+use virtgap_workloads::{RunOptions, WorkloadEvent};
+
+use crate::cli::TuiArgs;
+use crate::pipeline::Event;
+use crate::record::{prepare, Prepared};
+use app::{Action, App, RunState};
+
+/// Without --duration the workload runs until the user quits (up to this long).
+const UNTIL_QUIT: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// Events the TUI loop handles: the pipeline's, plus the terminal's.
+enum Input {
+    Pipeline(Event),
+    Terminal(TermEvent),
+}
+
+pub fn run(args: &TuiArgs) -> Result<ExitCode> {
+    let loaded = spec::load(&args.workload)?;
+    let mut spec = loaded.spec.clone();
+    let mut overrides = args.overrides.to_overrides();
+    if overrides.duration.is_none() {
+        overrides.duration = Some(Span(UNTIL_QUIT));
+    }
+    overrides.apply(&mut spec)?;
+    let baseline = match &args.baseline {
+        Some(path) => Some(crate::profile::load(path)?),
+        None => None,
+    };
+    if let Some(path) = &args.save {
+        crate::output::check_output(path, true)?;
+    }
+    let Some(Prepared {
+        target,
+        target_dev,
+        stop,
+    }) = prepare(
+        &spec,
+        args.overrides.size.is_some(),
+        &args.target,
+        true,
+        true,
+    )?
+    else {
+        return Ok(ExitCode::from(130));
+    };
+    let host = crate::host::Fingerprint::this_host();
+
+    let (tx, rx) = mpsc::channel::<Event>();
+    let collector = if args.no_probes {
+        None
+    } else {
+        let families = match &args.probes {
+            None => Family::ALL.to_vec(),
+            Some(list) => list
+                .split(',')
+                .filter_map(|n| Family::parse(n.trim()))
+                .collect(),
+        };
+        let config = ProbeConfig {
+            families,
+            filter_tgid: Some(std::process::id()),
+        };
+        Some(ProbeHandle::start(config, args.interval.0, tx.clone()))
+    };
+    let mut app = App::new(host, spec.describe(), target_dev);
+    app.baseline = baseline;
+    // Wait for the probes to attach so the workload's first I/Os are traced.
+    if collector.is_some() {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(Event::Probe(ProbeEvent::Attached(report))) => app.on_probe_report(report),
+            _ => anyhow::bail!("the probe collector did not start"),
+        }
+    }
+    let options = RunOptions {
+        interval: args.interval.0,
+        ..RunOptions::default()
+    };
+    let workers = virtgap_workloads::start(&spec, &target, &options, Arc::clone(&stop), tx);
+
+    // Terminal input on its own thread, into one channel with the pipeline.
+    let (itx, irx) = mpsc::channel::<Input>();
+    let input_stop = Arc::new(AtomicBool::new(false));
+    let input = {
+        let itx = itx.clone();
+        let input_stop = Arc::clone(&input_stop);
+        std::thread::Builder::new()
+            .name("vg-input".into())
+            .spawn(move || {
+                while !input_stop.load(Ordering::Relaxed) {
+                    if event::poll(Duration::from_millis(100)).unwrap_or(false) {
+                        match event::read() {
+                            Ok(ev) => {
+                                if itx.send(Input::Terminal(ev)).is_err() {
+                                    break;
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                }
+            })?
+    };
+    let forward = std::thread::Builder::new()
+        .name("vg-forward".into())
+        .spawn(move || {
+            for ev in rx {
+                if itx.send(Input::Pipeline(ev)).is_err() {
+                    break;
+                }
+            }
+        })?;
+
+    let mut terminal = ratatui::init();
+    let result = event_loop(
+        &mut terminal,
+        &mut app,
+        &irx,
+        &stop,
+        &spec,
+        &loaded,
+        &target,
+        args,
+    );
+    ratatui::restore();
+
+    stop.store(true, Ordering::Relaxed);
+    input_stop.store(true, Ordering::Relaxed);
+    workers.join();
+    if let Some(c) = collector {
+        c.stop();
+    }
+    let _ = input.join();
+    drop(irx);
+    let _ = forward.join();
+    result?;
+    if let RunState::Failed(e) = &app.state {
+        anyhow::bail!("the workload failed: {e}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn event_loop(
+    terminal: &mut ratatui::DefaultTerminal,
+    app: &mut App,
+    rx: &mpsc::Receiver<Input>,
+    stop: &AtomicBool,
+    spec: &virtgap_workloads::WorkloadSpec,
+    loaded: &virtgap_workloads::LoadedSpec,
+    target: &virtgap_workloads::Target,
+    args: &TuiArgs,
+) -> Result<()> {
+    let started = Instant::now();
+    let mut merger = IntervalMerger::new(spec.workers);
+    let mut finished = 0;
+    let mut redraw = true;
+    let mut next_tick = Instant::now();
+    loop {
+        if redraw || Instant::now() >= next_tick {
+            if app.paused.is_none() {
+                app.set_elapsed(started.elapsed());
+            }
+            terminal
+                .draw(|f| ui::render(f, app))
+                .context("drawing the screen")?;
+            redraw = false;
+            next_tick = Instant::now() + Duration::from_secs(1);
+        }
+        if stop.load(Ordering::Relaxed) {
+            // SIGTERM (or SIGINT from another process).
+            return Ok(());
+        }
+        let timeout = next_tick
+            .saturating_duration_since(Instant::now())
+            .min(Duration::from_millis(200));
+        let input = match rx.recv_timeout(timeout) {
+            Ok(i) => i,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+        };
+        match input {
+            Input::Terminal(TermEvent::Key(key)) => {
+                redraw = true;
+                match app.handle_key(key) {
+                    Action::Quit => return Ok(()),
+                    Action::Save => save(app, spec, loaded, target, args),
+                    Action::None => {}
+                }
+            }
+            Input::Terminal(TermEvent::Resize(..)) => redraw = true,
+            Input::Terminal(_) => {}
+            Input::Pipeline(Event::Probe(ProbeEvent::Attached(r))) => app.on_probe_report(r),
+            Input::Pipeline(Event::Probe(ProbeEvent::Snapshot {
+                cumulative,
+                interval,
+            })) => {
+                if let Some(block) = &cumulative.block {
+                    for d in &block.devices {
+                        app.device_names
+                            .entry(d.dev)
+                            .or_insert_with(|| crate::pipeline::device_name(d.dev));
+                    }
+                }
+                app.on_probe_snapshot(*cumulative, *interval)
+            }
+            Input::Pipeline(Event::Workload(ev)) => match ev {
+                WorkloadEvent::Started { .. } => {}
+                WorkloadEvent::Interval(sample) => {
+                    for s in merger.add(sample) {
+                        app.on_interval(&s, started.elapsed());
+                    }
+                }
+                WorkloadEvent::Finished { worker, result } => {
+                    for s in merger.worker_finished(worker) {
+                        app.on_interval(&s, started.elapsed());
+                    }
+                    finished += 1;
+                    match result {
+                        Err(e) => app.state = RunState::Failed(e.to_string()),
+                        Ok(_) if finished == spec.workers && app.state == RunState::Running => {
+                            app.state = RunState::Finished
+                        }
+                        Ok(_) => {}
+                    }
+                    redraw = true;
+                }
+            },
+        }
+    }
+}
+
+/// Saves what has run so far, in the `record --output` format.
+fn save(
+    app: &mut App,
+    spec: &virtgap_workloads::WorkloadSpec,
+    loaded: &virtgap_workloads::LoadedSpec,
+    target: &virtgap_workloads::Target,
+    args: &TuiArgs,
+) {
+    let d = &app.live;
+    // Mid-run, only the merged app latency is at hand: per-direction slat/clat/lat stay empty
+    // rather than guessed, and the profile is marked incomplete.
+    let mut stats = RunStats::default();
+    stats.read.ios = d.read_ios;
+    stats.read.bytes = d.read_bytes;
+    stats.write.ios = d.write_ios;
+    stats.write.bytes = d.write_bytes;
+    stats.measured_ns = d.intervals.last().map_or(0, |i| (i.end_s * 1e9) as u64);
+    let now = std::time::SystemTime::now();
+    let ms = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    };
+    let mut profile = crate::profile::assemble(crate::profile::ProfileInputs {
+        run: crate::profile::RunInfo {
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+            command_line: std::env::args().collect(),
+            started_unix_ms: ms(now - d.elapsed),
+            ended_unix_ms: ms(now),
+            interval_s: args.interval.0.as_secs_f64(),
+            complete: false,
+        },
+        host: app.host.clone(),
+        workload: crate::profile::WorkloadInfo {
+            name: spec.name.clone(),
+            origin: loaded.origin.clone(),
+            source_text: loaded.source_text.clone(),
+            effective_spec: spec.to_toml(),
+            fio_equivalent: spec.fio_command(&target.path.display().to_string()),
+        },
+        target: crate::profile::TargetInfo {
+            description: target.describe(),
+            path: target.path.display().to_string(),
+            size_bytes: target.size,
+            device: app.target_dev().map(crate::pipeline::device_name),
+        },
+        paced: spec.rate_iops.is_some(),
+        stats: &stats,
+        intervals: d.intervals.clone(),
+        capabilities: app.report.clone(),
+        probe_total: d.probes.as_ref(),
+        target_dev: app.target_dev(),
+        recorder_cpu_pct: None,
+    });
+    profile.stages.app = crate::profile::Histogram::from_latency(&d.app);
+    let path = args.save.clone().unwrap_or_else(|| {
+        let stamp = ms(now) / 1000;
+        std::path::PathBuf::from(format!("virtgap-{}-{stamp}.json", spec.name))
+    });
+    let result = serde_json::to_vec_pretty(&profile)
+        .map_err(anyhow::Error::from)
+        .and_then(|bytes| crate::output::write_atomic(&path, &bytes));
+    app.message = Some(match result {
+        Ok(()) => format!("saved profile {}", path.display()),
+        Err(e) => format!("save failed: {e:#}"),
+    });
+}

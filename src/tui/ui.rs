@@ -1,0 +1,835 @@
+//! Rendering: pure functions of `&App` onto a frame. No I/O, no locks, nothing that blocks.
+//! Every signal that has a colour also has text or a distinct fill, so the screen reads in
+//! monochrome too.
+
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style, Stylize};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Clear, Paragraph, Row, Sparkline, Table, Tabs, Wrap};
+use ratatui::Frame;
+use virtgap_probes::model::{BlockOp, BlockStage};
+use virtgap_probes::{Family, KernelHist};
+use virtgap_workloads::units;
+
+use super::app::{App, RunState, View};
+
+/// Below this the screen says so instead of drawing a squashed layout.
+pub const MIN_WIDTH: u16 = 60;
+pub const MIN_HEIGHT: u16 = 15;
+/// A CPU busier than this in hard IRQ + softirq is flagged as saturating.
+const IRQ_SATURATED_PCT: f64 = 80.0;
+
+fn lat(v: Option<f64>) -> String {
+    v.map(units::latency).unwrap_or_else(|| "-".into())
+}
+
+pub fn render(f: &mut Frame<'_>, app: &App) {
+    let area = f.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        let msg = format!(
+            "terminal too small: {}x{}, virtgap needs at least {MIN_WIDTH}x{MIN_HEIGHT} (q quits)",
+            area.width, area.height
+        );
+        f.render_widget(Paragraph::new(msg).wrap(Wrap { trim: true }), area);
+        return;
+    }
+    let [header, tabs, body, footer] = Layout::vertical([
+        Constraint::Length(3),
+        Constraint::Length(1),
+        Constraint::Min(0),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    render_header(f, app, header);
+    let titles: Vec<String> = View::ALL
+        .iter()
+        .enumerate()
+        .map(|(i, v)| format!("{} {}", i + 1, v.title()))
+        .collect();
+    let selected = View::ALL.iter().position(|v| *v == app.view).unwrap_or(0);
+    f.render_widget(
+        Tabs::new(titles)
+            .select(selected)
+            .highlight_style(Style::new().add_modifier(Modifier::REVERSED)),
+        tabs,
+    );
+    match app.view {
+        View::Time => render_time(f, app, body),
+        View::Cpus => render_cpus(f, app, body),
+        View::Hypervisor => render_hypervisor(f, app, body),
+        View::Devices => render_devices(f, app, body),
+    }
+    let mut hint =
+        "q quit · Tab/1-4 views · arrows select · p pause · r reset · s save · ? help".to_string();
+    if app.paused.is_some() {
+        hint = format!("PAUSED · {hint}");
+    }
+    if let Some(m) = &app.message {
+        hint = format!("{m} · {hint}");
+    }
+    f.render_widget(Paragraph::new(hint).dim(), footer);
+    if app.help {
+        render_help(f, area);
+    }
+}
+
+fn render_header(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let d = app.shown();
+    let last = d.points.back().copied().unwrap_or_default();
+    let state = match &app.state {
+        RunState::Running => String::new(),
+        RunState::Finished => " · finished".into(),
+        RunState::Failed(e) => format!(" · FAILED: {e}"),
+    };
+    let (attached, unavailable) = app
+        .report
+        .as_ref()
+        .map_or((0, 0), |r| (r.attached_count(), r.unavailable_count()));
+    let lines = vec![
+        Line::from(vec!["virtgap ".bold(), Span::raw(app.host.describe())]),
+        Line::from(format!(
+            "{} · {} IOPS · {:.1} MB/s · p99 {} · {:.0} s{state}",
+            app.workload,
+            units::count(last.iops),
+            last.bytes_per_s / 1e6,
+            lat(last.p99_ns.map(|v| v as f64)),
+            d.elapsed.as_secs_f64()
+        )),
+        Line::from(format!(
+            "probes: {attached} attached, {unavailable} unavailable"
+        ))
+        .dim(),
+    ];
+    f.render_widget(Paragraph::new(lines), area);
+}
+
+/// Mean latency of the workload's I/Os split into software | queue | device.
+fn stage_means(app: &App) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
+    let d = app.shown();
+    let app_mean = d.app.mean_ns();
+    let block = d.probes.as_ref().and_then(|p| p.block.as_ref());
+    let dev = app.target_dev();
+    let ops = [BlockOp::Read, BlockOp::Write];
+    let queue = block.and_then(|b| b.stage(dev, BlockStage::Queue, &ops).mean_ns());
+    let device = block.and_then(|b| b.stage(dev, BlockStage::Device, &ops).mean_ns());
+    let software = match (app_mean, queue, device) {
+        (Some(a), Some(q), Some(d)) => Some((a - q - d).max(0.0)),
+        _ => None,
+    };
+    (app_mean, software, queue, device)
+}
+
+fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let [bar, table, sparks] = Layout::vertical([
+        Constraint::Length(4),
+        Constraint::Length(8),
+        Constraint::Min(4),
+    ])
+    .areas(area);
+    let (app_mean, software, queue, device) = stage_means(app);
+    let block = Block::bordered().title(" mean latency of the workload's I/Os ");
+    let inner = block.inner(bar);
+    f.render_widget(block, bar);
+    let mut lines = Vec::new();
+    match (app_mean, software, queue, device) {
+        (Some(total), Some(s), Some(q), Some(d)) if total > 0.0 => {
+            let width = inner.width.saturating_sub(1) as f64;
+            let cells = |v: f64| ((v / total) * width).round() as usize;
+            let (cs, cq) = (cells(s), cells(q).max(usize::from(q > 0.0)));
+            let cd = (width as usize).saturating_sub(cs + cq);
+            lines.push(Line::from(vec![
+                Span::styled("░".repeat(cs), Style::new().fg(Color::Yellow)),
+                Span::styled("▒".repeat(cq), Style::new().fg(Color::Cyan)),
+                Span::styled("█".repeat(cd), Style::new().fg(Color::Magenta)),
+            ]));
+            lines.push(Line::from(format!(
+                "░ submit+completion {}  ▒ block queue {}  █ device {}  = {}",
+                units::latency(s),
+                units::latency(q),
+                units::latency(d),
+                units::latency(total)
+            )));
+        }
+        (Some(total), ..) => lines.push(Line::from(format!(
+            "app latency {} · stages unavailable ({})",
+            units::latency(total),
+            unavailable_reason(app, Family::Block)
+        ))),
+        _ => lines.push(Line::from("waiting for the first interval…")),
+    }
+    f.render_widget(Paragraph::new(lines), inner);
+
+    let d = app.shown();
+    let block_snap = d.probes.as_ref().and_then(|p| p.block.as_ref());
+    let dev = app.target_dev();
+    let ops = [BlockOp::Read, BlockOp::Write];
+    let kernel = |stage| block_snap.map(|b| b.stage(dev, stage, &ops));
+    let row_of = |name: &str,
+                  mean: Option<f64>,
+                  p: &dyn Fn(f64) -> Option<f64>,
+                  base: Option<(f64, f64)>| {
+        let mut cells = vec![
+            name.to_string(),
+            lat(mean),
+            lat(p(50.0)),
+            lat(p(99.0)),
+            lat(p(99.9)),
+        ];
+        if app.baseline.is_some() {
+            cells.push(base.map_or("-".into(), |(m, p99)| {
+                format!("{} / {}", units::latency(m), units::latency(p99))
+            }));
+        }
+        Row::new(cells)
+    };
+    let base = |h: Option<&crate::profile::Histogram>| {
+        h.and_then(|h| Some((h.mean_ns()?, h.percentile_ns(99.0)?)))
+    };
+    let bl = app.baseline.as_ref();
+    let app_p = |q: f64| d.app.percentile_ns(q).map(|v| v as f64);
+    let (qh, dh) = (kernel(BlockStage::Queue), kernel(BlockStage::Device));
+    let wk: Option<KernelHist> = d
+        .probes
+        .as_ref()
+        .and_then(|p| p.wakeups.as_ref())
+        .map(|w| w.latency.clone());
+    let hp = |h: &Option<KernelHist>| {
+        let h = h.clone();
+        move |q: f64| h.as_ref().and_then(|h| h.percentile_ns(q))
+    };
+    let mut header = vec!["stage", "mean", "p50", "p99", "p99.9"];
+    if app.baseline.is_some() {
+        header.push("baseline mean / p99");
+    }
+    let rows = vec![
+        row_of(
+            "app (lat)",
+            d.app.mean_ns(),
+            &app_p,
+            base(bl.map(|b| &b.stages.app)),
+        ),
+        row_of(
+            "block queue",
+            qh.as_ref().and_then(|h| h.mean_ns()),
+            &hp(&qh),
+            base(bl.and_then(|b| b.stages.queue.as_ref())),
+        ),
+        row_of(
+            "device",
+            dh.as_ref().and_then(|h| h.mean_ns()),
+            &hp(&dh),
+            base(bl.and_then(|b| b.stages.device.as_ref())),
+        ),
+        row_of(
+            "wakeup",
+            wk.as_ref().and_then(|h| h.mean_ns()),
+            &hp(&wk),
+            base(bl.and_then(|b| b.stages.wakeup.as_ref())),
+        ),
+    ];
+    let mut widths = vec![
+        Constraint::Length(12),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(10),
+        Constraint::Length(10),
+    ];
+    if app.baseline.is_some() {
+        widths.push(Constraint::Min(20));
+    }
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(Row::new(header).bold())
+            .block(Block::bordered().title(" stage latency since start (or reset) ")),
+        table,
+    );
+
+    let [s1, s2] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(sparks);
+    let n = s1.width.saturating_sub(2) as usize;
+    let pts: Vec<_> = d.points.iter().rev().take(n).rev().collect();
+    let iops: Vec<u64> = pts.iter().map(|p| p.iops as u64).collect();
+    let p99: Vec<u64> = pts.iter().map(|p| p.p99_ns.unwrap_or(0)).collect();
+    let peak = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
+    f.render_widget(
+        Sparkline::default().data(&iops).block(
+            Block::bordered().title(format!(" IOPS, peak {} ", units::count(peak(&iops) as f64))),
+        ),
+        s1,
+    );
+    f.render_widget(
+        Sparkline::default()
+            .data(&p99)
+            .block(Block::bordered().title(format!(
+                " p99 latency, peak {} ",
+                units::latency(peak(&p99) as f64)
+            ))),
+        s2,
+    );
+}
+
+fn unavailable_reason(app: &App, family: Family) -> String {
+    app.report
+        .as_ref()
+        .and_then(|r| r.families.iter().find(|f| f.family == family))
+        .and_then(|f| f.unavailable.clone())
+        .unwrap_or_else(|| "no data yet".into())
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map_or("-".into(), |v| format!("{v:5.1}%"))
+}
+
+fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let [top, bottom] = Layout::vertical([Constraint::Min(5), Constraint::Min(6)]).areas(area);
+    let d = app.shown();
+    let iv = d.probe_interval.as_ref();
+    let irq = app.irq_load();
+    let mut rows = Vec::new();
+    for cpu in 0..app.cpus() as u32 {
+        let t = iv.and_then(|s| s.cpu_times.iter().find(|t| t.cpu == cpu));
+        let total = t.map(|t| t.total_ns() as f64).filter(|x| *x > 0.0);
+        let share = |ns: Option<u64>| match (ns, total) {
+            (Some(ns), Some(total)) => Some(ns as f64 / total * 100.0),
+            _ => None,
+        };
+        // With the IRQ probes attached, a CPU with no interrupts is at 0%, not unmeasured.
+        let measured = iv.is_some_and(|s| s.irq.is_some());
+        let (hard, soft) = match irq.iter().find(|x| x.0 == cpu) {
+            Some(x) => (Some(x.1), Some(x.2)),
+            None if measured => (Some(0.0), Some(0.0)),
+            None => (None, None),
+        };
+        let busy = hard.unwrap_or(0.0) + soft.unwrap_or(0.0);
+        let flag = if busy >= IRQ_SATURATED_PCT {
+            "SATURATED"
+        } else {
+            ""
+        };
+        let bar_len = (busy / 100.0 * 8.0).round().clamp(0.0, 8.0) as usize;
+        let marker = if cpu as usize == app.selected_cpu {
+            ">"
+        } else {
+            " "
+        };
+        let mut row = Row::new(vec![
+            format!("{marker}cpu{cpu}"),
+            pct(share(t.map(|t| t.user_ns))),
+            pct(share(t.map(|t| t.system_ns))),
+            pct(hard),
+            pct(soft),
+            pct(share(t.map(|t| t.steal_ns))),
+            pct(share(t.map(|t| t.idle_ns + t.iowait_ns))),
+            format!("{:<8}", "#".repeat(bar_len)),
+            flag.to_string(),
+        ]);
+        if !flag.is_empty() {
+            row = row.style(Style::new().fg(Color::Red).add_modifier(Modifier::BOLD));
+        }
+        rows.push(row);
+    }
+    let widths = [
+        Constraint::Length(6),
+        Constraint::Length(7),
+        Constraint::Length(7),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(7),
+        Constraint::Length(7),
+        Constraint::Length(8),
+        Constraint::Min(9),
+    ];
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(
+                Row::new(vec![
+                    "cpu", "user", "sys", "hardirq", "softirq", "steal", "idle", "irq+soft",
+                    "(>80%)",
+                ])
+                .bold(),
+            )
+            .block(Block::bordered().title(" CPU time by state, last interval ")),
+        top,
+    );
+    let secs = iv.map_or(0.0, |s| s.elapsed_ns as f64 / 1e9);
+    let mut lines = Vec::new();
+    let cpu = app.selected_cpu as u32;
+    match iv.and_then(|s| s.irq.as_ref()) {
+        Some(irq) if secs > 0.0 => {
+            let mut irqs: Vec<_> = irq
+                .hardirqs
+                .iter()
+                .filter(|h| h.cpu == cpu && h.count > 0)
+                .collect();
+            irqs.sort_by_key(|h| std::cmp::Reverse(h.count));
+            for h in irqs.iter().take(6) {
+                lines.push(Line::from(format!(
+                    "  {:<24} {:>9}/s  {} each",
+                    h.name,
+                    units::count(h.count as f64 / secs),
+                    units::latency(h.time_ns as f64 / h.count as f64)
+                )));
+            }
+            if irqs.is_empty() {
+                lines.push(Line::from("  no device interrupts on this CPU"));
+            }
+            let ipis = |kind: &str| {
+                irq.ipis_sent
+                    .iter()
+                    .filter(|e| e.cpu == cpu && e.kind == kind)
+                    .map(|e| e.count)
+                    .sum::<u64>() as f64
+                    / secs
+            };
+            lines.push(Line::from(format!(
+                "  IPIs sent: {}/s block completion, {}/s reschedule, {}/s other",
+                units::count(ipis("block_completion")),
+                units::count(ipis("reschedule")),
+                units::count(ipis("other"))
+            )));
+        }
+        _ => lines.push(Line::from(format!(
+            "  interrupts: unavailable ({})",
+            unavailable_reason(app, Family::Irq)
+        ))),
+    }
+    if let Some(block) = iv.and_then(|s| s.block.as_ref()) {
+        let (cross, total) = block.cross_cpu_completions();
+        if total > 0 {
+            lines.push(Line::from(format!(
+                "  completions on another CPU than submitted (all CPUs): {:.1}%",
+                cross as f64 / total as f64 * 100.0
+            )));
+        }
+    }
+    f.render_widget(
+        Paragraph::new(lines)
+            .block(Block::bordered().title(format!(" interrupts per second on cpu{cpu} "))),
+        bottom,
+    );
+}
+
+fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let d = app.shown();
+    let mut lines = vec![Line::from(
+        "steal (the hypervisor ran something else while the vCPU wanted to run):".bold(),
+    )];
+    match d
+        .probe_interval
+        .as_ref()
+        .filter(|s| !s.cpu_times.is_empty())
+    {
+        Some(iv) => {
+            for t in &iv.cpu_times {
+                let total = t.total_ns().max(1) as f64;
+                lines.push(Line::from(format!(
+                    "  cpu{} {:5.2}% ({} in the last interval)",
+                    t.cpu,
+                    t.steal_ns as f64 / total * 100.0,
+                    units::latency(t.steal_ns as f64)
+                )));
+            }
+        }
+        None => lines.push(Line::from("  no data yet")),
+    }
+    lines.push(Line::from(""));
+    lines.push(Line::from(
+        "exit-causing MSR writes per second: unavailable (not measured by this version)",
+    ));
+    lines.push(Line::from(
+        "PV path timings: unavailable (not measured by this version; needs fentry or kprobes, which this host may block)",
+    ));
+    lines.push(Line::from(
+        "hypervisor sampler (perf top -C per CPU): unavailable (not measured by this version)",
+    ));
+    lines.push(Line::from("calibration: not run"));
+    f.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(" hypervisor ")),
+        area,
+    );
+}
+
+fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let [map, hist] = Layout::vertical([Constraint::Length(6), Constraint::Min(4)]).areas(area);
+    let devs = &app.host.block_devices;
+    let mut lines = Vec::new();
+    for (i, dev) in devs.iter().enumerate() {
+        let marker = if i == app.selected_device { ">" } else { " " };
+        let queues: Vec<String> = dev
+            .queues
+            .iter()
+            .map(|q| match &q.irq {
+                Some(irq) => format!(
+                    "q{} (cpus {}) -> IRQ {} {} -> CPU {}",
+                    q.index,
+                    q.cpu_list,
+                    irq.irq,
+                    irq.name,
+                    irq.effective_affinity.as_deref().unwrap_or("?")
+                ),
+                None => format!("q{} (cpus {}) -> no IRQ found", q.index, q.cpu_list),
+            })
+            .collect();
+        lines.push(Line::from(format!(
+            "{marker}{} {} · scheduler {} · {}",
+            dev.name,
+            dev.kind,
+            dev.scheduler.as_deref().unwrap_or("-"),
+            if queues.is_empty() {
+                "no hardware queues listed".into()
+            } else {
+                queues.join("; ")
+            }
+        )));
+    }
+    if lines.is_empty() {
+        lines.push(Line::from("no block devices found"));
+    }
+    f.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(" queue -> IRQ -> CPU ")),
+        map,
+    );
+    // Device-stage histogram of the selected device, one bar per power of two.
+    let selected = devs.get(app.selected_device);
+    let block = app.shown().probes.as_ref().and_then(|p| p.block.as_ref());
+    let devnum = selected.and_then(|d| {
+        block.and_then(|b| {
+            b.devices
+                .iter()
+                .map(|g| g.dev)
+                .find(|dev| app.device_names.get(dev) == Some(&d.name))
+        })
+    });
+    let title = format!(
+        " device time histogram: {} ",
+        selected.map_or("-", |d| d.name.as_str())
+    );
+    let mut rows = Vec::new();
+    if let (Some(b), Some(dev)) = (block, devnum) {
+        let h = b.stage(
+            Some(dev),
+            BlockStage::Device,
+            &[
+                BlockOp::Read,
+                BlockOp::Write,
+                BlockOp::Flush,
+                BlockOp::Discard,
+                BlockOp::Other,
+            ],
+        );
+        let mut by_pow: Vec<(u64, u64)> = Vec::new();
+        for (lo, _hi, n) in h.buckets() {
+            let p = 63 - lo.max(1).leading_zeros();
+            match by_pow.last_mut() {
+                Some((q, c)) if *q == u64::from(p) => *c += n,
+                _ => by_pow.push((u64::from(p), n)),
+            }
+        }
+        let max = by_pow.iter().map(|x| x.1).max().unwrap_or(1).max(1);
+        let bar_w = hist.width.saturating_sub(30) as u64;
+        for (p, n) in by_pow {
+            rows.push(Line::from(format!(
+                "{:>9} - {:<9} {:<w$} {}",
+                units::latency((1u64 << p) as f64),
+                units::latency((1u64 << (p + 1)) as f64),
+                "#".repeat((n * bar_w / max) as usize),
+                n,
+                w = bar_w as usize
+            )));
+        }
+    }
+    if rows.is_empty() {
+        rows.push(Line::from(format!(
+            "no requests seen on this device ({})",
+            unavailable_reason(app, Family::Block)
+        )));
+    }
+    f.render_widget(
+        Paragraph::new(rows).block(Block::bordered().title(title)),
+        hist,
+    );
+}
+
+fn render_help(f: &mut Frame<'_>, area: Rect) {
+    let w = area.width.min(64);
+    let h = area.height.min(16);
+    let popup = Rect {
+        x: area.x + (area.width - w) / 2,
+        y: area.y + (area.height - h) / 2,
+        width: w,
+        height: h,
+    };
+    let text = vec![
+        Line::from("keys".bold()),
+        Line::from("  q, Esc, Ctrl-C   quit (probes detach, temp file goes)"),
+        Line::from("  Tab, Shift-Tab   next / previous view"),
+        Line::from("  1 2 3 4          Time · CPUs · Hypervisor · Devices"),
+        Line::from("  arrows           select a CPU (CPUs) or a device (Devices)"),
+        Line::from("  p                pause / resume the display"),
+        Line::from("  r                reset the cumulative counters"),
+        Line::from("  s                save a profile of what has run so far"),
+        Line::from("  ?, 5             this help (any key closes it)"),
+    ];
+    f.render_widget(Clear, popup);
+    f.render_widget(
+        Paragraph::new(text).block(Block::bordered().title(" help ")),
+        popup,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use ratatui::backend::TestBackend;
+    use ratatui::crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+    use ratatui::Terminal;
+    use virtgap_probes::model::*;
+    use virtgap_probes::procfs::CpuTimes;
+    use virtgap_probes::{CapabilityReport, ProbeSnapshot};
+    use virtgap_workloads::stats::IntervalSample;
+
+    use super::*;
+    use crate::profile::Profile;
+    use crate::tui::app::App;
+
+    fn hist(values: &[(u64, u64)]) -> KernelHist {
+        let mut h = KernelHist::default();
+        for &(v, n) in values {
+            for _ in 0..n {
+                h.record(v);
+            }
+        }
+        h
+    }
+
+    fn probe_snapshot(scale: u64) -> ProbeSnapshot {
+        let stage = |stage, h| BlockStageHist {
+            dev: (254, 0),
+            hctx: 0,
+            op: BlockOp::Read,
+            stage,
+            hist: h,
+        };
+        ProbeSnapshot {
+            elapsed_ns: scale * 1_000_000_000,
+            block: Some(BlockSnapshot {
+                stages: vec![
+                    stage(
+                        BlockStage::Queue,
+                        hist(&[(1_500, 900 * scale), (40_000, 10 * scale)]),
+                    ),
+                    stage(
+                        BlockStage::Device,
+                        hist(&[
+                            (350_000, 800 * scale),
+                            (700_000, 100 * scale),
+                            (5_000_000, 10 * scale),
+                        ]),
+                    ),
+                ],
+                devices: vec![DeviceGauge {
+                    dev: (254, 0),
+                    inflight: 3,
+                    issued: 910 * scale,
+                    completed: 910 * scale,
+                }],
+                cpu_pairs: vec![
+                    CpuPair {
+                        submit_cpu: 1,
+                        complete_cpu: 1,
+                        count: 900 * scale,
+                    },
+                    CpuPair {
+                        submit_cpu: 0,
+                        complete_cpu: 1,
+                        count: 10 * scale,
+                    },
+                ],
+                dropped: 0,
+                unseen: 0,
+            }),
+            irq: Some(IrqSnapshot {
+                hardirqs: vec![HardIrq {
+                    cpu: 1,
+                    irq: 36,
+                    name: "virtio1-req.0".into(),
+                    count: 2_000 * scale,
+                    time_ns: 8_000_000 * scale,
+                    duration: hist(&[(4_000, 10)]),
+                }],
+                softirqs: vec![CpuEvents {
+                    cpu: 1,
+                    kind: "BLOCK".into(),
+                    count: 2_100 * scale,
+                    time_ns: 850_000_000 * scale,
+                }],
+                vectors: vec![CpuEvents {
+                    cpu: 0,
+                    kind: "local_timer".into(),
+                    count: 250 * scale,
+                    time_ns: 1_000_000,
+                }],
+                ipis_sent: vec![CpuEvents {
+                    cpu: 1,
+                    kind: "reschedule".into(),
+                    count: 5 * scale,
+                    time_ns: 0,
+                }],
+                dropped: 0,
+            }),
+            wakeups: Some(WakeupSnapshot {
+                latency: hist(&[(40_000, 50 * scale), (90_000, 5 * scale)]),
+                dropped: 0,
+            }),
+            nvme: None,
+            cpu_times: vec![
+                CpuTimes {
+                    cpu: 0,
+                    user_ns: 10_000_000 * scale,
+                    system_ns: 10_000_000 * scale,
+                    idle_ns: 980_000_000 * scale,
+                    ..Default::default()
+                },
+                CpuTimes {
+                    cpu: 1,
+                    user_ns: 90_000_000 * scale,
+                    system_ns: 50_000_000 * scale,
+                    idle_ns: 0,
+                    irq_ns: 8_000_000 * scale,
+                    softirq_ns: 850_000_000 * scale,
+                    steal_ns: 2_000_000 * scale,
+                    iowait_ns: 0,
+                },
+            ],
+            programs: vec![],
+        }
+    }
+
+    fn sample(i: u64, iops: u64) -> IntervalSample {
+        let mut s = IntervalSample::empty(0, i, i * 1_000_000_000);
+        s.end_ns = s.start_ns + 1_000_000_000;
+        s.read_ios = iops;
+        s.read_bytes = iops * 4096;
+        for n in 0..200u64 {
+            s.lat.record(400_000 + (n * 7_919 + i * 13) % 100_000);
+        }
+        s
+    }
+
+    /// An app fed with fixed fixture data, as after ten seconds of rand4k.
+    fn fixture_app(baseline: bool) -> App {
+        let profile: Profile =
+            serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
+        let mut app = App::new(
+            profile.host.clone(),
+            "random read, bs 4 KiB, qd 32 x 1 worker, io_uring, O_DIRECT".into(),
+            Some((254, 0)),
+        );
+        let report: CapabilityReport = serde_json::from_value(serde_json::json!({
+            "families": [
+                {"family": "block", "unavailable": null, "tracepoints": [
+                    {"tracepoint": "block_rq_issue", "attached": "tp_btf", "reason": null},
+                    {"tracepoint": "block_rq_complete", "attached": "tp_btf", "reason": null}]},
+                {"family": "nvme", "unavailable": "no NVMe on this host (nvme_core module not loaded)", "tracepoints": []}
+            ],
+            "run_stats_unavailable": null
+        }))
+        .unwrap();
+        app.on_probe_report(report);
+        for i in 0..10u64 {
+            app.on_probe_snapshot(probe_snapshot(i + 1), probe_snapshot(1));
+            app.on_interval(
+                &sample(i, 60_000 + (i * 1_234) % 7_000),
+                std::time::Duration::from_secs(i + 1),
+            );
+        }
+        if baseline {
+            let mut b = profile;
+            b.stages.device = Some(crate::profile::Histogram::from_kernel(&hist(&[(
+                200_000, 100,
+            )])));
+            app.baseline = Some(b);
+        }
+        app.device_names = BTreeMap::from([((254, 0), "vda".to_string())]);
+        app
+    }
+
+    fn draw(app: &App, w: u16, h: u16) -> String {
+        let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+        term.draw(|f| render(f, app)).unwrap();
+        term.backend().to_string()
+    }
+
+    fn press(app: &mut App, c: KeyCode) {
+        app.handle_key(KeyEvent::new(c, KeyModifiers::NONE));
+    }
+
+    #[test]
+    fn every_view_at_80x24_and_160x50() {
+        for (w, h) in [(80, 24), (160, 50)] {
+            let mut app = fixture_app(false);
+            for (key, name) in [
+                ('1', "time"),
+                ('2', "cpus"),
+                ('3', "hypervisor"),
+                ('4', "devices"),
+            ] {
+                press(&mut app, KeyCode::Char(key));
+                insta::assert_snapshot!(format!("{name}_{w}x{h}"), draw(&app, w, h));
+            }
+            press(&mut app, KeyCode::Char('?'));
+            insta::assert_snapshot!(format!("help_{w}x{h}"), draw(&app, w, h));
+        }
+    }
+
+    #[test]
+    fn baseline_values_sit_beside_the_live_ones() {
+        let app = fixture_app(true);
+        let screen = draw(&app, 160, 50);
+        assert!(screen.contains("baseline mean / p99"), "{screen}");
+        insta::assert_snapshot!("time_with_baseline_160x50", screen);
+    }
+
+    #[test]
+    fn saturated_irq_cpu_is_flagged_in_words() {
+        let mut app = fixture_app(false);
+        press(&mut app, KeyCode::Char('2'));
+        let screen = draw(&app, 120, 30);
+        assert!(
+            screen.contains("SATURATED"),
+            "cpu1 spends 86% in IRQ+softirq:\n{screen}"
+        );
+        let narrow = draw(&app, 80, 24);
+        assert!(
+            narrow.contains("SATURATED"),
+            "the flag fits 80 columns:\n{narrow}"
+        );
+    }
+
+    #[test]
+    fn tiny_terminals_get_a_note_not_a_panic() {
+        let app = fixture_app(false);
+        let screen = draw(&app, 40, 10);
+        assert!(screen.contains("terminal too small"), "{screen}");
+        for (w, h) in [(1, 1), (59, 30), (80, 14)] {
+            draw(&app, w, h);
+        }
+    }
+
+    #[test]
+    fn empty_data_renders_without_panicking() {
+        let profile: Profile =
+            serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
+        let mut app = App::new(profile.host, "w".into(), None);
+        for key in ['1', '2', '3', '4'] {
+            press(&mut app, KeyCode::Char(key));
+            let screen = draw(&app, 80, 24);
+            assert!(!screen.is_empty());
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The real binary's TUI under tmux: it starts the workload, shows a nonzero IOPS, switches
+//! views on keys, quits on `q`, and leaves no BPF program of ours loaded and no temp file.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn tmux(args: &[&str]) -> String {
+    let out = Command::new("tmux")
+        .args(args)
+        .output()
+        .expect("tmux (installed by setup.sh)");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn wait_for(session: &str, what: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let screen = tmux(&["capture-pane", "-p", "-t", session]);
+        if screen.contains(what) || Instant::now() > deadline {
+            return screen;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Names (as the kernel truncates them) of programs only virtgap loads.
+const OUR_PROGRAMS: [&str; 4] = [
+    "block_io_start_",
+    "local_timer_ent",
+    "sched_wakeup_bt",
+    "softirq_entry_b",
+];
+
+fn our_programs_loaded() -> Vec<String> {
+    let out = Command::new("bpftool")
+        .args(["prog", "show"])
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .output()
+        .expect("bpftool (installed by setup.sh)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    OUR_PROGRAMS
+        .iter()
+        .filter(|n| text.contains(&format!("name {n}")))
+        .map(|n| n.to_string())
+        .collect()
+}
+
+/// The IOPS figure of the header line ("… · 63.9k IOPS · …").
+fn header_iops(screen: &str) -> Option<f64> {
+    let line = screen.lines().find(|l| l.contains(" IOPS · "))?;
+    let word = line.split(" IOPS").next()?.rsplit(' ').next()?;
+    let (num, mult) = match word.chars().last()? {
+        'k' => (&word[..word.len() - 1], 1e3),
+        'M' => (&word[..word.len() - 1], 1e6),
+        _ => (word, 1.0),
+    };
+    num.parse::<f64>().ok().map(|v| v * mult)
+}
+
+#[test]
+fn the_tui_runs_under_tmux_switches_views_and_quits_cleanly() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "tmux is needed in CI");
+        eprintln!("skipping: no tmux");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("vg-tui-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let exit_file = dir.path().join("exit-status");
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let session = format!("vg-tui-{}", std::process::id());
+    let cmd = format!(
+        "{} --size 64MiB --dir {}; echo $? > {}",
+        env!("CARGO_BIN_EXE_virtgap"),
+        work.display(),
+        exit_file.display()
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "120",
+        "-y",
+        "40",
+        &cmd,
+    ]);
+    let kill = || tmux(&["kill-session", "-t", &session]);
+
+    let screen = wait_for(&session, "IOPS ·", Duration::from_secs(30));
+    // The first interval takes a second to arrive.
+    std::thread::sleep(Duration::from_millis(2500));
+    let screen = tmux(&["capture-pane", "-p", "-t", &session]).to_string() + &screen;
+    let iops = header_iops(&screen);
+    assert!(
+        iops.is_some_and(|v| v > 0.0),
+        "no IOPS in the header:\n{screen}"
+    );
+    assert!(screen.contains("Where the time goes"), "{screen}");
+
+    tmux(&["send-keys", "-t", &session, "2"]);
+    let cpus = wait_for(&session, "CPU time by state", Duration::from_secs(5));
+    assert!(
+        cpus.contains("CPU time by state"),
+        "view 2 did not show:\n{cpus}"
+    );
+    tmux(&["send-keys", "-t", &session, "4"]);
+    let devices = wait_for(&session, "queue -> IRQ -> CPU", Duration::from_secs(5));
+    assert!(
+        devices.contains("queue -> IRQ -> CPU"),
+        "view 4 did not show:\n{devices}"
+    );
+
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0 && Path::new("/sys/kernel/btf/vmlinux").exists();
+    if root {
+        assert!(
+            !our_programs_loaded().is_empty(),
+            "the probes were not loaded while the TUI ran"
+        );
+    }
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !exit_file.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = std::fs::read_to_string(&exit_file).unwrap_or_default();
+    kill();
+    assert_eq!(status.trim(), "0", "virtgap exited with {status:?}");
+    let left: Vec<_> = std::fs::read_dir(&work).unwrap().collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+    if root {
+        let loaded = our_programs_loaded();
+        assert!(
+            loaded.is_empty(),
+            "programs still loaded after quit: {loaded:?}"
+        );
+    }
+}
