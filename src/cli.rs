@@ -42,6 +42,18 @@ pub enum Command {
     Doctor(DoctorArgs),
     /// Compare two profiles: which stage makes B slower than A, by how much, and how sure
     Diff(DiffArgs),
+    /// Time exit-causing operations (cpuid, timer reprogramming, IPIs, clock reads)
+    Calibrate(CalibrateArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CalibrateArgs {
+    /// Also time a micro-guest's exit round trip through /dev/kvm (on a KVM host)
+    #[arg(long)]
+    pub host: bool,
+    /// Print JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

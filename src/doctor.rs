@@ -45,13 +45,24 @@ const SIGNALS: &[(&str, &str)] = &[
     ("sched_switch", "wakeup latency of the workload"),
     ("nvme_setup_cmd", "NVMe latency per queue (qid)"),
     ("nvme_complete_rq", "NVMe latency per queue (qid)"),
+    ("write_msr", "exit-causing MSR writes by MSR"),
+    ("read_msr", "MSR reads by MSR"),
+    ("kvm_exit", "host: exit -> entry time by reason"),
+    ("kvm_entry", "host: exit -> entry time by reason"),
+    ("kvm_pio", "host: port I/O exits per VM"),
+    ("kvm_mmio", "host: MMIO exits per VM"),
+    ("kvm_msr", "host: MSR exits per VM"),
+    ("kvm_hypercall", "host: hypercalls per VM"),
 ];
 
 fn signal_of(tracepoint: &str) -> &'static str {
+    if tracepoint.starts_with("cpu-clock") {
+        return "sampled kernel IPs per CPU";
+    }
     SIGNALS
         .iter()
         .find(|(tp, _)| *tp == tracepoint)
-        .map_or("", |(_, s)| s)
+        .map_or("paravirt callback timing", |(_, s)| s)
 }
 
 /// One row of the probe table.
@@ -112,6 +123,10 @@ fn family_rows(f: &FamilyReport) -> Vec<ProbeRow> {
                 Family::Irq => "interrupt load per CPU",
                 Family::Wakeup => "wakeup latency of the workload",
                 Family::Nvme => "NVMe latency per queue (qid)",
+                Family::Msr => "exit-causing MSR writes",
+                Family::Sampler => "where each CPU's time goes (sampled)",
+                Family::KvmHost => "host-side KVM exits",
+                Family::PvPaths => "paravirt callback timing",
             }
             .into(),
             status: format!("unavailable: {why}"),
@@ -150,6 +165,18 @@ pub fn degraded_views(report: &CapabilityReport) -> Vec<String> {
                 continue
             }
             Family::Nvme => "Devices: NVMe latency per queue",
+            // Only meaningful on a KVM host.
+            Family::KvmHost
+                if f.unavailable
+                    .as_deref()
+                    .is_some_and(|w| w.starts_with("not a KVM host")) =>
+            {
+                continue
+            }
+            Family::KvmHost => "Hypervisor: host-side exits",
+            Family::Msr => "Hypervisor: MSR writes",
+            Family::Sampler => "Hypervisor: sampled CPU split",
+            Family::PvPaths => "Hypervisor: PV path timings",
         };
         if let Some(why) = &f.unavailable {
             out.push(format!("{what}: missing ({why})"));

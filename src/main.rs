@@ -1,11 +1,13 @@
 //! virtgap: runs a storage workload, traces where each I/O's time goes, and compares hosts.
 
+mod calibrate;
 mod cli;
 mod csv_export;
 mod diff;
 mod diff_render;
 mod doctor;
 mod host;
+mod microvm;
 mod output;
 mod pipeline;
 mod probe_report;
@@ -25,6 +27,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Workloads(args)) => record::workloads(&args),
         Some(cli::Command::Doctor(args)) => doctor::run(&args),
         Some(cli::Command::Diff(args)) => run_diff(&args),
+        Some(cli::Command::Calibrate(args)) => calibrate::run(&args),
         Some(cli::Command::Tui(args)) => tui::run(&args),
         None => tui::run(&cli.tui),
     };

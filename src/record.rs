@@ -443,10 +443,7 @@ fn probe_config(args: &RecordArgs) -> Result<Option<ProbeConfig>> {
             .collect::<Result<Vec<_>>>()?,
     };
     // The workload runs in this process: follow it.
-    Ok(Some(ProbeConfig {
-        families,
-        filter_tgid: Some(std::process::id()),
-    }))
+    Ok(Some(ProbeConfig::new(families, Some(std::process::id()))))
 }
 
 /// One line per probe family or tracepoint that did not attach.

@@ -110,4 +110,38 @@ enum vg_ipi_kind {
 	VG_NR_IPI_KINDS = 3,
 };
 
+/* MSR accesses, per CPU (the per-CPU map copy) and MSR number. */
+struct vg_msr_key {
+	__u32 msr;
+	__u32 write; /* 1 write, 0 read */
+};
+
+/* One CPU-clock sample: the interrupted kernel IP, or 0 for user mode. */
+struct vg_sample_key {
+	__u32 cpu;
+	__u32 user;
+	__u64 ip;
+};
+
+/* Host-side KVM events of one VMM process. */
+enum vg_kvm_event {
+	VG_KVM_PIO = 0,
+	VG_KVM_MMIO = 1,
+	VG_KVM_MSR = 2,
+	VG_KVM_HYPERCALL = 3,
+	VG_KVM_EXIT = 4,
+	VG_KVM_EVENTS = 5,
+};
+
+struct vg_kvm_key {
+	__u32 tgid;
+	__u32 event; /* enum vg_kvm_event */
+};
+
+/* Time from kvm_exit to the next kvm_entry, by exit reason. */
+struct vg_exit_key {
+	__u32 isa; /* 1 VMX, 2 SVM (KVM_ISA_*) */
+	__u32 reason;
+};
+
 #endif /* VIRTGAP_H */

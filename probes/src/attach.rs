@@ -17,6 +17,10 @@ pub enum AttachKind {
     TpBtf,
     /// Raw tracepoint: the same arguments without BTF typing.
     RawTp,
+    /// A perf event (the sampler's cpu-clock).
+    PerfEvent,
+    /// Classic tracepoint through tracefs: only where the formatted fields are needed.
+    Tracepoint,
 }
 
 impl AttachKind {
@@ -24,6 +28,8 @@ impl AttachKind {
         match self {
             Self::TpBtf => "tp_btf",
             Self::RawTp => "raw_tp",
+            Self::PerfEvent => "perf_event",
+            Self::Tracepoint => "tracepoint",
         }
     }
 
@@ -31,6 +37,7 @@ impl AttachKind {
         match self {
             Self::TpBtf => "_btf",
             Self::RawTp => "_raw",
+            Self::PerfEvent | Self::Tracepoint => "",
         }
     }
 }
@@ -80,6 +87,13 @@ fn section_tracepoint(section: &str) -> Option<&str> {
         .or_else(|| section.strip_prefix("raw_tp/"))
 }
 
+/// A classic tracepoint section ("tracepoint/kvm/kvm_exit" -> "kvm_exit").
+fn classic_tracepoint(section: &str) -> Option<&str> {
+    section
+        .strip_prefix("tracepoint/")
+        .and_then(|s| s.split('/').nth(1))
+}
+
 /// Enables the `kind` flavour of every program whose tracepoint `exists`; returns the
 /// tracepoints left out because the kernel lacks them.
 pub fn select_programs(
@@ -91,6 +105,15 @@ pub fn select_programs(
     for mut prog in object.progs_mut() {
         let name = prog.name().to_string_lossy().into_owned();
         let section = prog.section().to_string_lossy().into_owned();
+        // Classic tracepoints have no twin: enabled whenever the tracepoint exists.
+        if let Some(tp) = classic_tracepoint(&section) {
+            let present = exists(tp);
+            if !present {
+                missing.insert(tp.to_string());
+            }
+            prog.set_autoload(present);
+            continue;
+        }
         let Some(tp) = section_tracepoint(&section) else {
             continue;
         };
@@ -124,26 +147,53 @@ pub fn attach_each(object: &Object, kind: AttachKind) -> (Vec<Link>, Vec<AttachO
             continue;
         }
         let section = prog.section().to_string_lossy().into_owned();
-        let tracepoint = section_tracepoint(&section).unwrap_or(&section).to_string();
+        let classic = classic_tracepoint(&section);
+        let tracepoint = classic
+            .or_else(|| section_tracepoint(&section))
+            .unwrap_or(&section)
+            .to_string();
+        let how = if classic.is_some() {
+            AttachKind::Tracepoint
+        } else {
+            kind
+        };
         match prog.attach() {
             Ok(link) => {
                 links.push(link);
                 outcomes.push(AttachOutcome {
                     tracepoint,
-                    attached: Some(kind),
+                    attached: Some(how),
                     reason: None,
                 });
             }
             Err(e) => outcomes.push(AttachOutcome {
                 tracepoint,
                 attached: None,
-                reason: Some(format!("{} attach: {e}", kind.name())),
+                reason: Some(format!("{} attach: {e}", how.name())),
             }),
         }
     }
     outcomes.sort_by(|a, b| a.tracepoint.cmp(&b.tracepoint));
     outcomes.dedup_by(|a, b| a.tracepoint == b.tracepoint && a.attached == b.attached);
     (links, outcomes)
+}
+
+/// Mounts tracefs at /sys/kernel/tracing if nothing is there (classic tracepoints need it).
+/// Returns a note saying so, or why it could not.
+pub fn ensure_tracefs() -> Option<String> {
+    let dir = std::path::Path::new("/sys/kernel/tracing");
+    if dir.join("events").exists() {
+        return None;
+    }
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tracefs", "nodev"])
+        .arg(dir)
+        .status();
+    Some(match status {
+        Ok(s) if s.success() => "mounted tracefs on /sys/kernel/tracing (classic tracepoints need it)".into(),
+        Ok(s) => format!("tracefs is not mounted and mounting it failed ({s}): classic tracepoints will not attach"),
+        Err(e) => format!("tracefs is not mounted and mount could not run ({e}): classic tracepoints will not attach"),
+    })
 }
 
 #[cfg(test)]

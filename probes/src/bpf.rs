@@ -35,6 +35,26 @@ pub mod nvme {
     plain_types!(types::vg_nvme_key, types::vg_hist);
 }
 
+pub mod msr {
+    include!(concat!(env!("OUT_DIR"), "/msr.skel.rs"));
+    plain_types!(types::vg_msr_key);
+}
+
+pub mod sampler {
+    include!(concat!(env!("OUT_DIR"), "/sampler.skel.rs"));
+    plain_types!(types::vg_sample_key);
+}
+
+pub mod kvm {
+    include!(concat!(env!("OUT_DIR"), "/kvm.skel.rs"));
+    plain_types!(types::vg_kvm_key, types::vg_exit_key, types::vg_hist);
+}
+
+pub mod pvpath {
+    include!(concat!(env!("OUT_DIR"), "/pvpath.skel.rs"));
+    plain_types!(types::vg_hist);
+}
+
 // The ABI the C side declares; a mismatch breaks the build rather than the numbers.
 const _: () = {
     use std::mem::size_of;

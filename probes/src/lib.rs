@@ -11,7 +11,10 @@ pub mod collector;
 pub mod hist;
 pub mod model;
 pub mod procfs;
+pub mod pvpaths;
+mod sampler;
 pub mod session;
+pub mod virt;
 
 pub use attach::AttachKind;
 pub use collector::{ProbeEvent, ProbeHandle};

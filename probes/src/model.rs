@@ -1,12 +1,12 @@
 //! Plain data read from the probes' maps: no BPF types, no I/O. Snapshots are cumulative since
 //! the probes attached; `since` turns two of them into one interval.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::hist::KernelHist;
 
 /// Stage of a block request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockStage {
     /// Request started (allocated and accounted) -> issued to the driver.
@@ -24,7 +24,7 @@ impl BlockStage {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockOp {
     Read,
@@ -59,7 +59,7 @@ impl BlockOp {
 /// A device number (major, minor).
 pub type DevNum = (u32, u32);
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockStageHist {
     pub dev: DevNum,
     /// Hardware queue index.
@@ -70,7 +70,7 @@ pub struct BlockStageHist {
 }
 
 /// Requests of one device, from the stage histograms' counts.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceGauge {
     pub dev: DevNum,
     /// Requests issued and not yet completed, as of the snapshot (issued requests whose start
@@ -81,14 +81,14 @@ pub struct DeviceGauge {
 }
 
 /// Requests completed on `complete_cpu` that were submitted on `submit_cpu`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CpuPair {
     pub submit_cpu: u32,
     pub complete_cpu: u32,
     pub count: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BlockSnapshot {
     pub stages: Vec<BlockStageHist>,
     pub devices: Vec<DeviceGauge>,
@@ -176,7 +176,7 @@ impl BlockSnapshot {
 }
 
 /// Hard-IRQ activity of one IRQ on one CPU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HardIrq {
     pub cpu: u32,
     pub irq: u32,
@@ -189,7 +189,7 @@ pub struct HardIrq {
 
 /// Count and time of one kind of event (a softirq vector, a system vector, an IPI kind) on one
 /// CPU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CpuEvents {
     pub cpu: u32,
     pub kind: String,
@@ -210,7 +210,7 @@ pub const VECTOR_NAMES: [&str; 5] = [
 ];
 pub const IPI_KIND_NAMES: [&str; 3] = ["block_completion", "reschedule", "other"];
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IrqSnapshot {
     pub hardirqs: Vec<HardIrq>,
     pub softirqs: Vec<CpuEvents>,
@@ -290,7 +290,7 @@ impl IrqSnapshot {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WakeupSnapshot {
     /// Wakeup -> on-CPU latency of the workload's threads.
     pub latency: KernelHist,
@@ -307,7 +307,7 @@ impl WakeupSnapshot {
 }
 
 /// NVMe command latency of one queue (setup -> completion).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvmeQueueHist {
     pub dev: DevNum,
     /// Hardware queue index + 1; 0 is the admin queue. IRQ "nvme<c>q<qid>" serves it.
@@ -316,7 +316,7 @@ pub struct NvmeQueueHist {
     pub hist: KernelHist,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvmeSnapshot {
     pub queues: Vec<NvmeQueueHist>,
     pub dropped: u64,
@@ -344,17 +344,203 @@ impl NvmeSnapshot {
     }
 }
 
+/// Accesses of one MSR on one CPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MsrCount {
+    pub cpu: u32,
+    pub msr: u32,
+    pub write: bool,
+    pub count: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MsrSnapshot {
+    pub counts: Vec<MsrCount>,
+}
+
+impl MsrSnapshot {
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            counts: self
+                .counts
+                .iter()
+                .map(|c| {
+                    let prev = earlier
+                        .counts
+                        .iter()
+                        .find(|p| (p.cpu, p.msr, p.write) == (c.cpu, c.msr, c.write));
+                    MsrCount {
+                        count: c.count - prev.map_or(0, |p| p.count.min(c.count)),
+                        ..c.clone()
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    /// Writes of `msr` summed over CPUs.
+    pub fn writes(&self, msr: u32) -> u64 {
+        self.counts
+            .iter()
+            .filter(|c| c.write && c.msr == msr)
+            .map(|c| c.count)
+            .sum()
+    }
+}
+
+/// CPU-clock samples of one CPU: user-mode samples and kernel samples by symbol.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuSamples {
+    pub cpu: u32,
+    pub user: u64,
+    pub kernel: std::collections::BTreeMap<String, u64>,
+}
+
+impl CpuSamples {
+    pub fn total(&self) -> u64 {
+        self.user + self.kernel.values().sum::<u64>()
+    }
+
+    /// Samples per category.
+    pub fn categories(&self) -> std::collections::BTreeMap<crate::virt::SampleCategory, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        if self.user > 0 {
+            out.insert(crate::virt::SampleCategory::User, self.user);
+        }
+        for (sym, n) in &self.kernel {
+            *out.entry(crate::virt::classify_symbol(sym)).or_insert(0) += n;
+        }
+        out
+    }
+
+    /// The `n` kernel symbols with the most samples.
+    pub fn top(&self, n: usize) -> Vec<(&str, u64)> {
+        let mut v: Vec<(&str, u64)> = self.kernel.iter().map(|(s, c)| (s.as_str(), *c)).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+        v.truncate(n);
+        v
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SamplerSnapshot {
+    pub frequency_hz: u64,
+    pub cpus: Vec<CpuSamples>,
+    pub dropped: u64,
+}
+
+impl SamplerSnapshot {
+    pub fn since(&self, earlier: &Self) -> Self {
+        let cpus = self
+            .cpus
+            .iter()
+            .map(|c| {
+                let prev = earlier.cpus.iter().find(|p| p.cpu == c.cpu);
+                let kernel = c
+                    .kernel
+                    .iter()
+                    .map(|(s, n)| {
+                        (
+                            s.clone(),
+                            n - prev
+                                .and_then(|p| p.kernel.get(s))
+                                .map_or(0, |p| (*p).min(*n)),
+                        )
+                    })
+                    .filter(|(_, n)| *n > 0)
+                    .collect();
+                CpuSamples {
+                    cpu: c.cpu,
+                    user: c.user - prev.map_or(0, |p| p.user.min(c.user)),
+                    kernel,
+                }
+            })
+            .collect();
+        Self {
+            frequency_hz: self.frequency_hz,
+            cpus,
+            dropped: self.dropped.saturating_sub(earlier.dropped),
+        }
+    }
+}
+
+/// Host-side KVM events of one VMM process.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvmEventCount {
+    pub tgid: u32,
+    /// "pio", "mmio", "msr", "hypercall", "exit".
+    pub event: String,
+    pub count: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitHist {
+    pub isa: u32,
+    pub reason: u32,
+    pub name: String,
+    pub hist: KernelHist,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvmSnapshot {
+    pub events: Vec<KvmEventCount>,
+    pub exits: Vec<ExitHist>,
+}
+
+impl KvmSnapshot {
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            events: self
+                .events
+                .iter()
+                .map(|e| {
+                    let prev = earlier
+                        .events
+                        .iter()
+                        .find(|p| p.tgid == e.tgid && p.event == e.event);
+                    KvmEventCount {
+                        count: e.count - prev.map_or(0, |p| p.count.min(e.count)),
+                        ..e.clone()
+                    }
+                })
+                .collect(),
+            exits: self
+                .exits
+                .iter()
+                .map(|x| {
+                    let prev = earlier
+                        .exits
+                        .iter()
+                        .find(|p| (p.isa, p.reason) == (x.isa, x.reason));
+                    ExitHist {
+                        hist: prev.map_or_else(|| x.hist.clone(), |p| x.hist.since(&p.hist)),
+                        ..x.clone()
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    pub fn count(&self, tgid: u32, event: &str) -> u64 {
+        self.events
+            .iter()
+            .filter(|e| e.tgid == tgid && e.event == event)
+            .map(|e| e.count)
+            .sum()
+    }
+}
+
 /// Run statistics of one of our BPF programs (needs the BPF_ENABLE_STATS fd held).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProgramStats {
-    pub family: &'static str,
+    pub family: String,
     pub name: String,
     pub run_count: u64,
     pub run_time_ns: u64,
 }
 
 /// Everything the probes measured, cumulative since they attached.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProbeSnapshot {
     /// Nanoseconds since the probes attached.
     pub elapsed_ns: u64,
@@ -362,6 +548,9 @@ pub struct ProbeSnapshot {
     pub irq: Option<IrqSnapshot>,
     pub wakeups: Option<WakeupSnapshot>,
     pub nvme: Option<NvmeSnapshot>,
+    pub msr: Option<MsrSnapshot>,
+    pub sampler: Option<SamplerSnapshot>,
+    pub kvm: Option<KvmSnapshot>,
     /// Per-CPU time by state from /proc/stat (user, system, irq, softirq, steal, idle).
     pub cpu_times: Vec<crate::procfs::CpuTimes>,
     /// Empty when run-time statistics are unavailable.
@@ -387,6 +576,9 @@ impl ProbeSnapshot {
             irq: pair(&self.irq, &earlier.irq, IrqSnapshot::since),
             wakeups: pair(&self.wakeups, &earlier.wakeups, WakeupSnapshot::since),
             nvme: pair(&self.nvme, &earlier.nvme, NvmeSnapshot::since),
+            msr: pair(&self.msr, &earlier.msr, MsrSnapshot::since),
+            sampler: pair(&self.sampler, &earlier.sampler, SamplerSnapshot::since),
+            kvm: pair(&self.kvm, &earlier.kvm, KvmSnapshot::since),
             cpu_times: self
                 .cpu_times
                 .iter()

@@ -26,10 +26,27 @@ pub enum Family {
     Irq,
     Wakeup,
     Nvme,
+    /// Exit-causing MSR accesses.
+    Msr,
+    /// CPU-clock sampling of kernel IPs on every CPU.
+    Sampler,
+    /// Host-side KVM exits (when virtgap runs on a hypervisor).
+    KvmHost,
+    /// Entry -> return timing of paravirt callbacks (fentry, else kprobes).
+    PvPaths,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [Family::Block, Family::Irq, Family::Wakeup, Family::Nvme];
+    pub const ALL: [Family; 8] = [
+        Family::Block,
+        Family::Irq,
+        Family::Wakeup,
+        Family::Nvme,
+        Family::Msr,
+        Family::Sampler,
+        Family::KvmHost,
+        Family::PvPaths,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -37,6 +54,10 @@ impl Family {
             Self::Irq => "irq",
             Self::Wakeup => "wakeup",
             Self::Nvme => "nvme",
+            Self::Msr => "msr",
+            Self::Sampler => "sampler",
+            Self::KvmHost => "kvm-host",
+            Self::PvPaths => "pv-paths",
         }
     }
 
@@ -49,6 +70,8 @@ impl Family {
 #[derive(Clone, Debug)]
 pub struct ProbeConfig {
     pub families: Vec<Family>,
+    /// CPU-clock sampling frequency.
+    pub sample_hz: u64,
     /// Restrict block and wakeup probes to this process (the workload). The wakeup probe needs
     /// it and is reported unavailable without it.
     pub filter_tgid: Option<u32>,
@@ -58,7 +81,18 @@ impl Default for ProbeConfig {
     fn default() -> Self {
         Self {
             families: Family::ALL.to_vec(),
+            sample_hz: 999,
             filter_tgid: None,
+        }
+    }
+}
+
+impl ProbeConfig {
+    pub fn new(families: Vec<Family>, filter_tgid: Option<u32>) -> Self {
+        Self {
+            families,
+            filter_tgid,
+            ..Self::default()
         }
     }
 }
@@ -77,6 +111,9 @@ pub struct FamilyReport {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CapabilityReport {
     pub families: Vec<FamilyReport>,
+    /// Things the loader did on the way, e.g. mounting tracefs.
+    #[serde(default)]
+    pub notes: Vec<String>,
     /// Why per-program run statistics are unavailable, if they are.
     pub run_stats_unavailable: Option<String>,
 }
@@ -114,6 +151,9 @@ pub struct ProbeStorage {
     irq: [MaybeUninit<OpenObject>; 2],
     sched: [MaybeUninit<OpenObject>; 2],
     nvme: [MaybeUninit<OpenObject>; 2],
+    msr: [MaybeUninit<OpenObject>; 2],
+    sampler: MaybeUninit<OpenObject>,
+    kvm: [MaybeUninit<OpenObject>; 2],
 }
 
 impl std::fmt::Debug for ProbeStorage {
@@ -130,6 +170,9 @@ impl Default for ProbeStorage {
             irq: two(),
             sched: two(),
             nvme: two(),
+            msr: two(),
+            sampler: MaybeUninit::uninit(),
+            kvm: two(),
         }
     }
 }
@@ -140,6 +183,11 @@ pub struct ProbeSession<'a> {
     irq: Option<bpf::irq::IrqSkel<'a>>,
     sched: Option<bpf::sched::SchedSkel<'a>>,
     nvme: Option<bpf::nvme::NvmeSkel<'a>>,
+    msr: Option<bpf::msr::MsrSkel<'a>>,
+    sampler: Option<bpf::sampler::SamplerSkel<'a>>,
+    sample_hz: u64,
+    symbols: crate::virt::Symbols,
+    kvm: Option<bpf::kvm::KvmSkel<'a>>,
     _links: Vec<Link>,
     _stats_fd: Option<OwnedFd>,
     started: Instant,
@@ -259,6 +307,9 @@ impl<'a> ProbeSession<'a> {
             irq: irq_slots,
             sched: sched_slots,
             nvme: nvme_slots,
+            msr: msr_slots,
+            sampler: sampler_slot,
+            kvm: kvm_slots,
         } = storage;
         let mut block = None;
         if wants(Family::Block) {
@@ -371,6 +422,84 @@ impl<'a> ProbeSession<'a> {
             }
         }
 
+        let mut msr = None;
+        if wants(Family::Msr) {
+            if let Err(e) = &permission {
+                report.families.push(unavailable(Family::Msr, e.clone()));
+            } else {
+                let (skel, r) = load_family(
+                    Family::Msr,
+                    bpf::msr::MsrSkelBuilder::default,
+                    msr_slots,
+                    &kernel,
+                    &|tp| kernel.has(tp),
+                    &|_: &mut bpf::msr::OpenMsrSkel<'_>| {},
+                    &mut links,
+                );
+                msr = skel;
+                report.families.push(r);
+            }
+        }
+
+        let mut sampler = None;
+        let mut symbols = crate::virt::Symbols::default();
+        if wants(Family::Sampler) {
+            match &permission {
+                Err(e) => report
+                    .families
+                    .push(unavailable(Family::Sampler, e.clone())),
+                Ok(()) => match crate::sampler::start(sampler_slot, config.sample_hz, &mut links) {
+                    Ok((skel, r)) => {
+                        symbols = crate::virt::Symbols::load();
+                        sampler = Some(skel);
+                        report.families.push(r);
+                    }
+                    Err(r) => report.families.push(r),
+                },
+            }
+        }
+
+        let mut kvm = None;
+        if wants(Family::KvmHost) {
+            let present =
+                kernel.has("kvm_exit") || std::path::Path::new("/sys/module/kvm").exists();
+            match (&permission, present) {
+                (_, false) => report.families.push(unavailable(
+                    Family::KvmHost,
+                    "not a KVM host (no kvm module)",
+                )),
+                (Err(e), true) => report
+                    .families
+                    .push(unavailable(Family::KvmHost, e.clone())),
+                (Ok(()), true) => {
+                    // kvm_exit/kvm_entry are classic tracepoints, which need tracefs.
+                    if let Some(note) = crate::attach::ensure_tracefs() {
+                        report.notes.push(note);
+                    }
+                    let tgid = config.filter_tgid.unwrap_or(0);
+                    let (skel, r) = load_family(
+                        Family::KvmHost,
+                        bpf::kvm::KvmSkelBuilder::default,
+                        kvm_slots,
+                        &kernel,
+                        &|tp| kernel.has(tp),
+                        &|open: &mut bpf::kvm::OpenKvmSkel<'_>| {
+                            if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+                                ro.filter_tgid = tgid;
+                            }
+                        },
+                        &mut links,
+                    );
+                    kvm = skel;
+                    report.families.push(r);
+                }
+            }
+        }
+
+        if wants(Family::PvPaths) {
+            report.families.push(crate::pvpaths::probe(&permission));
+        }
+
         let irq_names = std::fs::read_to_string("/proc/interrupts")
             .map(|t| procfs::irq_names(&t))
             .unwrap_or_default();
@@ -379,6 +508,11 @@ impl<'a> ProbeSession<'a> {
             irq,
             sched,
             nvme,
+            msr,
+            sampler,
+            sample_hz: config.sample_hz,
+            symbols,
+            kvm,
             _links: links,
             _stats_fd: stats_fd,
             started: Instant::now(),
@@ -403,6 +537,15 @@ impl<'a> ProbeSession<'a> {
             if let Some(s) = &self.nvme {
                 programs.extend(program_stats("nvme", s.object()));
             }
+            if let Some(s) = &self.msr {
+                programs.extend(program_stats("msr", s.object()));
+            }
+            if let Some(s) = &self.sampler {
+                programs.extend(program_stats("sampler", s.object()));
+            }
+            if let Some(s) = &self.kvm {
+                programs.extend(program_stats("kvm-host", s.object()));
+            }
         }
         ProbeSnapshot {
             elapsed_ns: self.started.elapsed().as_nanos() as u64,
@@ -411,6 +554,12 @@ impl<'a> ProbeSession<'a> {
             wakeups: self.sched.as_ref().map(read_wakeups),
             nvme: self.nvme.as_ref().map(read_nvme),
             cpu_times: procfs::read_cpu_times(),
+            msr: self.msr.as_ref().map(read_msr),
+            sampler: self
+                .sampler
+                .as_ref()
+                .map(|s| read_sampler(s, &self.symbols, self.sample_hz)),
+            kvm: self.kvm.as_ref().map(read_kvm),
             programs,
         }
     }
@@ -448,7 +597,7 @@ fn program_stats(family: &'static str, object: &Object) -> Vec<ProgramStats> {
                 )
             };
             (rc == 0).then(|| ProgramStats {
-                family,
+                family: family.to_string(),
                 name: p.name().to_string_lossy().into_owned(),
                 run_count: info.run_cnt,
                 run_time_ns: info.run_time_ns,
@@ -681,6 +830,109 @@ pub fn object_sections() -> Result<Vec<(Family, Vec<String>)>, String> {
         .map_err(|e| e.to_string())?;
     out.push((Family::Nvme, sections(open.open_object())));
     Ok(out)
+}
+
+fn read_msr(skel: &bpf::msr::MsrSkel<'_>) -> MsrSnapshot {
+    let map = &skel.maps.msrs;
+    let mut counts = Vec::new();
+    for key in map.keys() {
+        let Some(k) = copy::<bpf::msr::types::vg_msr_key>(&key) else {
+            continue;
+        };
+        for (cpu, n) in percpu_entry::<u64>(map, &key).into_iter().enumerate() {
+            if n > 0 {
+                counts.push(MsrCount {
+                    cpu: cpu as u32,
+                    msr: k.msr,
+                    write: k.write == 1,
+                    count: n,
+                });
+            }
+        }
+    }
+    counts.sort_by_key(|c| (c.cpu, c.msr, c.write));
+    MsrSnapshot { counts }
+}
+
+fn read_sampler(
+    skel: &bpf::sampler::SamplerSkel<'_>,
+    symbols: &crate::virt::Symbols,
+    hz: u64,
+) -> SamplerSnapshot {
+    let map = &skel.maps.samples;
+    let mut cpus: BTreeMap<u32, CpuSamples> = BTreeMap::new();
+    for key in map.keys() {
+        let (Some(k), Ok(Some(v))) = (
+            copy::<bpf::sampler::types::vg_sample_key>(&key),
+            map.lookup(&key, MapFlags::ANY),
+        ) else {
+            continue;
+        };
+        let Ok(raw) = <[u8; 8]>::try_from(&v[..]) else {
+            continue;
+        };
+        let n = u64::from_ne_bytes(raw);
+        let c = cpus.entry(k.cpu).or_insert_with(|| CpuSamples {
+            cpu: k.cpu,
+            ..Default::default()
+        });
+        if k.user != 0 {
+            c.user += n;
+        } else {
+            let sym = symbols.resolve(k.ip).unwrap_or("[unknown]").to_string();
+            *c.kernel.entry(sym).or_insert(0) += n;
+        }
+    }
+    SamplerSnapshot {
+        frequency_hz: hz,
+        cpus: cpus.into_values().collect(),
+        dropped: percpu_values::<u64>(&skel.maps.dropped, 0).iter().sum(),
+    }
+}
+
+fn read_kvm(skel: &bpf::kvm::KvmSkel<'_>) -> KvmSnapshot {
+    use bpf::kvm::types;
+    let maps = &skel.maps;
+    let names = ["pio", "mmio", "msr", "hypercall", "exit"];
+    let mut snap = KvmSnapshot::default();
+    for key in maps.events.keys() {
+        let (Some(k), Ok(Some(v))) = (
+            copy::<types::vg_kvm_key>(&key),
+            maps.events.lookup(&key, MapFlags::ANY),
+        ) else {
+            continue;
+        };
+        let Ok(raw) = <[u8; 8]>::try_from(&v[..]) else {
+            continue;
+        };
+        snap.events.push(KvmEventCount {
+            tgid: k.tgid,
+            event: names
+                .get(k.event as usize)
+                .copied()
+                .unwrap_or("other")
+                .to_string(),
+            count: u64::from_ne_bytes(raw),
+        });
+    }
+    for key in maps.exits.keys() {
+        let (Some(k), Ok(Some(v))) = (
+            copy::<types::vg_exit_key>(&key),
+            maps.exits.lookup(&key, MapFlags::ANY),
+        ) else {
+            continue;
+        };
+        let Some(h) = copy::<types::vg_hist>(&v) else {
+            continue;
+        };
+        snap.exits.push(ExitHist {
+            isa: k.isa,
+            reason: k.reason,
+            name: crate::virt::exit_reason_name(k.isa, k.reason),
+            hist: KernelHist::from_raw(&h.slots, h.count, h.sum_ns),
+        });
+    }
+    snap
 }
 
 #[cfg(test)]

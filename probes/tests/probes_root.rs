@@ -14,6 +14,13 @@ use std::time::Instant;
 use virtgap_probes::model::{BlockOp, BlockStage};
 use virtgap_probes::{Family, ProbeConfig, ProbeSession, ProbeStorage};
 
+/// These tests measure the machine: run them one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn in_ci() -> bool {
     std::env::var_os("CI").is_some()
 }
@@ -123,16 +130,14 @@ fn block_stages_count_every_direct_read_of_this_process() {
     if !bpf_allowed() {
         return;
     }
+    let _serial = serial();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     const BLOCKS: u64 = 1000;
     let path = data_file(dir.path(), BLOCKS);
     let disk = devnum(&disk_sysfs(dir.path()));
 
     let mut storage = ProbeStorage::default();
-    let config = ProbeConfig {
-        families: vec![Family::Block],
-        filter_tgid: Some(std::process::id()),
-    };
+    let config = ProbeConfig::new(vec![Family::Block], Some(std::process::id()));
     let session = ProbeSession::load(&mut storage, &config);
     if !family_ready(&session, Family::Block) {
         return;
@@ -196,6 +201,7 @@ fn disk_irq_count_matches_proc_interrupts() {
     if !bpf_allowed() {
         return;
     }
+    let _serial = serial();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     const BLOCKS: u64 = 3000;
     let path = data_file(dir.path(), BLOCKS);
@@ -221,13 +227,7 @@ fn disk_irq_count_matches_proc_interrupts() {
     }
 
     let mut storage = ProbeStorage::default();
-    let session = ProbeSession::load(
-        &mut storage,
-        &ProbeConfig {
-            families: vec![Family::Irq],
-            filter_tgid: None,
-        },
-    );
+    let session = ProbeSession::load(&mut storage, &ProbeConfig::new(vec![Family::Irq], None));
     if !family_ready(&session, Family::Irq) {
         return;
     }
@@ -283,6 +283,7 @@ fn wakeups_of_a_sleeping_process_are_counted() {
     if !bpf_allowed() {
         return;
     }
+    let _serial = serial();
     const K: u64 = 50;
     // Pinned to CPU 0, the child waits for one byte on stdin, then sleeps and wakes K times.
     let mut child = Command::new("python3")
@@ -296,10 +297,7 @@ fn wakeups_of_a_sleeping_process_are_counted() {
     std::thread::sleep(std::time::Duration::from_millis(300));
 
     let mut storage = ProbeStorage::default();
-    let config = ProbeConfig {
-        families: vec![Family::Wakeup],
-        filter_tgid: Some(child.id()),
-    };
+    let config = ProbeConfig::new(vec![Family::Wakeup], Some(child.id()));
     let session = ProbeSession::load(&mut storage, &config);
     if !family_ready(&session, Family::Wakeup) {
         let _ = child.kill();
@@ -329,14 +327,9 @@ fn run_statistics_cover_our_programs() {
     if !bpf_allowed() {
         return;
     }
+    let _serial = serial();
     let mut storage = ProbeStorage::default();
-    let session = ProbeSession::load(
-        &mut storage,
-        &ProbeConfig {
-            families: vec![Family::Irq],
-            filter_tgid: None,
-        },
-    );
+    let session = ProbeSession::load(&mut storage, &ProbeConfig::new(vec![Family::Irq], None));
     if !family_ready(&session, Family::Irq) {
         return;
     }
@@ -362,4 +355,131 @@ fn run_statistics_cover_our_programs() {
         .programs
         .iter()
         .all(|p| p.run_count == 0 || p.run_time_ns > 0));
+}
+
+#[test]
+fn tsc_deadline_writes_follow_the_local_timer() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    let mut storage = ProbeStorage::default();
+    let session = ProbeSession::load(
+        &mut storage,
+        &ProbeConfig::new(vec![Family::Msr, Family::Irq], None),
+    );
+    if !family_ready(&session, Family::Msr) || !family_ready(&session, Family::Irq) {
+        return;
+    }
+    let before = session.snapshot();
+    // Sleeps of 1 ms reprogram the timer on this CPU again and again.
+    for _ in 0..300 {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let after = session.snapshot();
+    let msr = after.msr.unwrap().since(&before.msr.unwrap());
+    let irq = after.irq.unwrap().since(&before.irq.unwrap());
+    let deadline = msr.writes(0x6e0);
+    let timer: u64 = irq
+        .vectors
+        .iter()
+        .filter(|v| v.kind == "local_timer")
+        .map(|v| v.count)
+        .sum();
+    eprintln!("TSC-deadline writes {deadline}, local timer interrupts {timer}");
+    if deadline == 0 {
+        // Hosts without the TSC-deadline timer, or with paravirt MSR writes, show none.
+        let any: u64 = msr.counts.iter().filter(|c| c.write).map(|c| c.count).sum();
+        assert!(any > 0, "no MSR writes at all in 300 sleeps");
+        return;
+    }
+    assert!(timer > 0, "timer interrupts fired");
+    let ratio = deadline as f64 / timer as f64;
+    assert!(
+        (0.1..=10.0).contains(&ratio),
+        "{deadline} deadline writes vs {timer} timer interrupts"
+    );
+}
+
+#[test]
+fn the_sampler_sees_a_busy_user_loop_and_an_idle_cpu() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } as usize;
+    let mut storage = ProbeStorage::default();
+    let session = ProbeSession::load(&mut storage, &ProbeConfig::new(vec![Family::Sampler], None));
+    if !family_ready(&session, Family::Sampler) {
+        return;
+    }
+    let busy_cpu = cpus - 1;
+    let before = session.snapshot();
+    let spinner = std::thread::spawn(move || {
+        // SAFETY: plain affinity call for this thread with a set built on the stack.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(busy_cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+        let t = Instant::now();
+        let mut x = 0u64;
+        while t.elapsed() < std::time::Duration::from_millis(1500) {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(std::hint::black_box(1));
+        }
+        x
+    });
+    spinner.join().unwrap();
+    let after = session.snapshot();
+    let s = after.sampler.unwrap().since(&before.sampler.unwrap());
+    let busy = s
+        .cpus
+        .iter()
+        .find(|c| c.cpu == busy_cpu as u32)
+        .expect("samples on the busy CPU");
+    let cats = busy.categories();
+    let total: u64 = cats.values().sum();
+    assert_eq!(total, busy.total(), "categories account for every sample");
+    let user = *cats
+        .get(&virtgap_probes::virt::SampleCategory::User)
+        .unwrap_or(&0) as f64
+        / total as f64;
+    eprintln!(
+        "busy cpu{busy_cpu}: {total} samples, {:.1}% user; top {:?}",
+        user * 100.0,
+        busy.top(3)
+    );
+    assert!(total > 500, "about 1.5 s at 999 Hz");
+    assert!(
+        user >= 0.9,
+        "the spinning CPU was {:.1}% user",
+        user * 100.0
+    );
+    if cpus > 1 {
+        if let Some(idle) = s
+            .cpus
+            .iter()
+            .find(|c| c.cpu != busy_cpu as u32 && c.total() > 0)
+        {
+            let cats = idle.categories();
+            let share = *cats
+                .get(&virtgap_probes::virt::SampleCategory::Idle)
+                .unwrap_or(&0) as f64
+                / idle.total() as f64;
+            eprintln!(
+                "other cpu{}: {:.1}% idle; top {:?}",
+                idle.cpu,
+                share * 100.0,
+                idle.top(3)
+            );
+            assert!(
+                share >= 0.5,
+                "the other CPU was only {:.1}% idle",
+                share * 100.0
+            );
+        }
+    }
 }

@@ -73,10 +73,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
                 .filter_map(|n| Family::parse(n.trim()))
                 .collect(),
         };
-        let config = ProbeConfig {
-            families,
-            filter_tgid: Some(std::process::id()),
-        };
+        let config = ProbeConfig::new(families, Some(std::process::id()));
         Some(ProbeHandle::start(config, args.interval.0, tx.clone()))
     };
     let mut app = App::new(host, spec.describe(), target_dev);

@@ -687,6 +687,9 @@ mod tests {
                 dropped: 0,
             }),
             nvme: None,
+            msr: None,
+            sampler: None,
+            kvm: None,
             cpu_times: vec![
                 CpuTimes {
                     cpu: 0,
