@@ -165,7 +165,7 @@ LOC:    1234567    2345678   Local timer interrupts\n";
         assert_eq!(t.len(), 2, "the aggregate line is skipped");
         assert_eq!(t[0].user_ns, 650_000_000);
         assert_eq!(t[0].steal_ns, 400_000_000);
-        assert_eq!(t[1].total_ns(), 965 * 10_000_000);
+        assert_eq!(t[1].total_ns(), 565 * 10_000_000);
         assert_eq!(t[0].since(&t[1]).idle_ns, 0);
     }
 

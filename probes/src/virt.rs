@@ -153,7 +153,6 @@ pub fn classify_symbol(sym: &str) -> SampleCategory {
         "net_rx_action",
         "tasklet",
         "rcu_core",
-        "blk_done",
         "run_timer",
     ]) {
         return SoftIrq;
