@@ -84,7 +84,8 @@ pub struct TuiArgs {
     #[arg(long, conflicts_with = "probes")]
     pub no_probes: bool,
 
-    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme [default: all]
+    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme, msr, sampler,
+    /// kvm-host, pv-paths [default: all]
     #[arg(long, value_name = "LIST")]
     pub probes: Option<String>,
 }
@@ -173,9 +174,14 @@ pub struct RecordArgs {
     #[arg(long, conflicts_with = "probes")]
     pub no_probes: bool,
 
-    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme [default: all]
+    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme, msr, sampler,
+    /// kvm-host, pv-paths [default: all]
     #[arg(long, value_name = "LIST")]
     pub probes: Option<String>,
+
+    /// Time exit-causing operations first and store the figures in the profile
+    #[arg(long)]
+    pub calibrate: bool,
 }
 
 #[derive(Debug, Args)]

@@ -179,6 +179,52 @@ pub fn write(out: &mut impl Write, p: &ProbeResults) -> io::Result<()> {
         }
     }
 
+    if let (Some(msr), true) = (&snap.msr, secs > 0.0) {
+        let mut by_msr: std::collections::BTreeMap<u32, u64> = Default::default();
+        for c in msr.counts.iter().filter(|c| c.write) {
+            *by_msr.entry(c.msr).or_default() += c.count;
+        }
+        let mut v: Vec<_> = by_msr.into_iter().collect();
+        v.sort_by_key(|x| std::cmp::Reverse(x.1));
+        let shown: Vec<String> = v
+            .iter()
+            .take(3)
+            .map(|(m, n)| {
+                format!(
+                    "{m:#x} {} {}/s",
+                    virtgap_probes::virt::msr_name(*m),
+                    units::count(*n as f64 / secs)
+                )
+            })
+            .collect();
+        writeln!(
+            out,
+            "  exit-causing MSR writes: {}",
+            if shown.is_empty() {
+                "none seen".into()
+            } else {
+                shown.join(", ")
+            }
+        )?;
+    }
+    if let Some(sampler) = &snap.sampler {
+        writeln!(
+            out,
+            "  sampled CPU time ({} Hz cpu-clock):",
+            sampler.frequency_hz
+        )?;
+        for c in &sampler.cpus {
+            let total = c.total().max(1) as f64;
+            let cats: Vec<String> = c
+                .categories()
+                .into_iter()
+                .filter(|(_, n)| *n as f64 / total >= 0.005)
+                .map(|(k, n)| format!("{} {:.1}%", k.name(), n as f64 / total * 100.0))
+                .collect();
+            writeln!(out, "    cpu{}: {}", c.cpu, cats.join(", "))?;
+        }
+    }
+
     match &report.run_stats_unavailable {
         None if secs > 0.0 => {
             let runs: u64 = snap.programs.iter().map(|p| p.run_count).sum();

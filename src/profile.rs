@@ -175,6 +175,9 @@ pub struct Interval {
     pub cpus: Vec<CpuLoad>,
     /// CPU time our BPF programs used in the interval, ns.
     pub probe_run_ns: Option<u64>,
+    /// MSR writes seen by msr:write_msr in the interval, all CPUs (None: probe not attached).
+    #[serde(default)]
+    pub msr_writes: Option<u64>,
 }
 
 /// The probes' own cost over the run.
@@ -403,6 +406,9 @@ pub fn interval(
         probe_run_ns: probes
             .filter(|p| !p.programs.is_empty())
             .map(|p| p.programs.iter().map(|q| q.run_time_ns).sum()),
+        msr_writes: probes
+            .and_then(|p| p.msr.as_ref())
+            .map(|m| m.counts.iter().filter(|c| c.write).map(|c| c.count).sum()),
     }
 }
 
@@ -474,6 +480,7 @@ pub struct ProfileInputs<'a> {
     /// The block device (major, minor) holding the target, when known.
     pub target_dev: Option<(u32, u32)>,
     pub recorder_cpu_pct: Option<f64>,
+    pub calibration: Option<crate::calibrate::Calibration>,
 }
 
 /// Joins the workload's intervals with the collector's. Collector intervals start when the
@@ -551,8 +558,8 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
                     .collect()
             })
             .unwrap_or_default(),
-        virtualization: None,
-        calibration: None,
+        virtualization: total.and_then(virtualization),
+        calibration: i.calibration.and_then(|c| serde_json::to_value(c).ok()),
         self_overhead: SelfOverhead {
             programs,
             probe_cpu_pct,
@@ -560,6 +567,46 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             recorder_cpu_pct: i.recorder_cpu_pct,
         },
     }
+}
+
+/// The hypervisor signals of a run as JSON: MSR accesses by CPU and MSR, the sampler's split
+/// of each CPU's time with its top symbols, and host-side KVM events. None when none of those
+/// probes attached.
+pub fn virtualization(total: &ProbeSnapshot) -> Option<serde_json::Value> {
+    use serde_json::json;
+    if total.msr.is_none() && total.sampler.is_none() && total.kvm.is_none() {
+        return None;
+    }
+    let msr = |write: bool| -> Vec<serde_json::Value> {
+        total.msr.iter().flat_map(|m| &m.counts).filter(|c| c.write == write).map(|c| {
+            json!({"cpu": c.cpu, "msr": format!("{:#x}", c.msr), "name": virtgap_probes::virt::msr_name(c.msr), "count": c.count})
+        }).collect()
+    };
+    let sampler = total.sampler.as_ref().map(|s| {
+        json!({
+            "frequency_hz": s.frequency_hz,
+            "dropped": s.dropped,
+            "cpus": s.cpus.iter().map(|c| json!({
+                "cpu": c.cpu,
+                "samples": c.total(),
+                "categories": c.categories().into_iter().map(|(k, v)| (k.name().to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
+                "top": c.top(10),
+            })).collect::<Vec<_>>(),
+        })
+    });
+    let kvm = total.kvm.as_ref().map(|k| {
+        json!({
+            "events": k.events,
+            "exits": k.exits.iter().map(|x| json!({"reason": x.name, "count": x.hist.count, "mean_ns": x.hist.mean_ns()})).collect::<Vec<_>>(),
+        })
+    });
+    Some(json!({
+        "seconds": total.elapsed_ns as f64 / 1e9,
+        "msr_writes": if total.msr.is_some() { json!(msr(true)) } else { serde_json::Value::Null },
+        "msr_reads": if total.msr.is_some() { json!(msr(false)) } else { serde_json::Value::Null },
+        "sampler": sampler,
+        "kvm_host": kvm,
+    }))
 }
 
 #[cfg(test)]

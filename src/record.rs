@@ -89,6 +89,12 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     }
     let progress = verbose && std::io::stderr().is_terminal();
 
+    let calibration = args.calibrate.then(|| {
+        if verbose {
+            eprintln!("calibrating exit-causing operations (a few seconds)…");
+        }
+        crate::calibrate::calibrate(1.0)
+    });
     let options = RunOptions {
         interval: args.interval.0,
         verify_reads: args.verify,
@@ -233,6 +239,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             target_dev,
             recorder_cpu_pct: (run_wall > 0.0)
                 .then(|| recorder_cpu_ns as f64 / 1e9 / run_wall * 100.0),
+            calibration: calibration.clone(),
         });
         if let Some(path) = &args.output {
             let mut bytes = serde_json::to_vec_pretty(&profile)?;
@@ -457,7 +464,24 @@ fn report_problems(report: &CapabilityReport) -> Vec<String> {
             }
             continue;
         }
-        for t in f.tracepoints.iter().filter(|t| t.attached.is_none()) {
+        let failed: Vec<_> = f
+            .tracepoints
+            .iter()
+            .filter(|t| t.attached.is_none())
+            .collect();
+        // One line per family when every failure has the same reason.
+        let same = failed.windows(2).all(|w| w[0].reason == w[1].reason);
+        if failed.len() > 1 && same {
+            let names: Vec<&str> = failed.iter().map(|t| t.tracepoint.as_str()).collect();
+            lines.push(format!(
+                "{} probes {} unavailable: {}",
+                f.family.name(),
+                names.join(", "),
+                failed[0].reason.as_deref().unwrap_or("unknown reason")
+            ));
+            continue;
+        }
+        for t in failed {
             lines.push(format!(
                 "{} probe {} unavailable: {}",
                 f.family.name(),

@@ -191,6 +191,8 @@ pub struct ProbeSession<'a> {
     _links: Vec<Link>,
     _stats_fd: Option<OwnedFd>,
     started: Instant,
+    /// /proc/stat at load time: snapshots count from here, like the BPF maps.
+    base_cpu_times: Vec<procfs::CpuTimes>,
     irq_names: BTreeMap<u32, String>,
     pub report: CapabilityReport,
 }
@@ -286,6 +288,8 @@ impl<'a> ProbeSession<'a> {
     /// Loads and attaches the configured families. Never fails as a whole: what cannot attach
     /// is in `report`, with its reason.
     pub fn load(storage: &'a mut ProbeStorage, config: &ProbeConfig) -> Self {
+        // libbpf would print its own load errors on stderr; every failure is in the report.
+        libbpf_rs::set_print(None);
         let mut report = CapabilityReport::default();
         let mut links = Vec::new();
         let kernel = KernelTracepoints::load();
@@ -516,6 +520,7 @@ impl<'a> ProbeSession<'a> {
             _links: links,
             _stats_fd: stats_fd,
             started: Instant::now(),
+            base_cpu_times: procfs::read_cpu_times(),
             irq_names,
             report,
         }
@@ -553,7 +558,15 @@ impl<'a> ProbeSession<'a> {
             irq: self.irq.as_ref().map(|s| read_irq(s, &self.irq_names)),
             wakeups: self.sched.as_ref().map(read_wakeups),
             nvme: self.nvme.as_ref().map(read_nvme),
-            cpu_times: procfs::read_cpu_times(),
+            cpu_times: procfs::read_cpu_times()
+                .into_iter()
+                .map(|t| {
+                    self.base_cpu_times
+                        .iter()
+                        .find(|b| b.cpu == t.cpu)
+                        .map_or(t, |b| t.since(b))
+                })
+                .collect(),
             msr: self.msr.as_ref().map(read_msr),
             sampler: self
                 .sampler

@@ -295,6 +295,7 @@ fn save(
         probe_total: d.probes.as_ref(),
         target_dev: app.target_dev(),
         recorder_cpu_pct: None,
+        calibration: None,
     });
     profile.stages.app = crate::profile::Histogram::from_latency(&d.app);
     let path = args.save.clone().unwrap_or_else(|| {

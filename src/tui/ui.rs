@@ -411,19 +411,44 @@ fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
 
 fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
     let d = app.shown();
-    let mut lines = vec![Line::from(
-        "steal (the hypervisor ran something else while the vCPU wanted to run):".bold(),
-    )];
-    match d
-        .probe_interval
-        .as_ref()
-        .filter(|s| !s.cpu_times.is_empty())
-    {
+    let iv = d.probe_interval.as_ref();
+    let secs = iv.map_or(0.0, |s| s.elapsed_ns as f64 / 1e9);
+    let [left, right] =
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
+
+    let mut lines = vec![Line::from("exit-causing MSR writes per second".bold())];
+    match iv.and_then(|s| s.msr.as_ref()) {
+        Some(msr) if secs > 0.0 => {
+            let mut by: std::collections::BTreeMap<u32, u64> = Default::default();
+            for c in msr.counts.iter().filter(|c| c.write) {
+                *by.entry(c.msr).or_default() += c.count;
+            }
+            let mut v: Vec<_> = by.into_iter().collect();
+            v.sort_by_key(|x| std::cmp::Reverse(x.1));
+            for (m, n) in v.iter().take(6) {
+                lines.push(Line::from(format!(
+                    "  {m:#07x} {:<26} {:>8}/s",
+                    virtgap_probes::virt::msr_name(*m),
+                    units::count(*n as f64 / secs)
+                )));
+            }
+            if v.is_empty() {
+                lines.push(Line::from("  none seen"));
+            }
+        }
+        _ => lines.push(Line::from(format!(
+            "  unavailable ({})",
+            unavailable_reason(app, Family::Msr)
+        ))),
+    }
+    lines.push(Line::from(""));
+    lines.push(Line::from("steal".bold()));
+    match iv.filter(|s| !s.cpu_times.is_empty()) {
         Some(iv) => {
             for t in &iv.cpu_times {
                 let total = t.total_ns().max(1) as f64;
                 lines.push(Line::from(format!(
-                    "  cpu{} {:5.2}% ({} in the last interval)",
+                    "  cpu{} {:5.2}% ({})",
                     t.cpu,
                     t.steal_ns as f64 / total * 100.0,
                     units::latency(t.steal_ns as f64)
@@ -433,21 +458,63 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
         None => lines.push(Line::from("  no data yet")),
     }
     lines.push(Line::from(""));
+    let pv = app
+        .report
+        .as_ref()
+        .and_then(|r| r.families.iter().find(|f| f.family == Family::PvPaths))
+        .map(|f| match (&f.unavailable, f.tracepoints.first()) {
+            (Some(why), _) => why.clone(),
+            (None, Some(t)) => t.reason.clone().unwrap_or_else(|| "attached".into()),
+            (None, None) => "no symbols".into(),
+        })
+        .unwrap_or_else(|| "not requested".into());
+    lines.push(Line::from("PV path timings".bold()));
+    lines.push(Line::from(format!("  unavailable: {pv}")));
     lines.push(Line::from(
-        "exit-causing MSR writes per second: unavailable (not measured by this version)",
+        "calibration: not run here (`virtgap calibrate`)",
     ));
-    lines.push(Line::from(
-        "PV path timings: unavailable (not measured by this version; needs fentry or kprobes, which this host may block)",
-    ));
-    lines.push(Line::from(
-        "hypervisor sampler (perf top -C per CPU): unavailable (not measured by this version)",
-    ));
-    lines.push(Line::from("calibration: not run"));
     f.render_widget(
         Paragraph::new(lines)
             .wrap(Wrap { trim: false })
             .block(Block::bordered().title(" hypervisor ")),
-        area,
+        left,
+    );
+
+    let cpu = app.selected_cpu as u32;
+    let mut lines = Vec::new();
+    match iv.and_then(|s| s.sampler.as_ref()) {
+        Some(sampler) => match sampler.cpus.iter().find(|c| c.cpu == cpu) {
+            Some(c) if c.total() > 0 => {
+                let total = c.total() as f64;
+                for (cat, n) in c.categories() {
+                    let pct = n as f64 / total * 100.0;
+                    lines.push(Line::from(format!(
+                        "  {:<22} {:5.1}% {}",
+                        cat.name(),
+                        pct,
+                        "#".repeat((pct / 5.0).round() as usize)
+                    )));
+                }
+                lines.push(Line::from(""));
+                lines.push(Line::from("  top kernel symbols".bold()));
+                for (sym, n) in c.top(8) {
+                    lines.push(Line::from(format!(
+                        "  {:5.1}% {sym}",
+                        n as f64 / total * 100.0
+                    )));
+                }
+            }
+            _ => lines.push(Line::from("  no samples on this CPU yet")),
+        },
+        None => lines.push(Line::from(format!(
+            "  unavailable ({})",
+            unavailable_reason(app, Family::Sampler)
+        ))),
+    }
+    f.render_widget(
+        Paragraph::new(lines)
+            .block(Block::bordered().title(format!(" cpu{cpu} sampled (perf top -C {cpu}) "))),
+        right,
     );
 }
 
@@ -687,8 +754,36 @@ mod tests {
                 dropped: 0,
             }),
             nvme: None,
-            msr: None,
-            sampler: None,
+            msr: Some(MsrSnapshot {
+                counts: vec![
+                    MsrCount {
+                        cpu: 0,
+                        msr: 0x6e0,
+                        write: true,
+                        count: 2_000 * scale,
+                    },
+                    MsrCount {
+                        cpu: 1,
+                        msr: 0x830,
+                        write: true,
+                        count: 150 * scale,
+                    },
+                ],
+            }),
+            sampler: Some(SamplerSnapshot {
+                frequency_hz: 999,
+                cpus: vec![CpuSamples {
+                    cpu: 0,
+                    user: 100 * scale,
+                    kernel: BTreeMap::from([
+                        ("pv_native_safe_halt".to_string(), 800 * scale),
+                        ("native_write_msr".to_string(), 20 * scale),
+                        ("blk_mq_start_request".to_string(), 30 * scale),
+                        ("__do_softirq".to_string(), 49 * scale),
+                    ]),
+                }],
+                dropped: 0,
+            }),
             kvm: None,
             cpu_times: vec![
                 CpuTimes {
