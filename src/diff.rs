@@ -6,7 +6,7 @@
 //! paths, interrupt handling, wakeups. So Δapp = Δqueue + Δdevice + Δsoftware, and each row's
 //! share of the gap is its Δ over Δapp. Every Δ carries a 95% confidence interval from the
 //! per-interval variation of both runs (Welch's t), and a row is called significant only when
-//! that interval excludes zero *and* the difference exceeds a floor (20% of host A's value, and an
+//! that interval excludes zero *and* the difference exceeds a floor (25% of host A's value, and an
 //! absolute minimum per unit), so run-to-run drift on a noisy host is not reported as a finding.
 
 use std::collections::BTreeMap;
@@ -19,7 +19,7 @@ use crate::profile::{Histogram, Interval, Profile};
 /// Relative part of the significance floor: back-to-back runs of one workload on one (noisy,
 /// virtualized) host were seen to differ by up to 15% in device time, far more than their own
 /// interval spread shows.
-const REL_FLOOR: f64 = 0.20;
+const REL_FLOOR: f64 = 0.25;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
