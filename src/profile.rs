@@ -574,7 +574,11 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
 /// probes attached.
 pub fn virtualization(total: &ProbeSnapshot) -> Option<serde_json::Value> {
     use serde_json::json;
-    if total.msr.is_none() && total.sampler.is_none() && total.kvm.is_none() {
+    if total.msr.is_none()
+        && total.sampler.is_none()
+        && total.kvm.is_none()
+        && total.pv_paths.is_none()
+    {
         return None;
     }
     let msr = |write: bool| -> Vec<serde_json::Value> {
@@ -606,6 +610,10 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<serde_json::Value> {
         "msr_reads": if total.msr.is_some() { json!(msr(false)) } else { serde_json::Value::Null },
         "sampler": sampler,
         "kvm_host": kvm,
+        "pv_paths": total.pv_paths.as_ref().map(|p| p.paths.iter().map(|x| json!({
+            "symbol": x.symbol, "count": x.hist.count, "mean_ns": x.hist.mean_ns(),
+            "p99_ns": x.hist.percentile_ns(99.0),
+        })).collect::<Vec<_>>()),
     }))
 }
 

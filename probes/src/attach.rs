@@ -21,6 +21,10 @@ pub enum AttachKind {
     PerfEvent,
     /// Classic tracepoint through tracefs: only where the formatted fields are needed.
     Tracepoint,
+    /// fentry/fexit trampolines on a kernel function.
+    Fentry,
+    /// kprobe/kretprobe on a kernel function.
+    Kprobe,
 }
 
 impl AttachKind {
@@ -30,6 +34,8 @@ impl AttachKind {
             Self::RawTp => "raw_tp",
             Self::PerfEvent => "perf_event",
             Self::Tracepoint => "tracepoint",
+            Self::Fentry => "fentry",
+            Self::Kprobe => "kprobe",
         }
     }
 
@@ -37,7 +43,7 @@ impl AttachKind {
         match self {
             Self::TpBtf => "_btf",
             Self::RawTp => "_raw",
-            Self::PerfEvent | Self::Tracepoint => "",
+            Self::PerfEvent | Self::Tracepoint | Self::Fentry | Self::Kprobe => "",
         }
     }
 }

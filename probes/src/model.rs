@@ -530,6 +530,36 @@ impl KvmSnapshot {
     }
 }
 
+/// Entry -> return time of one paravirt callback.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PvPathHist {
+    pub symbol: String,
+    pub hist: KernelHist,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PvPathSnapshot {
+    pub paths: Vec<PvPathHist>,
+}
+
+impl PvPathSnapshot {
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            paths: self
+                .paths
+                .iter()
+                .map(|p| {
+                    let prev = earlier.paths.iter().find(|e| e.symbol == p.symbol);
+                    PvPathHist {
+                        hist: prev.map_or_else(|| p.hist.clone(), |e| p.hist.since(&e.hist)),
+                        ..p.clone()
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
 /// Run statistics of one of our BPF programs (needs the BPF_ENABLE_STATS fd held).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProgramStats {
@@ -551,6 +581,7 @@ pub struct ProbeSnapshot {
     pub msr: Option<MsrSnapshot>,
     pub sampler: Option<SamplerSnapshot>,
     pub kvm: Option<KvmSnapshot>,
+    pub pv_paths: Option<PvPathSnapshot>,
     /// Per-CPU time by state from /proc/stat (user, system, irq, softirq, steal, idle).
     pub cpu_times: Vec<crate::procfs::CpuTimes>,
     /// Empty when run-time statistics are unavailable.
@@ -579,6 +610,7 @@ impl ProbeSnapshot {
             msr: pair(&self.msr, &earlier.msr, MsrSnapshot::since),
             sampler: pair(&self.sampler, &earlier.sampler, SamplerSnapshot::since),
             kvm: pair(&self.kvm, &earlier.kvm, KvmSnapshot::since),
+            pv_paths: pair(&self.pv_paths, &earlier.pv_paths, PvPathSnapshot::since),
             cpu_times: self
                 .cpu_times
                 .iter()

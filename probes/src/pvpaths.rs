@@ -48,11 +48,70 @@ fn kprobes_unavailable() -> Option<String> {
     None
 }
 
-/// Tries fentry on `symbol`; Ok(()) if it loads and attaches (then detaches again).
-fn try_fentry(symbol: &str) -> Result<(), String> {
-    let mut slot = MaybeUninit::uninit();
+/// Storage for one BPF object for the life of the process. The number of objects depends on
+/// the kernel (one per paravirt symbol), so they cannot live in the fixed `ProbeStorage`; each
+/// leaks a few hundred bytes once per probe session, of which a process has one or two.
+fn object_slot() -> &'static mut MaybeUninit<libbpf_rs::OpenObject> {
+    Box::leak(Box::new(MaybeUninit::uninit()))
+}
+
+/// Loaded paravirt-path timers: fentry objects (one per symbol) or one kprobe object.
+pub struct PvTimer {
+    symbols: Vec<&'static str>,
+    objects: Vec<bpf::pvpath::PvpathSkel<'static>>,
+    _links: Vec<libbpf_rs::Link>,
+}
+
+impl std::fmt::Debug for PvTimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PvTimer")
+            .field("symbols", &self.symbols)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PvTimer {
+    /// Entry -> return durations per symbol, cumulative.
+    pub fn read(&self) -> crate::model::PvPathSnapshot {
+        use libbpf_rs::{MapCore, MapFlags};
+        let mut paths: Vec<crate::model::PvPathHist> = self
+            .symbols
+            .iter()
+            .map(|s| crate::model::PvPathHist {
+                symbol: s.to_string(),
+                hist: crate::KernelHist::default(),
+            })
+            .collect();
+        for obj in &self.objects {
+            let map = &obj.maps.durations;
+            for key in map.keys() {
+                let (Ok(raw), Ok(Some(v))) = (
+                    <[u8; 4]>::try_from(&key[..]),
+                    map.lookup(&key, MapFlags::ANY),
+                ) else {
+                    continue;
+                };
+                let mut h = bpf::pvpath::types::vg_hist::default();
+                if plain::copy_from_bytes(&mut h, &v).is_err() {
+                    continue;
+                }
+                if let Some(p) = paths.get_mut(u32::from_ne_bytes(raw) as usize) {
+                    p.hist
+                        .merge(&crate::KernelHist::from_raw(&h.slots, h.count, h.sum_ns));
+                }
+            }
+        }
+        crate::model::PvPathSnapshot { paths }
+    }
+}
+
+/// fentry/fexit on `symbol`, recorded under `index`.
+fn fentry(
+    symbol: &str,
+    index: u32,
+) -> Result<(bpf::pvpath::PvpathSkel<'static>, Vec<libbpf_rs::Link>), String> {
     let mut open = bpf::pvpath::PvpathSkelBuilder::default()
-        .open(&mut slot)
+        .open(object_slot())
         .map_err(|e| format!("open: {e}"))?;
     open.progs
         .pv_fentry
@@ -64,67 +123,161 @@ fn try_fentry(symbol: &str) -> Result<(), String> {
         .map_err(|e| format!("{e}"))?;
     open.progs.pv_kprobe.set_autoload(false);
     open.progs.pv_kretprobe.set_autoload(false);
+    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+        ro.symbol_index = index;
+    }
     let skel = open.load().map_err(|e| format!("load: {e}"))?;
-    let _entry = skel
+    let entry = skel
         .progs
         .pv_fentry
         .attach()
         .map_err(|e| format!("attach: {e}"))?;
-    let _exit = skel
+    let exit = skel
         .progs
         .pv_fexit
         .attach()
         .map_err(|e| format!("attach: {e}"))?;
-    Ok(())
+    Ok((skel, vec![entry, exit]))
 }
 
-/// Checks which paravirt paths could be timed on this host. Timing itself needs fentry or
-/// kprobes; this version reports the attach result per symbol (and does not keep them attached).
-pub fn probe(permission: &Result<(), String>) -> FamilyReport {
+/// Links of each symbol's kprobe pair, or why it did not attach.
+type KprobeLinks = Vec<Result<Vec<libbpf_rs::Link>, String>>;
+
+/// One kprobe object attached to every symbol, the symbol's index as the attach cookie.
+fn kprobes(symbols: &[&str]) -> Result<(bpf::pvpath::PvpathSkel<'static>, KprobeLinks), String> {
+    let mut open = bpf::pvpath::PvpathSkelBuilder::default()
+        .open(object_slot())
+        .map_err(|e| format!("open: {e}"))?;
+    open.progs.pv_fentry.set_autoload(false);
+    open.progs.pv_fexit.set_autoload(false);
+    let skel = open.load().map_err(|e| format!("load: {e}"))?;
+    let attached = symbols
+        .iter()
+        .enumerate()
+        .map(|(i, sym)| {
+            let opts = || libbpf_rs::KprobeOpts {
+                cookie: i as u64,
+                ..Default::default()
+            };
+            let entry = skel
+                .progs
+                .pv_kprobe
+                .attach_kprobe_with_opts(false, sym, opts())
+                .map_err(|e| format!("kprobe: {e}"))?;
+            let exit = skel
+                .progs
+                .pv_kretprobe
+                .attach_kprobe_with_opts(true, sym, opts())
+                .map_err(|e| format!("kretprobe: {e}"))?;
+            Ok(vec![entry, exit])
+        })
+        .collect();
+    Ok((skel, attached))
+}
+
+/// Times the hypervisor's paravirt callbacks this kernel has: fentry/fexit where the kernel
+/// allows it, kprobes for the symbols where it does not. Reports per symbol how it attached or
+/// exactly why it could not.
+pub fn start(permission: &Result<(), String>) -> (Option<PvTimer>, FamilyReport) {
     let unavailable = |why: String| FamilyReport {
         family: Family::PvPaths,
         unavailable: Some(why),
         tracepoints: vec![],
     };
     if let Err(e) = permission {
-        return unavailable(e.clone());
+        return (None, unavailable(e.clone()));
     }
     let Some(hv) = guest_hypervisor() else {
-        return unavailable("not a guest: no hypervisor callbacks to time".into());
+        return (
+            None,
+            unavailable("not a guest: no hypervisor callbacks to time".into()),
+        );
     };
     let symbols = Symbols::load();
     let selected = select_pv_symbols(hv, &symbols);
     if selected.is_empty() {
-        return unavailable(format!(
-            "no {hv} paravirt callbacks in this kernel's symbols"
-        ));
+        return (
+            None,
+            unavailable(format!(
+                "no {hv} paravirt callbacks in this kernel's symbols"
+            )),
+        );
     }
-    let kprobes = kprobes_unavailable();
-    let tracepoints = selected
-        .into_iter()
-        .map(|sym| match try_fentry(sym) {
-            Ok(()) => AttachOutcome {
-                tracepoint: sym.to_string(),
-                attached: None,
-                reason: Some(
-                    "fentry attaches here; timing it is not built into this version".into(),
-                ),
-            },
-            Err(fentry) => AttachOutcome {
-                tracepoint: sym.to_string(),
-                attached: None,
-                reason: Some(format!(
-                    "fentry: {fentry}; {}",
-                    kprobes.clone().unwrap_or_else(|| {
-                        "kprobes: available but not used by this version".into()
-                    })
-                )),
-            },
-        })
-        .collect();
-    FamilyReport {
+    let mut objects = Vec::new();
+    let mut links = Vec::new();
+    let mut outcomes = Vec::new();
+    let mut need_kprobe = Vec::new();
+    for (i, sym) in selected.iter().enumerate() {
+        match fentry(sym, i as u32) {
+            Ok((skel, l)) => {
+                objects.push(skel);
+                links.extend(l);
+                outcomes.push(AttachOutcome {
+                    tracepoint: sym.to_string(),
+                    attached: Some(crate::AttachKind::Fentry),
+                    reason: None,
+                });
+            }
+            Err(e) => need_kprobe.push((i, *sym, e)),
+        }
+    }
+    if !need_kprobe.is_empty() {
+        match kprobes_unavailable() {
+            Some(why) => {
+                outcomes.extend(need_kprobe.iter().map(|(_, sym, fentry)| AttachOutcome {
+                    tracepoint: sym.to_string(),
+                    attached: None,
+                    reason: Some(format!("fentry: {fentry}; {why}")),
+                }))
+            }
+            None => {
+                // Kprobe cookies index into `selected`, so attach the whole list and keep only
+                // the links of the symbols fentry could not take.
+                match kprobes(&selected) {
+                    Ok((skel, attached)) => {
+                        for (i, sym, fentry) in &need_kprobe {
+                            match &attached[*i] {
+                                Ok(_) => outcomes.push(AttachOutcome {
+                                    tracepoint: sym.to_string(),
+                                    attached: Some(crate::AttachKind::Kprobe),
+                                    reason: None,
+                                }),
+                                Err(k) => outcomes.push(AttachOutcome {
+                                    tracepoint: sym.to_string(),
+                                    attached: None,
+                                    reason: Some(format!("fentry: {fentry}; {k}")),
+                                }),
+                            }
+                        }
+                        for (i, a) in attached.into_iter().enumerate() {
+                            if let Ok(l) = a {
+                                if need_kprobe.iter().any(|(j, ..)| *j == i) {
+                                    links.extend(l);
+                                }
+                            }
+                        }
+                        objects.push(skel);
+                    }
+                    Err(e) => {
+                        outcomes.extend(need_kprobe.iter().map(|(_, sym, fentry)| AttachOutcome {
+                            tracepoint: sym.to_string(),
+                            attached: None,
+                            reason: Some(format!("fentry: {fentry}; kprobes: {e}")),
+                        }))
+                    }
+                }
+            }
+        }
+    }
+    let report = FamilyReport {
         family: Family::PvPaths,
         unavailable: None,
-        tracepoints,
-    }
+        tracepoints: outcomes,
+    };
+    let timer = (!objects.is_empty()).then(|| PvTimer {
+        symbols: selected,
+        objects,
+        _links: links,
+    });
+    (timer, report)
 }

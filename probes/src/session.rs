@@ -188,6 +188,7 @@ pub struct ProbeSession<'a> {
     sample_hz: u64,
     symbols: crate::virt::Symbols,
     kvm: Option<bpf::kvm::KvmSkel<'a>>,
+    pv: Option<crate::pvpaths::PvTimer>,
     _links: Vec<Link>,
     _stats_fd: Option<OwnedFd>,
     started: Instant,
@@ -500,8 +501,11 @@ impl<'a> ProbeSession<'a> {
             }
         }
 
+        let mut pv = None;
         if wants(Family::PvPaths) {
-            report.families.push(crate::pvpaths::probe(&permission));
+            let (timer, r) = crate::pvpaths::start(&permission);
+            pv = timer;
+            report.families.push(r);
         }
 
         let irq_names = std::fs::read_to_string("/proc/interrupts")
@@ -517,6 +521,7 @@ impl<'a> ProbeSession<'a> {
             sample_hz: config.sample_hz,
             symbols,
             kvm,
+            pv,
             _links: links,
             _stats_fd: stats_fd,
             started: Instant::now(),
@@ -573,6 +578,7 @@ impl<'a> ProbeSession<'a> {
                 .as_ref()
                 .map(|s| read_sampler(s, &self.symbols, self.sample_hz)),
             kvm: self.kvm.as_ref().map(read_kvm),
+            pv_paths: self.pv.as_ref().map(crate::pvpaths::PvTimer::read),
             programs,
         }
     }

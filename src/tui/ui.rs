@@ -469,7 +469,19 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
         })
         .unwrap_or_else(|| "not requested".into());
     lines.push(Line::from("PV path timings".bold()));
-    lines.push(Line::from(format!("  unavailable: {pv}")));
+    match iv.and_then(|s| s.pv_paths.as_ref()) {
+        Some(pv) => {
+            for p in pv.paths.iter().filter(|p| p.hist.count > 0) {
+                lines.push(Line::from(format!(
+                    "  {:<26} {:>7}/s  mean {}",
+                    p.symbol,
+                    units::count(p.hist.count as f64 / secs.max(1e-9)),
+                    lat(p.hist.mean_ns())
+                )));
+            }
+        }
+        None => lines.push(Line::from(format!("  unavailable: {pv}"))),
+    }
     lines.push(Line::from(
         "calibration: not run here (`virtgap calibrate`)",
     ));
@@ -785,6 +797,7 @@ mod tests {
                 dropped: 0,
             }),
             kvm: None,
+            pv_paths: None,
             cpu_times: vec![
                 CpuTimes {
                     cpu: 0,
