@@ -4,6 +4,7 @@
 //!
 //! Everything here builds and runs without root and without BPF.
 
+pub mod act;
 pub mod engine;
 pub mod histogram;
 pub mod offsets;
