@@ -465,6 +465,34 @@ pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
     })
 }
 
+impl WorkloadInfo {
+    /// The workload as run: the spec after overrides, and the text it came from.
+    pub fn of(
+        spec: &virtgap_workloads::WorkloadSpec,
+        loaded: &virtgap_workloads::LoadedSpec,
+        target: &virtgap_workloads::Target,
+    ) -> Self {
+        Self {
+            name: spec.name.clone(),
+            origin: loaded.origin.clone(),
+            source_text: loaded.source_text.clone(),
+            effective_spec: spec.to_toml(),
+            fio_equivalent: spec.fio_command(&target.path.display().to_string()),
+        }
+    }
+}
+
+impl TargetInfo {
+    pub fn of(target: &virtgap_workloads::Target, dev: Option<(u32, u32)>) -> Self {
+        Self {
+            description: target.describe(),
+            path: target.path.display().to_string(),
+            size_bytes: target.size,
+            device: dev.map(crate::pipeline::device_name),
+        }
+    }
+}
+
 /// Everything a run produced, borrowed for assembling its profile.
 pub struct ProfileInputs<'a> {
     pub run: RunInfo,

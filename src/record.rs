@@ -212,19 +212,8 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 complete: !interrupted,
             },
             host: crate::host::Fingerprint::this_host(),
-            workload: crate::profile::WorkloadInfo {
-                name: spec.name.clone(),
-                origin: loaded.origin.clone(),
-                source_text: loaded.source_text.clone(),
-                effective_spec: spec.to_toml(),
-                fio_equivalent: spec.fio_command(&target.path.display().to_string()),
-            },
-            target: crate::profile::TargetInfo {
-                description: target.describe(),
-                path: target.path.display().to_string(),
-                size_bytes: target.size,
-                device: target_dev.map(crate::pipeline::device_name),
-            },
+            workload: crate::profile::WorkloadInfo::of(&spec, &loaded, &target),
+            target: crate::profile::TargetInfo::of(&target, target_dev),
             paced: spec.rate_iops.is_some(),
             stats: &stats,
             intervals: crate::profile::join_intervals(

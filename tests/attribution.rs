@@ -18,28 +18,15 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::Value;
 
-/// The experiments share the disk: run them one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn root_allowed(what: &str) -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{what} must run as root in CI"
-    );
-    eprintln!("skipping {what}: needs root");
-    false
-}
+mod common;
+use common::root_allowed;
 
 fn scratch() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("vg-attr-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap()
+    common::scratch("vg-attr-")
 }
+
+/// The experiments share the disk: run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Runs `virtgap record` with `args`, writing the profile to `out`.
 fn record(cmd_prefix: &[&str], args: &[&str], out: &Path) {

@@ -8,16 +8,15 @@ use std::time::{Duration, Instant};
 use assert_cmd::Command;
 use predicates::prelude::*;
 
-fn vg() -> Command {
-    Command::cargo_bin("virtgap").unwrap()
+mod common;
+use common::{is_root, root_allowed};
+
+fn scratch() -> tempfile::TempDir {
+    common::scratch("vg-cli-")
 }
 
-/// A scratch directory on a disk-backed filesystem.
-fn scratch() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("vg-cli-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap()
+fn vg() -> Command {
+    Command::cargo_bin("virtgap").unwrap()
 }
 
 fn entries(dir: &Path) -> Vec<PathBuf> {
@@ -25,24 +24,6 @@ fn entries(dir: &Path) -> Vec<PathBuf> {
         .unwrap()
         .map(|e| e.unwrap().path())
         .collect()
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// Root-only tests: in CI (`CI` set) not being root is a failure, elsewhere a printed skip.
-fn root_allowed(what: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{what} must run as root in CI"
-    );
-    eprintln!("skipping {what}: needs root");
-    false
 }
 
 /// Asserts a failed run printed exactly one line on stderr containing `needle`.

@@ -8,32 +8,15 @@ use std::time::Duration;
 
 use assert_cmd::Command;
 
-fn vg() -> Command {
-    Command::cargo_bin("virtgap").unwrap()
-}
+mod common;
+use common::{names_in, root_allowed};
 
 fn scratch() -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix("vg-profile-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap()
+    common::scratch("vg-profile-")
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn root_allowed(what: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{what} must run as root in CI"
-    );
-    eprintln!("skipping {what}: needs root");
-    false
+fn vg() -> Command {
+    Command::cargo_bin("virtgap").unwrap()
 }
 
 fn validate(path: &Path) -> serde_json::Value {
@@ -53,15 +36,6 @@ fn validate(path: &Path) -> serde_json::Value {
         errors.join("\n")
     );
     doc
-}
-
-fn names_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 /// A short null-engine record writing into `dir`.
