@@ -7,6 +7,7 @@
 pub mod act;
 pub mod engine;
 pub mod histogram;
+pub mod kv;
 pub mod offsets;
 pub mod pattern;
 pub mod run;

@@ -346,3 +346,84 @@ fn io_errors_are_reported_not_hidden() {
         "{err}"
     );
 }
+
+#[test]
+fn kv_store_returns_every_key_latest_value_after_heavy_overwrite_and_defrag() {
+    use rand::{Rng, SeedableRng};
+    use virtgap_workloads::kv::{KvConfig, KvStore};
+
+    let dir = scratch_dir();
+    let s = spec_from(
+        "rand4k-write",
+        Overrides {
+            size: Some(ByteSize(32 << 20)),
+            ..Default::default()
+        },
+    );
+    let t = open_temp(dir.path(), &s);
+    let cfg = KvConfig {
+        record_bytes: 1536,
+        lb_bytes: 128 << 10,
+        defrag_lwm_pct: 50,
+    };
+    // Half the capacity in keys: 256 blocks x 85 records x 50%.
+    let keys = 256 * 85 / 2;
+    let mut store = KvStore::new(
+        std::sync::Arc::clone(&t.file),
+        t.size,
+        t.align as usize,
+        cfg,
+        keys,
+    )
+    .unwrap();
+    store.fill().unwrap();
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+    for i in 0..100_000u64 {
+        let key = rng.random_range(0..keys);
+        store.put(key).unwrap();
+        if i % 4 == 0 {
+            store.get(rng.random_range(0..keys)).unwrap();
+        }
+        store.defrag_pending().unwrap();
+    }
+    for key in 0..keys {
+        store.get(key).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let c = &store.counters;
+    eprintln!("kv counters after 100k overwrites: {c:?}");
+    assert_eq!(c.mismatches, 0);
+    assert!(c.lb_writes > 100_000 / 85, "{c:?}");
+    assert!(c.lb_reads > 0 && c.relocated > 0, "defrag ran: {c:?}");
+    assert!(
+        c.gets > c.buffered_gets,
+        "most reads came from the device: {c:?}"
+    );
+}
+
+#[test]
+fn kv_store_refuses_records_larger_than_a_block_and_tiny_targets() {
+    use virtgap_workloads::kv::{KvConfig, KvStore};
+    let dir = scratch_dir();
+    let s = spec_from(
+        "rand4k-write",
+        Overrides {
+            size: Some(ByteSize(1 << 20)),
+            ..Default::default()
+        },
+    );
+    let t = open_temp(dir.path(), &s);
+    let big = KvConfig {
+        record_bytes: 200_000,
+        lb_bytes: 128 << 10,
+        defrag_lwm_pct: 50,
+    };
+    let e = KvStore::new(std::sync::Arc::clone(&t.file), t.size, 512, big, 10).unwrap_err();
+    assert!(e.to_string().contains("does not fit"), "{e}");
+    let huge_blocks = KvConfig {
+        record_bytes: 1536,
+        lb_bytes: 1 << 20,
+        defrag_lwm_pct: 50,
+    };
+    let e = KvStore::new(std::sync::Arc::clone(&t.file), t.size, 512, huge_blocks, 10).unwrap_err();
+    assert!(e.to_string().contains("at least 4"), "{e}");
+}
