@@ -33,7 +33,9 @@ impl Unit {
     /// The absolute part of the significance floor.
     fn floor(self) -> f64 {
         match self {
-            Unit::Ns => 1_000.0,
+            // Stage means here are tens of µs to ms; a few µs is scheduler noise (mq-deadline
+            // spikes moved an A/A queue mean from 1.4 to 5.7 µs).
+            Unit::Ns => 5_000.0,
             Unit::PerIo => 0.02,
             Unit::Iops => 0.0,
         }
@@ -697,7 +699,7 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
             &sb.iops,
             false,
         ),
-        row(
+        tail_row(row(
             "app latency p99 (per interval)",
             Unit::Ns,
             median(&sa.app_p99),
@@ -705,7 +707,7 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
             &sa.app_p99,
             &sb.app_p99,
             false,
-        ),
+        )),
     ];
 
     let overhead = |p: &Profile| {
@@ -786,6 +788,21 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
         evidence,
         verdict,
     }
+}
+
+/// Tails of a virtualized host swing severalfold between identical runs (a 3.1x swing of the
+/// per-interval p99 was seen in an A/A pair here): a tail row only counts as significant when
+/// one side is at least this many times the other.
+const TAIL_RATIO_FLOOR: f64 = 4.0;
+
+fn tail_row(mut r: Row) -> Row {
+    if let (Verdict::Significant, Some(a), Some(b)) = (r.verdict, r.a, r.b) {
+        let (lo, hi) = if a < b { (a, b) } else { (b, a) };
+        if lo <= 0.0 || hi / lo < TAIL_RATIO_FLOOR {
+            r.verdict = Verdict::WithinNoise;
+        }
+    }
+    r
 }
 
 fn median(xs: &[f64]) -> Option<f64> {
@@ -923,6 +940,32 @@ pub(crate) mod tests {
         let a = synthetic(2_000.0, 300_000.0, 100_000.0, 0.0, 10);
         let b = synthetic(2_000.0, 300_500.0, 100_000.0, 0.0, 10);
         assert_eq!(diff(&a, &b).waterfall[2].verdict, Verdict::WithinNoise);
+    }
+
+    #[test]
+    fn tails_need_a_severalfold_change() {
+        let base = |a: f64, b: f64| Row {
+            metric: "p99".into(),
+            unit: Unit::Ns,
+            a: Some(a),
+            b: Some(b),
+            delta: Some(b - a),
+            ci_low: Some(b - a - 1.0),
+            ci_high: Some(b - a + 1.0),
+            verdict: Verdict::Significant,
+            share: None,
+            estimated: false,
+        };
+        assert_eq!(
+            tail_row(base(2.4e6, 0.76e6)).verdict,
+            Verdict::WithinNoise,
+            "3.1x is run-to-run noise here"
+        );
+        assert_eq!(
+            tail_row(base(2.4e6, 9.8e6)).verdict,
+            Verdict::Significant,
+            "the seed's 4x p99 gap counts"
+        );
     }
 
     #[test]
