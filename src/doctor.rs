@@ -153,26 +153,14 @@ fn family_rows(f: &FamilyReport) -> Vec<ProbeRow> {
 pub fn degraded_views(report: &CapabilityReport) -> Vec<String> {
     let mut out = Vec::new();
     for f in &report.families {
+        if f.watches_nothing_here() {
+            continue;
+        }
         let what = match f.family {
             Family::Block => "Where the time goes: queue and device stages",
             Family::Irq => "CPUs: interrupt load per CPU",
             Family::Wakeup => "Where the time goes: wakeup delay",
-            Family::Nvme
-                if f.unavailable
-                    .as_deref()
-                    .is_some_and(|w| w.starts_with("no NVMe")) =>
-            {
-                continue
-            }
             Family::Nvme => "Devices: NVMe latency per queue",
-            // Only meaningful on a KVM host.
-            Family::KvmHost
-                if f.unavailable
-                    .as_deref()
-                    .is_some_and(|w| w.starts_with("not a KVM host")) =>
-            {
-                continue
-            }
             Family::KvmHost => "Hypervisor: host-side exits",
             Family::Msr => "Hypervisor: MSR writes",
             Family::Sampler => "Hypervisor: sampled CPU split",

@@ -19,36 +19,12 @@ pub struct Cpuid {
 
 impl Cpuid {
     /// Reads the running CPU.
-    #[cfg(target_arch = "x86_64")]
     pub fn read() -> Self {
-        use std::arch::x86_64::__cpuid;
-        // CPUID exists on every x86_64 CPU; an absent leaf returns harmless values.
-        let leaf1 = __cpuid(1);
-        let hypervisor_bit = leaf1.ecx & (1 << 31) != 0;
-        if !hypervisor_bit {
-            return Self {
-                hypervisor_bit,
-                signature: None,
-            };
-        }
-        let leaf = __cpuid(0x4000_0000);
-        let bytes: Vec<u8> = [leaf.ebx, leaf.ecx, leaf.edx]
-            .iter()
-            .flat_map(|r| r.to_le_bytes())
-            .collect();
-        let signature = String::from_utf8_lossy(&bytes)
-            .trim_end_matches('\0')
-            .trim()
-            .to_string();
+        let (hypervisor_bit, signature) = virtgap_probes::virt::cpuid_hypervisor();
         Self {
             hypervisor_bit,
-            signature: (!signature.is_empty()).then_some(signature),
+            signature,
         }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    pub fn read() -> Self {
-        Self::default()
     }
 }
 

@@ -122,7 +122,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         None => None,
     };
     let wall_start = std::time::SystemTime::now();
-    let cpu_start = process_cpu_ns();
+    let cpu_start = virtgap_workloads::stats::CpuTime::of_this_process().total_ns();
     let handle = virtgap_workloads::start(&spec, &target, &options, Arc::clone(&stop), tx);
 
     let total = spec.ramp.0 + spec.duration.0;
@@ -178,7 +178,8 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         }
     }
     let run_wall = run_start.elapsed().as_secs_f64();
-    let recorder_cpu_ns = process_cpu_ns()
+    let recorder_cpu_ns = virtgap_workloads::stats::CpuTime::of_this_process()
+        .total_ns()
         .saturating_sub(cpu_start)
         .saturating_sub(stats.cpu.user_ns + stats.cpu.system_ns);
     if progress {
@@ -377,20 +378,7 @@ pub fn prepare(
     }))
 }
 
-/// CPU time this process has used so far (all threads), in ns.
-fn process_cpu_ns() -> u64 {
-    let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: ru points to writable memory of the right type.
-    if unsafe { libc::getrusage(libc::RUSAGE_SELF, ru.as_mut_ptr()) } != 0 {
-        return 0;
-    }
-    // SAFETY: getrusage succeeded.
-    let ru = unsafe { ru.assume_init() };
-    let ns = |tv: libc::timeval| tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1_000;
-    ns(ru.ru_utime) + ns(ru.ru_stime)
-}
-
-fn unix_ms(t: std::time::SystemTime) -> u64 {
+pub(crate) fn unix_ms(t: std::time::SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
@@ -448,7 +436,7 @@ fn report_problems(report: &CapabilityReport) -> Vec<String> {
     for f in &report.families {
         if let Some(why) = &f.unavailable {
             // A host without NVMe is not missing anything.
-            if f.family != Family::Nvme || !why.starts_with("no NVMe") {
+            if f.family != Family::Nvme || !f.watches_nothing_here() {
                 lines.push(format!("{} probes unavailable: {why}", f.family.name()));
             }
             continue;

@@ -51,22 +51,14 @@ impl AttachKind {
 /// The tracepoints this kernel defines, read once from its BTF (`btf_trace_<name>` typedefs).
 #[derive(Debug, Default)]
 pub struct KernelTracepoints {
+    /// None when the kernel exposes no BTF; then only raw_tp programs are tried.
     btf: Option<Btf<'static>>,
-    /// Why BTF could not be read, if it could not.
-    pub error: Option<String>,
 }
 
 impl KernelTracepoints {
     pub fn load() -> Self {
-        match Btf::from_vmlinux() {
-            Ok(btf) => Self {
-                btf: Some(btf),
-                error: None,
-            },
-            Err(e) => Self {
-                btf: None,
-                error: Some(format!("no kernel BTF: {e}")),
-            },
+        Self {
+            btf: Btf::from_vmlinux().ok(),
         }
     }
 

@@ -15,23 +15,38 @@ macro_rules! plain_types {
     };
 }
 
+/// Every skeleton generates its own copy of `vg_hist`; each converts to the one model type.
+macro_rules! hist_type {
+    () => {
+        impl From<&types::vg_hist> for crate::KernelHist {
+            fn from(h: &types::vg_hist) -> Self {
+                crate::KernelHist::from_raw(&h.slots, h.count, h.sum_ns)
+            }
+        }
+    };
+}
+
 pub mod block {
     include!(concat!(env!("OUT_DIR"), "/block.skel.rs"));
+    hist_type!();
     plain_types!(types::vg_block_key, types::vg_hist);
 }
 
 pub mod irq {
     include!(concat!(env!("OUT_DIR"), "/irq.skel.rs"));
+    hist_type!();
     plain_types!(types::vg_irq_key, types::vg_irq_stats, types::vg_count_time);
 }
 
 pub mod sched {
     include!(concat!(env!("OUT_DIR"), "/sched.skel.rs"));
+    hist_type!();
     plain_types!(types::vg_hist);
 }
 
 pub mod nvme {
     include!(concat!(env!("OUT_DIR"), "/nvme.skel.rs"));
+    hist_type!();
     plain_types!(types::vg_nvme_key, types::vg_hist);
 }
 
@@ -47,11 +62,13 @@ pub mod sampler {
 
 pub mod kvm {
     include!(concat!(env!("OUT_DIR"), "/kvm.skel.rs"));
+    hist_type!();
     plain_types!(types::vg_kvm_key, types::vg_exit_key, types::vg_hist);
 }
 
 pub mod pvpath {
     include!(concat!(env!("OUT_DIR"), "/pvpath.skel.rs"));
+    hist_type!();
     plain_types!(types::vg_hist);
 }
 

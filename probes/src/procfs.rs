@@ -113,20 +113,6 @@ pub fn read_cpu_times() -> Vec<CpuTimes> {
         .unwrap_or_default()
 }
 
-/// Address of `symbol` in /proc/kallsyms text (0 addresses mean kptr_restrict hid them).
-pub fn symbol_address(kallsyms: &str, symbol: &str) -> Option<u64> {
-    kallsyms.lines().find_map(|line| {
-        let mut f = line.split_whitespace();
-        let addr = f.next()?;
-        let _kind = f.next()?;
-        let name = f.next()?;
-        if name != symbol {
-            return None;
-        }
-        u64::from_str_radix(addr, 16).ok().filter(|&a| a != 0)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,17 +153,5 @@ LOC:    1234567    2345678   Local timer interrupts\n";
         assert_eq!(t[0].steal_ns, 400_000_000);
         assert_eq!(t[1].total_ns(), 565 * 10_000_000);
         assert_eq!(t[0].since(&t[1]).idle_ns, 0);
-    }
-
-    #[test]
-    fn finds_symbols() {
-        let ks = "ffffffff81b010a0 t __blk_mq_complete_request_remote\n\
-ffffffff81b01000 T blk_mq_complete_request\n0000000000000000 t hidden_sym\n";
-        assert_eq!(
-            symbol_address(ks, "__blk_mq_complete_request_remote"),
-            Some(0xffffffff81b010a0)
-        );
-        assert_eq!(symbol_address(ks, "hidden_sym"), None);
-        assert_eq!(symbol_address(ks, "missing"), None);
     }
 }

@@ -13,30 +13,20 @@ use crate::virt::{select_pv_symbols, Symbols};
 
 /// The hypervisor a guest kernel talks to, from CPUID.
 pub fn guest_hypervisor() -> Option<&'static str> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::__cpuid;
-        if __cpuid(1).ecx & (1 << 31) == 0 {
-            return None;
-        }
-        let l = __cpuid(0x4000_0000);
-        let sig: Vec<u8> = [l.ebx, l.ecx, l.edx]
-            .iter()
-            .flat_map(|r| r.to_le_bytes())
-            .collect();
-        let sig = String::from_utf8_lossy(&sig).to_string();
-        return Some(if sig.starts_with("XenVMM") {
-            "xen"
-        } else if sig.starts_with("KVMKVMKVM") || sig.starts_with("Linux KVM") {
-            "kvm"
-        } else if sig.starts_with("Microsoft Hv") {
-            "hyperv"
-        } else {
-            "other"
-        });
+    let (hypervisor_bit, signature) = crate::virt::cpuid_hypervisor();
+    if !hypervisor_bit {
+        return None;
     }
-    #[allow(unreachable_code)]
-    None
+    let sig = signature.unwrap_or_default();
+    Some(if sig.starts_with("XenVMM") {
+        "xen"
+    } else if sig.starts_with("KVMKVMKVM") || sig.starts_with("Linux KVM") {
+        "kvm"
+    } else if sig.starts_with("Microsoft Hv") {
+        "hyperv"
+    } else {
+        "other"
+    })
 }
 
 /// Why kprobes cannot be used on this kernel, if they cannot.
@@ -96,8 +86,7 @@ impl PvTimer {
                     continue;
                 }
                 if let Some(p) = paths.get_mut(u32::from_ne_bytes(raw) as usize) {
-                    p.hist
-                        .merge(&crate::KernelHist::from_raw(&h.slots, h.count, h.sum_ns));
+                    p.hist.merge(&crate::KernelHist::from(&h));
                 }
             }
         }
@@ -178,7 +167,10 @@ fn kprobes(symbols: &[&str]) -> Result<(bpf::pvpath::PvpathSkel<'static>, Kprobe
 /// Times the hypervisor's paravirt callbacks this kernel has: fentry/fexit where the kernel
 /// allows it, kprobes for the symbols where it does not. Reports per symbol how it attached or
 /// exactly why it could not.
-pub fn start(permission: &Result<(), String>) -> (Option<PvTimer>, FamilyReport) {
+pub fn start(
+    permission: &Result<(), String>,
+    symbols: &Symbols,
+) -> (Option<PvTimer>, FamilyReport) {
     let unavailable = |why: String| FamilyReport {
         family: Family::PvPaths,
         unavailable: Some(why),
@@ -193,8 +185,7 @@ pub fn start(permission: &Result<(), String>) -> (Option<PvTimer>, FamilyReport)
             unavailable("not a guest: no hypervisor callbacks to time".into()),
         );
     };
-    let symbols = Symbols::load();
-    let selected = select_pv_symbols(hv, &symbols);
+    let selected = select_pv_symbols(hv, symbols);
     if selected.is_empty() {
         return (
             None,

@@ -107,6 +107,17 @@ pub struct FamilyReport {
     pub tracepoints: Vec<AttachOutcome>,
 }
 
+const NO_NVME: &str = "no NVMe on this host (nvme_core module not loaded)";
+const NOT_A_KVM_HOST: &str = "not a KVM host (no kvm module)";
+
+impl FamilyReport {
+    /// The family watches hardware or a hypervisor role this host does not have, so nothing
+    /// is lost by it being unavailable.
+    pub fn watches_nothing_here(&self) -> bool {
+        matches!(self.unavailable.as_deref(), Some(NO_NVME | NOT_A_KVM_HOST))
+    }
+}
+
 /// What attached on this host, for doctor, the profile and the reports.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CapabilityReport {
@@ -296,6 +307,8 @@ impl<'a> ProbeSession<'a> {
         let kernel = KernelTracepoints::load();
         let permission = crate::bpf_permission();
         let wants = |f: Family| config.families.contains(&f);
+        // Read once: the irq probe, the sampler and the paravirt timers all need it.
+        let symbols = crate::virt::Symbols::load();
 
         let stats_fd = match &permission {
             Ok(()) => enable_run_stats()
@@ -348,9 +361,8 @@ impl<'a> ProbeSession<'a> {
             if let Err(e) = &permission {
                 report.families.push(unavailable(Family::Irq, e.clone()));
             } else {
-                let remote_fn = std::fs::read_to_string("/proc/kallsyms")
-                    .ok()
-                    .and_then(|k| procfs::symbol_address(&k, "__blk_mq_complete_request_remote"))
+                let remote_fn = symbols
+                    .address("__blk_mq_complete_request_remote")
                     .unwrap_or(0);
                 let setup = |open: &mut bpf::irq::OpenIrqSkel<'_>| {
                     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
@@ -406,10 +418,7 @@ impl<'a> ProbeSession<'a> {
             let present = std::path::Path::new("/sys/module/nvme_core").exists()
                 || kernel.has("nvme_setup_cmd");
             match (&permission, present) {
-                (_, false) => report.families.push(unavailable(
-                    Family::Nvme,
-                    "no NVMe on this host (nvme_core module not loaded)",
-                )),
+                (_, false) => report.families.push(unavailable(Family::Nvme, NO_NVME)),
                 (Err(e), true) => report.families.push(unavailable(Family::Nvme, e.clone())),
                 (Ok(()), true) => {
                     let (skel, r) = load_family(
@@ -447,7 +456,6 @@ impl<'a> ProbeSession<'a> {
         }
 
         let mut sampler = None;
-        let mut symbols = crate::virt::Symbols::default();
         if wants(Family::Sampler) {
             match &permission {
                 Err(e) => report
@@ -455,7 +463,6 @@ impl<'a> ProbeSession<'a> {
                     .push(unavailable(Family::Sampler, e.clone())),
                 Ok(()) => match crate::sampler::start(sampler_slot, config.sample_hz, &mut links) {
                     Ok((skel, r)) => {
-                        symbols = crate::virt::Symbols::load();
                         sampler = Some(skel);
                         report.families.push(r);
                     }
@@ -469,10 +476,9 @@ impl<'a> ProbeSession<'a> {
             let present =
                 kernel.has("kvm_exit") || std::path::Path::new("/sys/module/kvm").exists();
             match (&permission, present) {
-                (_, false) => report.families.push(unavailable(
-                    Family::KvmHost,
-                    "not a KVM host (no kvm module)",
-                )),
+                (_, false) => report
+                    .families
+                    .push(unavailable(Family::KvmHost, NOT_A_KVM_HOST)),
                 (Err(e), true) => report
                     .families
                     .push(unavailable(Family::KvmHost, e.clone())),
@@ -503,7 +509,7 @@ impl<'a> ProbeSession<'a> {
 
         let mut pv = None;
         if wants(Family::PvPaths) {
-            let (timer, r) = crate::pvpaths::start(&permission);
+            let (timer, r) = crate::pvpaths::start(&permission, &symbols);
             pv = timer;
             report.families.push(r);
         }
@@ -635,20 +641,7 @@ fn copy<T: plain::Plain + Default>(bytes: &[u8]) -> Option<T> {
     Some(v)
 }
 
-/// Sums a per-CPU array slot over CPUs, or returns per-CPU values.
-fn percpu_values<T: plain::Plain + Default>(map: &dyn MapCore, index: u32) -> Vec<T> {
-    map.lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
-        .ok()
-        .flatten()
-        .map(|per_cpu| per_cpu.iter().filter_map(|b| copy::<T>(b)).collect())
-        .unwrap_or_default()
-}
-
-fn hist_of(h: &bpf::block::types::vg_hist) -> KernelHist {
-    KernelHist::from_raw(&h.slots, h.count, h.sum_ns)
-}
-
-/// Every CPU's copy of a per-CPU hash entry.
+/// Every CPU's copy of a per-CPU map entry (array slots take the index's bytes as key).
 fn percpu_entry<T: plain::Plain + Default>(map: &dyn MapCore, key: &[u8]) -> Vec<T> {
     map.lookup_percpu(key, MapFlags::ANY)
         .ok()
@@ -667,7 +660,7 @@ fn read_block(skel: &bpf::block::BlockSkel<'_>) -> BlockSnapshot {
         };
         let mut hist = KernelHist::default();
         for h in percpu_entry::<types::vg_hist>(&maps.block_hists, &key) {
-            hist.merge(&hist_of(&h));
+            hist.merge(&KernelHist::from(&h));
         }
         snap.stages.push(BlockStageHist {
             dev: dev_of(k.dev),
@@ -704,7 +697,7 @@ fn read_block(skel: &bpf::block::BlockSkel<'_>) -> BlockSnapshot {
     let cpus = libbpf_rs::num_possible_cpus().unwrap_or(1).min(1024) as u32;
     for submit_cpu in 0..cpus {
         for (complete_cpu, count) in
-            percpu_values::<u64>(&maps.completions_by_submitter, submit_cpu)
+            percpu_entry::<u64>(&maps.completions_by_submitter, &submit_cpu.to_ne_bytes())
                 .into_iter()
                 .enumerate()
         {
@@ -719,8 +712,12 @@ fn read_block(skel: &bpf::block::BlockSkel<'_>) -> BlockSnapshot {
     }
     snap.cpu_pairs
         .sort_by_key(|p| (p.submit_cpu, p.complete_cpu));
-    snap.dropped = percpu_values::<u64>(&maps.counters, 0).iter().sum();
-    snap.unseen = percpu_values::<u64>(&maps.counters, 1).iter().sum();
+    snap.dropped = percpu_entry::<u64>(&maps.counters, &0u32.to_ne_bytes())
+        .iter()
+        .sum();
+    snap.unseen = percpu_entry::<u64>(&maps.counters, &1u32.to_ne_bytes())
+        .iter()
+        .sum();
     snap
 }
 
@@ -747,18 +744,14 @@ fn read_irq(skel: &bpf::irq::IrqSkel<'_>, names: &BTreeMap<u32, String>) -> IrqS
                 .unwrap_or_else(|| format!("irq{}", k.irq)),
             count: st.count,
             time_ns: st.time_ns,
-            duration: KernelHist::from_raw(
-                &st.duration.slots,
-                st.duration.count,
-                st.duration.sum_ns,
-            ),
+            duration: KernelHist::from(&st.duration),
         });
     }
     snap.hardirqs.sort_by_key(|h| (h.cpu, h.irq));
     let per_cpu = |map: &dyn MapCore, kinds: &[&str]| -> Vec<CpuEvents> {
         let mut out = Vec::new();
         for (i, kind) in kinds.iter().enumerate() {
-            for (cpu, ct) in percpu_values::<types::vg_count_time>(map, i as u32)
+            for (cpu, ct) in percpu_entry::<types::vg_count_time>(map, &(i as u32).to_ne_bytes())
                 .into_iter()
                 .enumerate()
             {
@@ -778,19 +771,23 @@ fn read_irq(skel: &bpf::irq::IrqSkel<'_>, names: &BTreeMap<u32, String>) -> IrqS
     snap.softirqs = per_cpu(&maps.softirqs, &SOFTIRQ_NAMES);
     snap.vectors = per_cpu(&maps.vectors, &VECTOR_NAMES);
     snap.ipis_sent = per_cpu(&maps.ipis, &IPI_KIND_NAMES);
-    snap.dropped = percpu_values::<u64>(&maps.dropped, 0).iter().sum();
+    snap.dropped = percpu_entry::<u64>(&maps.dropped, &0u32.to_ne_bytes())
+        .iter()
+        .sum();
     snap
 }
 
 fn read_wakeups(skel: &bpf::sched::SchedSkel<'_>) -> WakeupSnapshot {
     let maps = &skel.maps;
     let mut latency = KernelHist::default();
-    for h in percpu_values::<bpf::sched::types::vg_hist>(&maps.wakeup_hist, 0) {
-        latency.merge(&KernelHist::from_raw(&h.slots, h.count, h.sum_ns));
+    for h in percpu_entry::<bpf::sched::types::vg_hist>(&maps.wakeup_hist, &0u32.to_ne_bytes()) {
+        latency.merge(&KernelHist::from(&h));
     }
     WakeupSnapshot {
         latency,
-        dropped: percpu_values::<u64>(&maps.dropped, 0).iter().sum(),
+        dropped: percpu_entry::<u64>(&maps.dropped, &0u32.to_ne_bytes())
+            .iter()
+            .sum(),
     }
 }
 
@@ -804,7 +801,7 @@ fn read_nvme(skel: &bpf::nvme::NvmeSkel<'_>) -> NvmeSnapshot {
         };
         let mut hist = KernelHist::default();
         for h in percpu_entry::<types::vg_hist>(&maps.nvme_hists, &key) {
-            hist.merge(&KernelHist::from_raw(&h.slots, h.count, h.sum_ns));
+            hist.merge(&KernelHist::from(&h));
         }
         snap.queues.push(NvmeQueueHist {
             dev: dev_of(k.dev),
@@ -814,7 +811,9 @@ fn read_nvme(skel: &bpf::nvme::NvmeSkel<'_>) -> NvmeSnapshot {
         });
     }
     snap.queues.sort_by_key(|q| (q.dev, q.qid, q.op));
-    snap.dropped = percpu_values::<u64>(&maps.dropped, 0).iter().sum();
+    snap.dropped = percpu_entry::<u64>(&maps.dropped, &0u32.to_ne_bytes())
+        .iter()
+        .sum();
     snap
 }
 
@@ -905,7 +904,9 @@ fn read_sampler(
     SamplerSnapshot {
         frequency_hz: hz,
         cpus: cpus.into_values().collect(),
-        dropped: percpu_values::<u64>(&skel.maps.dropped, 0).iter().sum(),
+        dropped: percpu_entry::<u64>(&skel.maps.dropped, &0u32.to_ne_bytes())
+            .iter()
+            .sum(),
     }
 }
 
@@ -948,7 +949,7 @@ fn read_kvm(skel: &bpf::kvm::KvmSkel<'_>) -> KvmSnapshot {
             isa: k.isa,
             reason: k.reason,
             name: crate::virt::exit_reason_name(k.isa, k.reason),
-            hist: KernelHist::from_raw(&h.slots, h.count, h.sum_ns),
+            hist: KernelHist::from(&h),
         });
     }
     snap

@@ -201,6 +201,31 @@ pub fn classify_symbol(sym: &str) -> SampleCategory {
     OtherKernel
 }
 
+/// What the CPU says about a hypervisor: the CPUID leaf 1 ECX bit 31 and the leaf 0x40000000
+/// vendor signature (e.g. "KVMKVMKVM", "XenVMMXenVMM", "Microsoft Hv"), when present.
+pub fn cpuid_hypervisor() -> (bool, Option<String>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::__cpuid;
+        // CPUID exists on every x86_64 CPU; an absent leaf returns harmless values.
+        if __cpuid(1).ecx & (1 << 31) == 0 {
+            return (false, None);
+        }
+        let leaf = __cpuid(0x4000_0000);
+        let bytes: Vec<u8> = [leaf.ebx, leaf.ecx, leaf.edx]
+            .iter()
+            .flat_map(|r| r.to_le_bytes())
+            .collect();
+        let signature = String::from_utf8_lossy(&bytes)
+            .trim_end_matches('\0')
+            .trim()
+            .to_string();
+        return (true, (!signature.is_empty()).then_some(signature));
+    }
+    #[allow(unreachable_code)]
+    (false, None)
+}
+
 /// A kernel symbol table sorted by address, for resolving sampled IPs.
 #[derive(Clone, Debug, Default)]
 pub struct Symbols {
@@ -237,6 +262,11 @@ impl Symbols {
 
     pub fn contains(&self, name: &str) -> bool {
         self.entries.iter().any(|e| e.1 == name)
+    }
+
+    /// Address of a text symbol; None when absent or hidden by kptr_restrict.
+    pub fn address(&self, name: &str) -> Option<u64> {
+        self.entries.iter().find(|e| e.1 == name).map(|e| e.0)
     }
 
     /// The symbol an address falls in.
@@ -381,5 +411,19 @@ ffffffff81108000 T schedule
         assert_eq!(exit_reason_name(2, 0x7b), "IOIO");
         assert_eq!(exit_reason_name(2, 0x400), "NPF");
         assert_eq!(exit_reason_name(1, 999), "reason 999");
+    }
+
+    #[test]
+    fn finds_symbols() {
+        let ks = Symbols::parse(
+            "ffffffff81b010a0 t __blk_mq_complete_request_remote\n\
+ffffffff81b01000 T blk_mq_complete_request\n0000000000000000 t hidden_sym\n",
+        );
+        assert_eq!(
+            ks.address("__blk_mq_complete_request_remote"),
+            Some(0xffffffff81b010a0)
+        );
+        assert_eq!(ks.address("hidden_sym"), None);
+        assert_eq!(ks.address("missing"), None);
     }
 }

@@ -138,7 +138,8 @@ impl App {
         self.target_dev
     }
 
-    fn cpu_count(&self) -> usize {
+    /// Number of CPUs to list.
+    pub fn cpus(&self) -> usize {
         self.host.cpus.max(1) as usize
     }
 
@@ -267,11 +268,6 @@ impl App {
                 )
             })
             .collect()
-    }
-
-    /// Number of CPUs to list.
-    pub fn cpus(&self) -> usize {
-        self.cpu_count()
     }
 }
 

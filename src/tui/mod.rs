@@ -261,16 +261,12 @@ fn save(
     stats.write.bytes = d.write_bytes;
     stats.measured_ns = d.intervals.last().map_or(0, |i| (i.end_s * 1e9) as u64);
     let now = std::time::SystemTime::now();
-    let ms = |t: std::time::SystemTime| {
-        t.duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
-    };
     let mut profile = crate::profile::assemble(crate::profile::ProfileInputs {
         run: crate::profile::RunInfo {
             tool_version: env!("CARGO_PKG_VERSION").into(),
             command_line: std::env::args().collect(),
-            started_unix_ms: ms(now - d.elapsed),
-            ended_unix_ms: ms(now),
+            started_unix_ms: crate::record::unix_ms(now - d.elapsed),
+            ended_unix_ms: crate::record::unix_ms(now),
             interval_s: args.interval.0.as_secs_f64(),
             complete: false,
         },
@@ -288,7 +284,7 @@ fn save(
     });
     profile.stages.app = crate::profile::Histogram::from_latency(&d.app);
     let path = args.save.clone().unwrap_or_else(|| {
-        let stamp = ms(now) / 1000;
+        let stamp = crate::record::unix_ms(now) / 1000;
         std::path::PathBuf::from(format!("virtgap-{}-{stamp}.json", spec.name))
     });
     let result = serde_json::to_vec_pretty(&profile)

@@ -3,7 +3,6 @@
 //! so means and standard deviations are exact rather than bucket midpoints.
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
 
 /// Largest latency a histogram tracks: one hour. Longer values saturate into the top bucket.
 const MAX_TRACKABLE_NS: u64 = 3_600_000_000_000;
@@ -134,42 +133,6 @@ impl LatencyHistogram {
                 (low, high, v.count_since_last_iteration())
             })
             .collect()
-    }
-
-    /// A serializable summary with fio's percentile list.
-    pub fn summary(&self) -> LatencySummary {
-        LatencySummary {
-            count: self.count,
-            min_ns: self.min_ns().unwrap_or(0),
-            max_ns: self.max_ns().unwrap_or(0),
-            mean_ns: self.mean_ns().unwrap_or(0.0),
-            stddev_ns: self.stddev_ns().unwrap_or(0.0),
-            percentiles_ns: FIO_PERCENTILES
-                .iter()
-                .map(|&p| (p, self.percentile_ns(p).unwrap_or(0)))
-                .collect(),
-        }
-    }
-}
-
-/// Summary statistics of one latency distribution, as plain data.
-#[derive(Clone, Debug, Serialize, PartialEq)]
-pub struct LatencySummary {
-    pub count: u64,
-    pub min_ns: u64,
-    pub max_ns: u64,
-    pub mean_ns: f64,
-    pub stddev_ns: f64,
-    /// (percentile 0–100, value ns), in fio's default list.
-    pub percentiles_ns: Vec<(f64, u64)>,
-}
-
-impl LatencySummary {
-    pub fn percentile(&self, p: f64) -> Option<u64> {
-        self.percentiles_ns
-            .iter()
-            .find(|(q, _)| (*q - p).abs() < 1e-9)
-            .map(|(_, v)| *v)
     }
 }
 

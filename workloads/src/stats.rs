@@ -40,9 +40,22 @@ pub struct CpuTime {
 impl CpuTime {
     /// This thread's usage so far.
     pub fn of_this_thread() -> Self {
+        Self::of(libc::RUSAGE_THREAD)
+    }
+
+    /// The whole process's usage so far (all threads).
+    pub fn of_this_process() -> Self {
+        Self::of(libc::RUSAGE_SELF)
+    }
+
+    pub fn total_ns(self) -> u64 {
+        self.user_ns + self.system_ns
+    }
+
+    fn of(who: libc::c_int) -> Self {
         let mut ru = std::mem::MaybeUninit::<libc::rusage>::zeroed();
         // SAFETY: ru points to writable memory of the right type.
-        let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, ru.as_mut_ptr()) };
+        let rc = unsafe { libc::getrusage(who, ru.as_mut_ptr()) };
         if rc != 0 {
             return Self::default();
         }
