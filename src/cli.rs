@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use virtgap_workloads::kv::spec::{KvOverrides, Ratio};
 use virtgap_workloads::spec::{ByteSize, Distribution, EngineKind, Overrides, ReadWrite, Span};
 
 #[derive(Debug, Parser)]
@@ -16,6 +17,7 @@ stage makes one slower.\n\nNeeds root (or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOUR
     after_help = "Examples:\n  virtgap                                    the live TUI on the default workload\n  \
 virtgap record --duration 10s            random 4 KiB reads on a 1 GiB temp file\n  \
 virtgap record -w seq1m --json            sequential 1 MiB reads, fio-style JSON on stdout\n  \
+virtgap record -w kv-act --x 4             Aerospike ACT's load at 4x and its pass/fail verdict\n  \
 virtgap workloads                          list presets\n  virtgap workloads rand4k > my.toml          \
 copy a preset to edit, then: virtgap record -w ./my.toml"
 )]
@@ -182,6 +184,11 @@ pub struct RecordArgs {
     /// Time exit-causing operations first and store the figures in the profile
     #[arg(long)]
     pub calibrate: bool,
+
+    /// kv workloads: also write ACT's text log (histogram dumps every second), which ACT's
+    /// act_latency.py reads
+    #[arg(long, value_name = "FILE")]
+    pub act_log: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -244,6 +251,50 @@ pub struct WorkloadOverrides {
     /// I/Os handed to the kernel per submission (1 = each at once)
     #[arg(long, value_name = "N")]
     pub submit_batch: Option<u32>,
+
+    #[command(flatten)]
+    pub kv: KvArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "KV workload (kv-act, kv-scylla, kv-readonly)")]
+pub struct KvArgs {
+    /// ACT x-rating: N x 2000 client reads/s (and N x 1000 writes/s at the default 2:1)
+    #[arg(long = "x", value_name = "N")]
+    pub x: Option<u64>,
+    /// Client reads per second (instead of the x-rating's)
+    #[arg(long, value_name = "OPS")]
+    pub read_rps: Option<u64>,
+    /// Client writes per second (instead of the x-rating's)
+    #[arg(long, value_name = "OPS")]
+    pub write_rps: Option<u64>,
+    /// Client reads:writes for --x, e.g. 2:1 (ACT), 1:1, 9:1, 19:1, 1:0 (read-only)
+    #[arg(long, value_name = "R:W")]
+    pub ratio: Option<Ratio>,
+    /// Bytes per record, header included (ACT: 1536)
+    #[arg(long, value_name = "BYTES")]
+    pub record_bytes: Option<ByteSize>,
+    /// Large-block (write buffer) size, a power of two (ACT: 128KiB)
+    #[arg(long, value_name = "BYTES", conflicts_with = "bs")]
+    pub lb_bytes: Option<ByteSize>,
+    /// Defragment blocks whose live data fell below this percent (1-99)
+    #[arg(long, value_name = "PCT")]
+    pub defrag_lwm_pct: Option<u64>,
+    /// Load the store to this percent of its record capacity before measuring (1-90)
+    #[arg(long, value_name = "PCT")]
+    pub fill_pct: Option<u64>,
+    /// Key choice: uniform (ACT) or zipf:THETA, e.g. zipf:0.99
+    #[arg(long, value_name = "DIST", conflicts_with = "distribution")]
+    pub keys: Option<Distribution>,
+    /// Length of one verdict slice [default: 1h, or the whole run when shorter]
+    #[arg(long, value_name = "DURATION")]
+    pub slice: Option<Span>,
+    /// Stop with "can't keep up" when a stream falls this far behind schedule
+    #[arg(long, value_name = "DURATION")]
+    pub max_lag: Option<Span>,
+    /// Large-block writes without O_DSYNC (ACT's disable-odsync)
+    #[arg(long)]
+    pub no_dsync: bool,
 }
 
 impl WorkloadOverrides {
@@ -262,6 +313,20 @@ impl WorkloadOverrides {
             ramp: self.ramp,
             direct: self.buffered.then_some(false),
             submit_batch: self.submit_batch,
+            kv: KvOverrides {
+                x: self.kv.x,
+                read_rps: self.kv.read_rps,
+                write_rps: self.kv.write_rps,
+                ratio: self.kv.ratio,
+                record_bytes: self.kv.record_bytes,
+                lb_bytes: self.kv.lb_bytes,
+                keys: self.kv.keys,
+                defrag_lwm_pct: self.kv.defrag_lwm_pct,
+                fill_pct: self.kv.fill_pct,
+                slice: self.kv.slice,
+                max_lag: self.kv.max_lag,
+                no_dsync: self.kv.no_dsync,
+            },
         }
     }
 }

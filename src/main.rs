@@ -7,6 +7,7 @@ mod diff;
 mod diff_render;
 mod doctor;
 mod host;
+mod kv_report;
 mod microvm;
 mod output;
 mod pipeline;

@@ -218,7 +218,8 @@ pub struct WorkloadInfo {
     pub source_text: String,
     /// The spec as run, after command-line overrides (TOML).
     pub effective_spec: String,
-    pub fio_equivalent: String,
+    /// The fio command running the same job; null for kv (fio has no key-value store).
+    pub fio_equivalent: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use virtgap_workloads::kv::{self, LoadedStore};
 use virtgap_workloads::safety::SysRoot;
 use virtgap_workloads::spec::{self, PRESETS};
 use virtgap_workloads::stats::{IntervalMerger, IntervalSample, RunStats};
@@ -63,7 +64,13 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             Some(p) => p.display().to_string(),
             None => "FILE".to_string(),
         };
-        println!("{}", spec.fio_command(&file));
+        let Some(fio) = spec.fio_command(&file) else {
+            bail!(
+                "{} has no fio equivalent: fio cannot run a log-structured key-value store",
+                spec.name
+            );
+        };
+        println!("{fio}");
         return Ok(ExitCode::SUCCESS);
     }
 
@@ -76,14 +83,20 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     }
 
     let verbose = !args.quiet && !args.json;
-    let Some(Prepared {
-        target,
-        target_dev,
-        stop,
-    }) = prepare(&spec, overrides.size.is_some(), &args.target, verbose, true)?
+    if spec.kv.is_none() && args.act_log.is_some() {
+        bail!("--act-log applies only to kv workloads (e.g. -w kv-act)");
+    }
+    if spec.kv.is_some() && args.verify {
+        bail!("--verify is for rand/seq workloads; kv checks every read against its index anyway");
+    }
+    if let Some(path) = &args.act_log {
+        crate::output::check_output(path, args.force)?;
+    }
+    let Some(prepared) = prepare(&spec, overrides.size.is_some(), &args.target, verbose, true)?
     else {
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     };
+    let (target, target_dev, stop) = (&prepared.target, prepared.target_dev, &prepared.stop);
     if args.verify && !target.needs_fill() {
         bail!("--verify needs a temp-file target (only data virtgap wrote can be checked); drop --target or --verify");
     }
@@ -123,7 +136,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     };
     let wall_start = std::time::SystemTime::now();
     let cpu_start = virtgap_workloads::stats::CpuTime::of_this_process().total_ns();
-    let handle = virtgap_workloads::start(&spec, &target, &options, Arc::clone(&stop), tx);
+    let handle = prepared.start(&spec, &options, tx);
 
     let total = spec.ramp.0 + spec.duration.0;
     let mut merger = IntervalMerger::new(spec.workers);
@@ -260,6 +273,12 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             }
         }
     }
+    if let (Some(path), Some(kv)) = (&args.act_log, &stats.kv) {
+        crate::output::write_atomic(path, kv.act_log.as_bytes())?;
+        if !args.quiet && !args.json {
+            eprintln!("wrote ACT log {}", path.display());
+        }
+    }
     let mut out = std::io::stdout().lock();
     if args.json {
         serde_json::to_writer_pretty(&mut out, &report::json(&report))?;
@@ -275,6 +294,14 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         );
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     }
+    if let Some((who, by)) = stats.kv.as_ref().and_then(|k| k.behind.as_ref()) {
+        eprintln!(
+            "virtgap: {}; stopped after {:.1} s",
+            crate::kv_report::behind_text(who, *by),
+            stats.seconds()
+        );
+        return Ok(ExitCode::FAILURE);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -283,6 +310,27 @@ pub struct Prepared {
     pub target: virtgap_workloads::Target,
     pub target_dev: Option<(u32, u32)>,
     pub stop: Arc<AtomicBool>,
+    /// The loaded store of a kv workload.
+    pub kv: Option<LoadedStore>,
+}
+
+impl Prepared {
+    /// Starts the workload's threads: the kv store's, or the generic workers.
+    pub fn start<T>(
+        &self,
+        spec: &virtgap_workloads::WorkloadSpec,
+        options: &RunOptions,
+        tx: mpsc::Sender<T>,
+    ) -> virtgap_workloads::RunHandle
+    where
+        T: From<WorkloadEvent> + Send + 'static,
+    {
+        let stop = Arc::clone(&self.stop);
+        match &self.kv {
+            Some(store) => kv::start(spec, store, &self.target, options, stop, tx),
+            None => virtgap_workloads::start(spec, &self.target, options, stop, tx),
+        }
+    }
 }
 
 /// Installs the stop signals, opens the target with every safety check, and fills a temp
@@ -337,6 +385,16 @@ pub fn prepare(
     let target_dev = target_disk(&target);
     let progress = verbose && std::io::stderr().is_terminal();
 
+    if spec.kv.is_some() {
+        return Ok(
+            load_kv_store(spec, &target, &stop, verbose)?.map(|store| Prepared {
+                target,
+                target_dev,
+                stop,
+                kv: Some(store),
+            }),
+        );
+    }
     if target.needs_fill() {
         let started = Instant::now();
         let mut last_draw = Instant::now();
@@ -375,7 +433,48 @@ pub fn prepare(
         target,
         target_dev,
         stop,
+        kv: None,
     }))
+}
+
+/// Loads and ages the kv store before anything is measured (progress on a terminal).
+/// None: interrupted.
+fn load_kv_store(
+    spec: &virtgap_workloads::WorkloadSpec,
+    target: &virtgap_workloads::Target,
+    stop: &AtomicBool,
+    verbose: bool,
+) -> Result<Option<LoadedStore>> {
+    let progress = verbose && std::io::stderr().is_terminal();
+    let mut last_draw = Instant::now();
+    let loaded = kv::prepare(spec, target, stop, |p| {
+        if progress && last_draw.elapsed() >= Duration::from_millis(200) {
+            last_draw = Instant::now();
+            eprint!(
+                "\r{} the kv store on {}: {:.0}%  ",
+                p.phase,
+                target.describe(),
+                100.0 * p.done as f64 / p.total.max(1) as f64
+            );
+        }
+    });
+    if progress {
+        eprint!("\r\x1b[2K");
+    }
+    let Some(loaded) = loaded.context("loading the kv store")? else {
+        eprintln!("virtgap: interrupted while loading the kv store; nothing measured");
+        return Ok(None);
+    };
+    if verbose {
+        eprintln!(
+            "loaded {} keys into {} and aged them with {} overwrites in {:.1} s",
+            loaded.keys,
+            target.describe(),
+            loaded.aging_overwrites,
+            loaded.seconds
+        );
+    }
+    Ok(Some(loaded))
 }
 
 pub(crate) fn unix_ms(t: std::time::SystemTime) -> u64 {

@@ -79,9 +79,16 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
         r.stats.engine_features
     )?;
     let secs = r.stats.seconds();
+    // For kv, writes are client writes: appends to the in-memory write buffer (large-block
+    // writes are in the kv section below).
+    let labels = if r.stats.kv.is_some() {
+        ["client read", "client write"]
+    } else {
+        ["read", "write"]
+    };
     for (label, d, write) in [
-        ("read", &r.stats.read, false),
-        ("write", &r.stats.write, true),
+        (labels[0], &r.stats.read, false),
+        (labels[1], &r.stats.write, true),
     ] {
         if d.ios == 0 {
             continue;
@@ -146,6 +153,9 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
             write!(out, ", {} CPU per I/O", units::latency(per_io))?;
         }
         writeln!(out)?;
+    }
+    if let Some(kv) = &r.stats.kv {
+        crate::kv_report::write(out, kv)?;
     }
     crate::probe_report::write(out, r.probes)?;
     if r.interrupted {
@@ -305,6 +315,7 @@ pub fn json(r: &Report<'_>) -> Value {
             "intervals": intervals,
         }],
         "probes": probes_json(r.probes),
+        "kv": r.stats.kv.as_deref().map(crate::kv_report::json),
     })
 }
 

@@ -19,7 +19,7 @@ use virtgap_workloads::{RunOptions, WorkloadEvent};
 
 use crate::cli::TuiArgs;
 use crate::pipeline::Event;
-use crate::record::{prepare, Prepared};
+use crate::record::prepare;
 use app::{Action, App, RunState};
 
 /// Without --duration the workload runs until the user quits (up to this long).
@@ -46,11 +46,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     if let Some(path) = &args.save {
         crate::output::check_output(path, true)?;
     }
-    let Some(Prepared {
-        target,
-        target_dev,
-        stop,
-    }) = prepare(
+    let Some(prepared) = prepare(
         &spec,
         args.overrides.size.is_some(),
         &args.target,
@@ -60,6 +56,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     else {
         return Ok(ExitCode::from(130));
     };
+    let (target, target_dev, stop) = (&prepared.target, prepared.target_dev, &prepared.stop);
     let host = crate::host::Fingerprint::this_host();
 
     let (tx, rx) = mpsc::channel::<Event>();
@@ -89,7 +86,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         interval: args.interval.0,
         ..RunOptions::default()
     };
-    let workers = virtgap_workloads::start(&spec, &target, &options, Arc::clone(&stop), tx);
+    let workers = prepared.start(&spec, &options, tx);
 
     // Terminal input on its own thread, into one channel with the pipeline.
     let (itx, irx) = mpsc::channel::<Input>();

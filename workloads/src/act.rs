@@ -132,15 +132,16 @@ impl Default for ActHistogram {
     }
 }
 
+/// ACT's bucket for a latency: whole milliseconds (truncated), then the position of the
+/// highest set bit.
+fn bucket_of(ns: u64) -> usize {
+    let ms = ns / 1_000_000;
+    (64 - ms.leading_zeros() as usize).min(64)
+}
+
 impl ActHistogram {
     pub fn record_ns(&mut self, ns: u64) {
-        let ms = ns / 1_000_000;
-        let bucket = if ms == 0 {
-            0
-        } else {
-            64 - ms.leading_zeros() as usize
-        };
-        self.buckets[bucket.min(64)] += 1;
+        self.buckets[bucket_of(ns)] += 1;
     }
 
     pub fn total(&self) -> u64 {
@@ -184,6 +185,35 @@ impl ActHistogram {
             s.push('\n');
         }
         s
+    }
+}
+
+/// An ActHistogram many threads record into at once (ACT's own are atomic adds too).
+#[derive(Debug)]
+pub struct AtomicActHistogram {
+    buckets: [std::sync::atomic::AtomicU64; 65],
+}
+
+impl Default for AtomicActHistogram {
+    fn default() -> Self {
+        Self {
+            buckets: std::array::from_fn(|_| std::sync::atomic::AtomicU64::new(0)),
+        }
+    }
+}
+
+impl AtomicActHistogram {
+    pub fn record_ns(&self, ns: u64) {
+        self.buckets[bucket_of(ns)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub fn snapshot(&self) -> ActHistogram {
+        let mut h = ActHistogram::default();
+        for (out, b) in h.buckets.iter_mut().zip(&self.buckets) {
+            *out = b.load(std::sync::atomic::Ordering::Relaxed);
+        }
+        h
     }
 }
 

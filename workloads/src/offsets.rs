@@ -44,8 +44,8 @@ impl OffsetGenerator {
     ) -> Self {
         let blocks = (size / bs).max(1);
         let kind = match (pattern, distribution) {
-            (Pattern::Random, Distribution::Uniform) => Kind::Uniform { blocks },
-            (Pattern::Random, Distribution::Zipf(theta)) => Kind::Zipf {
+            (Pattern::Random | Pattern::Kv, Distribution::Uniform) => Kind::Uniform { blocks },
+            (Pattern::Random | Pattern::Kv, Distribution::Zipf(theta)) => Kind::Zipf {
                 blocks,
                 zipf: Zipf::new(blocks as f64, theta).expect("validated zipf parameters"),
             },

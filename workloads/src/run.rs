@@ -47,6 +47,11 @@ pub enum WorkloadError {
     },
     #[error("worker {worker} panicked")]
     Panicked { worker: u32 },
+    #[error("kv service thread {worker}: {error}")]
+    Kv {
+        worker: u32,
+        error: crate::kv::KvError,
+    },
 }
 
 /// Messages from workers.
@@ -93,6 +98,10 @@ pub struct RunHandle {
 }
 
 impl RunHandle {
+    pub(crate) fn from_threads(threads: Vec<JoinHandle<()>>) -> Self {
+        Self { threads }
+    }
+
     /// Waits for every worker thread to exit.
     pub fn join(self) {
         for t in self.threads {

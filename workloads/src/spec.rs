@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::kv::spec::{KvOverrides, KvSpec};
+
 /// Built-in presets: (name, TOML text).
 pub const PRESETS: &[(&str, &str)] = &[
     ("rand4k", include_str!("../presets/rand4k.toml")),
@@ -18,6 +20,9 @@ pub const PRESETS: &[(&str, &str)] = &[
     ("seq1m", include_str!("../presets/seq1m.toml")),
     ("seq1m-write", include_str!("../presets/seq1m-write.toml")),
     ("fio-randread", include_str!("../presets/fio-randread.toml")),
+    ("kv-act", include_str!("../presets/kv-act.toml")),
+    ("kv-scylla", include_str!("../presets/kv-scylla.toml")),
+    ("kv-readonly", include_str!("../presets/kv-readonly.toml")),
 ];
 
 /// The preset `virtgap` runs when none is named.
@@ -48,12 +53,14 @@ pub enum SpecError {
     },
 }
 
-/// Random offsets or one sequential stream per worker.
+/// Random offsets, one sequential stream per worker, or the key-value store.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Pattern {
     Random,
     Sequential,
+    /// The log-structured key-value store (`[kv]` table).
+    Kv,
 }
 
 /// Read, write, or a mix of both chosen per I/O.
@@ -226,14 +233,20 @@ impl<'de> Deserialize<'de> for Span {
     }
 }
 
-fn ser_display<T: fmt::Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+pub(crate) fn ser_display<T: fmt::Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&v.to_string())
 }
 
-fn de_from_str<'de, T: FromStr<Err = String>, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+pub(crate) fn de_from_str<'de, T: FromStr<Err = String>, D: Deserializer<'de>>(
+    d: D,
+) -> Result<T, D::Error> {
     String::deserialize(d)?
         .parse()
         .map_err(serde::de::Error::custom)
+}
+
+fn read() -> ReadWrite {
+    ReadWrite::Read
 }
 
 fn default_rwmix_read() -> u8 {
@@ -265,14 +278,17 @@ pub struct WorkloadSpec {
     #[serde(default)]
     pub description: String,
     pub pattern: Pattern,
+    /// For kv, derived from the client rates.
+    #[serde(default = "read")]
     pub rw: ReadWrite,
     /// Percent of I/Os that are reads when `rw = "mix"`.
     #[serde(default = "default_rwmix_read")]
     pub rwmix_read: u8,
-    /// Bytes per I/O.
+    /// Bytes per I/O (for kv: the large-block size).
     pub bs: ByteSize,
     /// I/Os in flight per worker.
     pub qd: u32,
+    /// Worker threads (for kv: synchronous service threads; 0 = ACT's 5 per CPU).
     pub workers: u32,
     pub engine: EngineKind,
     #[serde(
@@ -298,6 +314,9 @@ pub struct WorkloadSpec {
     /// each I/O at once, which keeps a paravirtual device busiest; larger batches save syscalls.
     #[serde(default = "one")]
     pub submit_batch: u32,
+    /// The key-value store's settings (`pattern = "kv"` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv: Option<KvSpec>,
 }
 
 /// A spec together with where it came from and its original text.
@@ -366,6 +385,8 @@ pub fn parse(text: &str, origin: &str) -> Result<WorkloadSpec, SpecError> {
         }
         other => other,
     })?;
+    let mut spec = spec;
+    spec.resolve();
     Ok(spec)
 }
 
@@ -414,7 +435,8 @@ impl WorkloadSpec {
                 format!("queue depth must be 1..={MAX_QD}"),
             ));
         }
-        if self.workers == 0 || self.workers > MAX_WORKERS {
+        let auto_workers = self.workers == 0 && self.pattern == Pattern::Kv;
+        if (self.workers == 0 && !auto_workers) || self.workers > MAX_WORKERS {
             return Err(Self::invalid(
                 "workers",
                 self.workers,
@@ -491,7 +513,75 @@ impl WorkloadSpec {
                 ));
             }
         }
-        Ok(())
+        self.validate_kv()
+    }
+
+    fn validate_kv(&self) -> Result<(), SpecError> {
+        let Some(kv) = &self.kv else {
+            if self.pattern == Pattern::Kv {
+                return Err(Self::invalid(
+                    "pattern",
+                    "kv",
+                    "a kv workload needs a [kv] table (see `virtgap workloads kv-act`)",
+                ));
+            }
+            return Ok(());
+        };
+        if self.pattern != Pattern::Kv {
+            return Err(Self::invalid(
+                "pattern",
+                self.fio_rw(),
+                "a [kv] table needs pattern = \"kv\"",
+            ));
+        }
+        let lb = self.bs.0;
+        if !lb.is_power_of_two() || !(4096..=8 << 20).contains(&lb) {
+            return Err(Self::invalid(
+                "bs",
+                self.bs,
+                "the kv large block must be a power of two from 4 KiB to 8 MiB",
+            ));
+        }
+        if self.engine != EngineKind::Psync || self.qd != 1 {
+            return Err(Self::invalid(
+                "engine",
+                self.engine.name(),
+                "kv service threads are synchronous like ACT's: engine = \"psync\", qd = 1 (set workers for concurrency)",
+            ));
+        }
+        if !self.direct {
+            return Err(Self::invalid(
+                "direct",
+                "false",
+                "the kv store does O_DIRECT I/O only",
+            ));
+        }
+        if self.rate_iops.is_some() {
+            return Err(Self::invalid(
+                "rate_iops",
+                self.rate_iops.unwrap_or(0),
+                "kv is paced by its client rates (x, read_rps, write_rps)",
+            ));
+        }
+        kv.validate(lb)
+            .map_err(|(key, value, reason)| Self::invalid(key, value, reason))
+    }
+
+    /// Fills in what a kv spec leaves to the machine and its rates: the service-thread count
+    /// (ACT's 5 per CPU when 0) and the read/write mix.
+    pub fn resolve(&mut self) {
+        let Some(kv) = &self.kv else { return };
+        if self.workers == 0 {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+            self.workers = (5 * cpus).min(MAX_WORKERS);
+        }
+        let (reads, writes) = kv.rates();
+        self.rw = if writes == 0 {
+            ReadWrite::Read
+        } else {
+            ReadWrite::Mix
+        };
+        self.rwmix_read = (reads * 100 / (reads + writes).max(1)) as u8;
     }
 
     /// Serializes the spec back to TOML (the effective spec, after overrides).
@@ -499,8 +589,9 @@ impl WorkloadSpec {
         toml::to_string(self).expect("a workload spec always serializes")
     }
 
+    /// Whether the workload never writes the target (a kv store always does: it loads itself).
     pub fn is_read_only(&self) -> bool {
-        self.rw == ReadWrite::Read
+        self.rw == ReadWrite::Read && self.pattern != Pattern::Kv
     }
 
     /// fio's `--rw` value for this spec.
@@ -512,14 +603,24 @@ impl WorkloadSpec {
             (Pattern::Sequential, ReadWrite::Read) => "read",
             (Pattern::Sequential, ReadWrite::Write) => "write",
             (Pattern::Sequential, ReadWrite::Mix) => "rw",
+            (Pattern::Kv, _) => "kv",
         }
     }
 
     /// A one-line description: "random read, bs 4 KiB, qd 32 x 1 worker, io_uring, O_DIRECT".
     pub fn describe(&self) -> String {
+        if let Some(kv) = &self.kv {
+            return format!(
+                "kv store: {}, {} service threads, {} keys",
+                kv.describe(self.bs.0),
+                self.workers,
+                self.distribution
+            );
+        }
         let pattern = match self.pattern {
             Pattern::Random => "random",
             Pattern::Sequential => "sequential",
+            Pattern::Kv => "kv",
         };
         let rw = match self.rw {
             ReadWrite::Read => "read".to_string(),
@@ -552,8 +653,12 @@ impl WorkloadSpec {
         s
     }
 
-    /// The fio command line that runs the same job on `filename`.
-    pub fn fio_command(&self, filename: &str) -> String {
+    /// The fio command line that runs the same job on `filename` (None for kv: fio has no
+    /// log-structured store).
+    pub fn fio_command(&self, filename: &str) -> Option<String> {
+        if self.pattern == Pattern::Kv {
+            return None;
+        }
         let mut args = vec![
             "fio".to_string(),
             format!("--name={}", self.name),
@@ -577,6 +682,7 @@ impl WorkloadSpec {
                     args.push(format!("--random_distribution=zipf:{t}"));
                 }
             }
+            Pattern::Kv => {}
             Pattern::Sequential => {
                 // Each worker owns a disjoint region, as ours do.
                 let region = self.size.0 / u64::from(self.workers) / self.bs.0 * self.bs.0;
@@ -605,7 +711,7 @@ impl WorkloadSpec {
         }
         args.push("--group_reporting".into());
         args.push("--output-format=json".into());
-        args.join(" ")
+        Some(args.join(" "))
     }
 }
 
@@ -625,6 +731,7 @@ pub struct Overrides {
     pub ramp: Option<Span>,
     pub direct: Option<bool>,
     pub submit_batch: Option<u32>,
+    pub kv: KvOverrides,
 }
 
 impl Overrides {
@@ -655,24 +762,46 @@ impl Overrides {
         if self.rwmix_read.is_some() && self.rw.is_none() {
             next.rw = ReadWrite::Mix;
         }
+        match (&mut next.kv, self.kv.first_given()) {
+            (Some(kv), _) => {
+                self.kv.apply(kv);
+                if let Some(lb) = self.kv.lb_bytes {
+                    next.bs = lb;
+                }
+                if let Some(keys) = self.kv.keys {
+                    next.distribution = keys;
+                }
+            }
+            (None, Some(flag)) => {
+                return Err(SpecError::Invalid {
+                    origin: String::new(),
+                    key: flag,
+                    value: "given".into(),
+                    reason: "applies only to kv workloads (e.g. -w kv-act)".into(),
+                })
+            }
+            (None, None) => {}
+        }
         next.validate().map_err(|e| match e {
             SpecError::Invalid {
                 key, value, reason, ..
             } => SpecError::Invalid {
                 origin: String::new(),
-                key: flag_for_key(key),
+                key: flag_for_key(key, next.kv.is_some()),
                 value,
                 reason,
             },
             other => other,
         })?;
+        next.resolve();
         *spec = next;
         Ok(())
     }
 }
 
-fn flag_for_key(key: &'static str) -> &'static str {
+fn flag_for_key(key: &'static str, kv: bool) -> &'static str {
     match key {
+        "bs" if kv => "--lb-bytes",
         "qd" => "--qd",
         "workers" => "--workers",
         "bs" => "--bs",
@@ -681,6 +810,11 @@ fn flag_for_key(key: &'static str) -> &'static str {
         "rate_iops" => "--rate-iops",
         "rwmix_read" => "--rwmix-read",
         "submit_batch" => "--submit-batch",
+        "x" => "--x",
+        "defrag_lwm_pct" => "--defrag-lwm-pct",
+        "fill_pct" => "--fill-pct",
+        "record_bytes" => "--record-bytes",
+        "slice" => "--slice",
         other => other,
     }
 }

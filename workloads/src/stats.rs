@@ -100,6 +100,8 @@ pub struct RunStats {
     pub max_lag_ns: u64,
     /// Engine features in use.
     pub engine_features: String,
+    /// The kv workload's verdict and store figures (kv runs only).
+    pub kv: Option<Box<crate::kv::KvOutcome>>,
 }
 
 impl RunStats {
@@ -112,6 +114,9 @@ impl RunStats {
         self.max_lag_ns = self.max_lag_ns.max(other.max_lag_ns);
         if self.engine_features.is_empty() {
             self.engine_features.clone_from(&other.engine_features);
+        }
+        if self.kv.is_none() {
+            self.kv.clone_from(&other.kv);
         }
     }
 

@@ -350,6 +350,7 @@ fn io_errors_are_reported_not_hidden() {
 #[test]
 fn kv_store_returns_every_key_latest_value_after_heavy_overwrite_and_defrag() {
     use rand::{Rng, SeedableRng};
+    use std::sync::atomic::Ordering;
     use virtgap_workloads::kv::{KvConfig, KvStore};
 
     let dir = scratch_dir();
@@ -365,34 +366,55 @@ fn kv_store_returns_every_key_latest_value_after_heavy_overwrite_and_defrag() {
         record_bytes: 1536,
         lb_bytes: 128 << 10,
         defrag_lwm_pct: 50,
+        dsync: true,
     };
     // Half the capacity in keys: 256 blocks x 85 records x 50%.
     let keys = 256 * 85 / 2;
-    let mut store = KvStore::new(
-        std::sync::Arc::clone(&t.file),
-        t.size,
-        t.align as usize,
-        cfg,
-        keys,
-    )
-    .unwrap();
-    store.fill().unwrap();
-    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
-    for i in 0..100_000u64 {
-        let key = rng.random_range(0..keys);
-        store.put(key).unwrap();
-        if i % 4 == 0 {
-            store.get(rng.random_range(0..keys)).unwrap();
+    let store = KvStore::new(Arc::clone(&t.file), t.size, t.align as usize, cfg, keys).unwrap();
+    let readers_done = AtomicBool::new(false);
+    std::thread::scope(|sc| {
+        store.start_background();
+        let writer = sc.spawn(|| store.run_writer(|_| {}));
+        let defrag = sc.spawn(|| store.run_defrag(|_| {}));
+        for key in 0..keys {
+            store.put(key).unwrap();
         }
-        store.defrag_pending().unwrap();
-    }
+        // Two readers race the overwrites and the defragmenter moving records under them.
+        let readers: Vec<_> = (0..2u64)
+            .map(|r| {
+                let (store, done) = (&store, &readers_done);
+                sc.spawn(move || {
+                    let mut rng = rand::rngs::SmallRng::seed_from_u64(r);
+                    let mut buf = store.read_buffer().unwrap();
+                    let mut n = 0u64;
+                    while !done.load(Ordering::Relaxed) {
+                        store.get(rng.random_range(0..keys), &mut buf).unwrap();
+                        n += 1;
+                    }
+                    n
+                })
+            })
+            .collect();
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+        for _ in 0..100_000u64 {
+            store.put(rng.random_range(0..keys)).unwrap();
+        }
+        readers_done.store(true, Ordering::Relaxed);
+        let reads: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+        store.stop_background();
+        writer.join().unwrap().unwrap();
+        defrag.join().unwrap().unwrap();
+        eprintln!("concurrent reads during overwrites: {reads}");
+    });
+    let mut buf = store.read_buffer().unwrap();
     for key in 0..keys {
-        store.get(key).unwrap_or_else(|e| panic!("{e}"));
+        store.get(key, &mut buf).unwrap_or_else(|e| panic!("{e}"));
     }
-    let c = &store.counters;
+    let c = store.counters();
     eprintln!("kv counters after 100k overwrites: {c:?}");
     assert_eq!(c.mismatches, 0);
-    assert!(c.lb_writes > 100_000 / 85, "{c:?}");
+    assert_eq!(c.puts, keys + 100_000);
+    assert!(c.lb_writes > (keys + 100_000) / 85, "{c:?}");
     assert!(c.lb_reads > 0 && c.relocated > 0, "defrag ran: {c:?}");
     assert!(
         c.gets > c.buffered_gets,
@@ -416,6 +438,7 @@ fn kv_store_refuses_records_larger_than_a_block_and_tiny_targets() {
         record_bytes: 200_000,
         lb_bytes: 128 << 10,
         defrag_lwm_pct: 50,
+        dsync: false,
     };
     let e = KvStore::new(std::sync::Arc::clone(&t.file), t.size, 512, big, 10).unwrap_err();
     assert!(e.to_string().contains("does not fit"), "{e}");
@@ -423,6 +446,7 @@ fn kv_store_refuses_records_larger_than_a_block_and_tiny_targets() {
         record_bytes: 1536,
         lb_bytes: 1 << 20,
         defrag_lwm_pct: 50,
+        dsync: false,
     };
     let e = KvStore::new(std::sync::Arc::clone(&t.file), t.size, 512, huge_blocks, 10).unwrap_err();
     assert!(e.to_string().contains("at least 4"), "{e}");

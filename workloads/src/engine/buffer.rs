@@ -15,6 +15,8 @@ pub struct AlignedBuffer {
 
 // SAFETY: the buffer is uniquely owned heap memory; moving it between threads is sound.
 unsafe impl Send for AlignedBuffer {}
+// SAFETY: a shared reference only reads the bytes (`as_slice`); writing needs `&mut self`.
+unsafe impl Sync for AlignedBuffer {}
 
 impl AlignedBuffer {
     pub fn new(len: usize, align: usize) -> Result<Self, EngineError> {

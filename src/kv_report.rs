@@ -1,0 +1,169 @@
+//! The kv workload's part of a report: ACT's derived and achieved rates, the store's integrity
+//! figures, and the per-slice verdict table (text and JSON).
+
+use std::io::{self, Write};
+
+use serde_json::{json, Value};
+use virtgap_workloads::act::SliceVerdict;
+use virtgap_workloads::kv::{Behind, KvOutcome};
+use virtgap_workloads::units;
+
+fn pct3(v: &SliceVerdict) -> String {
+    if v.reads == 0 {
+        return format!("{:>23}", "-");
+    }
+    format!(
+        "{:>6.2}% {:>6.2}% {:>6.2}%",
+        v.over_1ms_pct, v.over_8ms_pct, v.over_64ms_pct
+    )
+}
+
+pub fn behind_text(who: &Behind, by: std::time::Duration) -> String {
+    match who {
+        Behind::Generator => format!(
+            "can't keep up: client operations fell {:.1} s behind schedule (the generator: try more service threads with --workers)",
+            by.as_secs_f64()
+        ),
+        Behind::Device(stream) => format!(
+            "can't keep up: {stream} fell {:.1} s behind (the device)",
+            by.as_secs_f64()
+        ),
+    }
+}
+
+pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
+    writeln!(
+        out,
+        "  kv store: {} keys, {} records per large block, client reads of {} (every read checked against the index)",
+        units::count(k.keys as f64),
+        k.records_per_block,
+        units::bytes(k.read_bytes)
+    )?;
+    writeln!(
+        out,
+        "    {:<22} {:>12} {:>12}",
+        "per second", "target", "achieved"
+    )?;
+    let achieved = |n: u64| format!("{:.2}", k.rate(n));
+    let rows = [
+        (
+            "client reads",
+            k.read_rps.to_string(),
+            achieved(k.client_reads),
+        ),
+        (
+            "client writes",
+            k.write_rps.to_string(),
+            achieved(k.client_writes),
+        ),
+        (
+            "large-block reads",
+            format!("{:.2}", k.derived.lb_reads_per_s),
+            achieved(k.lb_reads),
+        ),
+        (
+            "large-block writes",
+            format!("{:.2}", k.derived.lb_writes_per_s),
+            achieved(k.lb_writes),
+        ),
+    ];
+    for (name, target, got) in rows {
+        writeln!(out, "    {name:<22} {target:>12} {got:>12}")?;
+    }
+    writeln!(
+        out,
+        "    (large-block targets are ACT's derived rates: writes / floor(block / record) x 100 / (100 - defrag-lwm))"
+    )?;
+    let c = &k.counters;
+    writeln!(
+        out,
+        "  store: {} records relocated by defrag, {} reads retried after a move, {} mismatches",
+        units::count(c.relocated as f64),
+        c.read_retries,
+        c.mismatches
+    )?;
+    writeln!(
+        out,
+        "  verdict per slice (ACT: < 5% of reads >= 1 ms, < 1% >= 8 ms, < 0.1% >= 64 ms; large blocks informational)"
+    )?;
+    writeln!(
+        out,
+        "    {:<15} {:>9}  {:>23}  {:>23}  {:>23}",
+        "slice", "reads", "reads >=1/8/64 ms", "LB reads >=1/8/64 ms", "LB writes >=1/8/64 ms"
+    )?;
+    for s in &k.slices {
+        let result = match (s.complete, s.reads.pass) {
+            (false, _) => "(partial, not judged)",
+            (true, true) => "PASS",
+            (true, false) => "FAIL",
+        };
+        writeln!(
+            out,
+            "    {:<15} {:>9}  {}  {}  {}  {result}",
+            format!("{:.0}-{:.0} s", s.start_s, s.end_s),
+            units::count(s.reads.reads as f64),
+            pct3(&s.reads),
+            pct3(&s.lb_reads),
+            pct3(&s.lb_writes),
+        )?;
+    }
+    if let Some((who, by)) = &k.behind {
+        writeln!(out, "  {}", behind_text(who, *by))?;
+    }
+    let load = format!("{} reads/s + {} writes/s", k.read_rps, k.write_rps);
+    match k.pass() {
+        Some(p) => writeln!(
+            out,
+            "  {} at {load} on this target",
+            if p { "PASS" } else { "FAIL" }
+        ),
+        None => writeln!(
+            out,
+            "  no verdict: no complete slice (set --slice no longer than the run)"
+        ),
+    }
+}
+
+fn verdict_json(v: &SliceVerdict) -> Value {
+    json!({
+        "ops": v.reads,
+        "pct_at_or_over_1ms": v.over_1ms_pct,
+        "pct_at_or_over_8ms": v.over_8ms_pct,
+        "pct_at_or_over_64ms": v.over_64ms_pct,
+    })
+}
+
+pub fn json(k: &KvOutcome) -> Value {
+    json!({
+        "verdict": k.pass(),
+        "behind": k.behind.as_ref().map(|(who, by)| behind_text(who, *by)),
+        "keys": k.keys,
+        "records_per_block": k.records_per_block,
+        "read_bytes": k.read_bytes,
+        "service_threads": k.service_threads,
+        "target": {
+            "client_reads_per_s": k.read_rps,
+            "client_writes_per_s": k.write_rps,
+            "lb_reads_per_s": k.derived.lb_reads_per_s,
+            "lb_writes_per_s": k.derived.lb_writes_per_s,
+        },
+        "achieved": {
+            "client_reads_per_s": k.rate(k.client_reads),
+            "client_writes_per_s": k.rate(k.client_writes),
+            "lb_reads_per_s": k.rate(k.lb_reads),
+            "lb_writes_per_s": k.rate(k.lb_writes),
+        },
+        "relocated": k.counters.relocated,
+        "read_retries": k.counters.read_retries,
+        "mismatches": k.counters.mismatches,
+        "slices": k.slices.iter().map(|s| json!({
+            "start_s": s.start_s,
+            "end_s": s.end_s,
+            "complete": s.complete,
+            "pass": s.complete.then_some(s.reads.pass),
+            "reads": verdict_json(&s.reads),
+            "lb_reads": verdict_json(&s.lb_reads),
+            "lb_writes": verdict_json(&s.lb_writes),
+        })).collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,9 @@
+//! The kv workload: a log-structured key-value store with Aerospike's I/O pattern (`store`),
+//! its settings (`spec`), and the ACT-style run on top of it (`runner`).
+
+mod runner;
+pub mod spec;
+pub mod store;
+
+pub use runner::{prepare, start, Behind, FillProgress, KvOutcome, LoadedStore, SliceResult};
+pub use store::{KvConfig, KvCounters, KvError, KvStore};

@@ -1,0 +1,733 @@
+//! Running the kv workload: load the store (`prepare`), then `start` ACT's threads on it —
+//! synchronous service threads paced on an absolute schedule, one large-block writer and one
+//! defragmenter — and a coordinator that dumps ACT's cumulative histograms every report
+//! interval, closes verdict slices, and stops the run when a stream falls behind.
+//!
+//! Events follow the generic runner's contract: each service thread is a worker that sends its
+//! own interval samples; the coordinator sends every worker's `Finished`, worker 0's carrying
+//! the kv outcome.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+
+use crate::act::{self, ActHistogram, AtomicActHistogram, Derived, SliceVerdict};
+use crate::kv::store::{KvConfig, KvCounters, KvError, KvStore};
+use crate::offsets::OffsetGenerator;
+use crate::run::{RunHandle, RunOptions, WorkloadError, WorkloadEvent};
+use crate::schedule::RateSchedule;
+use crate::spec::{Pattern, WorkloadSpec};
+use crate::stats::{CpuTime, IntervalSample, RunStats};
+use crate::target::Target;
+
+/// How far along the load is.
+#[derive(Clone, Copy, Debug)]
+pub struct FillProgress {
+    pub phase: &'static str,
+    pub done: u64,
+    pub total: u64,
+}
+
+/// A loaded store and what loading it took.
+#[derive(Debug)]
+pub struct LoadedStore {
+    pub store: Arc<KvStore>,
+    pub keys: u64,
+    /// Overwrites after the first write of every key, to bring defrag to its steady state.
+    pub aging_overwrites: u64,
+    pub seconds: f64,
+}
+
+/// Overwrites run after loading, as a multiple of the key count. A freshly loaded store has
+/// every block full; uniform overwrites then drain them all at once, and defrag swings
+/// (measured: large-block reads per write 1.2, then 0.8, ...) until about 2.5 rewrites of the
+/// key space have spread the blocks' ages; from there the ratio stays within ±3% of 1.
+const AGING_ROUNDS: u64 = 3;
+
+fn config(spec: &WorkloadSpec) -> KvConfig {
+    let kv = spec.kv.as_ref().expect("a kv spec");
+    KvConfig {
+        record_bytes: kv.record_bytes.0,
+        lb_bytes: spec.bs.0,
+        defrag_lwm_pct: kv.defrag_lwm_pct,
+        dsync: kv.dsync,
+    }
+}
+
+/// Builds the store on `target` and loads it to the spec's fill fraction, then ages it with
+/// overwrites. Ok(None): `stop` was set first.
+pub fn prepare(
+    spec: &WorkloadSpec,
+    target: &Target,
+    stop: &AtomicBool,
+    mut progress: impl FnMut(FillProgress),
+) -> Result<Option<LoadedStore>, KvError> {
+    let kv = spec.kv.as_ref().expect("a kv spec");
+    let cfg = config(spec);
+    let blocks = target.size / cfg.lb_bytes;
+    let per_block = cfg.lb_bytes / KvStore::stored_bytes(cfg.record_bytes);
+    let keys = blocks * per_block * kv.fill_pct / 100;
+    if keys == 0 {
+        return Err(KvError::TooSmall { blocks });
+    }
+    let store = Arc::new(KvStore::new(
+        Arc::clone(&target.file),
+        target.size,
+        target.align as usize,
+        cfg,
+        keys,
+    )?);
+    let started = Instant::now();
+    let aging = keys * AGING_ROUNDS;
+    let total = keys + aging;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(0x6b76);
+    let interrupted = std::thread::scope(|s| -> Result<bool, KvError> {
+        store.start_background();
+        let writer = s.spawn(|| store.run_writer(|_| {}));
+        let defrag = s.spawn(|| store.run_defrag(|_| {}));
+        let mut result = Ok(false);
+        for i in 0..total {
+            if i % 4096 == 0 {
+                if stop.load(Ordering::Relaxed) {
+                    result = Ok(true);
+                    break;
+                }
+                let phase = if i < keys { "loading" } else { "aging" };
+                progress(FillProgress {
+                    phase,
+                    done: i,
+                    total,
+                });
+            }
+            let key = if i < keys {
+                i
+            } else {
+                rng.random_range(0..keys)
+            };
+            if let Err(e) = store.put(key) {
+                result = Err(e);
+                break;
+            }
+            // Unpaced loading would outrun defrag and leave a backlog of candidates (and a
+            // store with no free blocks) that the measured run then works off.
+            if i % 64 == 0 {
+                store.wait_caught_up(2, 2);
+            }
+        }
+        store.stop_background();
+        let w = writer.join().expect("the writer does not panic");
+        let d = defrag.join().expect("the defragmenter does not panic");
+        let interrupted = result?;
+        w?;
+        d?;
+        Ok(interrupted)
+    })?;
+    if interrupted {
+        return Ok(None);
+    }
+    Ok(Some(LoadedStore {
+        store,
+        keys,
+        aging_overwrites: aging,
+        seconds: started.elapsed().as_secs_f64(),
+    }))
+}
+
+/// Latency percentages of one stream over one slice, ACT's way.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SliceResult {
+    pub start_s: f64,
+    pub end_s: f64,
+    /// Slices shorter than `--slice` (the run's tail) are shown but not judged, as
+    /// act_latency.py ignores them.
+    pub complete: bool,
+    pub reads: SliceVerdict,
+    pub lb_reads: SliceVerdict,
+    pub lb_writes: SliceVerdict,
+}
+
+/// Which stream fell behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Behind {
+    /// Client operations: the generator (more service threads may help), as ACT's service
+    /// threads report it.
+    Generator,
+    /// Large-block writes or defrag reads: the device, as ACT's large-block threads report it.
+    Device(&'static str),
+}
+
+/// What a kv run found, beyond the generic statistics.
+#[derive(Clone, Debug)]
+pub struct KvOutcome {
+    pub derived: Derived,
+    pub read_rps: u64,
+    pub write_rps: u64,
+    pub service_threads: u32,
+    pub keys: u64,
+    pub records_per_block: u64,
+    /// Bytes of one client read.
+    pub read_bytes: u64,
+    pub measured_s: f64,
+    /// Operations in the measured window.
+    pub client_reads: u64,
+    pub client_writes: u64,
+    pub lb_reads: u64,
+    pub lb_writes: u64,
+    pub slices: Vec<SliceResult>,
+    /// Why the run stopped early, with how far behind it was.
+    pub behind: Option<(Behind, Duration)>,
+    pub counters: KvCounters,
+    /// Cumulative ACT histograms over the measured window.
+    pub reads_hist: ActHistogram,
+    pub lb_reads_hist: ActHistogram,
+    pub lb_writes_hist: ActHistogram,
+    /// ACT's text log: histogram dumps every report interval.
+    pub act_log: String,
+}
+
+impl KvOutcome {
+    /// ACT's verdict: every complete slice passes and no stream fell behind. None when the
+    /// run was too short to have a complete slice.
+    pub fn pass(&self) -> Option<bool> {
+        if self.behind.is_some() || self.counters.mismatches > 0 {
+            return Some(false);
+        }
+        let judged: Vec<&SliceResult> = self.slices.iter().filter(|s| s.complete).collect();
+        (!judged.is_empty()).then(|| judged.iter().all(|s| s.reads.pass))
+    }
+
+    pub fn rate(&self, n: u64) -> f64 {
+        if self.measured_s > 0.0 {
+            n as f64 / self.measured_s
+        } else {
+            0.0
+        }
+    }
+}
+
+/// State shared by the kv threads.
+struct Shared {
+    t0: Instant,
+    ramp_ns: u64,
+    end_ns: u64,
+    /// Set by the coordinator (end, lag) or a failing thread.
+    halt: AtomicBool,
+    reads: AtomicActHistogram,
+    lb_reads: AtomicActHistogram,
+    lb_writes: AtomicActHistogram,
+    lb_read_count: AtomicU64,
+    lb_write_count: AtomicU64,
+    behind: Mutex<Option<(Behind, Duration)>>,
+}
+
+impl Shared {
+    fn now_ns(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+
+    fn measuring(&self) -> bool {
+        (self.ramp_ns..self.end_ns).contains(&self.now_ns())
+    }
+
+    fn fall_behind(&self, who: Behind, by: Duration) {
+        let mut b = self.behind.lock().unwrap_or_else(|e| e.into_inner());
+        b.get_or_insert((who, by));
+        self.halt.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Starts the kv workload on a loaded store. Events arrive on `tx` as from `crate::start`.
+pub fn start<T>(
+    spec: &WorkloadSpec,
+    loaded: &LoadedStore,
+    target: &Target,
+    options: &RunOptions,
+    stop: Arc<AtomicBool>,
+    tx: Sender<T>,
+) -> RunHandle
+where
+    T: From<WorkloadEvent> + Send + 'static,
+{
+    let spec = spec.clone();
+    let store = Arc::clone(&loaded.store);
+    let keys = loaded.keys;
+    let options = options.clone();
+    let device = target.path.display().to_string();
+    let coordinator = std::thread::Builder::new()
+        .name("vg-kv".into())
+        .spawn(move || {
+            let send = |ev: WorkloadEvent| {
+                let _ = tx.send(T::from(ev));
+            };
+            let tx2 = tx.clone();
+            let send_interval = move |s: IntervalSample| {
+                let _ = tx2.send(T::from(WorkloadEvent::Interval(s)));
+            };
+            coordinate(
+                &spec,
+                &store,
+                keys,
+                &device,
+                &options,
+                &stop,
+                &send,
+                send_interval,
+            );
+        })
+        .expect("spawning the kv coordinator");
+    RunHandle::from_threads(vec![coordinator])
+}
+
+#[allow(clippy::too_many_arguments)]
+fn coordinate(
+    spec: &WorkloadSpec,
+    store: &Arc<KvStore>,
+    keys: u64,
+    device: &str,
+    options: &RunOptions,
+    stop: &Arc<AtomicBool>,
+    send: &dyn Fn(WorkloadEvent),
+    send_interval: impl Fn(IntervalSample) + Clone + Send + 'static,
+) {
+    let kv = spec.kv.clone().expect("a kv spec");
+    let (read_rps, write_rps) = kv.rates();
+    let threads = spec.workers;
+    let ramp_ns = spec.ramp.0.as_nanos() as u64;
+    let shared = Arc::new(Shared {
+        t0: Instant::now(),
+        ramp_ns,
+        end_ns: ramp_ns + spec.duration.0.as_nanos() as u64,
+        halt: AtomicBool::new(false),
+        reads: AtomicActHistogram::default(),
+        lb_reads: AtomicActHistogram::default(),
+        lb_writes: AtomicActHistogram::default(),
+        lb_read_count: AtomicU64::new(0),
+        lb_write_count: AtomicU64::new(0),
+        behind: Mutex::new(None),
+    });
+
+    store.start_background();
+    let writer = {
+        let (store, shared) = (Arc::clone(store), Arc::clone(&shared));
+        std::thread::Builder::new()
+            .name("vg-kv-writer".into())
+            .spawn(move || {
+                let r = store.run_writer(|ns| {
+                    if shared.measuring() {
+                        shared.lb_writes.record_ns(ns);
+                        shared.lb_write_count.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                if r.is_err() {
+                    shared.halt.store(true, Ordering::Relaxed);
+                }
+                r
+            })
+            .expect("spawning the kv writer")
+    };
+    let defrag = {
+        let (store, shared) = (Arc::clone(store), Arc::clone(&shared));
+        std::thread::Builder::new()
+            .name("vg-kv-defrag".into())
+            .spawn(move || {
+                let r = store.run_defrag(|ns| {
+                    if shared.measuring() {
+                        shared.lb_reads.record_ns(ns);
+                        shared.lb_read_count.fetch_add(1, Ordering::Relaxed);
+                    }
+                });
+                if r.is_err() {
+                    shared.halt.store(true, Ordering::Relaxed);
+                }
+                r
+            })
+            .expect("spawning the kv defragmenter")
+    };
+    let services: Vec<_> = (0..threads)
+        .map(|worker| {
+            let ctx = ServiceThread {
+                worker,
+                threads,
+                keys,
+                reads_per_s: read_rps,
+                writes_per_s: write_rps,
+                distribution: spec.distribution,
+                seed: options.seed,
+                interval_ns: options.interval.as_nanos().max(1) as u64,
+                max_lag: kv.max_lag.0,
+                store: Arc::clone(store),
+                shared: Arc::clone(&shared),
+                stop: Arc::clone(stop),
+            };
+            let send_interval = send_interval.clone();
+            std::thread::Builder::new()
+                .name(format!("vg-kv-svc-{worker}"))
+                .spawn(move || {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        ctx.run(&send_interval)
+                    }))
+                    .unwrap_or(Err(WorkloadError::Panicked { worker }));
+                    if r.is_err() {
+                        ctx.shared.halt.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
+                .expect("spawning a kv service thread")
+        })
+        .collect();
+    send(WorkloadEvent::Started {
+        engine_features: format!(
+            "psync, {threads} service threads, large-block writes {}",
+            if kv.dsync {
+                "O_DIRECT|O_DSYNC"
+            } else {
+                "O_DIRECT"
+            }
+        ),
+    });
+
+    // Report ticks: ACT's log wants whole seconds.
+    let report_s = options.interval.as_secs().max(1);
+    let slice_ns = kv.slice_for(spec.duration.0).as_nanos() as u64;
+    let derived = act::derive(&kv.act_load(spec.bs.0));
+    let mut log = act_log_header(spec, device, read_rps, write_rps, &derived);
+    let mut slices = Vec::new();
+    let mut slice_start = (0u64, Snapshot::default());
+    let mut tick = 1u64;
+    loop {
+        let due = ramp_ns + tick * report_s * 1_000_000_000;
+        let now = shared.now_ns();
+        let halted = shared.halt.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed);
+        if halted || now >= shared.end_ns {
+            break;
+        }
+        if now < due.min(shared.end_ns) {
+            std::thread::sleep(
+                Duration::from_nanos(due.min(shared.end_ns) - now).min(Duration::from_millis(100)),
+            );
+            continue;
+        }
+        let (write_backlog, defrag_backlog) = store.backlog();
+        if write_backlog > kv.max_lag.0 {
+            shared.fall_behind(Behind::Device("large-block writes"), write_backlog);
+        } else if defrag_backlog > kv.max_lag.0 {
+            shared.fall_behind(Behind::Device("large-block reads (defrag)"), defrag_backlog);
+        }
+        let snap = Snapshot::of(&shared);
+        let _ = write!(log, "after {} sec:\n{}", tick * report_s, snap.dump(device));
+        let window_ns = tick * report_s * 1_000_000_000;
+        if window_ns - slice_start.0 >= slice_ns {
+            slices.push(slice_result(&slice_start, window_ns, &snap, true));
+            slice_start = (window_ns, snap);
+        }
+        tick += 1;
+    }
+
+    shared.halt.store(true, Ordering::Relaxed);
+    let mut results: Vec<Result<RunStats, WorkloadError>> = services
+        .into_iter()
+        .enumerate()
+        .map(|(w, h)| {
+            h.join()
+                .unwrap_or(Err(WorkloadError::Panicked { worker: w as u32 }))
+        })
+        .collect();
+    store.stop_background();
+    let background = [
+        writer.join().unwrap_or(Err(KvError::Stopped)),
+        defrag.join().unwrap_or(Err(KvError::Stopped)),
+    ];
+    let measured_ns = shared.now_ns().min(shared.end_ns).saturating_sub(ramp_ns);
+    let snap = Snapshot::of(&shared);
+    if measured_ns > slice_start.0 {
+        let complete = measured_ns - slice_start.0 >= slice_ns;
+        slices.push(slice_result(&slice_start, measured_ns, &snap, complete));
+    }
+    let mut total = RunStats::default();
+    for s in results.iter().flatten() {
+        total.merge(s);
+    }
+    let outcome = KvOutcome {
+        derived,
+        read_rps,
+        write_rps,
+        service_threads: threads,
+        keys,
+        records_per_block: store.records_per_block(),
+        read_bytes: store.read_bytes(),
+        measured_s: measured_ns as f64 / 1e9,
+        client_reads: total.read.ios,
+        client_writes: total.write.ios,
+        lb_reads: shared.lb_read_count.load(Ordering::Relaxed),
+        lb_writes: shared.lb_write_count.load(Ordering::Relaxed),
+        slices,
+        behind: shared
+            .behind
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone(),
+        counters: store.counters(),
+        reads_hist: snap.reads,
+        lb_reads_hist: snap.lb_reads,
+        lb_writes_hist: snap.lb_writes,
+        act_log: log,
+    };
+    // A failed writer or defragmenter fails the run (reported as worker 0).
+    if let Some(e) = background.into_iter().find_map(|r| r.err()) {
+        if !matches!(e, KvError::Stopped) {
+            results[0] = Err(WorkloadError::Kv {
+                worker: 0,
+                error: e,
+            });
+        }
+    }
+    if let Some(Ok(s)) = results.first_mut() {
+        s.kv = Some(Box::new(outcome));
+    }
+    for (worker, result) in results.into_iter().enumerate() {
+        send(WorkloadEvent::Finished {
+            worker: worker as u32,
+            result: result.map(Box::new),
+        });
+    }
+}
+
+/// Cumulative histograms at one moment.
+#[derive(Clone, Debug, Default)]
+struct Snapshot {
+    reads: ActHistogram,
+    lb_reads: ActHistogram,
+    lb_writes: ActHistogram,
+}
+
+impl Snapshot {
+    fn of(shared: &Shared) -> Self {
+        Self {
+            reads: shared.reads.snapshot(),
+            lb_reads: shared.lb_reads.snapshot(),
+            lb_writes: shared.lb_writes.snapshot(),
+        }
+    }
+
+    /// ACT's histogram block: all-device reads, the one device's reads, then large blocks.
+    fn dump(&self, device: &str) -> String {
+        let mut s = self.reads.dump("reads");
+        s.push_str(&self.reads.dump(&format!("{device}-reads")));
+        s.push_str(&self.lb_reads.dump("large-block-reads"));
+        s.push_str(&self.lb_writes.dump("large-block-writes"));
+        s
+    }
+}
+
+fn slice_result(
+    start: &(u64, Snapshot),
+    end_ns: u64,
+    now: &Snapshot,
+    complete: bool,
+) -> SliceResult {
+    SliceResult {
+        start_s: start.0 as f64 / 1e9,
+        end_s: end_ns as f64 / 1e9,
+        complete,
+        reads: act::slice_verdict(&now.reads.since(&start.1.reads)),
+        lb_reads: act::slice_verdict(&now.lb_reads.since(&start.1.lb_reads)),
+        lb_writes: act::slice_verdict(&now.lb_writes.since(&start.1.lb_writes)),
+    }
+}
+
+/// ACT's log preamble: its configuration and derived rates, in its key: value form.
+fn act_log_header(
+    spec: &WorkloadSpec,
+    device: &str,
+    read_rps: u64,
+    write_rps: u64,
+    d: &Derived,
+) -> String {
+    let kv = spec.kv.as_ref().expect("a kv spec");
+    let mut s = String::from("ACT version 6.6\n");
+    let _ = writeln!(s, "(written by virtgap {})\n", env!("CARGO_PKG_VERSION"));
+    s.push_str("ACT-STORAGE CONFIGURATION\n");
+    let lines = [
+        ("device-names", device.to_string()),
+        ("num-devices", "1".into()),
+        ("service-threads", spec.workers.to_string()),
+        ("test-duration-sec", spec.duration.0.as_secs().to_string()),
+        ("report-interval-sec", "1".into()),
+        ("microsecond-histograms", "no".into()),
+        ("read-reqs-per-sec", read_rps.to_string()),
+        ("write-reqs-per-sec", write_rps.to_string()),
+        ("record-bytes", kv.record_bytes.0.to_string()),
+        ("record-bytes-range-max", "0".into()),
+        ("large-block-op-kbytes", (spec.bs.0 / 1024).to_string()),
+        ("replication-factor", "1".into()),
+        ("update-pct", "0".into()),
+        ("defrag-lwm-pct", kv.defrag_lwm_pct.to_string()),
+        ("disable-odsync", if kv.dsync { "no" } else { "yes" }.into()),
+        ("max-lag-sec", kv.max_lag.0.as_secs().to_string()),
+    ];
+    for (k, v) in lines {
+        let _ = writeln!(s, "{k}: {v}");
+    }
+    s.push_str("\nDERIVED CONFIGURATION\n");
+    let _ = writeln!(
+        s,
+        "record-stored-bytes: {} ... {}",
+        d.record_stored, d.record_stored_max
+    );
+    let _ = writeln!(s, "internal-read-reqs-per-sec: {}", d.internal_read_rps);
+    let _ = writeln!(s, "internal-write-reqs-per-sec: {}", d.internal_write_rps);
+    let _ = writeln!(s, "large-block-reads-per-sec: {:.2}", d.lb_reads_per_s);
+    let _ = writeln!(s, "large-block-writes-per-sec: {:.2}", d.lb_writes_per_s);
+    s.push_str("\nHISTOGRAM NAMES\nreads\n");
+    let _ = writeln!(s, "{device}-reads");
+    s.push_str("large-block-reads\nlarge-block-writes\n\n");
+    s
+}
+
+/// One synchronous service thread: client operations on its share of the schedule.
+struct ServiceThread {
+    worker: u32,
+    threads: u32,
+    keys: u64,
+    reads_per_s: u64,
+    writes_per_s: u64,
+    distribution: crate::spec::Distribution,
+    seed: u64,
+    interval_ns: u64,
+    max_lag: Duration,
+    store: Arc<KvStore>,
+    shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+}
+
+impl ServiceThread {
+    fn run(&self, send_interval: &dyn Fn(IntervalSample)) -> Result<RunStats, WorkloadError> {
+        let worker = self.worker;
+        let total_ops = self.reads_per_s + self.writes_per_s;
+        let mut schedule = RateSchedule::new(total_ops as f64 / f64::from(self.threads));
+        let mut keys = OffsetGenerator::new(
+            Pattern::Random,
+            self.distribution,
+            self.keys,
+            1,
+            worker,
+            self.threads,
+            self.seed ^ (u64::from(worker) << 32),
+        );
+        let mut scratch = self
+            .store
+            .read_buffer()
+            .map_err(|error| WorkloadError::Kv { worker, error })?;
+        let read_bytes = self.store.read_bytes();
+        let record_bytes = self.store.record_bytes();
+        let sh = &self.shared;
+        let mut stats = RunStats::default();
+        let mut interval = IntervalSample::empty(worker, 0, 0);
+        let mut cpu_start = CpuTime::of_this_thread();
+        let mut measuring = sh.ramp_ns == 0;
+        // Writes are spread evenly among reads (Bresenham on the op count), each thread
+        // starting at its own phase so the mix holds over any short window.
+        let mut op: u64 = u64::from(worker) * total_ops / u64::from(self.threads).max(1);
+        let mut now = sh.now_ns();
+        loop {
+            if !measuring && now >= sh.ramp_ns {
+                measuring = true;
+                cpu_start = CpuTime::of_this_thread();
+            }
+            if now >= sh.end_ns
+                || sh.halt.load(Ordering::Relaxed)
+                || self.stop.load(Ordering::Relaxed)
+            {
+                break;
+            }
+            let due = schedule.next_due_ns();
+            if due > now {
+                let wait = (due - now).min(sh.end_ns - now).min(50_000_000);
+                std::thread::sleep(Duration::from_nanos(wait));
+                now = sh.now_ns();
+                continue;
+            }
+            let lag = Duration::from_nanos(schedule.lag_ns(now));
+            if lag > self.max_lag {
+                let (w, d) = self.store.backlog();
+                let who = if w >= Duration::from_secs(1) {
+                    Behind::Device("large-block writes")
+                } else if d >= Duration::from_secs(1) || self.store.free_blocks() <= 2 {
+                    Behind::Device("large-block reads (defrag)")
+                } else {
+                    Behind::Generator
+                };
+                sh.fall_behind(who, lag);
+                break;
+            }
+            let due = schedule.take_due(now).expect("due");
+            stats.max_lag_ns = stats.max_lag_ns.max(lag.as_nanos() as u64);
+            let write =
+                (op + 1) * self.writes_per_s / total_ops > op * self.writes_per_s / total_ops;
+            op += 1;
+            let key = keys.next_offset();
+            let started = sh.now_ns();
+            let result = if write {
+                self.store.put(key).map(|()| None)
+            } else {
+                self.store.get(key, &mut scratch)
+            };
+            let service = match result {
+                Ok(s) => s,
+                // Stopping while waiting for space is the end of the run, not a failure.
+                Err(KvError::Stopped) => break,
+                Err(error) => return Err(WorkloadError::Kv { worker, error }),
+            };
+            now = sh.now_ns();
+            if !measuring || due < sh.ramp_ns || now > sh.end_ns {
+                continue;
+            }
+            let lat = now - started;
+            let clat = service.unwrap_or(lat);
+            let d = if write {
+                &mut stats.write
+            } else {
+                &mut stats.read
+            };
+            d.ios += 1;
+            d.slat.record(lat.saturating_sub(clat));
+            d.clat.record(clat);
+            d.lat.record(lat);
+            d.lat_intended.record(now - due);
+            if write {
+                d.bytes += record_bytes;
+                interval.write_ios += 1;
+                interval.write_bytes += record_bytes;
+            } else {
+                d.bytes += read_bytes;
+                interval.read_ios += 1;
+                interval.read_bytes += read_bytes;
+                // ACT's "reads" histogram: the device read's service time.
+                if let Some(ns) = service {
+                    sh.reads.record_ns(ns);
+                }
+            }
+            interval.lat.record(lat);
+            let window_now = now - sh.ramp_ns;
+            while window_now >= interval.start_ns + self.interval_ns {
+                let next_start = interval.start_ns + self.interval_ns;
+                interval.end_ns = next_start;
+                let next = IntervalSample::empty(worker, interval.index + 1, next_start);
+                send_interval(std::mem::replace(&mut interval, next));
+            }
+        }
+        let end = now.min(sh.end_ns);
+        stats.cpu = CpuTime::of_this_thread().since(cpu_start);
+        stats.measured_ns = end.saturating_sub(sh.ramp_ns);
+        stats.engine_features = "psync".into();
+        if measuring && end > sh.ramp_ns + interval.start_ns {
+            interval.end_ns = end - sh.ramp_ns;
+            send_interval(interval);
+        }
+        Ok(stats)
+    }
+}

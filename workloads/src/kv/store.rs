@@ -1,0 +1,754 @@
+//! A log-structured key-value store with Aerospike's I/O pattern: an index in DRAM, records
+//! appended into a large write block that goes to the device in one O_DIRECT write, updates that
+//! leave the older copy dead, and a defragmenter that rewrites the live records of blocks whose
+//! live fraction fell below a threshold and frees them. Every read is verified against the index.
+//!
+//! Concurrency: one mutex guards the index and block bookkeeping; no I/O happens under it.
+//! Client threads `put` (an in-memory append) and `get` (a lookup, then a device read outside the
+//! lock, checked afterwards). A full write buffer is sealed into the writer's queue, and one
+//! writer thread (`run_writer`) writes sealed blocks in order. One defrag thread (`run_defrag`)
+//! reads candidate blocks, re-appends their live records and frees them. Blocks still queued
+//! for writing are served from memory.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::act::roundup16;
+use crate::engine::AlignedBuffer;
+
+const MAGIC: u32 = u32::from_le_bytes(*b"VGKV");
+/// magic u32, generation u32, key u64, length u32, pad u32, checksum u64.
+pub const HEADER: usize = 32;
+/// Free blocks kept back from clients so the defragmenter can always make progress.
+const DEFRAG_RESERVE: usize = 2;
+/// Bytes of sealed blocks allowed to wait for the writer before clients wait too (Aerospike's
+/// write cache is 64 MiB by default).
+const WRITE_CACHE_BYTES: u64 = 64 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvError {
+    #[error("record size {record} B does not fit a {lb} B large block with its 32-byte header; use a smaller --record-bytes or a larger --lb-bytes")]
+    RecordTooLarge { record: u64, lb: u64 },
+    #[error(
+        "the target holds {blocks} large blocks; the store needs at least 4 (use a larger --size)"
+    )]
+    TooSmall { blocks: u64 },
+    #[error(
+        "the store is full: every block is live (lower --fill-pct, raise --defrag-lwm-pct or use a larger --size)"
+    )]
+    Full,
+    #[error("{op} of {len} B at offset {offset} failed: {err}")]
+    Io {
+        op: &'static str,
+        offset: u64,
+        len: usize,
+        err: std::io::Error,
+    },
+    #[error("key {key}: read back {found} instead of generation {generation} (data loss)")]
+    Mismatch {
+        key: u64,
+        generation: u32,
+        found: String,
+    },
+    #[error("key {0} was never written")]
+    Missing(u64),
+    #[error("the store was stopped")]
+    Stopped,
+}
+
+#[derive(Clone, Debug)]
+pub struct KvConfig {
+    /// Bytes of one record, header included.
+    pub record_bytes: u64,
+    /// Large-block size.
+    pub lb_bytes: u64,
+    /// Blocks whose live fraction falls below this percentage are defragmented.
+    pub defrag_lwm_pct: u64,
+    /// Large-block writes with O_DSYNC, as ACT does by default.
+    pub dsync: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Entry {
+    block: u32,
+    offset: u32,
+    generation: u32,
+    checksum: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BlockState {
+    Free,
+    /// The write buffer fills it.
+    Open,
+    /// Sealed, queued for the writer; reads are served from its buffer.
+    Writing,
+    /// On the device.
+    Sealed,
+}
+
+/// What the store did, for rates and checks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvCounters {
+    pub puts: u64,
+    pub gets: u64,
+    /// Reads served from memory (the record was not on the device yet).
+    pub buffered_gets: u64,
+    /// Reads repeated because the record moved while it was being read.
+    pub read_retries: u64,
+    pub lb_writes: u64,
+    pub lb_reads: u64,
+    /// Records moved by defragmentation.
+    pub relocated: u64,
+    pub mismatches: u64,
+}
+
+/// Who is sealing a block: clients leave a reserve of free blocks for the defragmenter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Client,
+    Defrag,
+}
+
+struct PendingWrite {
+    block: u32,
+    data: Arc<AlignedBuffer>,
+    sealed_at: Instant,
+}
+
+struct State {
+    states: Vec<BlockState>,
+    /// Live bytes per block.
+    live: Vec<u64>,
+    free: VecDeque<u32>,
+    /// Blocks below the low-water mark, with when they crossed it.
+    defrag_queue: VecDeque<(u32, Instant)>,
+    defragging: bool,
+    index: Vec<Option<Entry>>,
+    buf: AlignedBuffer,
+    buf_block: u32,
+    buf_used: usize,
+    writing: VecDeque<PendingWrite>,
+    /// The background threads should stop (the writer drains its queue first).
+    stopping: bool,
+    counters: KvCounters,
+}
+
+pub struct KvStore {
+    /// Reads.
+    file: Arc<File>,
+    /// Large-block writes (reopened with O_DSYNC when asked).
+    write_file: File,
+    cfg: KvConfig,
+    stored: u64,
+    align: usize,
+    state: Mutex<State>,
+    /// A block was freed or written, or the store is stopping.
+    space: Condvar,
+    /// A block was sealed or became a defrag candidate, or the store is stopping.
+    work: Condvar,
+}
+
+impl std::fmt::Debug for KvStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvStore")
+            .field("cfg", &self.cfg)
+            .field("counters", &self.counters())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Writes the payload of (key, generation) — deterministic, so every generation differs — and
+/// returns its checksum.
+fn fill_payload(buf: &mut [u8], key: u64, generation: u32) -> u64 {
+    let mut x = key ^ (u64::from(generation) << 32) ^ 0x9e37_79b9_7f4a_7c15;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let bytes = x.to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    checksum_of(buf)
+}
+
+/// FNV-style fold of a payload's 8-byte words (the last one zero-padded).
+fn checksum_of(payload: &[u8]) -> u64 {
+    let mut sum: u64 = 0xcbf2_9ce4_8422_2325;
+    for chunk in payload.chunks(8) {
+        let mut word = [0u8; 8];
+        word[..chunk.len()].copy_from_slice(chunk);
+        let x = u64::from_le_bytes(word);
+        sum = (sum ^ x).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    sum
+}
+
+fn word<const N: usize>(b: &[u8], at: usize) -> [u8; N] {
+    b[at..at + N].try_into().expect("in bounds")
+}
+
+fn alloc(len: u64, align: usize) -> Result<AlignedBuffer, KvError> {
+    AlignedBuffer::new(len as usize, align.max(4096)).map_err(|e| KvError::Io {
+        op: "allocate",
+        offset: 0,
+        len: len as usize,
+        err: std::io::Error::other(e.to_string()),
+    })
+}
+
+fn pread_exact(
+    file: &File,
+    buf: &mut AlignedBuffer,
+    offset: u64,
+    len: usize,
+) -> Result<(), KvError> {
+    let op = if len >= 64 << 10 {
+        "large-block read"
+    } else {
+        "record read"
+    };
+    if len > buf.len() {
+        return Err(KvError::Io {
+            op,
+            offset,
+            len,
+            err: std::io::Error::other("read larger than its buffer"),
+        });
+    }
+    // SAFETY: the buffer holds at least len bytes (checked above) and outlives the call.
+    let n = unsafe {
+        libc::pread(
+            file.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            len,
+            offset as libc::off_t,
+        )
+    };
+    if n != len as isize {
+        let err = if n < 0 {
+            std::io::Error::last_os_error()
+        } else {
+            std::io::Error::other(format!("short read of {n} B"))
+        };
+        return Err(KvError::Io {
+            op,
+            offset,
+            len,
+            err,
+        });
+    }
+    Ok(())
+}
+
+/// Where a record's bytes are when a reader looks it up.
+enum Location {
+    Memory(Vec<u8>),
+    Device(u64),
+}
+
+impl KvStore {
+    /// A store over the first `size` bytes of `file` (opened with O_DIRECT), for keys
+    /// 0..`keys`. `align` is the target's direct-I/O alignment.
+    pub fn new(
+        file: Arc<File>,
+        size: u64,
+        align: usize,
+        cfg: KvConfig,
+        keys: u64,
+    ) -> Result<Self, KvError> {
+        let stored = Self::stored_bytes(cfg.record_bytes);
+        if stored > cfg.lb_bytes {
+            return Err(KvError::RecordTooLarge {
+                record: cfg.record_bytes,
+                lb: cfg.lb_bytes,
+            });
+        }
+        let blocks = size / cfg.lb_bytes;
+        if blocks < 4 {
+            return Err(KvError::TooSmall { blocks });
+        }
+        let write_file = if cfg.dsync {
+            // O_DSYNC cannot be added with fcntl; reopening the descriptor's own link works for
+            // unlinked temp files and devices alike.
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+                .open(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        } else {
+            file.try_clone()
+        }
+        .map_err(|err| KvError::Io {
+            op: "reopen for large-block writes",
+            offset: 0,
+            len: 0,
+            err,
+        })?;
+        let state = State {
+            states: {
+                let mut s = vec![BlockState::Free; blocks as usize];
+                s[0] = BlockState::Open;
+                s
+            },
+            live: vec![0; blocks as usize],
+            free: (1..blocks as u32).collect(),
+            defrag_queue: VecDeque::new(),
+            defragging: false,
+            index: vec![None; keys as usize],
+            buf: alloc(cfg.lb_bytes, align)?,
+            buf_block: 0,
+            buf_used: 0,
+            writing: VecDeque::new(),
+            stopping: false,
+            counters: KvCounters::default(),
+        };
+        Ok(Self {
+            file,
+            write_file,
+            stored,
+            align: align.max(512),
+            state: Mutex::new(state),
+            space: Condvar::new(),
+            work: Condvar::new(),
+            cfg,
+        })
+    }
+
+    /// Bytes a record of `record_bytes` occupies in a block (16-byte units, header included).
+    pub fn stored_bytes(record_bytes: u64) -> u64 {
+        roundup16(record_bytes.max(HEADER as u64 + 8))
+    }
+
+    /// Bytes of one record as configured (header included).
+    pub fn record_bytes(&self) -> u64 {
+        self.cfg.record_bytes
+    }
+
+    /// Records that fit one large block.
+    pub fn records_per_block(&self) -> u64 {
+        self.cfg.lb_bytes / self.stored
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.lock().states.len() as u64
+    }
+
+    pub fn keys(&self) -> u64 {
+        self.lock().index.len() as u64
+    }
+
+    /// Bytes of one client read: the smallest aligned size covering a record.
+    pub fn read_bytes(&self) -> u64 {
+        self.stored.div_ceil(self.align as u64) * self.align as u64
+    }
+
+    pub fn counters(&self) -> KvCounters {
+        self.lock().counters.clone()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panicking holder leaves counters, not invariants the readers rely on, half-done;
+        // the run that panicked fails anyway.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn below_lwm(&self, live: u64) -> bool {
+        live * 100 < self.cfg.defrag_lwm_pct * self.cfg.lb_bytes
+    }
+
+    /// Writes a new generation of `key`: an append into the write buffer.
+    pub fn put(&self, key: u64) -> Result<(), KvError> {
+        let mut g = self.lock();
+        let generation = g
+            .index
+            .get(key as usize)
+            .ok_or(KvError::Missing(key))?
+            .map_or(1, |e| e.generation + 1);
+        g = self.append(g, key, generation, None, Role::Client)?;
+        g.counters.puts += 1;
+        Ok(())
+    }
+
+    /// Appends a record to the write buffer (copying `existing` bytes when relocating), updates
+    /// the index and marks the older copy dead.
+    fn append<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, State>,
+        key: u64,
+        generation: u32,
+        existing: Option<&[u8]>,
+        role: Role,
+    ) -> Result<MutexGuard<'a, State>, KvError> {
+        let stored = self.stored as usize;
+        if g.buf_used + stored > self.cfg.lb_bytes as usize {
+            g = self.seal(g, role)?;
+        }
+        let st = &mut *g;
+        let at = st.buf_used;
+        let rec = &mut st.buf.as_mut_slice()[at..at + stored];
+        let checksum = match existing {
+            Some(bytes) => {
+                rec.copy_from_slice(bytes);
+                u64::from_le_bytes(word(rec, 24))
+            }
+            None => {
+                let sum = fill_payload(&mut rec[HEADER..], key, generation);
+                rec[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+                rec[4..8].copy_from_slice(&generation.to_le_bytes());
+                rec[8..16].copy_from_slice(&key.to_le_bytes());
+                rec[16..20].copy_from_slice(&(stored as u32).to_le_bytes());
+                rec[20..24].copy_from_slice(&0u32.to_le_bytes());
+                rec[24..32].copy_from_slice(&sum.to_le_bytes());
+                sum
+            }
+        };
+        st.buf_used += stored;
+        if let Some(old) = st.index[key as usize] {
+            let b = old.block as usize;
+            st.live[b] = st.live[b].saturating_sub(self.stored);
+            if st.states[b] == BlockState::Sealed
+                && self.below_lwm(st.live[b])
+                && !st.defrag_queue.iter().any(|(q, _)| *q == old.block)
+            {
+                st.defrag_queue.push_back((old.block, Instant::now()));
+                self.work.notify_all();
+            }
+        }
+        let open = st.buf_block;
+        st.live[open as usize] += self.stored;
+        st.index[key as usize] = Some(Entry {
+            block: open,
+            offset: at as u32,
+            generation,
+            checksum,
+        });
+        Ok(g)
+    }
+
+    /// Hands the full write buffer to the writer and opens a free block, waiting for the
+    /// defragmenter to free one when clients have used theirs.
+    fn seal<'a>(
+        &'a self,
+        mut g: MutexGuard<'a, State>,
+        role: Role,
+    ) -> Result<MutexGuard<'a, State>, KvError> {
+        let reserve = if role == Role::Client {
+            DEFRAG_RESERVE
+        } else {
+            0
+        };
+        loop {
+            if g.stopping && role == Role::Client {
+                return Err(KvError::Stopped);
+            }
+            let cache_blocks = (WRITE_CACHE_BYTES / self.cfg.lb_bytes).max(4) as usize;
+            let writer_has_room = role == Role::Defrag || g.writing.len() < cache_blocks;
+            if g.free.len() > reserve && writer_has_room {
+                break;
+            }
+            let nothing_to_free =
+                g.defrag_queue.is_empty() && !g.defragging && g.writing.is_empty();
+            if role == Role::Defrag || nothing_to_free {
+                return Err(KvError::Full);
+            }
+            g = self
+                .space
+                .wait_timeout(g, Duration::from_millis(100))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        let next = g.free.pop_front().expect("checked above");
+        let fresh = alloc(self.cfg.lb_bytes, self.align)?;
+        let st = &mut *g;
+        // Unused tail bytes of a block are zeroes: no header, so defrag stops there.
+        let used = st.buf_used;
+        st.buf.as_mut_slice()[used..].fill(0);
+        let full = std::mem::replace(&mut st.buf, fresh);
+        let sealed = st.buf_block;
+        st.states[sealed as usize] = BlockState::Writing;
+        st.writing.push_back(PendingWrite {
+            block: sealed,
+            data: Arc::new(full),
+            sealed_at: Instant::now(),
+        });
+        st.buf_block = next;
+        st.buf_used = 0;
+        st.states[next as usize] = BlockState::Open;
+        self.work.notify_all();
+        Ok(g)
+    }
+
+    /// The writer: writes sealed blocks in order, one large-block write each, calling
+    /// `observe(service_ns)` per write, until `stop_background` and the queue is empty.
+    pub fn run_writer(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
+        loop {
+            let (block, data) = {
+                let mut g = self.lock();
+                loop {
+                    if let Some(p) = g.writing.front() {
+                        break (p.block, Arc::clone(&p.data));
+                    }
+                    if g.stopping {
+                        return Ok(());
+                    }
+                    g = self.work.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            let offset = u64::from(block) * self.cfg.lb_bytes;
+            let len = self.cfg.lb_bytes as usize;
+            let started = Instant::now();
+            // SAFETY: `data` holds lb_bytes bytes, is only read while shared, and lives until the
+            // call returns.
+            let n = unsafe {
+                libc::pwrite(
+                    self.write_file.as_raw_fd(),
+                    data.as_slice().as_ptr().cast(),
+                    len,
+                    offset as libc::off_t,
+                )
+            };
+            let service_ns = started.elapsed().as_nanos() as u64;
+            if n != len as isize {
+                let err = std::io::Error::last_os_error();
+                let mut g = self.lock();
+                g.stopping = true;
+                self.space.notify_all();
+                self.work.notify_all();
+                return Err(KvError::Io {
+                    op: "large-block write",
+                    offset,
+                    len,
+                    err,
+                });
+            }
+            observe(service_ns);
+            let mut g = self.lock();
+            g.writing.pop_front();
+            g.states[block as usize] = BlockState::Sealed;
+            g.counters.lb_writes += 1;
+            if self.below_lwm(g.live[block as usize]) {
+                g.defrag_queue.push_back((block, Instant::now()));
+            }
+            self.space.notify_all();
+            self.work.notify_all();
+        }
+    }
+
+    /// The defragmenter: takes blocks below the low-water mark, reads each with one large-block
+    /// read (`observe(service_ns)`), re-appends its live records and frees it.
+    pub fn run_defrag(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
+        let len = self.cfg.lb_bytes as usize;
+        let mut scratch = alloc(self.cfg.lb_bytes, self.align)?;
+        loop {
+            let block = {
+                let mut g = self.lock();
+                loop {
+                    if g.stopping {
+                        return Ok(());
+                    }
+                    // A queued block may have been refilled since: judge it as it is now.
+                    if let Some((b, _)) = g.defrag_queue.pop_front() {
+                        if g.states[b as usize] == BlockState::Sealed
+                            && self.below_lwm(g.live[b as usize])
+                        {
+                            g.defragging = true;
+                            break b;
+                        }
+                        continue;
+                    }
+                    g = self.work.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            let offset = u64::from(block) * self.cfg.lb_bytes;
+            let started = Instant::now();
+            let read = pread_exact(&self.file, &mut scratch, offset, len);
+            let service_ns = started.elapsed().as_nanos() as u64;
+            let mut g = self.lock();
+            g.defragging = false;
+            if let Err(e) = read {
+                g.stopping = true;
+                self.space.notify_all();
+                self.work.notify_all();
+                return Err(e);
+            }
+            observe(service_ns);
+            g.counters.lb_reads += 1;
+            let stored = self.stored as usize;
+            let data = scratch.as_slice();
+            for at in (0..len - stored + 1).step_by(stored) {
+                let rec = &data[at..at + stored];
+                if u32::from_le_bytes(word(rec, 0)) != MAGIC {
+                    break;
+                }
+                let generation = u32::from_le_bytes(word(rec, 4));
+                let key = u64::from_le_bytes(word(rec, 8));
+                let current = g.index.get(key as usize).copied().flatten();
+                if current.is_some_and(|e| {
+                    e.block == block && e.offset as usize == at && e.generation == generation
+                }) {
+                    g = match self.append(g, key, generation, Some(rec), Role::Defrag) {
+                        Ok(g) => g,
+                        Err(e) => {
+                            let mut g = self.lock();
+                            g.stopping = true;
+                            self.space.notify_all();
+                            self.work.notify_all();
+                            return Err(e);
+                        }
+                    };
+                    g.counters.relocated += 1;
+                }
+            }
+            g.live[block as usize] = 0;
+            g.states[block as usize] = BlockState::Free;
+            g.free.push_back(block);
+            self.space.notify_all();
+        }
+    }
+
+    /// Lets the background threads run (again) after `stop_background`.
+    pub fn start_background(&self) {
+        self.lock().stopping = false;
+    }
+
+    /// Asks the writer to finish its queue and the defragmenter to stop; waiting clients give up.
+    pub fn stop_background(&self) {
+        self.lock().stopping = true;
+        self.space.notify_all();
+        self.work.notify_all();
+    }
+
+    /// How long the oldest sealed block has waited for the writer, and the oldest defrag
+    /// candidate for the defragmenter.
+    pub fn backlog(&self) -> (Duration, Duration) {
+        let g = self.lock();
+        let age = |t: Option<Instant>| t.map_or(Duration::ZERO, |t| t.elapsed());
+        (
+            age(g.writing.front().map(|p| p.sealed_at)),
+            age(g.defrag_queue.front().map(|(_, t)| *t)),
+        )
+    }
+
+    /// Waits until at most `candidates` blocks wait for the defragmenter and at most `pending`
+    /// for the writer: the loader's pace, so defrag handles blocks as they cross the low-water
+    /// mark, as it does at a sustainable load, instead of in a backlog.
+    pub fn wait_caught_up(&self, candidates: usize, pending: usize) {
+        let mut g = self.lock();
+        while !g.stopping && (g.defrag_queue.len() > candidates || g.writing.len() > pending) {
+            g = self
+                .space
+                .wait_timeout(g, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Blocks free for new data.
+    pub fn free_blocks(&self) -> u64 {
+        self.lock().free.len() as u64
+    }
+
+    /// Reads `key` with one aligned read of the smallest direct-I/O size covering its record
+    /// into `scratch` (or from memory if it is not on the device yet) and checks it against the
+    /// index. Returns the device read's service time, None when served from memory.
+    pub fn get(&self, key: u64, scratch: &mut AlignedBuffer) -> Result<Option<u64>, KvError> {
+        let stored = self.stored as usize;
+        let mut retries = 0;
+        loop {
+            let (entry, location) = {
+                let mut g = self.lock();
+                let e = g
+                    .index
+                    .get(key as usize)
+                    .copied()
+                    .flatten()
+                    .ok_or(KvError::Missing(key))?;
+                g.counters.gets += 1;
+                let at = e.offset as usize;
+                let location = if e.block == g.buf_block {
+                    Location::Memory(g.buf.as_slice()[at..at + stored].to_vec())
+                } else if let Some(p) = g.writing.iter().find(|p| p.block == e.block) {
+                    Location::Memory(p.data.as_slice()[at..at + stored].to_vec())
+                } else {
+                    Location::Device(u64::from(e.block) * self.cfg.lb_bytes + e.offset as u64)
+                };
+                if matches!(location, Location::Memory(_)) {
+                    g.counters.buffered_gets += 1;
+                }
+                (e, location)
+            };
+            let (rec, service_ns) = match location {
+                Location::Memory(rec) => (rec, None),
+                Location::Device(abs) => {
+                    let align = self.align as u64;
+                    let start = abs / align * align;
+                    let end = (abs + stored as u64).div_ceil(align) * align;
+                    let started = Instant::now();
+                    pread_exact(&self.file, scratch, start, (end - start) as usize)?;
+                    let ns = started.elapsed().as_nanos() as u64;
+                    let at = (abs - start) as usize;
+                    (scratch.as_slice()[at..at + stored].to_vec(), Some(ns))
+                }
+            };
+            if Self::matches(&rec, key, &entry) {
+                return Ok(service_ns);
+            }
+            // The record may have moved (defrag) and its block been reused while we read it:
+            // only a copy the index still points at is a loss.
+            let mut g = self.lock();
+            let now = g.index.get(key as usize).copied().flatten();
+            if now != Some(entry) && retries < 16 {
+                g.counters.read_retries += 1;
+                g.counters.gets -= 1;
+                retries += 1;
+                continue;
+            }
+            g.counters.mismatches += 1;
+            return Err(KvError::Mismatch {
+                key,
+                generation: entry.generation,
+                found: format!(
+                    "key {} generation {}",
+                    u64::from_le_bytes(word(&rec, 8)),
+                    u32::from_le_bytes(word(&rec, 4))
+                ),
+            });
+        }
+    }
+
+    fn matches(rec: &[u8], key: u64, e: &Entry) -> bool {
+        u32::from_le_bytes(word(rec, 0)) == MAGIC
+            && u32::from_le_bytes(word(rec, 4)) == e.generation
+            && u64::from_le_bytes(word(rec, 8)) == key
+            && u64::from_le_bytes(word(rec, 24)) == e.checksum
+            && checksum_of(&rec[HEADER..]) == e.checksum
+    }
+
+    /// A buffer large enough for any client read.
+    pub fn read_buffer(&self) -> Result<AlignedBuffer, KvError> {
+        alloc(self.read_bytes() + self.align as u64, self.align)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn payload_checksums_agree() {
+        let mut buf = vec![0u8; 1504];
+        let sum = fill_payload(&mut buf, 42, 7);
+        assert_eq!(checksum_of(&buf), sum);
+        let mut other = vec![0u8; 1504];
+        assert_ne!(
+            fill_payload(&mut other, 42, 8),
+            sum,
+            "a new generation has new bytes"
+        );
+    }
+}
