@@ -969,7 +969,7 @@ mod tests {
     #[test]
     fn fio_command_mirrors_the_job() {
         let spec = load("fio-randread").unwrap().spec;
-        let cmd = spec.fio_command("/data/f");
+        let cmd = spec.fio_command("/data/f").unwrap();
         for part in [
             "--rw=randread",
             "--bs=4096",
@@ -983,6 +983,80 @@ mod tests {
             assert!(cmd.contains(part), "{cmd} lacks {part}");
         }
         let seq = load("seq1m").unwrap().spec;
-        assert!(seq.fio_command("f").contains("--offset_increment="));
+        assert!(seq
+            .fio_command("f")
+            .unwrap()
+            .contains("--offset_increment="));
+        assert_eq!(load("kv-act").unwrap().spec.fio_command("f"), None);
+    }
+
+    #[test]
+    fn kv_presets_resolve_threads_and_mix() {
+        let spec = load("kv-act").unwrap().spec;
+        let cpus = std::thread::available_parallelism().unwrap().get() as u32;
+        assert_eq!(spec.workers, 5 * cpus, "ACT's 5 service threads per CPU");
+        assert_eq!(spec.rw, ReadWrite::Mix);
+        assert_eq!(spec.rwmix_read, 66);
+        assert!(!spec.is_read_only(), "the store loads itself");
+        let ro = load("kv-readonly").unwrap().spec;
+        assert_eq!(ro.kv.as_ref().unwrap().rates(), (2000, 0));
+        assert_eq!(ro.rw, ReadWrite::Read);
+        // The effective spec (what a profile embeds) reads back the same.
+        assert_eq!(parse(&spec.to_toml(), "effective").unwrap(), spec);
+    }
+
+    #[test]
+    fn kv_bad_input_names_the_flag() {
+        let base = load("kv-act").unwrap().spec;
+        let try_kv = |kv: KvOverrides| {
+            let mut s = base.clone();
+            Overrides {
+                kv,
+                ..Default::default()
+            }
+            .apply(&mut s)
+            .map(|()| s)
+            .unwrap_err()
+            .to_string()
+        };
+        let e = try_kv(KvOverrides {
+            x: Some(0),
+            ..Default::default()
+        });
+        assert!(e.starts_with("--x") && e.contains("no load"), "{e}");
+        let e = try_kv(KvOverrides {
+            record_bytes: Some(ByteSize(256 << 10)),
+            ..Default::default()
+        });
+        assert!(
+            e.starts_with("--record-bytes") && e.contains("fit one large block"),
+            "{e}"
+        );
+        let e = try_kv(KvOverrides {
+            defrag_lwm_pct: Some(0),
+            ..Default::default()
+        });
+        assert!(e.starts_with("--defrag-lwm-pct"), "{e}");
+        let e = try_kv(KvOverrides {
+            lb_bytes: Some(ByteSize(100 << 10)),
+            ..Default::default()
+        });
+        assert!(
+            e.starts_with("--lb-bytes") && e.contains("power of two"),
+            "{e}"
+        );
+        // kv flags on another workload are refused, not ignored.
+        let mut rand = load("rand4k").unwrap().spec;
+        let e = Overrides {
+            kv: KvOverrides {
+                x: Some(2),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+        .apply(&mut rand)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("only to kv workloads"), "{e}");
     }
 }

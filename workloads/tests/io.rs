@@ -451,3 +451,91 @@ fn kv_store_refuses_records_larger_than_a_block_and_tiny_targets() {
     let e = KvStore::new(std::sync::Arc::clone(&t.file), t.size, 512, huge_blocks, 10).unwrap_err();
     assert!(e.to_string().contains("at least 4"), "{e}");
 }
+
+/// Runs a kv workload to completion on a temp file and returns its merged statistics.
+fn run_kv(dir: &std::path::Path, s: &WorkloadSpec) -> RunStats {
+    let t = open_temp(dir, s);
+    let stop = Arc::new(AtomicBool::new(false));
+    let loaded = virtgap_workloads::kv::prepare(s, &t, &stop, |_| {})
+        .unwrap()
+        .expect("not interrupted");
+    let (tx, rx) = mpsc::channel::<WorkloadEvent>();
+    let options = RunOptions {
+        interval: Duration::from_secs(1),
+        ..RunOptions::default()
+    };
+    virtgap_workloads::kv::start(s, &loaded, &t, &options, stop, tx).join();
+    let mut stats = RunStats::default();
+    let mut finished = 0;
+    for ev in rx.try_iter() {
+        if let WorkloadEvent::Finished { result, .. } = ev {
+            finished += 1;
+            stats.merge(&result.unwrap_or_else(|e| panic!("{e}")));
+        }
+    }
+    assert_eq!(finished, s.workers, "every service thread reports");
+    stats
+}
+
+#[test]
+fn kv_run_holds_its_client_and_large_block_rates_within_two_percent() {
+    use virtgap_workloads::kv::spec::KvOverrides;
+    let dir = scratch_dir();
+    // 1:1 at 6000 of each per second: 141 large-block writes and reads per second, and the
+    // 64 MiB store is rewritten about five times in 20 s, so defrag is at its steady state.
+    let s = spec_from(
+        "kv-scylla",
+        Overrides {
+            size: Some(ByteSize(64 << 20)),
+            duration: Some(Span(Duration::from_secs(20))),
+            kv: KvOverrides {
+                read_rps: Some(6000),
+                write_rps: Some(6000),
+                record_bytes: Some(ByteSize(1536)),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    let stats = run_kv(dir.path(), &s);
+    let kv = stats.kv.as_ref().expect("kv outcome");
+    let rates = [
+        ("client reads", kv.rate(kv.client_reads), kv.read_rps as f64),
+        (
+            "client writes",
+            kv.rate(kv.client_writes),
+            kv.write_rps as f64,
+        ),
+        (
+            "large-block reads",
+            kv.rate(kv.lb_reads),
+            kv.derived.lb_reads_per_s,
+        ),
+        (
+            "large-block writes",
+            kv.rate(kv.lb_writes),
+            kv.derived.lb_writes_per_s,
+        ),
+    ];
+    for (name, got, want) in rates {
+        eprintln!(
+            "{name}: {got:.2}/s, target {want:.2}/s ({:+.2}%)",
+            (got / want - 1.0) * 100.0
+        );
+    }
+    assert!(kv.behind.is_none(), "{:?}", kv.behind);
+    assert_eq!(kv.counters.mismatches, 0);
+    for (name, got, want) in rates {
+        assert!(
+            (got / want - 1.0).abs() <= 0.02,
+            "{name}: {got:.2}/s vs target {want:.2}/s"
+        );
+    }
+    assert_eq!(kv.slices.len(), 1);
+    assert!(
+        kv.slices[0].complete && kv.slices[0].reads.reads > 100_000,
+        "{:?}",
+        kv.slices
+    );
+    assert!(kv.act_log.contains("after 20 sec:"), "one dump per second");
+}

@@ -394,7 +394,7 @@ fn coordinate(
     let report_s = options.interval.as_secs().max(1);
     let slice_ns = kv.slice_for(spec.duration.0).as_nanos() as u64;
     let derived = act::derive(&kv.act_load(spec.bs.0));
-    let mut log = act_log_header(spec, device, read_rps, write_rps, &derived);
+    let mut log = act_log_header(spec, device, read_rps, write_rps, &derived, report_s);
     let mut slices = Vec::new();
     let mut slice_start = (0u64, Snapshot::default());
     let mut tick = 1u64;
@@ -402,13 +402,23 @@ fn coordinate(
         let due = ramp_ns + tick * report_s * 1_000_000_000;
         let now = shared.now_ns();
         let halted = shared.halt.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed);
-        if halted || now >= shared.end_ns {
+        if halted {
             break;
         }
-        if now < due.min(shared.end_ns) {
-            std::thread::sleep(
-                Duration::from_nanos(due.min(shared.end_ns) - now).min(Duration::from_millis(100)),
-            );
+        // The last dump is at the end of the run when that is a whole report interval.
+        let wake = if due > shared.end_ns {
+            if now >= shared.end_ns {
+                break;
+            }
+            shared.end_ns
+        } else {
+            due
+        };
+        if now < wake {
+            std::thread::sleep(Duration::from_nanos(wake - now).min(Duration::from_millis(100)));
+            continue;
+        }
+        if due > shared.end_ns {
             continue;
         }
         let (write_backlog, defrag_backlog) = store.backlog();
@@ -546,6 +556,7 @@ fn act_log_header(
     read_rps: u64,
     write_rps: u64,
     d: &Derived,
+    report_s: u64,
 ) -> String {
     let kv = spec.kv.as_ref().expect("a kv spec");
     let mut s = String::from("ACT version 6.6\n");
@@ -556,7 +567,7 @@ fn act_log_header(
         ("num-devices", "1".into()),
         ("service-threads", spec.workers.to_string()),
         ("test-duration-sec", spec.duration.0.as_secs().to_string()),
-        ("report-interval-sec", "1".into()),
+        ("report-interval-sec", report_s.to_string()),
         ("microsecond-histograms", "no".into()),
         ("read-reqs-per-sec", read_rps.to_string()),
         ("write-reqs-per-sec", write_rps.to_string()),
@@ -729,5 +740,53 @@ impl ServiceThread {
             send_interval(interval);
         }
         Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn act_log_matches_its_golden_copy() {
+        let mut spec = crate::spec::load("kv-act").unwrap().spec;
+        spec.workers = 10;
+        let kv = spec.kv.clone().unwrap();
+        let (r, w) = kv.rates();
+        let d = act::derive(&kv.act_load(spec.bs.0));
+        let mut log = act_log_header(&spec, "/dev/vdb", r, w, &d, 1);
+        let mut snap = Snapshot::default();
+        for (ns, n) in [(200_000, 1990), (1_200_000, 9), (5_000_000, 2)] {
+            for _ in 0..n {
+                snap.reads.record_ns(ns);
+            }
+        }
+        for _ in 0..23 {
+            snap.lb_reads.record_ns(900_000);
+            snap.lb_writes.record_ns(2_500_000);
+        }
+        let _ = write!(log, "after 1 sec:\n{}", snap.dump("/dev/vdb"));
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/act-log.golden");
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::write(&path, &log).unwrap();
+        }
+        let expected = std::fs::read_to_string(&path)
+            .unwrap_or_else(|_| panic!("{} missing; run with UPDATE_GOLDEN=1", path.display()));
+        assert_eq!(log, expected, "the ACT log differs from its golden copy");
+    }
+
+    #[test]
+    fn slices_judge_only_complete_windows() {
+        let start = (0, Snapshot::default());
+        let mut now = Snapshot::default();
+        for _ in 0..100 {
+            now.reads.record_ns(100_000);
+        }
+        now.reads.record_ns(70_000_000);
+        let full = slice_result(&start, 60_000_000_000, &now, true);
+        assert!(!full.reads.pass, "1% of reads at 64 ms or more fails");
+        assert_eq!(full.end_s, 60.0);
+        assert_eq!(full.lb_writes.reads, 0);
     }
 }
