@@ -500,3 +500,147 @@ fn record_reports_probe_stages_and_overhead() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown probe family 'bogus'"));
 }
+
+/// A short kv run on a small temp file in `dir`, without probes.
+fn kv_quick(dir: &Path, args: &[&str]) -> Command {
+    let mut c = vg();
+    c.args(["record", "--quiet", "-w", "kv-act", "--no-probes", "--dir"])
+        .arg(dir);
+    for (flag, value) in [("--size", "32MiB"), ("--duration", "3s")] {
+        if !args.contains(&flag) {
+            c.args([flag, value]);
+        }
+    }
+    c.args(args);
+    c
+}
+
+#[test]
+fn bad_kv_input_is_refused_with_one_line_and_leaves_nothing() {
+    let dir = scratch();
+    for (args, needle) in [
+        (&["--x", "0"][..], "no load"),
+        (&["--record-bytes", "200KiB"][..], "fit one large block"),
+        (&["--defrag-lwm-pct", "100"][..], "--defrag-lwm-pct"),
+        (&["--defrag-lwm-pct", "0"][..], "1..=99"),
+        (&["--lb-bytes", "96KiB"][..], "power of two"),
+        (&["--size", "256KiB"][..], "at least 4 large blocks"),
+        (&["--size", "1MiB"][..], "the store is full"),
+        (&["--verify"][..], "kv checks every read"),
+        (&["--fio-equivalent"][..], "no fio equivalent"),
+    ] {
+        fails_with(&mut kv_quick(dir.path(), args), needle);
+        assert!(entries(dir.path()).is_empty(), "{args:?} left a file");
+    }
+    kv_quick(dir.path(), &["--ratio", "2-1"])
+        .assert()
+        .failure()
+        .stderr(predicate::str::contains("is not a reads:writes ratio"));
+    fails_with(
+        &mut quick_with(dir.path(), &["--x", "2"]),
+        "--x applies only to kv workloads",
+    );
+    fails_with(
+        &mut quick_with(dir.path(), &["--act-log", "x.log"]),
+        "--act-log applies only to kv",
+    );
+    let existing = dir.path().join("act.log");
+    std::fs::write(&existing, "keep me").unwrap();
+    fails_with(
+        &mut kv_quick(dir.path(), &["--act-log", existing.to_str().unwrap()]),
+        "--force",
+    );
+    assert_eq!(std::fs::read_to_string(&existing).unwrap(), "keep me");
+}
+
+#[test]
+fn kv_run_prints_the_verdict_and_writes_acts_log() {
+    let dir = scratch();
+    let out_dir = scratch();
+    let log = out_dir.path().join("act.log");
+    let out = kv_quick(dir.path(), &["--act-log", log.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    for part in [
+        "client read: IOPS",
+        "large-block writes",
+        "23.53",
+        "verdict per slice",
+        "0-3 s",
+        "0 mismatches",
+    ] {
+        assert!(stdout.contains(part), "summary lacks {part:?}:\n{stdout}");
+    }
+    assert!(
+        stdout.contains("PASS at 2000 reads/s") || stdout.contains("FAIL at 2000 reads/s"),
+        "{stdout}"
+    );
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.starts_with("ACT version 6.6\n"), "{text}");
+    for part in ["large-block-reads-per-sec: 23.53", "after 3 sec:\nreads ("] {
+        assert!(text.contains(part), "ACT log lacks {part:?}:\n{text}");
+    }
+    assert!(entries(dir.path()).is_empty(), "the temp file is gone");
+
+    let out = kv_quick(dir.path(), &["--json", "--ratio", "1:0"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kv"]["target"]["client_writes_per_s"], 0);
+    assert_eq!(v["kv"]["mismatches"], 0);
+    assert!(v["kv"]["verdict"].is_boolean(), "{}", v["kv"]);
+    assert_eq!(v["workload"]["fio_equivalent"], serde_json::Value::Null);
+}
+
+#[test]
+fn kv_load_beyond_the_generator_stops_with_cant_keep_up() {
+    let dir = scratch();
+    // A million client operations per second cannot be issued by ten synchronous threads.
+    let out = kv_quick(
+        dir.path(),
+        &["--x", "500", "--max-lag", "1s", "--duration", "30s"],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("can't keep up"), "{stderr}");
+    assert!(stdout.contains("FAIL"), "{stdout}");
+    assert!(entries(dir.path()).is_empty());
+}
+
+#[test]
+fn killing_a_kv_run_leaves_no_temp_file() {
+    let dir = scratch();
+    for after in [Duration::from_millis(300), Duration::from_millis(4000)] {
+        let mut child = StdCommand::new(env!("CARGO_BIN_EXE_virtgap"))
+            .args(["record", "--quiet", "-w", "kv-act", "--no-probes"])
+            .args(["--size", "64MiB", "--duration", "60s", "--dir"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(after);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(
+            entries(dir.path()).is_empty(),
+            "SIGKILL after {after:?} left {:?}",
+            entries(dir.path())
+        );
+    }
+    // Ctrl-C while loading the store.
+    let (code, _, stderr) = interrupt_after(
+        dir.path(),
+        &["-w", "kv-act", "--no-probes", "--size", "1GiB"],
+        Duration::from_millis(1500),
+    );
+    assert_eq!(code, 130, "{stderr}");
+    assert!(entries(dir.path()).is_empty());
+}

@@ -38,6 +38,11 @@ pub const MAX_SIZE: u64 = 1 << 50;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
+    #[error("{flag} applies only to kv workloads (e.g. -w kv-act), not to {workload}")]
+    NotKv {
+        flag: &'static str,
+        workload: String,
+    },
     #[error("unknown workload preset '{0}'; `virtgap workloads` lists the presets, or pass a path to a .toml file")]
     UnknownPreset(String),
     #[error("cannot read workload file {path}: {err}")]
@@ -472,15 +477,22 @@ impl WorkloadSpec {
                 "size must be above zero and at most 1 PiB",
             ));
         }
-        let min_size = bs.saturating_mul(u64::from(self.workers));
+        let (min_size, what) = if self.pattern == Pattern::Kv {
+            (
+                bs.saturating_mul(4),
+                "the kv store needs at least 4 large blocks",
+            )
+        } else {
+            (
+                bs.saturating_mul(u64::from(self.workers)),
+                "must hold at least one block per worker",
+            )
+        };
         if self.size.0 < min_size {
             return Err(Self::invalid(
                 "size",
                 self.size,
-                format!(
-                    "must hold at least one block per worker ({})",
-                    ByteSize(min_size)
-                ),
+                format!("{what} ({})", ByteSize(min_size)),
             ));
         }
         if self.duration.0.is_zero() {
@@ -773,11 +785,9 @@ impl Overrides {
                 }
             }
             (None, Some(flag)) => {
-                return Err(SpecError::Invalid {
-                    origin: String::new(),
-                    key: flag,
-                    value: "given".into(),
-                    reason: "applies only to kv workloads (e.g. -w kv-act)".into(),
+                return Err(SpecError::NotKv {
+                    flag,
+                    workload: next.name.clone(),
                 })
             }
             (None, None) => {}
