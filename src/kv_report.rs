@@ -39,6 +39,38 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
         k.records_per_block,
         units::bytes(k.read_bytes)
     )?;
+    for (name, d, what) in [
+        (
+            "client reads",
+            &k.client_read,
+            "service time = the device read",
+        ),
+        (
+            "client writes",
+            &k.client_write,
+            "an append to the write buffer",
+        ),
+    ] {
+        if d.ios == 0 {
+            continue;
+        }
+        writeln!(
+            out,
+            "    {name}: {what}; lat_intended counts from the schedule"
+        )?;
+        writeln!(
+            out,
+            "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "latency", "min", "mean", "p50", "p99", "p99.9", "max", "stddev"
+        )?;
+        let mut rows = vec![("lat", &d.lat), ("lat_intended", &d.lat_intended)];
+        if name == "client reads" {
+            rows.insert(0, ("service", &d.clat));
+        }
+        for (row, h) in rows {
+            crate::report::write_latency_row(out, row, h)?;
+        }
+    }
     writeln!(
         out,
         "    {:<22} {:>12} {:>12}",
@@ -74,6 +106,20 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
         out,
         "    (large-block targets are ACT's derived rates: writes / floor(block / record) x 100 / (100 - defrag-lwm))"
     )?;
+    let done = k.achieved_fraction();
+    write!(
+        out,
+        "  schedule: {:.1}% of the target client operations done, worst lag {}",
+        done * 100.0,
+        units::latency(k.worst_lag.as_nanos() as f64)
+    )?;
+    if done < 0.98 && k.behind.is_none() {
+        write!(
+            out,
+            " (falling behind: a longer run stops once the lag passes --max-lag)"
+        )?;
+    }
+    writeln!(out)?;
     let c = &k.counters;
     writeln!(
         out,
@@ -141,6 +187,8 @@ pub fn json(k: &KvOutcome) -> Value {
         "records_per_block": k.records_per_block,
         "read_bytes": k.read_bytes,
         "service_threads": k.service_threads,
+        "achieved_fraction": k.achieved_fraction(),
+        "worst_lag_ns": k.worst_lag.as_nanos() as u64,
         "target": {
             "client_reads_per_s": k.read_rps,
             "client_writes_per_s": k.write_rps,

@@ -139,14 +139,14 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     let handle = prepared.start(&spec, &options, tx);
 
     let total = spec.ramp.0 + spec.duration.0;
-    let mut merger = IntervalMerger::new(spec.workers);
+    let mut merger = IntervalMerger::new(handle.workers());
     let mut intervals: Vec<IntervalSample> = Vec::new();
     let mut stats = RunStats::default();
     let mut errors = Vec::new();
     let mut finished = 0;
     let mut features = String::new();
     let run_start = Instant::now();
-    while finished < spec.workers {
+    while finished < handle.workers() {
         let event = match rx.recv_timeout(Duration::from_millis(250)) {
             Ok(ev) => ev,
             Err(mpsc::RecvTimeoutError::Timeout) => {
@@ -208,7 +208,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     let report = Report {
         spec: &spec,
         origin: &loaded.origin,
-        target: &target,
+        target,
         stats: &stats,
         intervals: &intervals,
         interrupted,
@@ -226,8 +226,8 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 complete: !interrupted,
             },
             host: crate::host::Fingerprint::this_host(),
-            workload: crate::profile::WorkloadInfo::of(&spec, &loaded, &target),
-            target: crate::profile::TargetInfo::of(&target, target_dev),
+            workload: crate::profile::WorkloadInfo::of(&spec, &loaded, target),
+            target: crate::profile::TargetInfo::of(target, target_dev),
             paced: spec.rate_iops.is_some(),
             stats: &stats,
             intervals: crate::profile::join_intervals(

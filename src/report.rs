@@ -79,10 +79,13 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
         r.stats.engine_features
     )?;
     let secs = r.stats.seconds();
-    // For kv, writes are client writes: appends to the in-memory write buffer (large-block
-    // writes are in the kv section below).
+    // For kv these are the device I/Os the store issued (record reads and defrag's large-block
+    // reads; large-block writes); client operations are in the kv section below.
     let labels = if r.stats.kv.is_some() {
-        ["client read", "client write"]
+        [
+            "device read (records + defrag)",
+            "device write (large blocks)",
+        ]
     } else {
         ["read", "write"]
     };
@@ -169,7 +172,11 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
     Ok(())
 }
 
-fn write_latency_row(out: &mut impl Write, name: &str, h: &LatencyHistogram) -> io::Result<()> {
+pub(crate) fn write_latency_row(
+    out: &mut impl Write,
+    name: &str,
+    h: &LatencyHistogram,
+) -> io::Result<()> {
     let f = |v: Option<f64>| v.map(units::latency).unwrap_or_else(|| "-".into());
     let p = |q: f64| h.percentile_ns(q).map(|v| v as f64);
     writeln!(

@@ -565,7 +565,8 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     for part in [
-        "client read: IOPS",
+        "device write (large blocks): IOPS",
+        "client reads: service time",
         "large-block writes",
         "23.53",
         "verdict per slice",

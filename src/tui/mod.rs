@@ -126,11 +126,12 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         &mut terminal,
         &mut app,
         &irx,
-        &stop,
+        stop,
         &spec,
         &loaded,
-        &target,
+        target,
         args,
+        workers.workers(),
     );
     ratatui::restore();
 
@@ -160,9 +161,10 @@ fn event_loop(
     loaded: &virtgap_workloads::LoadedSpec,
     target: &virtgap_workloads::Target,
     args: &TuiArgs,
+    reporting_workers: u32,
 ) -> Result<()> {
     let started = Instant::now();
-    let mut merger = IntervalMerger::new(spec.workers);
+    let mut merger = IntervalMerger::new(reporting_workers);
     let mut finished = 0;
     let mut redraw = true;
     let mut next_tick = Instant::now();
@@ -228,7 +230,9 @@ fn event_loop(
                     finished += 1;
                     match result {
                         Err(e) => app.state = RunState::Failed(e.to_string()),
-                        Ok(_) if finished == spec.workers && app.state == RunState::Running => {
+                        Ok(_)
+                            if finished == reporting_workers && app.state == RunState::Running =>
+                        {
                             app.state = RunState::Finished
                         }
                         Ok(_) => {}

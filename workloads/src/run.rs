@@ -95,11 +95,17 @@ impl Default for RunOptions {
 #[derive(Debug)]
 pub struct RunHandle {
     threads: Vec<JoinHandle<()>>,
+    workers: u32,
 }
 
 impl RunHandle {
-    pub(crate) fn from_threads(threads: Vec<JoinHandle<()>>) -> Self {
-        Self { threads }
+    pub(crate) fn from_threads(threads: Vec<JoinHandle<()>>, workers: u32) -> Self {
+        Self { threads, workers }
+    }
+
+    /// How many workers report: each sends interval samples and exactly one `Finished`.
+    pub fn workers(&self) -> u32 {
+        self.workers
     }
 
     /// Waits for every worker thread to exit.
@@ -154,7 +160,10 @@ where
                 .expect("spawning a worker thread")
         })
         .collect();
-    RunHandle { threads }
+    RunHandle {
+        threads,
+        workers: spec.workers,
+    }
 }
 
 struct WorkerContext {

@@ -464,7 +464,9 @@ fn run_kv(dir: &std::path::Path, s: &WorkloadSpec) -> RunStats {
         interval: Duration::from_secs(1),
         ..RunOptions::default()
     };
-    virtgap_workloads::kv::start(s, &loaded, &t, &options, stop, tx).join();
+    let handle = virtgap_workloads::kv::start(s, &loaded, &t, &options, stop, tx);
+    let workers = handle.workers();
+    handle.join();
     let mut stats = RunStats::default();
     let mut finished = 0;
     for ev in rx.try_iter() {
@@ -473,7 +475,12 @@ fn run_kv(dir: &std::path::Path, s: &WorkloadSpec) -> RunStats {
             stats.merge(&result.unwrap_or_else(|e| panic!("{e}")));
         }
     }
-    assert_eq!(finished, s.workers, "every service thread reports");
+    assert_eq!(
+        workers,
+        s.workers + 1,
+        "service threads and the large-block stream"
+    );
+    assert_eq!(finished, workers, "every worker reports");
     stats
 }
 

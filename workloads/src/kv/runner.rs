@@ -8,7 +8,7 @@
 //! the kv outcome.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -177,9 +177,15 @@ pub struct KvOutcome {
     pub client_writes: u64,
     pub lb_reads: u64,
     pub lb_writes: u64,
+    /// Client reads (each a device read unless the record was still in memory).
+    pub client_read: crate::stats::DirStats,
+    /// Client writes: appends to the write buffer, waiting only when no block is free.
+    pub client_write: crate::stats::DirStats,
     pub slices: Vec<SliceResult>,
     /// Why the run stopped early, with how far behind it was.
     pub behind: Option<(Behind, Duration)>,
+    /// The worst lag of client operations behind their schedule.
+    pub worst_lag: Duration,
     pub counters: KvCounters,
     /// Cumulative ACT histograms over the measured window.
     pub reads_hist: ActHistogram,
@@ -200,6 +206,16 @@ impl KvOutcome {
         (!judged.is_empty()).then(|| judged.iter().all(|s| s.reads.pass))
     }
 
+    /// Share of the target client operations done in the measured window.
+    pub fn achieved_fraction(&self) -> f64 {
+        let target = (self.read_rps + self.write_rps) as f64 * self.measured_s;
+        if target > 0.0 {
+            (self.client_reads + self.client_writes) as f64 / target
+        } else {
+            0.0
+        }
+    }
+
     pub fn rate(&self, n: u64) -> f64 {
         if self.measured_s > 0.0 {
             n as f64 / self.measured_s
@@ -209,18 +225,27 @@ impl KvOutcome {
     }
 }
 
+/// The large-block streams (writer and defragmenter), reported as one more worker: its reads
+/// are defrag reads and its writes large-block writes, so a kv profile's I/Os are the device
+/// I/Os the store issued, the same set the block probes see.
+#[derive(Default)]
+struct LargeBlocks {
+    stats: RunStats,
+    interval: Option<IntervalSample>,
+}
+
 /// State shared by the kv threads.
 struct Shared {
     t0: Instant,
     ramp_ns: u64,
     end_ns: u64,
+    lb_bytes: u64,
     /// Set by the coordinator (end, lag) or a failing thread.
     halt: AtomicBool,
     reads: AtomicActHistogram,
     lb_reads: AtomicActHistogram,
     lb_writes: AtomicActHistogram,
-    lb_read_count: AtomicU64,
-    lb_write_count: AtomicU64,
+    large_blocks: Mutex<LargeBlocks>,
     behind: Mutex<Option<(Behind, Duration)>>,
 }
 
@@ -229,18 +254,48 @@ impl Shared {
         self.t0.elapsed().as_nanos() as u64
     }
 
-    fn measuring(&self) -> bool {
-        (self.ramp_ns..self.end_ns).contains(&self.now_ns())
-    }
-
     fn fall_behind(&self, who: Behind, by: Duration) {
         let mut b = self.behind.lock().unwrap_or_else(|e| e.into_inner());
         b.get_or_insert((who, by));
         self.halt.store(true, Ordering::Relaxed);
     }
+
+    /// Records one large-block I/O that took `ns` and ended now, if inside the measured window.
+    fn large_block(&self, write: bool, ns: u64) {
+        let now = self.now_ns();
+        if !(self.ramp_ns..self.end_ns).contains(&now.saturating_sub(ns)) || now > self.end_ns {
+            return;
+        }
+        if write {
+            self.lb_writes.record_ns(ns);
+        } else {
+            self.lb_reads.record_ns(ns);
+        }
+        let mut lb = self.large_blocks.lock().unwrap_or_else(|e| e.into_inner());
+        let d = if write {
+            &mut lb.stats.write
+        } else {
+            &mut lb.stats.read
+        };
+        d.ios += 1;
+        d.bytes += self.lb_bytes;
+        d.clat.record(ns);
+        d.lat.record(ns);
+        if let Some(i) = lb.interval.as_mut() {
+            if write {
+                i.write_ios += 1;
+                i.write_bytes += self.lb_bytes;
+            } else {
+                i.read_ios += 1;
+                i.read_bytes += self.lb_bytes;
+            }
+            i.lat.record(ns);
+        }
+    }
 }
 
-/// Starts the kv workload on a loaded store. Events arrive on `tx` as from `crate::start`.
+/// Starts the kv workload on a loaded store. Events arrive on `tx` as from `crate::start`;
+/// the handle's `workers()` counts the service threads plus the large-block stream.
 pub fn start<T>(
     spec: &WorkloadSpec,
     loaded: &LoadedStore,
@@ -257,32 +312,46 @@ where
     let keys = loaded.keys;
     let options = options.clone();
     let device = target.path.display().to_string();
+    let workers = spec.workers + 1;
     let coordinator = std::thread::Builder::new()
         .name("vg-kv".into())
         .spawn(move || {
-            let send = |ev: WorkloadEvent| {
-                let _ = tx.send(T::from(ev));
-            };
             let tx2 = tx.clone();
-            let send_interval = move |s: IntervalSample| {
-                let _ = tx2.send(T::from(WorkloadEvent::Interval(s)));
+            let send = move |ev: WorkloadEvent| {
+                let _ = tx2.send(T::from(ev));
             };
-            coordinate(
-                &spec,
-                &store,
-                keys,
-                &device,
-                &options,
-                &stop,
-                &send,
-                send_interval,
-            );
+            coordinate(&spec, &store, keys, &device, &options, &stop, send);
         })
         .expect("spawning the kv coordinator");
-    RunHandle::from_threads(vec![coordinator])
+    RunHandle::from_threads(vec![coordinator], workers)
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Runs one of the store's background loops on its own thread, recording its large blocks.
+fn background(
+    name: &str,
+    store: &Arc<KvStore>,
+    shared: &Arc<Shared>,
+    write: bool,
+) -> std::thread::JoinHandle<(Result<(), KvError>, CpuTime)> {
+    let (store, shared) = (Arc::clone(store), Arc::clone(shared));
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            let cpu = CpuTime::of_this_thread();
+            let observe = |ns| shared.large_block(write, ns);
+            let r = if write {
+                store.run_writer(observe)
+            } else {
+                store.run_defrag(observe)
+            };
+            if r.is_err() {
+                shared.halt.store(true, Ordering::Relaxed);
+            }
+            (r, CpuTime::of_this_thread().since(cpu))
+        })
+        .expect("spawning a kv background thread")
+}
+
 fn coordinate(
     spec: &WorkloadSpec,
     store: &Arc<KvStore>,
@@ -290,63 +359,32 @@ fn coordinate(
     device: &str,
     options: &RunOptions,
     stop: &Arc<AtomicBool>,
-    send: &dyn Fn(WorkloadEvent),
-    send_interval: impl Fn(IntervalSample) + Clone + Send + 'static,
+    send: impl Fn(WorkloadEvent) + Clone + Send + 'static,
 ) {
     let kv = spec.kv.clone().expect("a kv spec");
     let (read_rps, write_rps) = kv.rates();
     let threads = spec.workers;
     let ramp_ns = spec.ramp.0.as_nanos() as u64;
+    let interval_ns = options.interval.as_nanos().max(1) as u64;
     let shared = Arc::new(Shared {
         t0: Instant::now(),
         ramp_ns,
         end_ns: ramp_ns + spec.duration.0.as_nanos() as u64,
+        lb_bytes: spec.bs.0,
         halt: AtomicBool::new(false),
         reads: AtomicActHistogram::default(),
         lb_reads: AtomicActHistogram::default(),
         lb_writes: AtomicActHistogram::default(),
-        lb_read_count: AtomicU64::new(0),
-        lb_write_count: AtomicU64::new(0),
+        large_blocks: Mutex::new(LargeBlocks {
+            stats: RunStats::default(),
+            interval: Some(IntervalSample::empty(threads, 0, 0)),
+        }),
         behind: Mutex::new(None),
     });
 
     store.start_background();
-    let writer = {
-        let (store, shared) = (Arc::clone(store), Arc::clone(&shared));
-        std::thread::Builder::new()
-            .name("vg-kv-writer".into())
-            .spawn(move || {
-                let r = store.run_writer(|ns| {
-                    if shared.measuring() {
-                        shared.lb_writes.record_ns(ns);
-                        shared.lb_write_count.fetch_add(1, Ordering::Relaxed);
-                    }
-                });
-                if r.is_err() {
-                    shared.halt.store(true, Ordering::Relaxed);
-                }
-                r
-            })
-            .expect("spawning the kv writer")
-    };
-    let defrag = {
-        let (store, shared) = (Arc::clone(store), Arc::clone(&shared));
-        std::thread::Builder::new()
-            .name("vg-kv-defrag".into())
-            .spawn(move || {
-                let r = store.run_defrag(|ns| {
-                    if shared.measuring() {
-                        shared.lb_reads.record_ns(ns);
-                        shared.lb_read_count.fetch_add(1, Ordering::Relaxed);
-                    }
-                });
-                if r.is_err() {
-                    shared.halt.store(true, Ordering::Relaxed);
-                }
-                r
-            })
-            .expect("spawning the kv defragmenter")
-    };
+    let writer = background("vg-kv-writer", store, &shared, true);
+    let defrag = background("vg-kv-defrag", store, &shared, false);
     let services: Vec<_> = (0..threads)
         .map(|worker| {
             let ctx = ServiceThread {
@@ -357,16 +395,17 @@ fn coordinate(
                 writes_per_s: write_rps,
                 distribution: spec.distribution,
                 seed: options.seed,
-                interval_ns: options.interval.as_nanos().max(1) as u64,
+                interval_ns,
                 max_lag: kv.max_lag.0,
                 store: Arc::clone(store),
                 shared: Arc::clone(&shared),
                 stop: Arc::clone(stop),
             };
-            let send_interval = send_interval.clone();
+            let send = send.clone();
             std::thread::Builder::new()
                 .name(format!("vg-kv-svc-{worker}"))
                 .spawn(move || {
+                    let send_interval = |s: IntervalSample| send(WorkloadEvent::Interval(s));
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         ctx.run(&send_interval)
                     }))
@@ -390,22 +429,22 @@ fn coordinate(
         ),
     });
 
-    // Report ticks: ACT's log wants whole seconds.
+    // ACT's log counts whole seconds: dumps every `report_s`, at the first tick past each.
     let report_s = options.interval.as_secs().max(1);
     let slice_ns = kv.slice_for(spec.duration.0).as_nanos() as u64;
     let derived = act::derive(&kv.act_load(spec.bs.0));
     let mut log = act_log_header(spec, device, read_rps, write_rps, &derived, report_s);
+    let mut dumped = 0u64;
     let mut slices = Vec::new();
     let mut slice_start = (0u64, Snapshot::default());
     let mut tick = 1u64;
     loop {
-        let due = ramp_ns + tick * report_s * 1_000_000_000;
+        let due = ramp_ns + tick * interval_ns;
         let now = shared.now_ns();
-        let halted = shared.halt.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed);
-        if halted {
+        if shared.halt.load(Ordering::Relaxed) || stop.load(Ordering::Relaxed) {
             break;
         }
-        // The last dump is at the end of the run when that is a whole report interval.
+        // The last tick is the end of the run when that is a whole interval.
         let wake = if due > shared.end_ns {
             if now >= shared.end_ns {
                 break;
@@ -421,20 +460,36 @@ fn coordinate(
         if due > shared.end_ns {
             continue;
         }
+        let window_ns = tick * interval_ns;
+        tick += 1;
+        {
+            let mut lb = shared
+                .large_blocks
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let next = IntervalSample::empty(threads, tick - 1, window_ns);
+            if let Some(mut done) = lb.interval.replace(next) {
+                done.end_ns = window_ns;
+                send(WorkloadEvent::Interval(done));
+            }
+        }
         let (write_backlog, defrag_backlog) = store.backlog();
         if write_backlog > kv.max_lag.0 {
             shared.fall_behind(Behind::Device("large-block writes"), write_backlog);
         } else if defrag_backlog > kv.max_lag.0 {
             shared.fall_behind(Behind::Device("large-block reads (defrag)"), defrag_backlog);
         }
+        let seconds = window_ns / 1_000_000_000 / report_s * report_s;
+        if seconds <= dumped {
+            continue;
+        }
+        dumped = seconds;
         let snap = Snapshot::of(&shared);
-        let _ = write!(log, "after {} sec:\n{}", tick * report_s, snap.dump(device));
-        let window_ns = tick * report_s * 1_000_000_000;
+        let _ = write!(log, "after {seconds} sec:\n{}", snap.dump(device));
         if window_ns - slice_start.0 >= slice_ns {
             slices.push(slice_result(&slice_start, window_ns, &snap, true));
             slice_start = (window_ns, snap);
         }
-        tick += 1;
     }
 
     shared.halt.store(true, Ordering::Relaxed);
@@ -447,20 +502,42 @@ fn coordinate(
         })
         .collect();
     store.stop_background();
-    let background = [
-        writer.join().unwrap_or(Err(KvError::Stopped)),
-        defrag.join().unwrap_or(Err(KvError::Stopped)),
-    ];
+    let (writer_result, writer_cpu) = writer
+        .join()
+        .unwrap_or((Err(KvError::Stopped), CpuTime::default()));
+    let (defrag_result, defrag_cpu) = defrag
+        .join()
+        .unwrap_or((Err(KvError::Stopped), CpuTime::default()));
     let measured_ns = shared.now_ns().min(shared.end_ns).saturating_sub(ramp_ns);
     let snap = Snapshot::of(&shared);
     if measured_ns > slice_start.0 {
         let complete = measured_ns - slice_start.0 >= slice_ns;
         slices.push(slice_result(&slice_start, measured_ns, &snap, complete));
     }
-    let mut total = RunStats::default();
-    for s in results.iter().flatten() {
-        total.merge(s);
+    // Client writes are appends to memory, not device I/O: they leave the generic statistics
+    // for the kv outcome.
+    let mut client = RunStats::default();
+    for s in results.iter_mut().flatten() {
+        client.merge(s);
+        s.write = Default::default();
     }
+    let mut large_blocks = {
+        let mut lb = shared
+            .large_blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(mut last) = lb.interval.take() {
+            if measured_ns > last.start_ns {
+                last.end_ns = measured_ns;
+                send(WorkloadEvent::Interval(last));
+            }
+        }
+        std::mem::take(&mut lb.stats)
+    };
+    large_blocks.measured_ns = measured_ns;
+    large_blocks.cpu = writer_cpu;
+    large_blocks.cpu.add(defrag_cpu);
+    large_blocks.engine_features = "psync".into();
     let outcome = KvOutcome {
         derived,
         read_rps,
@@ -470,11 +547,14 @@ fn coordinate(
         records_per_block: store.records_per_block(),
         read_bytes: store.read_bytes(),
         measured_s: measured_ns as f64 / 1e9,
-        client_reads: total.read.ios,
-        client_writes: total.write.ios,
-        lb_reads: shared.lb_read_count.load(Ordering::Relaxed),
-        lb_writes: shared.lb_write_count.load(Ordering::Relaxed),
+        client_reads: client.read.ios,
+        client_writes: client.write.ios,
+        lb_reads: large_blocks.read.ios,
+        lb_writes: large_blocks.write.ios,
+        client_read: client.read.clone(),
+        client_write: client.write.clone(),
         slices,
+        worst_lag: Duration::from_nanos(client.max_lag_ns),
         behind: shared
             .behind
             .lock()
@@ -486,18 +566,23 @@ fn coordinate(
         lb_writes_hist: snap.lb_writes,
         act_log: log,
     };
-    // A failed writer or defragmenter fails the run (reported as worker 0).
-    if let Some(e) = background.into_iter().find_map(|r| r.err()) {
+    let mut lb_result = Ok(large_blocks);
+    // A failed writer or defragmenter fails the run.
+    if let Some(e) = [writer_result, defrag_result]
+        .into_iter()
+        .find_map(|r| r.err())
+    {
         if !matches!(e, KvError::Stopped) {
-            results[0] = Err(WorkloadError::Kv {
-                worker: 0,
+            lb_result = Err(WorkloadError::Kv {
+                worker: threads,
                 error: e,
             });
         }
     }
-    if let Some(Ok(s)) = results.first_mut() {
+    if let Ok(s) = lb_result.as_mut() {
         s.kv = Some(Box::new(outcome));
     }
+    results.push(lb_result);
     for (worker, result) in results.into_iter().enumerate() {
         send(WorkloadEvent::Finished {
             worker: worker as u32,
@@ -710,19 +795,18 @@ impl ServiceThread {
             d.lat.record(lat);
             d.lat_intended.record(now - due);
             if write {
+                // Not device I/O: kept out of the interval samples (see `coordinate`).
                 d.bytes += record_bytes;
-                interval.write_ios += 1;
-                interval.write_bytes += record_bytes;
             } else {
                 d.bytes += read_bytes;
                 interval.read_ios += 1;
                 interval.read_bytes += read_bytes;
+                interval.lat.record(lat);
                 // ACT's "reads" histogram: the device read's service time.
                 if let Some(ns) = service {
                     sh.reads.record_ns(ns);
                 }
             }
-            interval.lat.record(lat);
             let window_now = now - sh.ramp_ns;
             while window_now >= interval.start_ns + self.interval_ns {
                 let next_start = interval.start_ns + self.interval_ns;
