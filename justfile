@@ -50,3 +50,13 @@ bench-overhead ROUNDS="5" RUNTIME="10": build
 # The injected-overhead experiments (root): each prints its diff table and checks the attribution
 attribution-check:
     cargo test --locked --test attribution -- --nocapture --test-threads=1
+
+# ACT's ladder on a temp file: kv-act at each x-rating in turn, printing each run's verdict line
+kv-ladder DURATION="60s" +RATINGS="1 4 8 16 20": build
+    #!/usr/bin/env bash
+    set -uo pipefail
+    for x in {{RATINGS}}; do
+        line=$(./target/release/virtgap record -w kv-act --x "$x" --duration {{DURATION}} --quiet 2>&1 \
+            | grep -E "^  (PASS|FAIL|no verdict|schedule:|can't keep up)" | tr -s ' ' | paste -sd'|' -)
+        echo "x=$x: $line"
+    done
