@@ -519,6 +519,7 @@ mod tests {
             cpu_pairs: vec![[1, 1, 2000]],
             virtualization: None,
             calibration: None,
+            kv: None,
             self_overhead: SelfOverhead {
                 programs: Some(vec![]),
                 probe_cpu_pct: Some(0.3),

@@ -258,6 +258,9 @@ pub struct Profile {
     /// Calibrated costs of exit-causing operations; not run by this version.
     pub calibration: Option<serde_json::Value>,
     pub self_overhead: SelfOverhead,
+    /// The kv workload's rates, integrity figures and per-slice verdict (kv runs only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv: Option<serde_json::Value>,
 }
 
 fn direction(d: &virtgap_workloads::stats::DirStats, secs: f64) -> DirectionResult {
@@ -589,6 +592,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             .unwrap_or_default(),
         virtualization: total.and_then(virtualization),
         calibration: i.calibration.and_then(|c| serde_json::to_value(c).ok()),
+        kv: i.stats.kv.as_deref().map(crate::kv_report::json),
         self_overhead: SelfOverhead {
             programs,
             probe_cpu_pct,

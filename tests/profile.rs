@@ -431,3 +431,29 @@ fn diff_writes_markdown_csv_json_and_svg() {
         roxmltree::Document::parse(&s).unwrap_or_else(|e| panic!("{f} is not XML: {e}"));
     }
 }
+
+#[test]
+fn kv_profile_carries_the_verdict_and_matches_the_schema() {
+    let dir = scratch();
+    let out = dir.path().join("kv.json");
+    let res = Command::cargo_bin("virtgap")
+        .unwrap()
+        .args(["record", "--quiet", "--no-probes", "-w", "kv-act"])
+        .args(["--size", "32MiB", "--duration", "2s", "--dir"])
+        .arg(dir.path())
+        .args(["-o", out.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let doc = validate(&out);
+    assert_eq!(doc["kv"]["mismatches"], 0);
+    assert_eq!(doc["kv"]["target"]["client_reads_per_s"], 2000);
+    assert!(doc["kv"]["verdict"].is_boolean());
+    assert_eq!(doc["workload"]["fio_equivalent"], serde_json::Value::Null);
+    // The store's device I/O: record and defrag reads, large-block writes.
+    assert!(doc["results"]["write"]["ios"].as_u64().unwrap() > 0);
+}
