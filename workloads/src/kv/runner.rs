@@ -263,7 +263,12 @@ impl Shared {
     /// Records one large-block I/O that took `ns` and ended now, if inside the measured window.
     fn large_block(&self, write: bool, ns: u64) {
         let now = self.now_ns();
-        if !(self.ramp_ns..self.end_ns).contains(&now.saturating_sub(ns)) || now > self.end_ns {
+        // After a stop the writer still drains its queue: that is not the measured load.
+        let halted = self.halt.load(Ordering::Relaxed);
+        if halted
+            || !(self.ramp_ns..self.end_ns).contains(&now.saturating_sub(ns))
+            || now > self.end_ns
+        {
             return;
         }
         if write {

@@ -443,10 +443,17 @@ impl KvStore {
             0
         };
         loop {
+            // Another thread may have sealed the buffer while this one waited for space.
+            if g.buf_used + self.stored as usize <= self.cfg.lb_bytes as usize {
+                return Ok(g);
+            }
             if g.stopping && role == Role::Client {
                 return Err(KvError::Stopped);
             }
-            let cache_blocks = (WRITE_CACHE_BYTES / self.cfg.lb_bytes).max(4) as usize;
+            // At most a quarter of a small store waits in memory.
+            let cache_blocks = (WRITE_CACHE_BYTES / self.cfg.lb_bytes)
+                .min(g.states.len() as u64 / 4)
+                .max(4) as usize;
             let writer_has_room = role == Role::Defrag || g.writing.len() < cache_blocks;
             if g.free.len() > reserve && writer_has_room {
                 break;
@@ -567,7 +574,9 @@ impl KvStore {
             let offset = u64::from(block) * self.cfg.lb_bytes;
             let started = Instant::now();
             let read = pread_exact(&self.file, &mut scratch, offset, len);
-            let service_ns = started.elapsed().as_nanos() as u64;
+            if read.is_ok() {
+                observe(started.elapsed().as_nanos() as u64);
+            }
             let mut g = self.lock();
             g.defragging = false;
             if let Err(e) = read {
@@ -576,7 +585,6 @@ impl KvStore {
                 self.work.notify_all();
                 return Err(e);
             }
-            observe(service_ns);
             g.counters.lb_reads += 1;
             let stored = self.stored as usize;
             let data = scratch.as_slice();
