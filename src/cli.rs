@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use virtgap_workloads::kv::spec::{KvOverrides, Ratio};
+use virtgap_workloads::kv::spec::{KvOverrides, Ratio, RecordBytes};
 use virtgap_workloads::spec::{ByteSize, Distribution, EngineKind, Overrides, ReadWrite, Span};
 
 #[derive(Debug, Parser)]
@@ -271,9 +271,9 @@ pub struct KvArgs {
     /// Client reads:writes for --x, e.g. 2:1 (ACT), 1:1, 9:1, 19:1, 1:0 (read-only)
     #[arg(long, value_name = "R:W")]
     pub ratio: Option<Ratio>,
-    /// Bytes per record, header included (ACT: 1536)
-    #[arg(long, value_name = "BYTES")]
-    pub record_bytes: Option<ByteSize>,
+    /// Bytes per record, header included (ACT: 1536), or a uniform range like 1KiB-2KiB
+    #[arg(long, value_name = "BYTES[-MAX]")]
+    pub record_bytes: Option<RecordBytes>,
     /// Large-block (write buffer) size, a power of two (ACT: 128KiB)
     #[arg(long, value_name = "BYTES", conflicts_with = "bs")]
     pub lb_bytes: Option<ByteSize>,

@@ -37,7 +37,10 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
         "  kv store: {} keys, {} records per large block, client reads of {} (every read checked against the index)",
         units::count(k.keys as f64),
         k.records_per_block,
-        units::bytes(k.read_bytes)
+        match k.read_bytes {
+            (a, b) if a == b => units::bytes(a),
+            (a, b) => format!("{} to {}", units::bytes(a), units::bytes(b)),
+        }
     )?;
     for (name, d, what) in [
         (
@@ -185,7 +188,8 @@ pub fn json(k: &KvOutcome) -> Value {
         "behind": k.behind.as_ref().map(|(who, by)| behind_text(who, *by)),
         "keys": k.keys,
         "records_per_block": k.records_per_block,
-        "read_bytes": k.read_bytes,
+        "read_bytes_min": k.read_bytes.0,
+        "read_bytes_max": k.read_bytes.1,
         "service_threads": k.service_threads,
         "achieved_fraction": k.achieved_fraction(),
         "worst_lag_ns": k.worst_lag.as_nanos() as u64,

@@ -521,6 +521,11 @@ fn bad_kv_input_is_refused_with_one_line_and_leaves_nothing() {
     for (args, needle) in [
         (&["--x", "0"][..], "no load"),
         (&["--record-bytes", "200KiB"][..], "fit one large block"),
+        (
+            &["--record-bytes", "1KiB-300KiB"][..],
+            "fit one large block",
+        ),
+        (&["--record-bytes", "2KiB-1KiB"][..], "upper end is below"),
         (&["--defrag-lwm-pct", "100"][..], "--defrag-lwm-pct"),
         (&["--defrag-lwm-pct", "0"][..], "1..=99"),
         (&["--lb-bytes", "96KiB"][..], "power of two"),
@@ -595,6 +600,17 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
     assert_eq!(v["kv"]["mismatches"], 0);
     assert!(v["kv"]["verdict"].is_boolean(), "{}", v["kv"]);
     assert_eq!(v["workload"]["fio_equivalent"], serde_json::Value::Null);
+
+    // A record-size range: 1-2 KiB averages 1536 B stored, so ACT's derived rates are 1x's.
+    let out = kv_quick(dir.path(), &["--json", "--record-bytes", "1KiB-2KiB"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lb = v["kv"]["target"]["lb_writes_per_s"].as_f64().unwrap();
+    assert!((lb - 23.53).abs() < 0.01, "{lb}");
+    assert!(v["kv"]["read_bytes_max"].as_u64().unwrap() >= 2048);
+    assert_eq!(v["kv"]["mismatches"], 0);
 }
 
 #[test]

@@ -823,7 +823,7 @@ fn flag_for_key(key: &'static str, kv: bool) -> &'static str {
         "x" => "--x",
         "defrag_lwm_pct" => "--defrag-lwm-pct",
         "fill_pct" => "--fill-pct",
-        "record_bytes" => "--record-bytes",
+        "record_bytes" | "record_bytes_max" => "--record-bytes",
         "slice" => "--slice",
         other => other,
     }
@@ -832,6 +832,7 @@ fn flag_for_key(key: &'static str, kv: bool) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::spec::RecordBytes;
 
     #[test]
     fn every_preset_parses_and_validates() {
@@ -1035,7 +1036,10 @@ mod tests {
         });
         assert!(e.starts_with("--x") && e.contains("no load"), "{e}");
         let e = try_kv(KvOverrides {
-            record_bytes: Some(ByteSize(256 << 10)),
+            record_bytes: Some(RecordBytes {
+                min: ByteSize(256 << 10),
+                max: None,
+            }),
             ..Default::default()
         });
         assert!(

@@ -347,8 +347,12 @@ fn io_errors_are_reported_not_hidden() {
     );
 }
 
-#[test]
-fn kv_store_returns_every_key_latest_value_after_heavy_overwrite_and_defrag() {
+/// Loads a 32 MiB store to half its capacity, then races 4 writers (100k overwrites) against 2
+/// readers and the defragmenter, reads every key back, and returns the counters.
+fn kv_overwrite_race(
+    record_bytes: u64,
+    record_bytes_max: u64,
+) -> virtgap_workloads::kv::KvCounters {
     use rand::{Rng, SeedableRng};
     use std::sync::atomic::Ordering;
     use virtgap_workloads::kv::{KvConfig, KvStore};
@@ -363,13 +367,14 @@ fn kv_store_returns_every_key_latest_value_after_heavy_overwrite_and_defrag() {
     );
     let t = open_temp(dir.path(), &s);
     let cfg = KvConfig {
-        record_bytes: 1536,
+        record_bytes,
+        record_bytes_max,
         lb_bytes: 128 << 10,
         defrag_lwm_pct: 50,
         dsync: true,
     };
-    // Half the capacity in keys: 256 blocks x 85 records x 50%.
-    let keys = 256 * 85 / 2;
+    // Half the capacity in keys: 256 blocks of records of the average size, 50% full.
+    let keys = 256 * (128 << 10) / ((record_bytes + record_bytes_max) / 2) / 2;
     let store = KvStore::new(Arc::clone(&t.file), t.size, t.align as usize, cfg, keys).unwrap();
     let readers_done = AtomicBool::new(false);
     std::thread::scope(|sc| {
@@ -425,6 +430,17 @@ fn kv_store_returns_every_key_latest_value_after_heavy_overwrite_and_defrag() {
     eprintln!("kv counters after 100k overwrites: {c:?}");
     assert_eq!(c.mismatches, 0);
     assert_eq!(c.puts, keys + 100_000);
+    assert!(c.lb_reads > 0 && c.relocated > 0, "defrag ran: {c:?}");
+    assert!(
+        c.gets > c.buffered_gets,
+        "most reads came from the device: {c:?}"
+    );
+    c
+}
+
+#[test]
+fn kv_store_returns_every_key_latest_value_after_heavy_overwrite_and_defrag() {
+    let c = kv_overwrite_race(1536, 1536);
     // Every large block written was full: the records appended fill exactly lb_writes blocks,
     // bar the one still open.
     let appended = c.puts + c.relocated;
@@ -432,11 +448,13 @@ fn kv_store_returns_every_key_latest_value_after_heavy_overwrite_and_defrag() {
         c.lb_writes * 85 <= appended && appended < (c.lb_writes + 1) * 85,
         "partly empty blocks were written: {c:?}"
     );
-    assert!(c.lb_reads > 0 && c.relocated > 0, "defrag ran: {c:?}");
-    assert!(
-        c.gets > c.buffered_gets,
-        "most reads came from the device: {c:?}"
-    );
+}
+
+#[test]
+fn kv_store_with_a_record_size_range_loses_nothing() {
+    // Sizes uniform over 512 B..2 KiB: records of different lengths share blocks, and defrag
+    // walks them by the length in each header.
+    kv_overwrite_race(512, 2048);
 }
 
 #[test]
@@ -453,6 +471,7 @@ fn kv_store_refuses_records_larger_than_a_block_and_tiny_targets() {
     let t = open_temp(dir.path(), &s);
     let big = KvConfig {
         record_bytes: 200_000,
+        record_bytes_max: 200_000,
         lb_bytes: 128 << 10,
         defrag_lwm_pct: 50,
         dsync: false,
@@ -461,6 +480,7 @@ fn kv_store_refuses_records_larger_than_a_block_and_tiny_targets() {
     assert!(e.to_string().contains("does not fit"), "{e}");
     let huge_blocks = KvConfig {
         record_bytes: 1536,
+        record_bytes_max: 1536,
         lb_bytes: 1 << 20,
         defrag_lwm_pct: 50,
         dsync: false,
@@ -503,7 +523,7 @@ fn run_kv(dir: &std::path::Path, s: &WorkloadSpec) -> RunStats {
 
 #[test]
 fn kv_run_holds_its_client_and_large_block_rates_within_two_percent() {
-    use virtgap_workloads::kv::spec::KvOverrides;
+    use virtgap_workloads::kv::spec::{KvOverrides, RecordBytes};
     let dir = scratch_dir();
     // 1:1 at 6000 of each per second: 141 large-block writes and reads per second, and the
     // 64 MiB store is rewritten about five times in 20 s, so defrag is at its steady state.
@@ -515,7 +535,10 @@ fn kv_run_holds_its_client_and_large_block_rates_within_two_percent() {
             kv: KvOverrides {
                 read_rps: Some(6000),
                 write_rps: Some(6000),
-                record_bytes: Some(ByteSize(1536)),
+                record_bytes: Some(RecordBytes {
+                    min: ByteSize(1536),
+                    max: None,
+                }),
                 ..Default::default()
             },
             ..Default::default()

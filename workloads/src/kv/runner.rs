@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 
 use crate::act::{self, ActHistogram, AtomicActHistogram, Derived, SliceVerdict};
-use crate::kv::store::{KvConfig, KvCounters, KvError, KvStore};
+use crate::kv::store::{KvConfig, KvCounters, KvError, KvStore, OpDone};
 use crate::offsets::OffsetGenerator;
 use crate::run::{RunHandle, RunOptions, WorkloadError, WorkloadEvent};
 use crate::schedule::RateSchedule;
@@ -52,6 +52,7 @@ fn config(spec: &WorkloadSpec) -> KvConfig {
     let kv = spec.kv.as_ref().expect("a kv spec");
     KvConfig {
         record_bytes: kv.record_bytes.0,
+        record_bytes_max: kv.record_bytes_max.map_or(kv.record_bytes.0, |m| m.0),
         lb_bytes: spec.bs.0,
         defrag_lwm_pct: kv.defrag_lwm_pct,
         dsync: kv.dsync,
@@ -69,7 +70,9 @@ pub fn prepare(
     let kv = spec.kv.as_ref().expect("a kv spec");
     let cfg = config(spec);
     let blocks = target.size / cfg.lb_bytes;
-    let per_block = cfg.lb_bytes / KvStore::stored_bytes(cfg.record_bytes);
+    let avg_stored =
+        (KvStore::stored_bytes(cfg.record_bytes) + KvStore::stored_bytes(cfg.record_bytes_max)) / 2;
+    let per_block = cfg.lb_bytes / avg_stored;
     let keys = blocks * per_block * kv.fill_pct / 100;
     if keys == 0 {
         return Err(KvError::TooSmall { blocks });
@@ -169,8 +172,8 @@ pub struct KvOutcome {
     pub service_threads: u32,
     pub keys: u64,
     pub records_per_block: u64,
-    /// Bytes of one client read.
-    pub read_bytes: u64,
+    /// Bytes of a client read of the smallest and the largest record.
+    pub read_bytes: (u64, u64),
     pub measured_s: f64,
     /// Operations in the measured window.
     pub client_reads: u64,
@@ -662,7 +665,10 @@ fn act_log_header(
         ("read-reqs-per-sec", read_rps.to_string()),
         ("write-reqs-per-sec", write_rps.to_string()),
         ("record-bytes", kv.record_bytes.0.to_string()),
-        ("record-bytes-range-max", "0".into()),
+        (
+            "record-bytes-range-max",
+            kv.record_bytes_max.map_or(0, |m| m.0).to_string(),
+        ),
         ("large-block-op-kbytes", (spec.bs.0 / 1024).to_string()),
         ("replication-factor", "1".into()),
         ("update-pct", "0".into()),
@@ -723,8 +729,6 @@ impl ServiceThread {
             .store
             .read_buffer()
             .map_err(|error| WorkloadError::Kv { worker, error })?;
-        let read_bytes = self.store.read_bytes();
-        let record_bytes = self.store.record_bytes();
         let sh = &self.shared;
         let mut stats = RunStats::default();
         let mut interval = IntervalSample::empty(worker, 0, 0);
@@ -773,11 +777,14 @@ impl ServiceThread {
             let key = keys.next_offset();
             let started = sh.now_ns();
             let result = if write {
-                self.store.put(key).map(|()| None)
+                self.store.put(key).map(|bytes| OpDone {
+                    service_ns: None,
+                    bytes,
+                })
             } else {
                 self.store.get(key, &mut scratch)
             };
-            let service = match result {
+            let OpDone { service_ns, bytes } = match result {
                 Ok(s) => s,
                 // Stopping while waiting for space is the end of the run, not a failure.
                 Err(KvError::Stopped) => break,
@@ -788,7 +795,7 @@ impl ServiceThread {
                 continue;
             }
             let lat = now - started;
-            let clat = service.unwrap_or(lat);
+            let clat = service_ns.unwrap_or(lat);
             let d = if write {
                 &mut stats.write
             } else {
@@ -799,16 +806,15 @@ impl ServiceThread {
             d.clat.record(clat);
             d.lat.record(lat);
             d.lat_intended.record(now - due);
-            if write {
-                // Not device I/O: kept out of the interval samples (see `coordinate`).
-                d.bytes += record_bytes;
-            } else {
-                d.bytes += read_bytes;
+            d.bytes += bytes;
+            // Client writes are not device I/O: kept out of the interval samples (see
+            // `coordinate`).
+            if !write {
                 interval.read_ios += 1;
-                interval.read_bytes += read_bytes;
+                interval.read_bytes += bytes;
                 interval.lat.record(lat);
                 // ACT's "reads" histogram: the device read's service time.
-                if let Some(ns) = service {
+                if let Some(ns) = service_ns {
                     sh.reads.record_ns(ns);
                 }
             }

@@ -61,6 +61,10 @@ pub struct KvSpec {
     /// Bytes per record, its 32-byte header included.
     #[serde(default = "act_record")]
     pub record_bytes: ByteSize,
+    /// With this, record sizes are uniform from `record_bytes` to here (ACT's
+    /// `record-bytes-range-max`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record_bytes_max: Option<ByteSize>,
     /// Blocks whose live data falls below this percentage are defragmented.
     #[serde(default = "fifty")]
     pub defrag_lwm_pct: u64,
@@ -136,6 +140,7 @@ impl KvSpec {
             read_rps,
             write_rps,
             record_bytes: self.record_bytes.0,
+            record_bytes_max: self.record_bytes_max.map(|m| m.0),
             lb_bytes,
             defrag_lwm_pct: self.defrag_lwm_pct,
             ..ActLoad::x_rating(0, 1)
@@ -170,11 +175,27 @@ impl KvSpec {
                 "must be 1..=90 (percent of the store's capacity)".into(),
             ));
         }
-        let stored = KvStore::stored_bytes(self.record_bytes.0);
+        if self
+            .record_bytes_max
+            .is_some_and(|m| m.0 < self.record_bytes.0)
+        {
+            return Err((
+                "record_bytes_max",
+                self.record_bytes_max
+                    .unwrap_or(self.record_bytes)
+                    .to_string(),
+                format!(
+                    "the range's upper end is below record_bytes ({})",
+                    self.record_bytes
+                ),
+            ));
+        }
+        let largest = self.record_bytes_max.unwrap_or(self.record_bytes);
+        let stored = KvStore::stored_bytes(largest.0);
         if self.record_bytes.0 == 0 || stored > lb_bytes {
             return Err((
                 "record_bytes",
-                self.record_bytes.to_string(),
+                largest.to_string(),
                 format!(
                     "a record ({stored} B stored, header included) must fit one large block ({}); use a smaller --record-bytes or a larger --lb-bytes",
                     ByteSize(lb_bytes)
@@ -197,14 +218,40 @@ impl KvSpec {
             (Some(x), None, None) => format!(" ({x}x, {})", self.ratio),
             _ => String::new(),
         };
+        let records = match self.record_bytes_max {
+            Some(max) => format!("{}-{}", self.record_bytes.0, max.0),
+            None => self.record_bytes.0.to_string(),
+        };
         format!(
-            "{} B records in {} blocks, {reads} reads/s + {writes} writes/s{rating}, defrag below {}%, {}% full{}",
-            self.record_bytes.0,
+            "{records} B records in {} blocks, {reads} reads/s + {writes} writes/s{rating}, defrag below {}%, {}% full{}",
             crate::units::bytes(lb_bytes),
             self.defrag_lwm_pct,
             self.fill_pct,
             if self.dsync { ", O_DSYNC" } else { "" }
         )
+    }
+}
+
+/// `--record-bytes`: one size ("1536") or a uniform range ("1KiB-2KiB").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordBytes {
+    pub min: ByteSize,
+    pub max: Option<ByteSize>,
+}
+
+impl FromStr for RecordBytes {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('-') {
+            Some((a, b)) => Ok(Self {
+                min: a.parse()?,
+                max: Some(b.parse()?),
+            }),
+            None => Ok(Self {
+                min: s.parse()?,
+                max: None,
+            }),
+        }
     }
 }
 
@@ -215,7 +262,7 @@ pub struct KvOverrides {
     pub read_rps: Option<u64>,
     pub write_rps: Option<u64>,
     pub ratio: Option<Ratio>,
-    pub record_bytes: Option<ByteSize>,
+    pub record_bytes: Option<RecordBytes>,
     /// The spec's `bs`.
     pub lb_bytes: Option<ByteSize>,
     /// The spec's `distribution`.
@@ -265,7 +312,8 @@ impl KvOverrides {
             kv.ratio = r;
         }
         if let Some(b) = self.record_bytes {
-            kv.record_bytes = b;
+            kv.record_bytes = b.min;
+            kv.record_bytes_max = b.max;
         }
         if let Some(p) = self.defrag_lwm_pct {
             kv.defrag_lwm_pct = p;
@@ -300,6 +348,21 @@ mod tests {
         assert_eq!(kv("x = 1\nratio = \"19:1\"").rates(), (2000, 105));
         assert_eq!(kv("x = 2\nratio = \"1:0\"").rates(), (4000, 0));
         assert_eq!(kv("x = 1\nread_rps = 500").rates(), (500, 1000));
+    }
+
+    #[test]
+    fn a_record_range_averages_like_acts() {
+        let d = crate::act::derive(
+            &kv("x = 1\nrecord_bytes = 1024\nrecord_bytes_max = 2048").act_load(128 << 10),
+        );
+        assert_eq!((d.record_stored, d.record_stored_max), (1024, 2048));
+        assert_eq!(d.records_per_lb, 85, "131072 / ((1024 + 2048) / 2)");
+        let e = kv("x = 1\nrecord_bytes = 2048\nrecord_bytes_max = 1024")
+            .validate(128 << 10)
+            .unwrap_err();
+        assert_eq!(e.0, "record_bytes_max");
+        let r: RecordBytes = "1KiB-2KiB".parse().unwrap();
+        assert_eq!((r.min, r.max), (ByteSize(1024), Some(ByteSize(2048))));
     }
 
     #[test]

@@ -63,6 +63,9 @@ pub enum KvError {
 pub struct KvConfig {
     /// Bytes of one record, header included.
     pub record_bytes: u64,
+    /// With a range, record sizes are uniform in `record_bytes..=record_bytes_max` (ACT's
+    /// `record-bytes-range-max`); equal to `record_bytes` for one size.
+    pub record_bytes_max: u64,
     /// Large-block size.
     pub lb_bytes: u64,
     /// Blocks whose live fraction falls below this percentage are defragmented.
@@ -75,6 +78,8 @@ pub struct KvConfig {
 struct Entry {
     block: u32,
     offset: u32,
+    /// Stored bytes (header included, 16-byte units).
+    len: u32,
     generation: u32,
     checksum: u64,
 }
@@ -143,7 +148,9 @@ pub struct KvStore {
     /// Large-block writes (reopened with O_DSYNC when asked).
     write_file: File,
     cfg: KvConfig,
-    stored: u64,
+    /// Stored size of the smallest and largest record.
+    stored_min: u64,
+    stored_max: u64,
     align: usize,
     state: Mutex<State>,
     /// A block was freed or written, or the store is stopping.
@@ -244,6 +251,14 @@ fn pread_exact(
     Ok(())
 }
 
+/// One client operation: the device read's service time (None for a write, or a read served
+/// from memory) and the bytes read or appended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpDone {
+    pub service_ns: Option<u64>,
+    pub bytes: u64,
+}
+
 /// Where a record's bytes are when a reader looks it up.
 enum Location {
     Memory(Vec<u8>),
@@ -260,10 +275,11 @@ impl KvStore {
         cfg: KvConfig,
         keys: u64,
     ) -> Result<Self, KvError> {
-        let stored = Self::stored_bytes(cfg.record_bytes);
-        if stored > cfg.lb_bytes {
+        let stored_min = Self::stored_bytes(cfg.record_bytes);
+        let stored_max = Self::stored_bytes(cfg.record_bytes_max.max(cfg.record_bytes));
+        if stored_max > cfg.lb_bytes {
             return Err(KvError::RecordTooLarge {
-                record: cfg.record_bytes,
+                record: cfg.record_bytes_max.max(cfg.record_bytes),
                 lb: cfg.lb_bytes,
             });
         }
@@ -310,7 +326,8 @@ impl KvStore {
         Ok(Self {
             file,
             write_file,
-            stored,
+            stored_min,
+            stored_max,
             align: align.max(512),
             state: Mutex::new(state),
             space: Condvar::new(),
@@ -324,14 +341,24 @@ impl KvStore {
         roundup16(record_bytes.max(HEADER as u64 + 8))
     }
 
-    /// Bytes of one record as configured (header included).
-    pub fn record_bytes(&self) -> u64 {
-        self.cfg.record_bytes
+    /// Records of the average stored size that fit one large block (ACT's integer division).
+    pub fn records_per_block(&self) -> u64 {
+        self.cfg.lb_bytes / ((self.stored_min + self.stored_max) / 2)
     }
 
-    /// Records that fit one large block.
-    pub fn records_per_block(&self) -> u64 {
-        self.cfg.lb_bytes / self.stored
+    /// The stored size of `key`'s record at `generation`: the one configured size, or with a
+    /// range a size spread uniformly over it (a hash of key and generation, so a relocated copy
+    /// keeps its size and each rewrite draws a new one).
+    fn record_len(&self, key: u64, generation: u32) -> u64 {
+        let span = (self.stored_max - self.stored_min) / 16;
+        if span == 0 {
+            return self.stored_min;
+        }
+        let mut h = key ^ (u64::from(generation) << 40) ^ 0x2545_f491_4f6c_dd1d;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        self.stored_min + h % (span + 1) * 16
     }
 
     pub fn blocks(&self) -> u64 {
@@ -342,9 +369,19 @@ impl KvStore {
         self.lock().index.len() as u64
     }
 
-    /// Bytes of one client read: the smallest aligned size covering a record.
-    pub fn read_bytes(&self) -> u64 {
-        self.stored.div_ceil(self.align as u64) * self.align as u64
+    /// Bytes of a client read of a record stored at `abs` with `len` bytes: the smallest
+    /// aligned span covering it.
+    fn read_span(&self, abs: u64, len: u64) -> (u64, u64) {
+        let align = self.align as u64;
+        let start = abs / align * align;
+        (start, (abs + len).div_ceil(align) * align)
+    }
+
+    /// Bytes of a client read of the smallest and the largest record when aligned at the
+    /// start of a sector (a record straddling a boundary costs one sector more).
+    pub fn read_bytes(&self) -> (u64, u64) {
+        let covering = |len: u64| len.div_ceil(self.align as u64) * self.align as u64;
+        (covering(self.stored_min), covering(self.stored_max))
     }
 
     pub fn counters(&self) -> KvCounters {
@@ -361,17 +398,19 @@ impl KvStore {
         live * 100 < self.cfg.defrag_lwm_pct * self.cfg.lb_bytes
     }
 
-    /// Writes a new generation of `key`: an append into the write buffer.
-    pub fn put(&self, key: u64) -> Result<(), KvError> {
+    /// Writes a new generation of `key`: an append into the write buffer. Returns the
+    /// record's stored size.
+    pub fn put(&self, key: u64) -> Result<u64, KvError> {
         let mut g = self.lock();
         let generation = g
             .index
             .get(key as usize)
             .ok_or(KvError::Missing(key))?
             .map_or(1, |e| e.generation + 1);
-        g = self.append(g, key, generation, None, Role::Client)?;
+        let len = self.record_len(key, generation);
+        g = self.append(g, key, generation, len as usize, None, Role::Client)?;
         g.counters.puts += 1;
-        Ok(())
+        Ok(len)
     }
 
     /// Appends a record to the write buffer (copying `existing` bytes when relocating), updates
@@ -381,12 +420,12 @@ impl KvStore {
         mut g: MutexGuard<'a, State>,
         key: u64,
         generation: u32,
+        stored: usize,
         existing: Option<&[u8]>,
         role: Role,
     ) -> Result<MutexGuard<'a, State>, KvError> {
-        let stored = self.stored as usize;
         if g.buf_used + stored > self.cfg.lb_bytes as usize {
-            g = self.seal(g, role)?;
+            g = self.seal(g, role, stored)?;
         }
         let st = &mut *g;
         let at = st.buf_used;
@@ -410,7 +449,7 @@ impl KvStore {
         st.buf_used += stored;
         if let Some(old) = st.index[key as usize] {
             let b = old.block as usize;
-            st.live[b] = st.live[b].saturating_sub(self.stored);
+            st.live[b] = st.live[b].saturating_sub(u64::from(old.len));
             if st.states[b] == BlockState::Sealed
                 && self.below_lwm(st.live[b])
                 && !st.defrag_queue.iter().any(|(q, _)| *q == old.block)
@@ -420,10 +459,11 @@ impl KvStore {
             }
         }
         let open = st.buf_block;
-        st.live[open as usize] += self.stored;
+        st.live[open as usize] += stored as u64;
         st.index[key as usize] = Some(Entry {
             block: open,
             offset: at as u32,
+            len: stored as u32,
             generation,
             checksum,
         });
@@ -436,6 +476,7 @@ impl KvStore {
         &'a self,
         mut g: MutexGuard<'a, State>,
         role: Role,
+        next_record: usize,
     ) -> Result<MutexGuard<'a, State>, KvError> {
         let reserve = if role == Role::Client {
             DEFRAG_RESERVE
@@ -444,7 +485,7 @@ impl KvStore {
         };
         loop {
             // Another thread may have sealed the buffer while this one waited for space.
-            if g.buf_used + self.stored as usize <= self.cfg.lb_bytes as usize {
+            if g.buf_used + next_record <= self.cfg.lb_bytes as usize {
                 return Ok(g);
             }
             if g.stopping && role == Role::Client {
@@ -586,20 +627,28 @@ impl KvStore {
                 return Err(e);
             }
             g.counters.lb_reads += 1;
-            let stored = self.stored as usize;
             let data = scratch.as_slice();
-            for at in (0..len - stored + 1).step_by(stored) {
-                let rec = &data[at..at + stored];
-                if u32::from_le_bytes(word(rec, 0)) != MAGIC {
+            // Records lie back to back, each header giving its stored length; the zeroed tail
+            // has no magic.
+            let mut at = 0;
+            while at + HEADER <= len {
+                let head = &data[at..at + HEADER];
+                let stored = u32::from_le_bytes(word(head, 16)) as usize;
+                if u32::from_le_bytes(word(head, 0)) != MAGIC
+                    || stored < HEADER
+                    || at + stored > len
+                {
                     break;
                 }
+                let rec = &data[at..at + stored];
+                let next = at + stored;
                 let generation = u32::from_le_bytes(word(rec, 4));
                 let key = u64::from_le_bytes(word(rec, 8));
                 let current = g.index.get(key as usize).copied().flatten();
                 if current.is_some_and(|e| {
                     e.block == block && e.offset as usize == at && e.generation == generation
                 }) {
-                    g = match self.append(g, key, generation, Some(rec), Role::Defrag) {
+                    g = match self.append(g, key, generation, stored, Some(rec), Role::Defrag) {
                         Ok(g) => g,
                         Err(e) => {
                             let mut g = self.lock();
@@ -611,6 +660,7 @@ impl KvStore {
                     };
                     g.counters.relocated += 1;
                 }
+                at = next;
             }
             g.live[block as usize] = 0;
             g.states[block as usize] = BlockState::Free;
@@ -664,8 +714,7 @@ impl KvStore {
     /// Reads `key` with one aligned read of the smallest direct-I/O size covering its record
     /// into `scratch` (or from memory if it is not on the device yet) and checks it against the
     /// index. Returns the device read's service time, None when served from memory.
-    pub fn get(&self, key: u64, scratch: &mut AlignedBuffer) -> Result<Option<u64>, KvError> {
-        let stored = self.stored as usize;
+    pub fn get(&self, key: u64, scratch: &mut AlignedBuffer) -> Result<OpDone, KvError> {
         let mut retries = 0;
         loop {
             let (entry, location) = {
@@ -678,6 +727,7 @@ impl KvStore {
                     .ok_or(KvError::Missing(key))?;
                 g.counters.gets += 1;
                 let at = e.offset as usize;
+                let stored = e.len as usize;
                 let location = if e.block == g.buf_block {
                     Location::Memory(g.buf.as_slice()[at..at + stored].to_vec())
                 } else if let Some(p) = g.writing.iter().find(|p| p.block == e.block) {
@@ -690,21 +740,32 @@ impl KvStore {
                 }
                 (e, location)
             };
-            let (rec, service_ns) = match location {
-                Location::Memory(rec) => (rec, None),
+            let stored = entry.len as usize;
+            let (rec, done) = match location {
+                Location::Memory(rec) => (
+                    rec,
+                    OpDone {
+                        service_ns: None,
+                        bytes: stored as u64,
+                    },
+                ),
                 Location::Device(abs) => {
-                    let align = self.align as u64;
-                    let start = abs / align * align;
-                    let end = (abs + stored as u64).div_ceil(align) * align;
+                    let (start, end) = self.read_span(abs, stored as u64);
                     let started = Instant::now();
                     pread_exact(&self.file, scratch, start, (end - start) as usize)?;
                     let ns = started.elapsed().as_nanos() as u64;
                     let at = (abs - start) as usize;
-                    (scratch.as_slice()[at..at + stored].to_vec(), Some(ns))
+                    (
+                        scratch.as_slice()[at..at + stored].to_vec(),
+                        OpDone {
+                            service_ns: Some(ns),
+                            bytes: end - start,
+                        },
+                    )
                 }
             };
             if Self::matches(&rec, key, &entry) {
-                return Ok(service_ns);
+                return Ok(done);
             }
             // The record may have moved (defrag) and its block been reused while we read it:
             // only a copy the index still points at is a loss.
@@ -739,7 +800,7 @@ impl KvStore {
 
     /// A buffer large enough for any client read.
     pub fn read_buffer(&self) -> Result<AlignedBuffer, KvError> {
-        alloc(self.read_bytes() + self.align as u64, self.align)
+        alloc(self.read_bytes().1 + self.align as u64, self.align)
     }
 }
 
