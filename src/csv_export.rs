@@ -294,6 +294,31 @@ pub fn summary(p: &Profile) -> String {
     row("probe_cpu_pct".into(), p.self_overhead.probe_cpu_pct);
     row("recorder_cpu_pct".into(), p.self_overhead.recorder_cpu_pct);
     row("probe_dropped".into(), Some(p.self_overhead.dropped as f64));
+    if let Some(kv) = &p.kv {
+        // kv runs: the verdict (1 pass, 0 fail, absent without a complete slice) and the
+        // target and achieved client and large-block rates.
+        row(
+            "kv_pass".into(),
+            kv["verdict"].as_bool().map(|b| f64::from(u8::from(b))),
+        );
+        row("kv_mismatches".into(), kv["mismatches"].as_f64());
+        for side in ["target", "achieved"] {
+            for stream in ["client_reads", "client_writes", "lb_reads", "lb_writes"] {
+                row(
+                    format!("kv_{side}_{stream}_per_s"),
+                    kv[side][format!("{stream}_per_s")].as_f64(),
+                );
+            }
+        }
+        for (i, slice) in kv["slices"].as_array().into_iter().flatten().enumerate() {
+            for over in ["1ms", "8ms", "64ms"] {
+                row(
+                    format!("kv_slice{i}_reads_pct_at_or_over_{over}"),
+                    slice["reads"][format!("pct_at_or_over_{over}")].as_f64(),
+                );
+            }
+        }
+    }
     finish(w)
 }
 

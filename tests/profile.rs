@@ -442,6 +442,8 @@ fn kv_profile_carries_the_verdict_and_matches_the_schema() {
         .args(["--size", "32MiB", "--duration", "2s", "--dir"])
         .arg(dir.path())
         .args(["-o", out.to_str().unwrap()])
+        .arg("--csv")
+        .arg(dir.path().join("csv"))
         .output()
         .unwrap();
     assert!(
@@ -449,6 +451,17 @@ fn kv_profile_carries_the_verdict_and_matches_the_schema() {
         "{}",
         String::from_utf8_lossy(&res.stderr)
     );
+    let summary = std::fs::read_to_string(dir.path().join("csv/summary.csv")).unwrap();
+    for metric in [
+        "1,kv_mismatches,0",
+        "1,kv_target_client_reads_per_s,2000",
+        "1,kv_slice0_reads_pct_at_or_over_1ms,",
+    ] {
+        assert!(
+            summary.contains(metric),
+            "summary.csv lacks {metric}:\n{summary}"
+        );
+    }
     let doc = validate(&out);
     assert_eq!(doc["kv"]["mismatches"], 0);
     assert_eq!(doc["kv"]["target"]["client_reads_per_s"], 2000);
