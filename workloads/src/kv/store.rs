@@ -713,81 +713,105 @@ impl KvStore {
 
     /// Reads `key` with one aligned read of the smallest direct-I/O size covering its record
     /// into `scratch` (or from memory if it is not on the device yet) and checks it against the
-    /// index. Returns the device read's service time, None when served from memory.
+    /// index.
     pub fn get(&self, key: u64, scratch: &mut AlignedBuffer) -> Result<OpDone, KvError> {
         let mut retries = 0;
         loop {
-            let (entry, location) = {
-                let mut g = self.lock();
-                let e = g
-                    .index
-                    .get(key as usize)
-                    .copied()
-                    .flatten()
-                    .ok_or(KvError::Missing(key))?;
-                g.counters.gets += 1;
-                let at = e.offset as usize;
-                let stored = e.len as usize;
-                let location = if e.block == g.buf_block {
-                    Location::Memory(g.buf.as_slice()[at..at + stored].to_vec())
-                } else if let Some(p) = g.writing.iter().find(|p| p.block == e.block) {
-                    Location::Memory(p.data.as_slice()[at..at + stored].to_vec())
-                } else {
-                    Location::Device(u64::from(e.block) * self.cfg.lb_bytes + e.offset as u64)
-                };
-                if matches!(location, Location::Memory(_)) {
-                    g.counters.buffered_gets += 1;
-                }
-                (e, location)
-            };
-            let stored = entry.len as usize;
-            let (rec, done) = match location {
-                Location::Memory(rec) => (
-                    rec,
-                    OpDone {
-                        service_ns: None,
-                        bytes: stored as u64,
-                    },
-                ),
-                Location::Device(abs) => {
-                    let (start, end) = self.read_span(abs, stored as u64);
-                    let started = Instant::now();
-                    pread_exact(&self.file, scratch, start, (end - start) as usize)?;
-                    let ns = started.elapsed().as_nanos() as u64;
-                    let at = (abs - start) as usize;
-                    (
-                        scratch.as_slice()[at..at + stored].to_vec(),
-                        OpDone {
-                            service_ns: Some(ns),
-                            bytes: end - start,
-                        },
-                    )
-                }
-            };
-            if Self::matches(&rec, key, &entry) {
+            let (entry, location) = self.locate(key)?;
+            let (rec, done) = self.fetch(location, entry.len as usize, scratch)?;
+            if self.check(key, entry, &rec, &mut retries)? {
                 return Ok(done);
             }
-            // The record may have moved (defrag) and its block been reused while we read it:
-            // only a copy the index still points at is a loss.
-            let mut g = self.lock();
-            let now = g.index.get(key as usize).copied().flatten();
-            if now != Some(entry) && retries < 16 {
-                g.counters.read_retries += 1;
-                g.counters.gets -= 1;
-                retries += 1;
-                continue;
-            }
-            g.counters.mismatches += 1;
-            return Err(KvError::Mismatch {
-                key,
-                generation: entry.generation,
-                found: format!(
-                    "key {} generation {}",
-                    u64::from_le_bytes(word(&rec, 8)),
-                    u32::from_le_bytes(word(&rec, 4))
-                ),
-            });
         }
+    }
+
+    /// Where `key`'s current record is, copied out when it is still in memory.
+    fn locate(&self, key: u64) -> Result<(Entry, Location), KvError> {
+        let mut g = self.lock();
+        let e = g
+            .index
+            .get(key as usize)
+            .copied()
+            .flatten()
+            .ok_or(KvError::Missing(key))?;
+        g.counters.gets += 1;
+        let (at, stored) = (e.offset as usize, e.len as usize);
+        let location = if e.block == g.buf_block {
+            Location::Memory(g.buf.as_slice()[at..at + stored].to_vec())
+        } else if let Some(p) = g.writing.iter().find(|p| p.block == e.block) {
+            Location::Memory(p.data.as_slice()[at..at + stored].to_vec())
+        } else {
+            Location::Device(u64::from(e.block) * self.cfg.lb_bytes + e.offset as u64)
+        };
+        if matches!(location, Location::Memory(_)) {
+            g.counters.buffered_gets += 1;
+        }
+        Ok((e, location))
+    }
+
+    /// The record's bytes: from memory, or one aligned device read (outside the lock).
+    fn fetch(
+        &self,
+        location: Location,
+        stored: usize,
+        scratch: &mut AlignedBuffer,
+    ) -> Result<(Vec<u8>, OpDone), KvError> {
+        Ok(match location {
+            Location::Memory(rec) => (
+                rec,
+                OpDone {
+                    service_ns: None,
+                    bytes: stored as u64,
+                },
+            ),
+            Location::Device(abs) => {
+                let (start, end) = self.read_span(abs, stored as u64);
+                let started = Instant::now();
+                pread_exact(&self.file, scratch, start, (end - start) as usize)?;
+                let ns = started.elapsed().as_nanos() as u64;
+                let at = (abs - start) as usize;
+                (
+                    scratch.as_slice()[at..at + stored].to_vec(),
+                    OpDone {
+                        service_ns: Some(ns),
+                        bytes: end - start,
+                    },
+                )
+            }
+        })
+    }
+
+    /// Ok(true): `rec` is `entry`. Ok(false): it is not, but the index moved the record while
+    /// it was read (defrag, block reused), so read again. Err: a copy the index still points at
+    /// is wrong — data loss.
+    fn check(
+        &self,
+        key: u64,
+        entry: Entry,
+        rec: &[u8],
+        retries: &mut u32,
+    ) -> Result<bool, KvError> {
+        if Self::matches(rec, key, &entry) {
+            return Ok(true);
+        }
+        let mut g = self.lock();
+        let now = g.index.get(key as usize).copied().flatten();
+        if now != Some(entry) && *retries < 16 {
+            g.counters.read_retries += 1;
+            g.counters.gets -= 1;
+            *retries += 1;
+            return Ok(false);
+        }
+        g.counters.mismatches += 1;
+        Err(KvError::Mismatch {
+            key,
+            generation: entry.generation,
+            found: format!(
+                "key {} generation {}",
+                u64::from_le_bytes(word(rec, 8)),
+                u32::from_le_bytes(word(rec, 4))
+            ),
+        })
     }
 
     fn matches(rec: &[u8], key: u64, e: &Entry) -> bool {
@@ -807,6 +831,87 @@ impl KvStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store of 8 blocks of 1536-byte records on a plain temp file (the logic under test
+    /// does not depend on O_DIRECT), with its writer and defragmenter running inside `body`.
+    fn with_store(keys: u64, body: impl FnOnce(&KvStore)) {
+        let file = tempfile::tempfile().unwrap();
+        file.set_len(1 << 20).unwrap();
+        let cfg = KvConfig {
+            record_bytes: 1536,
+            record_bytes_max: 1536,
+            lb_bytes: 128 << 10,
+            defrag_lwm_pct: 50,
+            dsync: false,
+        };
+        let store = KvStore::new(Arc::new(file), 1 << 20, 512, cfg, keys).unwrap();
+        std::thread::scope(|s| {
+            store.start_background();
+            let w = s.spawn(|| store.run_writer(|_| {}));
+            let d = s.spawn(|| store.run_defrag(|_| {}));
+            body(&store);
+            store.stop_background();
+            w.join().unwrap().unwrap();
+            d.join().unwrap().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_read_racing_defrag_and_block_reuse_retries_instead_of_failing() {
+        with_store(100, |store| {
+            for key in 0..100 {
+                store.put(key).unwrap();
+            }
+            store.wait_caught_up(0, 0);
+            // Key 0 sits in block 0, on the device. A reader finds it there...
+            let (entry, location) = store.locate(0).unwrap();
+            assert_eq!(entry.block, 0);
+            assert!(matches!(location, Location::Device(_)));
+            // ...then, before its read lands, overwrites empty block 0, defrag moves key 0 out
+            // and frees the block, and the block is reused for other records.
+            let mut i = 0;
+            loop {
+                store.put(1 + i % 50).unwrap();
+                i += 1;
+                store.wait_caught_up(0, 0);
+                let g = store.lock();
+                let moved = g.index[0].is_some_and(|e| e.block != 0);
+                if moved && g.states[0] == BlockState::Sealed {
+                    break;
+                }
+                assert!(i < 10_000, "block 0 was never reused");
+            }
+            let mut scratch = store.read_buffer().unwrap();
+            let (rec, _) = store
+                .fetch(location, entry.len as usize, &mut scratch)
+                .unwrap();
+            let mut retries = 0;
+            assert!(
+                !store.check(0, entry, &rec, &mut retries).unwrap(),
+                "read again"
+            );
+            assert_eq!(store.counters().read_retries, 1);
+            store.get(0, &mut scratch).unwrap();
+            assert_eq!(store.counters().mismatches, 0);
+        });
+    }
+
+    #[test]
+    fn a_corrupted_record_the_index_still_points_at_is_data_loss() {
+        with_store(100, |store| {
+            for key in 0..100 {
+                store.put(key).unwrap();
+            }
+            store.wait_caught_up(0, 0);
+            let (entry, _) = store.locate(5).unwrap();
+            let at = u64::from(entry.block) * (128 << 10) + u64::from(entry.offset) + 40;
+            std::os::unix::fs::FileExt::write_all_at(&*store.file, b"garbage!", at).unwrap();
+            let mut scratch = store.read_buffer().unwrap();
+            let e = store.get(5, &mut scratch).unwrap_err();
+            assert!(matches!(e, KvError::Mismatch { key: 5, .. }), "{e}");
+            assert_eq!(store.counters().mismatches, 1);
+        });
+    }
 
     #[test]
     fn payload_checksums_agree() {
