@@ -21,7 +21,7 @@ use crate::offsets::OffsetGenerator;
 use crate::run::{RunHandle, RunOptions, WorkloadError, WorkloadEvent};
 use crate::schedule::RateSchedule;
 use crate::spec::{Pattern, WorkloadSpec};
-use crate::stats::{CpuTime, IntervalSample, RunStats};
+use crate::stats::{CpuTime, DirStats, IntervalSample, RunStats};
 use crate::target::Target;
 
 /// How far along the load is.
@@ -501,7 +501,7 @@ fn coordinate(
     }
 
     shared.halt.store(true, Ordering::Relaxed);
-    let mut results: Vec<Result<RunStats, WorkloadError>> = services
+    let service_results: Vec<Result<ServiceResult, WorkloadError>> = services
         .into_iter()
         .enumerate()
         .map(|(w, h)| {
@@ -522,13 +522,19 @@ fn coordinate(
         let complete = measured_ns - slice_start.0 >= slice_ns;
         slices.push(slice_result(&slice_start, measured_ns, &snap, complete));
     }
-    // Client writes are appends to memory, not device I/O: they leave the generic statistics
-    // for the kv outcome.
-    let mut client = RunStats::default();
-    for s in results.iter_mut().flatten() {
-        client.merge(s);
-        s.write = Default::default();
-    }
+    let (mut client_read, mut client_write) = (DirStats::default(), DirStats::default());
+    let mut worst_lag_ns = 0;
+    let mut results: Vec<Result<RunStats, WorkloadError>> = service_results
+        .into_iter()
+        .map(|r| {
+            r.map(|s| {
+                client_read.merge(&s.client_read);
+                client_write.merge(&s.client_write);
+                worst_lag_ns = worst_lag_ns.max(s.device.max_lag_ns);
+                s.device
+            })
+        })
+        .collect();
     let mut large_blocks = {
         let mut lb = shared
             .large_blocks
@@ -555,14 +561,14 @@ fn coordinate(
         records_per_block: store.records_per_block(),
         read_bytes: store.read_bytes(),
         measured_s: measured_ns as f64 / 1e9,
-        client_reads: client.read.ios,
-        client_writes: client.write.ios,
+        client_reads: client_read.ios,
+        client_writes: client_write.ios,
         lb_reads: large_blocks.read.ios,
         lb_writes: large_blocks.write.ios,
-        client_read: client.read.clone(),
-        client_write: client.write.clone(),
+        client_read,
+        client_write,
         slices,
-        worst_lag: Duration::from_nanos(client.max_lag_ns),
+        worst_lag: Duration::from_nanos(worst_lag_ns),
         behind: shared
             .behind
             .lock()
@@ -712,7 +718,7 @@ struct ServiceThread {
 }
 
 impl ServiceThread {
-    fn run(&self, send_interval: &dyn Fn(IntervalSample)) -> Result<RunStats, WorkloadError> {
+    fn run(&self, send_interval: &dyn Fn(IntervalSample)) -> Result<ServiceResult, WorkloadError> {
         let worker = self.worker;
         let total_ops = self.reads_per_s + self.writes_per_s;
         let mut schedule = RateSchedule::new(total_ops as f64 / f64::from(self.threads));
@@ -731,6 +737,8 @@ impl ServiceThread {
             .map_err(|error| WorkloadError::Kv { worker, error })?;
         let sh = &self.shared;
         let mut stats = RunStats::default();
+        let mut client_read = DirStats::default();
+        let mut client_write = DirStats::default();
         let mut interval = IntervalSample::empty(worker, 0, 0);
         let mut cpu_start = CpuTime::of_this_thread();
         let mut measuring = sh.ramp_ns == 0;
@@ -795,28 +803,32 @@ impl ServiceThread {
                 continue;
             }
             let lat = now - started;
-            let clat = service_ns.unwrap_or(lat);
-            let d = if write {
-                &mut stats.write
+            let client = if write {
+                &mut client_write
             } else {
-                &mut stats.read
+                &mut client_read
             };
-            d.ios += 1;
-            d.slat.record(lat.saturating_sub(clat));
-            d.clat.record(clat);
-            d.lat.record(lat);
-            d.lat_intended.record(now - due);
-            d.bytes += bytes;
-            // Client writes are not device I/O: kept out of the interval samples (see
-            // `coordinate`).
-            if !write {
+            client.ios += 1;
+            client.bytes += bytes;
+            client.lat.record(lat);
+            client.lat_intended.record(now - due);
+            // Only reads that went to the device are device I/O (writes are appends to memory,
+            // and a read of a record still in the write cache is a copy).
+            if let Some(service) = service_ns {
+                client.slat.record(lat.saturating_sub(service));
+                client.clat.record(service);
+                let d = &mut stats.read;
+                d.ios += 1;
+                d.bytes += bytes;
+                d.slat.record(lat.saturating_sub(service));
+                d.clat.record(service);
+                d.lat.record(lat);
+                d.lat_intended.record(now - due);
                 interval.read_ios += 1;
                 interval.read_bytes += bytes;
                 interval.lat.record(lat);
                 // ACT's "reads" histogram: the device read's service time.
-                if let Some(ns) = service_ns {
-                    sh.reads.record_ns(ns);
-                }
+                sh.reads.record_ns(service);
             }
             let window_now = now - sh.ramp_ns;
             while window_now >= interval.start_ns + self.interval_ns {
@@ -834,8 +846,20 @@ impl ServiceThread {
             interval.end_ns = end - sh.ramp_ns;
             send_interval(interval);
         }
-        Ok(stats)
+        Ok(ServiceResult {
+            device: stats,
+            client_read,
+            client_write,
+        })
     }
+}
+
+/// What one service thread measured: its device reads (reported as a worker) and all of its
+/// client operations (for the kv outcome).
+struct ServiceResult {
+    device: RunStats,
+    client_read: DirStats,
+    client_write: DirStats,
 }
 
 #[cfg(test)]
