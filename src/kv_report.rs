@@ -61,11 +61,7 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
             out,
             "    {name}: {what}; lat_intended counts from the schedule"
         )?;
-        writeln!(
-            out,
-            "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "latency", "min", "mean", "p50", "p99", "p99.9", "max", "stddev"
-        )?;
+        crate::report::write_latency_header(out)?;
         let mut rows = vec![("lat", &d.lat), ("lat_intended", &d.lat_intended)];
         if name == "client reads" {
             rows.insert(0, ("service", &d.clat));
@@ -84,12 +80,12 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
         (
             "client reads",
             k.read_rps.to_string(),
-            achieved(k.client_reads),
+            achieved(k.client_read.ios),
         ),
         (
             "client writes",
             k.write_rps.to_string(),
-            achieved(k.client_writes),
+            achieved(k.client_write.ios),
         ),
         (
             "large-block reads",
@@ -200,8 +196,8 @@ pub fn json(k: &KvOutcome) -> Value {
             "lb_writes_per_s": k.derived.lb_writes_per_s,
         },
         "achieved": {
-            "client_reads_per_s": k.rate(k.client_reads),
-            "client_writes_per_s": k.rate(k.client_writes),
+            "client_reads_per_s": k.rate(k.client_read.ios),
+            "client_writes_per_s": k.rate(k.client_write.ios),
             "lb_reads_per_s": k.rate(k.lb_reads),
             "lb_writes_per_s": k.rate(k.lb_writes),
         },

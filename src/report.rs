@@ -107,11 +107,7 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
             units::bytes(d.bytes),
             secs
         )?;
-        writeln!(
-            out,
-            "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-            "latency", "min", "mean", "p50", "p99", "p99.9", "max", "stddev"
-        )?;
+        write_latency_header(out)?;
         let mut rows = vec![("slat", &d.slat), ("clat", &d.clat), ("lat", &d.lat)];
         if !d.lat_intended.is_empty() {
             rows.push(("lat_intended", &d.lat_intended));
@@ -170,6 +166,15 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The column heads above `write_latency_row`s.
+pub(crate) fn write_latency_header(out: &mut impl Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "latency", "min", "mean", "p50", "p99", "p99.9", "max", "stddev"
+    )
 }
 
 pub(crate) fn write_latency_row(

@@ -546,14 +546,6 @@ impl WorkloadSpec {
                 "a [kv] table needs pattern = \"kv\"",
             ));
         }
-        let lb = self.bs.0;
-        if !lb.is_power_of_two() || !(4096..=8 << 20).contains(&lb) {
-            return Err(Self::invalid(
-                "bs",
-                self.bs,
-                "the kv large block must be a power of two from 4 KiB to 8 MiB",
-            ));
-        }
         if self.engine != EngineKind::Psync || self.qd != 1 {
             return Err(Self::invalid(
                 "engine",
@@ -575,7 +567,7 @@ impl WorkloadSpec {
                 "kv is paced by its client rates (x, read_rps, write_rps)",
             ));
         }
-        kv.validate(lb)
+        kv.validate(self.bs.0)
             .map_err(|(key, value, reason)| Self::invalid(key, value, reason))
     }
 

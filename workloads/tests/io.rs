@@ -547,10 +547,14 @@ fn kv_run_holds_its_client_and_large_block_rates_within_two_percent() {
     let stats = run_kv(dir.path(), &s);
     let kv = stats.kv.as_ref().expect("kv outcome");
     let rates = [
-        ("client reads", kv.rate(kv.client_reads), kv.read_rps as f64),
+        (
+            "client reads",
+            kv.rate(kv.client_read.ios),
+            kv.read_rps as f64,
+        ),
         (
             "client writes",
-            kv.rate(kv.client_writes),
+            kv.rate(kv.client_write.ios),
             kv.write_rps as f64,
         ),
         (

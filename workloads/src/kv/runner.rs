@@ -70,10 +70,7 @@ pub fn prepare(
     let kv = spec.kv.as_ref().expect("a kv spec");
     let cfg = config(spec);
     let blocks = target.size / cfg.lb_bytes;
-    let avg_stored =
-        (KvStore::stored_bytes(cfg.record_bytes) + KvStore::stored_bytes(cfg.record_bytes_max)) / 2;
-    let per_block = cfg.lb_bytes / avg_stored;
-    let keys = blocks * per_block * kv.fill_pct / 100;
+    let keys = blocks * cfg.records_per_block() * kv.fill_pct / 100;
     if keys == 0 {
         return Err(KvError::TooSmall { blocks });
     }
@@ -175,12 +172,11 @@ pub struct KvOutcome {
     /// Bytes of a client read of the smallest and the largest record.
     pub read_bytes: (u64, u64),
     pub measured_s: f64,
-    /// Operations in the measured window.
-    pub client_reads: u64,
-    pub client_writes: u64,
+    /// Large-block operations in the measured window.
     pub lb_reads: u64,
     pub lb_writes: u64,
-    /// Client reads (each a device read unless the record was still in memory).
+    /// Client reads in the measured window (each a device read unless the record was still in
+    /// memory).
     pub client_read: crate::stats::DirStats,
     /// Client writes: appends to the write buffer, waiting only when no block is free.
     pub client_write: crate::stats::DirStats,
@@ -190,10 +186,6 @@ pub struct KvOutcome {
     /// The worst lag of client operations behind their schedule.
     pub worst_lag: Duration,
     pub counters: KvCounters,
-    /// Cumulative ACT histograms over the measured window.
-    pub reads_hist: ActHistogram,
-    pub lb_reads_hist: ActHistogram,
-    pub lb_writes_hist: ActHistogram,
     /// ACT's text log: histogram dumps every report interval.
     pub act_log: String,
 }
@@ -213,7 +205,7 @@ impl KvOutcome {
     pub fn achieved_fraction(&self) -> f64 {
         let target = (self.read_rps + self.write_rps) as f64 * self.measured_s;
         if target > 0.0 {
-            (self.client_reads + self.client_writes) as f64 / target
+            (self.client_read.ios + self.client_write.ios) as f64 / target
         } else {
             0.0
         }
@@ -561,8 +553,6 @@ fn coordinate(
         records_per_block: store.records_per_block(),
         read_bytes: store.read_bytes(),
         measured_s: measured_ns as f64 / 1e9,
-        client_reads: client_read.ios,
-        client_writes: client_write.ios,
         lb_reads: large_blocks.read.ios,
         lb_writes: large_blocks.write.ios,
         client_read,
@@ -575,9 +565,6 @@ fn coordinate(
             .unwrap_or_else(|e| e.into_inner())
             .clone(),
         counters: store.counters(),
-        reads_hist: snap.reads,
-        lb_reads_hist: snap.lb_reads,
-        lb_writes_hist: snap.lb_writes,
         act_log: log,
     };
     let mut lb_result = Ok(large_blocks);

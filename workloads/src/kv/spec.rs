@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::act::{ActLoad, READS_PER_X, WRITES_PER_X};
+use crate::act::{ActError, ActLoad, READS_PER_X, WRITES_PER_X};
 use crate::kv::store::KvStore;
 use crate::spec::{de_from_str, ser_display, ByteSize, Span};
 
@@ -153,20 +153,31 @@ impl KvSpec {
     }
 
     pub fn validate(&self, lb_bytes: u64) -> Result<(), Invalid> {
-        let (reads, writes) = self.rates();
-        if reads + writes == 0 {
-            return Err((
-                "x",
-                format!("{}", self.x.unwrap_or(0)),
-                "no load: pass --x N (N >= 1) or --read-rps / --write-rps".into(),
-            ));
-        }
-        if !(1..=99).contains(&self.defrag_lwm_pct) {
-            return Err((
-                "defrag_lwm_pct",
-                self.defrag_lwm_pct.to_string(),
-                "must be 1..=99 (percent of a block still live)".into(),
-            ));
+        // ACT's own rules (a load, the low-water mark, the block and record sizes), named by
+        // the key at fault.
+        if let Err(e) = self.act_load(lb_bytes).validate() {
+            return Err(match e {
+                ActError::NoLoad => ("x", self.x.unwrap_or(0).to_string(), e.to_string()),
+                ActError::Lwm(v) => (
+                    "defrag_lwm_pct",
+                    v.to_string(),
+                    "must be 1..=99 (percent of a block still live)".into(),
+                ),
+                ActError::LargeBlock(v) => (
+                    "bs",
+                    ByteSize(v).to_string(),
+                    "the kv large block must be a power of two from 4 KiB to 8 MiB".into(),
+                ),
+                ActError::RecordTooLarge { record, lb } => (
+                    "record_bytes",
+                    ByteSize(record).to_string(),
+                    format!(
+                        "a record ({} B stored, header included) must fit one large block ({}); use a smaller --record-bytes or a larger --lb-bytes",
+                        KvStore::stored_bytes(record),
+                        ByteSize(lb)
+                    ),
+                ),
+            });
         }
         if !(1..=90).contains(&self.fill_pct) {
             return Err((
@@ -190,16 +201,11 @@ impl KvSpec {
                 ),
             ));
         }
-        let largest = self.record_bytes_max.unwrap_or(self.record_bytes);
-        let stored = KvStore::stored_bytes(largest.0);
-        if self.record_bytes.0 == 0 || stored > lb_bytes {
+        if self.record_bytes.0 == 0 {
             return Err((
                 "record_bytes",
-                largest.to_string(),
-                format!(
-                    "a record ({stored} B stored, header included) must fit one large block ({}); use a smaller --record-bytes or a larger --lb-bytes",
-                    ByteSize(lb_bytes)
-                ),
+                "0".into(),
+                "a record needs at least one byte".into(),
             ));
         }
         if self.slice.is_some_and(|s| s.0 < Duration::from_secs(1)) {

@@ -10,6 +10,7 @@
 //! reads candidate blocks, re-appends their live records and frees them. Blocks still queued
 //! for writing are served from memory.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -72,6 +73,15 @@ pub struct KvConfig {
     pub defrag_lwm_pct: u64,
     /// Large-block writes with O_DSYNC, as ACT does by default.
     pub dsync: bool,
+}
+
+impl KvConfig {
+    /// Records of the average stored size that fit one large block (ACT's integer division).
+    pub fn records_per_block(&self) -> u64 {
+        let smallest = KvStore::stored_bytes(self.record_bytes);
+        let largest = KvStore::stored_bytes(self.record_bytes_max.max(self.record_bytes));
+        self.lb_bytes / ((smallest + largest) / 2)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,14 +181,10 @@ impl std::fmt::Debug for KvStore {
 /// Writes the payload of (key, generation) — deterministic, so every generation differs — and
 /// returns its checksum.
 fn fill_payload(buf: &mut [u8], key: u64, generation: u32) -> u64 {
-    let mut x = key ^ (u64::from(generation) << 32) ^ 0x9e37_79b9_7f4a_7c15;
-    for chunk in buf.chunks_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        let bytes = x.to_le_bytes();
-        chunk.copy_from_slice(&bytes[..chunk.len()]);
-    }
+    crate::pattern::fill_random(
+        buf,
+        key ^ (u64::from(generation) << 32) ^ 0x9e37_79b9_7f4a_7c15,
+    );
     checksum_of(buf)
 }
 
@@ -341,9 +347,9 @@ impl KvStore {
         roundup16(record_bytes.max(HEADER as u64 + 8))
     }
 
-    /// Records of the average stored size that fit one large block (ACT's integer division).
+    /// Records of the average stored size that fit one large block.
     pub fn records_per_block(&self) -> u64 {
-        self.cfg.lb_bytes / ((self.stored_min + self.stored_max) / 2)
+        self.cfg.records_per_block()
     }
 
     /// The stored size of `key`'s record at `generation`: the one configured size, or with a
@@ -736,9 +742,16 @@ impl KvStore {
             .ok_or(KvError::Missing(key))?;
         g.counters.gets += 1;
         let (at, stored) = (e.offset as usize, e.len as usize);
+        // The block's state says where it is, so the writer's queue is searched only for
+        // blocks actually in it.
         let location = if e.block == g.buf_block {
             Location::Memory(g.buf.as_slice()[at..at + stored].to_vec())
-        } else if let Some(p) = g.writing.iter().find(|p| p.block == e.block) {
+        } else if g.states[e.block as usize] == BlockState::Writing {
+            let p = g
+                .writing
+                .iter()
+                .find(|p| p.block == e.block)
+                .expect("a Writing block is in the writer's queue");
             Location::Memory(p.data.as_slice()[at..at + stored].to_vec())
         } else {
             Location::Device(u64::from(e.block) * self.cfg.lb_bytes + e.offset as u64)
@@ -749,16 +762,17 @@ impl KvStore {
         Ok((e, location))
     }
 
-    /// The record's bytes: from memory, or one aligned device read (outside the lock).
-    fn fetch(
+    /// The record's bytes: from memory, or one aligned device read (outside the lock), checked
+    /// in place in `scratch`.
+    fn fetch<'s>(
         &self,
         location: Location,
         stored: usize,
-        scratch: &mut AlignedBuffer,
-    ) -> Result<(Vec<u8>, OpDone), KvError> {
+        scratch: &'s mut AlignedBuffer,
+    ) -> Result<(Cow<'s, [u8]>, OpDone), KvError> {
         Ok(match location {
             Location::Memory(rec) => (
-                rec,
+                Cow::Owned(rec),
                 OpDone {
                     service_ns: None,
                     bytes: stored as u64,
@@ -771,7 +785,7 @@ impl KvStore {
                 let ns = started.elapsed().as_nanos() as u64;
                 let at = (abs - start) as usize;
                 (
-                    scratch.as_slice()[at..at + stored].to_vec(),
+                    Cow::Borrowed(&scratch.as_slice()[at..at + stored]),
                     OpDone {
                         service_ns: Some(ns),
                         bytes: end - start,
