@@ -2,49 +2,45 @@
 /*
  * Block layer stages per (device, hardware queue, op): queue time (request started ->
  * issued to the driver) and device time (issued -> completed), as in-kernel log-linear
- * histograms with exact counts and sums. Requests are keyed by `struct request *`. Also
- * counts submitting CPU x completing CPU pairs. Requests issued and completed per device are
- * the stage histograms' counts.
+ * histograms with exact counts and sums. Requests are keyed by `struct request *` from their
+ * start to their completion (or their merge into another request). Also counts submitting
+ * CPU x completing CPU pairs.
  *
- * Every program has a BTF-typed tracepoint version and a raw-tracepoint twin with the same
- * body; user space enables exactly one of each pair. `block_io_start` (Linux 6.5+) marks the
- * start of a request in its submitter's context, which is also where the optional process
- * filter applies; without it the request's own start_time_ns is used at issue.
+ * Whose requests: the process filter must apply where a request is started, in its
+ * submitter's context, because dispatch may happen later from kblockd or from another task's
+ * plug. Linux 6.5+ fires block_io_start there. Before it, the followed process's bios are
+ * noted at block_bio_queue (also the submitter's context) and a request is the process's when
+ * its first bio was noted; its start is then the request's own start_time_ns, the moment
+ * block_io_start would have fired.
+ *
+ * Tracepoint layouts differ by kernel: before 5.11 (5.10.137 for block_rq_issue) block
+ * tracepoints took the request queue first. Programs named *_q_* take that layout; user space
+ * enables the one matching this kernel's BTF, and one flavour of each tp_btf / raw_tp twin.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "virtgap.h"
+#include "vg_common.bpf.h"
+#include "vg_filter.bpf.h"
 #include "vg_hist.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* Only count requests started by this process (0: every process). */
-const volatile __u32 filter_tgid = 0;
-/* Set when the block_io_start program is enabled. */
+/* Set when block_io_start exists (and its program is enabled). */
 const volatile bool have_io_start = false;
-
-#define VG_MINORBITS 20
-#define VG_REQ_OP_MASK 0xff
 
 struct rq_track {
 	__u64 start_ns;
 	__u64 issue_ns;
-	/* Set at start, cleared at completion: entries are reused, never deleted. */
-	__u64 active;
 	/* Filled at issue so completion reads nothing from the request. */
 	struct vg_block_key key;
 	__u32 submit_cpu;
 	__u32 pad;
 };
 
-/*
- * In-flight requests. Keys are request addresses, which the block layer recycles from fixed
- * pools, so the map holds at most one entry per request structure ever used. Entries are
- * marked inactive at completion and rewritten in place when the address comes back, which
- * avoids a hash insert and delete per I/O; no LRU needed.
- */
+/* Requests in flight, from start (or first issue) to completion; user space sizes it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, VG_MAX_INFLIGHT);
@@ -52,22 +48,39 @@ struct {
 	__type(value, struct rq_track);
 } requests SEC(".maps");
 
-/* Per-CPU maps below: each CPU updates its own copy without atomics; user space sums. */
+/*
+ * Before 6.5 with a filter: the followed process's bios not yet seen as a request's first
+ * bio. Bios merged into other requests are never looked up again; LRU bounds them.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, VG_MAX_INFLIGHT);
+	__type(key, __u64);
+	__type(value, __u64);
+} bios SEC(".maps");
+
+/*
+ * Shared by every CPU (atomic updates): keys include the hardware queue, whose submitters and
+ * completion IRQ are mostly a few CPUs, so a per-CPU copy would multiply memory by the CPU
+ * count for little. User space sizes it from the devices' queue counts.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, VG_MAX_BLOCK_HISTS);
 	__type(key, struct vg_block_key);
 	__type(value, struct vg_hist);
 } block_hists SEC(".maps");
 
-/* Completions by submitting CPU (the index), counted on the completing CPU (the per-CPU copy). */
+/*
+ * Completions by submitting CPU (the index), counted on the completing CPU (the per-CPU copy).
+ * User space sizes it to the possible CPUs.
+ */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, VG_MAX_CPUS);
 	__type(key, __u32);
 	__type(value, __u64);
 } completions_by_submitter SEC(".maps");
-
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -78,7 +91,7 @@ struct {
 
 /* All zeroes: the initial value of a new histogram (too large for the BPF stack). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct vg_hist);
@@ -94,96 +107,96 @@ static __always_inline void bump(__u32 counter)
 
 /*
  * Reads from the request. tp_btf programs dereference kernel pointers directly (plain loads
- * the verifier guards); raw_tp twins must go through bpf_probe_read_kernel. `btf` is a
- * constant in each caller, so each program keeps only its own branch.
+ * the verifier guards); raw_tp twins go through bpf_probe_read_kernel. `btf` is a constant in
+ * each caller, so each program keeps only its own branch.
  */
 static __always_inline void fill_key(struct request *rq, bool btf, struct vg_block_key *key,
 				     __u32 *submit_cpu)
 {
-	struct gendisk *disk;
-	__u32 op;
-
+	key->dev = vg_disk_dev(vg_rq_disk(rq));
 	if (btf) {
-		disk = rq->q->disk;
-		key->dev = disk ? ((__u32)disk->major << VG_MINORBITS) | disk->first_minor : 0;
 		key->hctx = rq->mq_hctx->queue_num;
-		op = rq->cmd_flags & VG_REQ_OP_MASK;
+		key->op = vg_op_of(rq->cmd_flags);
 		*submit_cpu = rq->mq_ctx->cpu;
 	} else {
-		disk = BPF_CORE_READ(rq, q, disk);
-		key->dev = disk ? ((__u32)BPF_CORE_READ(disk, major) << VG_MINORBITS) |
-					  BPF_CORE_READ(disk, first_minor)
-				: 0;
 		key->hctx = BPF_CORE_READ(rq, mq_hctx, queue_num);
-		op = BPF_CORE_READ(rq, cmd_flags) & VG_REQ_OP_MASK;
+		key->op = vg_op_of(BPF_CORE_READ(rq, cmd_flags));
 		*submit_cpu = BPF_CORE_READ(rq, mq_ctx, cpu);
 	}
-	key->op = op <= VG_OP_DISCARD ? op : VG_OP_OTHER;
-}
-
-static __always_inline bool wanted_task(void)
-{
-	return !filter_tgid || (bpf_get_current_pid_tgid() >> 32) == filter_tgid;
 }
 
 static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 delta)
 {
+	__u32 zero = 0;
+	void *init = bpf_map_lookup_elem(&zero_hist, &zero);
 	struct vg_hist *h;
 
+	if (!init)
+		return;
 	key->stage = stage;
-	h = bpf_map_lookup_elem(&block_hists, key);
-
+	h = vg_lookup_or_init(&block_hists, key, init);
 	if (!h) {
-		__u32 zero = 0;
-		void *init = bpf_map_lookup_elem(&zero_hist, &zero);
-
-		if (!init)
-			return;
-		bpf_map_update_elem(&block_hists, key, init, BPF_NOEXIST);
-		h = bpf_map_lookup_elem(&block_hists, key);
-		if (!h) {
-			bump(VG_BLOCK_DROPPED);
-			return;
-		}
+		bump(VG_BLOCK_DROPPED);
+		return;
 	}
-	vg_hist_add(h, delta, false);
+	vg_hist_add(h, delta, true);
 }
 
 static __always_inline int on_io_start(struct request *rq)
 {
 	__u64 key = (__u64)rq;
-	struct rq_track *t;
+	struct rq_track fresh = { .start_ns = bpf_ktime_get_ns() };
 
-	if (!wanted_task())
-		return 0;
-	t = bpf_map_lookup_elem(&requests, &key);
-	if (t) {
-		t->start_ns = bpf_ktime_get_ns();
-		t->issue_ns = 0;
-		t->active = 1;
+	if (!vg_current_wanted()) {
+		/* The address may have served one of ours that was merged away. */
+		bpf_map_delete_elem(&requests, &key);
 		return 0;
 	}
-	struct rq_track fresh = { .start_ns = bpf_ktime_get_ns(), .active = 1 };
-
-	if (bpf_map_update_elem(&requests, &key, &fresh, BPF_NOEXIST))
+	if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY))
 		bump(VG_BLOCK_DROPPED);
 	return 0;
 }
 
+static __always_inline int on_bio_queue(struct bio *bio)
+{
+	__u64 key = (__u64)bio, now = bpf_ktime_get_ns();
+
+	if (!vg_current_wanted()) {
+		/* A recycled bio of ours must not make another process's request look ours. */
+		bpf_map_delete_elem(&bios, &key);
+		return 0;
+	}
+	bpf_map_update_elem(&bios, &key, &now, BPF_ANY);
+	return 0;
+}
+
+/* Before block_io_start: whether `rq` is the followed process's, and when it started. */
+static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now, __u64 *start)
+{
+	__u64 bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio);
+	__u64 rq_start = btf ? rq->start_time_ns : BPF_CORE_READ(rq, start_time_ns);
+
+	if (filter_tgid) {
+		if (!bio || !bpf_map_lookup_elem(&bios, &bio))
+			return false;
+		bpf_map_delete_elem(&bios, &bio);
+	}
+	/* start_time_ns is 0 when the queue keeps no I/O statistics: no queue time then. */
+	*start = rq_start && rq_start <= now ? rq_start : now;
+	return true;
+}
+
 static __always_inline int on_issue(struct request *rq, bool btf)
 {
-	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
+	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta;
 	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
 
-	if (!t || !t->active) {
-		/* With block_io_start, a request not seen starting is not ours (or predates us). */
-		if (have_io_start || !wanted_task())
-			return 0;
-		struct rq_track fresh = {
-			.start_ns = btf ? rq->start_time_ns : BPF_CORE_READ(rq, start_time_ns),
-			.active = 1,
-		};
+	if (!t) {
+		struct rq_track fresh = {};
 
+		/* With block_io_start, a request not seen starting is not ours (or predates us). */
+		if (have_io_start || !claim_by_bio(rq, btf, now, &fresh.start_ns))
+			return 0;
 		if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY)) {
 			bump(VG_BLOCK_DROPPED);
 			return 0;
@@ -195,30 +208,39 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 	/* A requeued request is issued again: its queue time counts from the first start. */
 	if (!t->issue_ns) {
 		fill_key(rq, btf, &t->key, &t->submit_cpu);
-		if (t->start_ns && t->start_ns <= now)
-			record(&t->key, VG_STAGE_QUEUE, now - t->start_ns);
+		if (vg_elapsed(t->start_ns, now, &delta))
+			record(&t->key, VG_STAGE_QUEUE, delta);
 	}
 	t->issue_ns = now;
 	return 0;
 }
 
+static __always_inline int on_merge(struct request *rq)
+{
+	__u64 key = (__u64)rq;
+
+	/* Merged into another request: it will never complete under this address. */
+	bpf_map_delete_elem(&requests, &key);
+	return 0;
+}
+
 static __always_inline int on_complete(struct request *rq)
 {
-	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
+	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta;
 	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
 
-	if (!t || !t->active)
+	if (!t)
 		return 0;
-	t->active = 0;
 	if (!t->issue_ns) {
 		bump(VG_BLOCK_UNSEEN);
-		return 0;
-	}
-	record(&t->key, VG_STAGE_DEVICE, now - t->issue_ns);
-	__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &t->submit_cpu);
+	} else if (vg_elapsed(t->issue_ns, now, &delta)) {
+		record(&t->key, VG_STAGE_DEVICE, delta);
+		__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &t->submit_cpu);
 
-	if (n)
-		(*n)++;
+		if (n)
+			(*n)++;
+	}
+	bpf_map_delete_elem(&requests, &key);
 	return 0;
 }
 
@@ -234,6 +256,30 @@ int BPF_PROG(block_io_start_raw, struct request *rq)
 	return on_io_start(rq);
 }
 
+SEC("tp_btf/block_bio_queue")
+int BPF_PROG(block_bio_queue_btf, struct bio *bio)
+{
+	return on_bio_queue(bio);
+}
+
+SEC("raw_tp/block_bio_queue")
+int BPF_PROG(block_bio_queue_raw, struct bio *bio)
+{
+	return on_bio_queue(bio);
+}
+
+SEC("tp_btf/block_bio_queue")
+int BPF_PROG(block_bio_queue_q_btf, struct request_queue *q, struct bio *bio)
+{
+	return on_bio_queue(bio);
+}
+
+SEC("raw_tp/block_bio_queue")
+int BPF_PROG(block_bio_queue_q_raw, struct request_queue *q, struct bio *bio)
+{
+	return on_bio_queue(bio);
+}
+
 SEC("tp_btf/block_rq_issue")
 int BPF_PROG(block_rq_issue_btf, struct request *rq)
 {
@@ -246,14 +292,50 @@ int BPF_PROG(block_rq_issue_raw, struct request *rq)
 	return on_issue(rq, false);
 }
 
+SEC("tp_btf/block_rq_issue")
+int BPF_PROG(block_rq_issue_q_btf, struct request_queue *q, struct request *rq)
+{
+	return on_issue(rq, true);
+}
+
+SEC("raw_tp/block_rq_issue")
+int BPF_PROG(block_rq_issue_q_raw, struct request_queue *q, struct request *rq)
+{
+	return on_issue(rq, false);
+}
+
+SEC("tp_btf/block_rq_merge")
+int BPF_PROG(block_rq_merge_btf, struct request *rq)
+{
+	return on_merge(rq);
+}
+
+SEC("raw_tp/block_rq_merge")
+int BPF_PROG(block_rq_merge_raw, struct request *rq)
+{
+	return on_merge(rq);
+}
+
+SEC("tp_btf/block_rq_merge")
+int BPF_PROG(block_rq_merge_q_btf, struct request_queue *q, struct request *rq)
+{
+	return on_merge(rq);
+}
+
+SEC("raw_tp/block_rq_merge")
+int BPF_PROG(block_rq_merge_q_raw, struct request_queue *q, struct request *rq)
+{
+	return on_merge(rq);
+}
+
 SEC("tp_btf/block_rq_complete")
-int BPF_PROG(block_rq_complete_btf, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+int BPF_PROG(block_rq_complete_btf, struct request *rq)
 {
 	return on_complete(rq);
 }
 
 SEC("raw_tp/block_rq_complete")
-int BPF_PROG(block_rq_complete_raw, struct request *rq, blk_status_t error, unsigned int nr_bytes)
+int BPF_PROG(block_rq_complete_raw, struct request *rq)
 {
 	return on_complete(rq);
 }

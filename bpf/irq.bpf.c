@@ -13,6 +13,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "virtgap.h"
+#include "vg_common.bpf.h"
 #include "vg_hist.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -34,6 +35,7 @@ struct {
 	__type(value, struct irq_start);
 } hardirq_start SEC(".maps");
 
+/* Per (CPU, IRQ); user space sizes it from the IRQs and CPUs this host has. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, VG_MAX_IRQS);
@@ -43,7 +45,7 @@ struct {
 
 /* All zeroes: the initial value of a new per-IRQ entry (too large for the BPF stack). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct vg_irq_stats);
@@ -111,27 +113,22 @@ static __always_inline int hardirq_exit(int irq)
 	struct irq_start *s = bpf_map_lookup_elem(&hardirq_start, &zero);
 	struct vg_irq_key key = { .cpu = bpf_get_smp_processor_id(), .irq = irq };
 	struct vg_irq_stats *st;
+	void *init;
 	__u64 delta;
 
-	if (!s || !s->ts || s->irq != (__u32)irq)
+	if (!s || s->irq != (__u32)irq || !vg_elapsed(s->ts, bpf_ktime_get_ns(), &delta))
 		return 0;
-	delta = bpf_ktime_get_ns() - s->ts;
 	s->ts = 0;
-	st = bpf_map_lookup_elem(&hardirqs, &key);
+	init = bpf_map_lookup_elem(&zero_irq, &zero);
+	if (!init)
+		return 0;
+	st = vg_lookup_or_init(&hardirqs, &key, init);
 	if (!st) {
-		void *init = bpf_map_lookup_elem(&zero_irq, &zero);
+		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
 
-		if (!init)
-			return 0;
-		bpf_map_update_elem(&hardirqs, &key, init, BPF_NOEXIST);
-		st = bpf_map_lookup_elem(&hardirqs, &key);
-		if (!st) {
-			__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
-
-			if (d)
-				(*d)++;
-			return 0;
-		}
+		if (d)
+			(*d)++;
+		return 0;
 	}
 	/* Keyed by CPU: only this CPU writes this entry, no atomics needed. */
 	st->count++;
@@ -152,11 +149,12 @@ static __always_inline void end_slot(void *start_map, void *stats_map, __u32 idx
 {
 	__u64 *ts = bpf_map_lookup_elem(start_map, &idx);
 	struct vg_count_time *ct = bpf_map_lookup_elem(stats_map, &idx);
+	__u64 delta;
 
-	if (!ts || !ct || !*ts)
+	if (!ts || !ct || !vg_elapsed(*ts, bpf_ktime_get_ns(), &delta))
 		return;
 	ct->count++;
-	ct->time_ns += bpf_ktime_get_ns() - *ts;
+	ct->time_ns += delta;
 	*ts = 0;
 }
 

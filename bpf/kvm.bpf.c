@@ -3,18 +3,19 @@
  * Host-side KVM, for when virtgap runs on a hypervisor: exit -> entry time by exit reason (as
  * `perf kvm stat`), and port I/O, MMIO, MSR and hypercall exits per VMM process. kvm_exit and
  * kvm_entry are classic tracepoints here because only their formatted fields carry the exit
- * reason and vCPU; the rest are BTF-typed with raw twins.
+ * reason and vCPU; the rest are BTF-typed with raw twins. KVM is usually a module: its
+ * tracepoints' types come from its module BTF. Counted for every VMM process, or only the one
+ * the user names (the filter, in the recorder's pid namespace).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "virtgap.h"
+#include "vg_common.bpf.h"
+#include "vg_filter.bpf.h"
 #include "vg_hist.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
-
-/* Only count this VMM process (0: every process). */
-const volatile __u32 filter_tgid = 0;
 
 struct exit_start {
 	__u64 ts;
@@ -31,7 +32,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 512);
+	__uint(max_entries, 256);
 	__type(key, struct vg_exit_key);
 	__type(value, struct vg_hist);
 } exits SEC(".maps");
@@ -44,23 +45,18 @@ struct {
 } events SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct vg_hist);
 } zero_hist SEC(".maps");
-
-static __always_inline bool wanted(void)
-{
-	return !filter_tgid || (bpf_get_current_pid_tgid() >> 32) == filter_tgid;
-}
 
 static __always_inline int count_event(__u32 event)
 {
 	struct vg_kvm_key key = { .tgid = bpf_get_current_pid_tgid() >> 32, .event = event };
 	__u64 one = 1, *n;
 
-	if (!wanted())
+	if (!vg_current_wanted())
 		return 0;
 	n = bpf_map_lookup_elem(&events, &key);
 	if (n)
@@ -76,7 +72,7 @@ int kvm_exit_tp(struct trace_event_raw_kvm_exit *ctx)
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct exit_start s = { .ts = bpf_ktime_get_ns() };
 
-	if (!wanted())
+	if (!vg_current_wanted())
 		return 0;
 	s.key.isa = ctx->isa;
 	s.key.reason = ctx->exit_reason;
@@ -90,21 +86,17 @@ int kvm_entry_tp(struct trace_event_raw_kvm_entry *ctx)
 	__u32 tid = (__u32)bpf_get_current_pid_tgid(), zero = 0;
 	struct exit_start *s = bpf_map_lookup_elem(&in_exit, &tid);
 	struct vg_hist *h;
+	void *init = bpf_map_lookup_elem(&zero_hist, &zero);
+	__u64 delta;
 
-	if (!s || !s->ts)
+	if (!s || !init)
 		return 0;
-	h = bpf_map_lookup_elem(&exits, &s->key);
-	if (!h) {
-		void *init = bpf_map_lookup_elem(&zero_hist, &zero);
-
-		if (!init)
-			return 0;
-		bpf_map_update_elem(&exits, &s->key, init, BPF_NOEXIST);
-		h = bpf_map_lookup_elem(&exits, &s->key);
+	if (vg_elapsed(s->ts, bpf_ktime_get_ns(), &delta)) {
+		h = vg_lookup_or_init(&exits, &s->key, init);
+		if (h)
+			vg_hist_add(h, delta, true);
 	}
-	if (h)
-		vg_hist_add(h, bpf_ktime_get_ns() - s->ts, true);
-	s->ts = 0;
+	bpf_map_delete_elem(&in_exit, &tid);
 	return 0;
 }
 

@@ -12,9 +12,10 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
+/* Distinct MSRs the kernel touches are a few dozen. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 256);
 	__type(key, struct vg_msr_key);
 	__type(value, __u64);
 } msrs SEC(".maps");

@@ -11,6 +11,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "virtgap.h"
+#include "vg_common.bpf.h"
 #include "vg_hist.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -18,9 +19,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Only a pointer to it is passed; its layout is never read. */
 struct nvme_command;
 
-#define VG_MINORBITS 20
-#define VG_REQ_OP_MASK 0xff
-
+/* Commands outstanding: request -> setup time; deleted at completion. User space sizes it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, VG_MAX_INFLIGHT);
@@ -28,15 +27,16 @@ struct {
 	__type(value, __u64);
 } commands SEC(".maps");
 
+/* Shared, atomic updates: a queue id is mostly one CPU's (see block.bpf.c). Sized by user space. */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, VG_MAX_BLOCK_HISTS);
 	__type(key, struct vg_nvme_key);
 	__type(value, struct vg_hist);
 } nvme_hists SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct vg_hist);
@@ -49,54 +49,48 @@ struct {
 	__type(value, __u64);
 } dropped SEC(".maps");
 
+static __always_inline void bump_dropped(void)
+{
+	__u32 zero = 0;
+	__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
+
+	if (d)
+		(*d)++;
+}
+
 static __always_inline int on_setup(struct request *rq)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
-	__u64 *ts = bpf_map_lookup_elem(&commands, &key);
 
-	if (ts) {
-		*ts = now;
-		return 0;
-	}
-	if (bpf_map_update_elem(&commands, &key, &now, BPF_NOEXIST)) {
-		__u32 zero = 0;
-		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
-
-		if (d)
-			(*d)++;
-	}
+	if (bpf_map_update_elem(&commands, &key, &now, BPF_ANY))
+		bump_dropped();
 	return 0;
 }
 
 static __always_inline int on_complete(struct request *rq)
 {
-	__u64 key = (__u64)rq, *ts = bpf_map_lookup_elem(&commands, &key);
-	struct gendisk *disk;
+	__u64 key = (__u64)rq, *ts = bpf_map_lookup_elem(&commands, &key), delta;
 	struct vg_hist *h;
-	__u32 zero = 0, op;
+	__u32 zero = 0;
+	void *init;
 
-	if (!ts || !*ts)
+	if (!ts)
 		return 0;
-	disk = BPF_CORE_READ(rq, q, disk);
-	op = BPF_CORE_READ(rq, cmd_flags) & VG_REQ_OP_MASK;
 	struct vg_nvme_key k = {
-		.dev = disk ? ((__u32)BPF_CORE_READ(disk, major) << VG_MINORBITS) | BPF_CORE_READ(disk, first_minor) : 0,
+		.dev = vg_disk_dev(vg_rq_disk(rq)),
 		/* The admin queue's requests have no queuedata. */
 		.qid = BPF_CORE_READ(rq, q, queuedata) ? BPF_CORE_READ(rq, mq_hctx, queue_num) + 1 : 0,
-		.op = op <= VG_OP_DISCARD ? op : VG_OP_OTHER,
+		.op = vg_op_of(BPF_CORE_READ(rq, cmd_flags)),
 	};
-	h = bpf_map_lookup_elem(&nvme_hists, &k);
-	if (!h) {
-		void *init = bpf_map_lookup_elem(&zero_hist, &zero);
-
-		if (!init)
-			return 0;
-		bpf_map_update_elem(&nvme_hists, &k, init, BPF_NOEXIST);
-		h = bpf_map_lookup_elem(&nvme_hists, &k);
+	init = bpf_map_lookup_elem(&zero_hist, &zero);
+	if (init && vg_elapsed(*ts, bpf_ktime_get_ns(), &delta)) {
+		h = vg_lookup_or_init(&nvme_hists, &k, init);
+		if (h)
+			vg_hist_add(h, delta, true);
+		else
+			bump_dropped();
 	}
-	if (h)
-		vg_hist_add(h, bpf_ktime_get_ns() - *ts, false);
-	*ts = 0;
+	bpf_map_delete_elem(&commands, &key);
 	return 0;
 }
 

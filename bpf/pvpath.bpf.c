@@ -10,6 +10,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "virtgap.h"
+#include "vg_common.bpf.h"
 #include "vg_hist.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -32,7 +33,7 @@ struct {
 } durations SEC(".maps");
 
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct vg_hist);
@@ -49,23 +50,18 @@ static __always_inline int enter(__u32 index)
 static __always_inline int leave(__u32 index)
 {
 	__u64 key = ((__u64)(__u32)bpf_get_current_pid_tgid() << 8) | (index & 0xff);
-	__u64 *ts = bpf_map_lookup_elem(&entered, &key);
+	__u64 *ts = bpf_map_lookup_elem(&entered, &key), delta;
 	struct vg_hist *h;
 	__u32 zero = 0;
+	void *init = bpf_map_lookup_elem(&zero_hist, &zero);
 
-	if (!ts)
+	if (!ts || !init)
 		return 0;
-	h = bpf_map_lookup_elem(&durations, &index);
-	if (!h) {
-		void *init = bpf_map_lookup_elem(&zero_hist, &zero);
-
-		if (!init)
-			return 0;
-		bpf_map_update_elem(&durations, &index, init, BPF_NOEXIST);
-		h = bpf_map_lookup_elem(&durations, &index);
+	if (vg_elapsed(*ts, bpf_ktime_get_ns(), &delta)) {
+		h = vg_lookup_or_init(&durations, &index, init);
+		if (h)
+			vg_hist_add(h, delta, true);
 	}
-	if (h)
-		vg_hist_add(h, bpf_ktime_get_ns() - *ts, true);
 	bpf_map_delete_elem(&entered, &key);
 	return 0;
 }

@@ -4,6 +4,9 @@
  * sample landed — the kernel instruction pointer, or "user". User space resolves the IPs against
  * kallsyms and sorts them into hypervisor interface, idle, IRQ, softirq, block, other kernel and
  * user: `perf top -C <cpu>` for every CPU at once, kept per interval.
+ *
+ * Samples go to one of two maps; every interval user space flips `fill_second` and drains the
+ * map no longer being filled, so keys never pile up over a long run.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -12,12 +15,19 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-struct {
+/* Which map the program fills (user space flips it). */
+__u32 fill_second = 0;
+
+/* perf_event programs may only use preallocated hash maps: user space sizes both. */
+struct samples_map {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
+	__uint(max_entries, VG_MAX_SAMPLE_KEYS);
 	__type(key, struct vg_sample_key);
 	__type(value, __u64);
-} samples SEC(".maps");
+};
+
+struct samples_map samples_first SEC(".maps");
+struct samples_map samples_second SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -30,18 +40,21 @@ SEC("perf_event")
 int sample(struct bpf_perf_event_data *ctx)
 {
 	struct vg_sample_key key = { .cpu = bpf_get_smp_processor_id() };
+	void *map = fill_second ? (void *)&samples_second : (void *)&samples_first;
 	__u64 one = 1, *n;
 
 	/*
-	 * The low two bits of CS are the privilege level the CPU was interrupted in. The context
-	 * only allows full-word reads, so read the 64-bit word that holds CS.
+	 * User or kernel mode, from the interrupted address: kernel addresses have the top bit set.
+	 * (pt_regs' CS changed name and type in 6.9, so the IP is the portable test.)
 	 */
-	key.user = (ctx->regs.csx & 3) != 0;
-	key.ip = key.user ? 0 : PT_REGS_IP(&ctx->regs);
-	n = bpf_map_lookup_elem(&samples, &key);
+	key.ip = PT_REGS_IP(&ctx->regs);
+	key.user = (__s64)key.ip >= 0;
+	if (key.user)
+		key.ip = 0;
+	n = bpf_map_lookup_elem(map, &key);
 	if (n) {
 		__sync_fetch_and_add(n, 1);
-	} else if (bpf_map_update_elem(&samples, &key, &one, BPF_NOEXIST)) {
+	} else if (bpf_map_update_elem(map, &key, &one, BPF_NOEXIST)) {
 		__u32 zero = 0;
 		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
 

@@ -1,20 +1,22 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
  * Wakeup -> on-CPU latency of the workload's threads: the time from sched_wakeup (or
- * sched_wakeup_new) of a thread of `filter_tgid` until sched_switch puts it on a CPU.
+ * sched_wakeup_new) of a thread of the followed process until sched_switch puts it on a CPU.
+ * The process filter compares task structs' tgids, which are the initial namespace's; see
+ * vg_filter.bpf.h for how that number is found from inside a container.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "virtgap.h"
+#include "vg_common.bpf.h"
+#include "vg_filter.bpf.h"
 #include "vg_hist.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* The process whose threads are tracked; user space always sets it. */
-const volatile __u32 filter_tgid = 0;
-
+/* Thread id -> wakeup time; deleted when the thread runs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, VG_MAX_TASKS);
@@ -42,18 +44,11 @@ static __always_inline int on_wakeup(struct task_struct *p, bool btf)
 	__u32 pid;
 	__u64 now;
 
-	if (!filter_tgid || (btf ? p->tgid : BPF_CORE_READ(p, tgid)) != filter_tgid)
+	if (!filter_tgid || !vg_tgid_wanted(btf ? p->tgid : BPF_CORE_READ(p, tgid)))
 		return 0;
 	pid = btf ? p->pid : BPF_CORE_READ(p, pid);
 	now = bpf_ktime_get_ns();
-	/* Threads are few and long-lived: rewrite their entry in place rather than re-insert. */
-	__u64 *ts = bpf_map_lookup_elem(&woken, &pid);
-
-	if (ts) {
-		*ts = now;
-		return 0;
-	}
-	if (bpf_map_update_elem(&woken, &pid, &now, BPF_NOEXIST)) {
+	if (bpf_map_update_elem(&woken, &pid, &now, BPF_ANY)) {
 		__u32 zero = 0;
 		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
 
@@ -67,19 +62,21 @@ static __always_inline int on_wakeup(struct task_struct *p, bool btf)
 static __always_inline int on_switch(struct task_struct *next, bool btf)
 {
 	__u32 pid, zero = 0;
-	__u64 *ts;
+	__u64 *ts, delta;
 	struct vg_hist *h;
 
-	if (!filter_tgid || (btf ? next->tgid : BPF_CORE_READ(next, tgid)) != filter_tgid)
+	/* `current` is the task switching out: a chance to learn the global tgid. */
+	vg_learn_global_tgid();
+	if (!filter_tgid || !vg_tgid_wanted(btf ? next->tgid : BPF_CORE_READ(next, tgid)))
 		return 0;
 	pid = btf ? next->pid : BPF_CORE_READ(next, pid);
 	ts = bpf_map_lookup_elem(&woken, &pid);
-	if (!ts || !*ts)
+	if (!ts)
 		return 0;
 	h = bpf_map_lookup_elem(&wakeup_hist, &zero);
-	if (h)
-		vg_hist_add(h, bpf_ktime_get_ns() - *ts, false);
-	*ts = 0;
+	if (h && vg_elapsed(*ts, bpf_ktime_get_ns(), &delta))
+		vg_hist_add(h, delta, false);
+	bpf_map_delete_elem(&woken, &pid);
 	return 0;
 }
 

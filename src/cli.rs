@@ -82,14 +82,8 @@ pub struct TuiArgs {
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
 
-    /// Run the workload without any probe attached
-    #[arg(long, conflicts_with = "probes")]
-    pub no_probes: bool,
-
-    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme, msr, sampler,
-    /// kvm-host, pv-paths [default: all]
-    #[arg(long, value_name = "LIST")]
-    pub probes: Option<String>,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 #[derive(Debug, Args)]
@@ -172,14 +166,8 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Run the workload without any probe attached
-    #[arg(long, conflicts_with = "probes")]
-    pub no_probes: bool,
-
-    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme, msr, sampler,
-    /// kvm-host, pv-paths [default: all]
-    #[arg(long, value_name = "LIST")]
-    pub probes: Option<String>,
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 
     /// Time exit-causing operations first and store the figures in the profile
     #[arg(long)]
@@ -189,6 +177,24 @@ pub struct RecordArgs {
     /// act_latency.py reads
     #[arg(long, value_name = "FILE")]
     pub act_log: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Probes")]
+pub struct ProbeArgs {
+    /// Run the workload without any probe attached
+    #[arg(long, conflicts_with = "probes")]
+    pub no_probes: bool,
+
+    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme, msr, sampler,
+    /// kvm-host, pv-paths [default: all]
+    #[arg(long, value_name = "LIST")]
+    pub probes: Option<String>,
+
+    /// kvm-host: count only this VMM process's exits (a pid as this shell sees it)
+    /// [default: every process running a VM]
+    #[arg(long, value_name = "PID")]
+    pub vmm_pid: Option<u32>,
 }
 
 #[derive(Debug, Args)]

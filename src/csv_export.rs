@@ -506,6 +506,8 @@ mod tests {
                 path: "/tmp/x".into(),
                 size_bytes: 1 << 30,
                 device: Some("vda".into()),
+                stage_devices: vec!["vda".into()],
+                device_note: None,
             },
             results: WorkloadResult {
                 read,
@@ -551,6 +553,7 @@ mod tests {
                 dropped: 0,
                 recorder_cpu_pct: Some(0.2),
             },
+            devices: vec![],
         }
     }
 

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use serde::Serialize;
-use virtgap_probes::session::FamilyReport;
+use virtgap_probes::FamilyReport;
 use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeSession, ProbeStorage};
 
 use crate::cli::DoctorArgs;
@@ -16,6 +16,8 @@ use crate::host::Fingerprint;
 /// What each tracepoint gives the user.
 const SIGNALS: &[(&str, &str)] = &[
     ("block_io_start", "request start, process filter"),
+    ("block_bio_queue", "process filter before block_io_start"),
+    ("block_rq_merge", "requests merged away"),
     ("block_rq_issue", "block queue time"),
     ("block_rq_complete", "device time, cross-CPU completions"),
     ("irq_handler_entry", "hard-IRQ time per CPU and IRQ"),
@@ -192,6 +194,62 @@ struct DoctorJson<'a> {
     platform: String,
     probes: Vec<ProbeRow>,
     degraded_views: Vec<String>,
+    /// Every family's outcome and each loaded map's kernel memory.
+    capabilities: &'a CapabilityReport,
+    map_memory: MapMemoryTotals,
+}
+
+/// The probes' kernel map memory on this host, and the same maps on bigger hosts.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct MapMemoryTotals {
+    /// The kernel's own figure (fdinfo memlock), when every map reports one.
+    pub kernel_bytes: Option<u64>,
+    pub estimated_bytes: u64,
+    pub estimated_bytes_64_cpus: u64,
+    pub estimated_bytes_192_cpus: u64,
+    pub possible_cpus: u64,
+}
+
+pub fn map_memory(report: &CapabilityReport) -> MapMemoryTotals {
+    let maps = &report.maps;
+    MapMemoryTotals {
+        kernel_bytes: maps.iter().map(|m| m.kernel_bytes).sum(),
+        estimated_bytes: maps.iter().map(|m| m.estimated_bytes).sum(),
+        estimated_bytes_64_cpus: maps.iter().map(|m| m.estimated_bytes_64_cpus).sum(),
+        estimated_bytes_192_cpus: maps.iter().map(|m| m.estimated_bytes_192_cpus).sum(),
+        possible_cpus: virtgap_probes::memory::possible_cpus(),
+    }
+}
+
+fn write_map_memory(out: &mut impl Write, report: &CapabilityReport) -> std::io::Result<()> {
+    use virtgap_workloads::units::bytes;
+    let m = map_memory(report);
+    if report.maps.is_empty() {
+        return Ok(());
+    }
+    let here = match m.kernel_bytes {
+        Some(k) => format!(
+            "{} by the kernel's count, {} estimated",
+            bytes(k),
+            bytes(m.estimated_bytes)
+        ),
+        None => format!("{} estimated", bytes(m.estimated_bytes)),
+    };
+    writeln!(
+        out,
+        "\nmap memory: {here} on this host ({} possible CPUs); the same maps on 64 CPUs: {}, on 192 CPUs: {}",
+        m.possible_cpus,
+        bytes(m.estimated_bytes_64_cpus),
+        bytes(m.estimated_bytes_192_cpus)
+    )?;
+    let mut largest: Vec<_> = report.maps.iter().collect();
+    largest.sort_by_key(|x| std::cmp::Reverse(x.estimated_bytes_192_cpus));
+    let top: Vec<String> = largest
+        .iter()
+        .take(4)
+        .map(|x| format!("{}/{} {}", x.family.name(), x.map, bytes(x.estimated_bytes)))
+        .collect();
+    writeln!(out, "  largest here: {}", top.join(", "))
 }
 
 pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
@@ -212,6 +270,8 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
             platform: host.describe(),
             probes: rows,
             degraded_views: degraded,
+            capabilities: &session.report,
+            map_memory: map_memory(&session.report),
         };
         serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
@@ -238,6 +298,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     for d in &degraded {
         writeln!(out, "  {d}")?;
     }
+    write_map_memory(&mut out, &session.report)?;
     Ok(ExitCode::SUCCESS)
 }
 

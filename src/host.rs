@@ -371,6 +371,148 @@ fn dedup_join(v: &[String]) -> String {
     v.join(",")
 }
 
+/// A block device by kernel name and number.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disk {
+    pub name: String,
+    pub major: u32,
+    pub minor: u32,
+}
+
+impl Disk {
+    pub fn dev(&self) -> (u32, u32) {
+        (self.major, self.minor)
+    }
+}
+
+/// Where a target's I/O reaches request-based devices: the disk holding the target and, when
+/// that disk is stacked (md, device-mapper, NVMe multipath), the disks under it. Block stages
+/// are measured on the leaves and summed over them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TargetDisks {
+    /// The whole disk holding the target ("md0", "vda").
+    pub top: Option<Disk>,
+    /// Request-based disks whose requests are the target's I/O (["nvme1n1", "nvme2n1"]).
+    pub leaves: Vec<Disk>,
+    /// Why stages may be missing or partial, in words.
+    pub note: Option<String>,
+}
+
+impl TargetDisks {
+    /// The leaves' device numbers, or None when unknown (then every device counts).
+    pub fn devs(&self) -> Option<Vec<(u32, u32)>> {
+        (!self.leaves.is_empty()).then(|| self.leaves.iter().map(Disk::dev).collect())
+    }
+
+    /// Resolves device number `dev` (a file's st_dev or a block device's st_rdev) under `root`.
+    pub fn resolve(root: &Path, (major, minor): (u32, u32)) -> Self {
+        let Some(name) = fs::canonicalize(root.join(format!("sys/dev/block/{major}:{minor}")))
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        else {
+            return Self {
+                note: Some(format!(
+                    "device {major}:{minor} is not a block device sysfs knows (a network or virtual filesystem?): block stages cannot be attributed to it"
+                )),
+                ..Self::default()
+            };
+        };
+        let top_name = whole_disk(root, &name);
+        let top = disk(root, &top_name);
+        let mut leaves = Vec::new();
+        let mut bio_based = Vec::new();
+        collect_leaves(root, &top_name, 0, &mut leaves, &mut bio_based);
+        leaves.sort_by(|a, b| a.name.cmp(&b.name));
+        leaves.dedup();
+        let stacked = leaves.len() != 1 || leaves.first().map(|d| &d.name) != Some(&top_name);
+        let note = if !bio_based.is_empty() {
+            Some(format!(
+                "{} has no request queue (bio-based): its I/O has no block stages to measure",
+                bio_based.join(", ")
+            ))
+        } else if stacked && !leaves.is_empty() {
+            Some(format!(
+                "{top_name} is stacked: block stages are measured on {} and summed",
+                leaves
+                    .iter()
+                    .map(|d| d.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" + ")
+            ))
+        } else {
+            None
+        };
+        Self { top, leaves, note }
+    }
+}
+
+/// The whole disk a block device name belongs to ("nvme0n1p2" -> "nvme0n1").
+fn whole_disk(root: &Path, name: &str) -> String {
+    let class = root.join("sys/class/block").join(name);
+    if class.join("partition").exists() {
+        if let Some(parent) = fs::canonicalize(&class).ok().and_then(|p| {
+            p.parent()
+                .and_then(|d| d.file_name())
+                .map(|n| n.to_string_lossy().into_owned())
+        }) {
+            return parent;
+        }
+    }
+    name.to_string()
+}
+
+fn disk(root: &Path, name: &str) -> Option<Disk> {
+    let text = read(root, &format!("sys/block/{name}/dev"))?;
+    let (a, b) = text.split_once(':')?;
+    Some(Disk {
+        name: name.to_string(),
+        major: a.parse().ok()?,
+        minor: b.parse().ok()?,
+    })
+}
+
+/// Entries of a sysfs directory of links (slaves/, multipath/), sorted.
+fn link_names(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names
+}
+
+fn collect_leaves(
+    root: &Path,
+    name: &str,
+    depth: u32,
+    leaves: &mut Vec<Disk>,
+    bio_based: &mut Vec<String>,
+) {
+    // md over dm over md… is a few levels at most; the bound guards against a cycle.
+    if depth > 8 {
+        return;
+    }
+    let base = root.join("sys/block").join(name);
+    // md and dm list what they sit on in slaves/; an NVMe multipath head lists its paths.
+    let below: Vec<String> = link_names(&base.join("slaves"))
+        .into_iter()
+        .chain(link_names(&base.join("multipath")))
+        .map(|n| whole_disk(root, &n))
+        .collect();
+    if !below.is_empty() {
+        for b in below {
+            collect_leaves(root, &b, depth + 1, leaves, bio_based);
+        }
+        return;
+    }
+    match disk(root, name) {
+        Some(d) if base.join("mq").is_dir() => leaves.push(d),
+        _ => bio_based.push(name.to_string()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -386,6 +528,101 @@ mod tests {
             hypervisor_bit: sig.is_some(),
             signature: sig.map(str::to_string),
         }
+    }
+
+    /// A sysfs tree with md0 (RAID0 over two NVMe partitions), an NVMe multipath head with two
+    /// paths, and a bio-based zram disk.
+    fn stacked_sysfs() -> tempfile::TempDir {
+        use std::os::unix::fs::symlink;
+        let root = tempfile::tempdir().unwrap();
+        let sys = root.path().join("sys");
+        let dev = |name: &str, parent: Option<&str>, num: &str, mq: bool| {
+            let dir = match parent {
+                Some(p) => sys.join("devices/virtual").join(p).join(name),
+                None => sys.join("devices/virtual").join(name),
+            };
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("dev"), format!("{num}\n")).unwrap();
+            if parent.is_some() {
+                fs::write(dir.join("partition"), "1\n").unwrap();
+            } else {
+                fs::create_dir_all(sys.join("block")).unwrap();
+                symlink(&dir, sys.join("block").join(name)).unwrap();
+            }
+            if mq {
+                fs::create_dir_all(dir.join("mq/0")).unwrap();
+            }
+            fs::create_dir_all(sys.join("class/block")).unwrap();
+            symlink(&dir, sys.join("class/block").join(name)).unwrap();
+            fs::create_dir_all(sys.join("dev/block")).unwrap();
+            symlink(&dir, sys.join("dev/block").join(num)).unwrap();
+            dir
+        };
+        dev("nvme0n1", None, "259:0", true);
+        dev("nvme0n1p1", Some("nvme0n1"), "259:1", false);
+        dev("nvme1n1", None, "259:2", true);
+        dev("nvme1n1p1", Some("nvme1n1"), "259:3", false);
+        let md = dev("md0", None, "9:0", false);
+        fs::create_dir_all(md.join("slaves")).unwrap();
+        symlink(
+            sys.join("class/block/nvme0n1p1"),
+            md.join("slaves/nvme0n1p1"),
+        )
+        .unwrap();
+        symlink(
+            sys.join("class/block/nvme1n1p1"),
+            md.join("slaves/nvme1n1p1"),
+        )
+        .unwrap();
+        let head = dev("nvme2n1", None, "259:4", false);
+        dev("nvme2c0n1", None, "259:5", true);
+        dev("nvme2c1n1", None, "259:6", true);
+        fs::create_dir_all(head.join("multipath")).unwrap();
+        symlink(
+            sys.join("block/nvme2c0n1"),
+            head.join("multipath/nvme2c0n1"),
+        )
+        .unwrap();
+        symlink(
+            sys.join("block/nvme2c1n1"),
+            head.join("multipath/nvme2c1n1"),
+        )
+        .unwrap();
+        dev("zram0", None, "252:0", false);
+        dev("vda", None, "254:0", true);
+        root
+    }
+
+    #[test]
+    fn stacked_targets_resolve_to_their_request_based_disks() {
+        let root = stacked_sysfs();
+        let names = |t: &TargetDisks| t.leaves.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+
+        let md = TargetDisks::resolve(root.path(), (9, 0));
+        assert_eq!(md.top.as_ref().unwrap().name, "md0");
+        assert_eq!(names(&md), ["nvme0n1", "nvme1n1"]);
+        assert_eq!(md.devs(), Some(vec![(259, 0), (259, 2)]));
+        assert!(md.note.as_deref().unwrap().contains("nvme0n1 + nvme1n1"));
+
+        let multipath = TargetDisks::resolve(root.path(), (259, 4));
+        assert_eq!(names(&multipath), ["nvme2c0n1", "nvme2c1n1"]);
+
+        // A filesystem on a partition is measured on the partition's disk, no note.
+        let part = TargetDisks::resolve(root.path(), (259, 1));
+        assert_eq!(part.top.as_ref().unwrap().name, "nvme0n1");
+        assert_eq!(names(&part), ["nvme0n1"]);
+        assert_eq!(part.note, None);
+
+        let plain = TargetDisks::resolve(root.path(), (254, 0));
+        assert_eq!(names(&plain), ["vda"]);
+
+        let zram = TargetDisks::resolve(root.path(), (252, 0));
+        assert!(zram.leaves.is_empty());
+        assert!(zram.note.unwrap().contains("bio-based"));
+
+        let unknown = TargetDisks::resolve(root.path(), (0, 44));
+        assert_eq!(unknown.devs(), None);
+        assert!(unknown.note.unwrap().contains("not a block device"));
     }
 
     #[test]

@@ -53,8 +53,8 @@ pub fn write(out: &mut impl Write, p: &ProbeResults) -> io::Result<()> {
                     .cloned()
                     .unwrap_or_else(|| format!("{}:{}", dev.0, dev.1));
                 for op in [BlockOp::Read, BlockOp::Write] {
-                    let queue = block.stage(Some(dev), BlockStage::Queue, &[op]);
-                    let device = block.stage(Some(dev), BlockStage::Device, &[op]);
+                    let queue = block.stage(Some(&[dev]), BlockStage::Queue, &[op]);
+                    let device = block.stage(Some(&[dev]), BlockStage::Device, &[op]);
                     if device.is_empty() && queue.is_empty() {
                         continue;
                     }

@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use virtgap_probes::model::{BlockOp, BlockStage, ProbeSnapshot, ProgramStats};
+use virtgap_probes::model::{BlockOp, BlockStage, DevNum, ProbeSnapshot, ProgramStats};
 use virtgap_probes::{CapabilityReport, KernelHist};
 use virtgap_workloads::stats::{IntervalSample, RunStats};
 use virtgap_workloads::LatencyHistogram;
 
-use crate::host::Fingerprint;
+use crate::host::{Fingerprint, TargetDisks};
 
 /// Bump when a field changes meaning or disappears; readers refuse newer versions.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -126,6 +126,41 @@ pub struct Stages {
     pub wakeup: Option<Histogram>,
 }
 
+/// One request-based disk under the target: its read and write stages, per hardware queue,
+/// and the NVMe command latency per queue id (NVMe only).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceProfile {
+    pub name: String,
+    pub major: u32,
+    pub minor: u32,
+    pub stages: DeviceStages,
+    pub queues: Vec<QueueStages>,
+    pub nvme_queues: Vec<NvmeQueueLatency>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceStages {
+    pub queue: Option<Histogram>,
+    pub device: Option<Histogram>,
+}
+
+/// One hardware queue's share of a disk's stages.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStages {
+    pub hctx: u16,
+    pub queue: StageSample,
+    pub device: StageSample,
+}
+
+/// NVMe command latency (setup -> completion) on one queue id (hardware queue + 1).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NvmeQueueLatency {
+    pub qid: u16,
+    pub count: u64,
+    pub sum_ns: u64,
+    pub p99_ns: Option<f64>,
+}
+
 /// One CPU's interrupt load over an interval or a run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CpuLoad {
@@ -205,8 +240,15 @@ pub struct TargetInfo {
     pub description: String,
     pub path: String,
     pub size_bytes: u64,
-    /// Block device holding the target ("vda"), when known.
+    /// Block device holding the target ("vda", "md0"), when known.
     pub device: Option<String>,
+    /// The request-based disks whose stages are the target's: the device itself, or the disks
+    /// under a stacked one (md, dm, NVMe multipath).
+    #[serde(default)]
+    pub stage_devices: Vec<String>,
+    /// Why block stages may be missing or summed, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_note: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -261,6 +303,9 @@ pub struct Profile {
     /// The kv workload's rates, integrity figures and per-slice verdict (kv runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv: Option<serde_json::Value>,
+    /// Per disk under the target (several for md/dm/multipath): stages per hardware queue.
+    #[serde(default)]
+    pub devices: Vec<DeviceProfile>,
 }
 
 fn direction(d: &virtgap_workloads::stats::DirStats, secs: f64) -> DirectionResult {
@@ -360,12 +405,12 @@ pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
 /// Stage samples of the workload's device from one probe interval.
 pub fn stage_samples(
     snap: &ProbeSnapshot,
-    dev: Option<(u32, u32)>,
+    devs: Option<&[DevNum]>,
 ) -> BTreeMap<String, StageSample> {
     let mut out = BTreeMap::new();
     if let Some(block) = &snap.block {
         for stage in [BlockStage::Queue, BlockStage::Device] {
-            let h = block.stage(dev, stage, &[BlockOp::Read, BlockOp::Write]);
+            let h = block.stage(devs, stage, &[BlockOp::Read, BlockOp::Write]);
             out.insert(
                 stage.name().to_string(),
                 StageSample {
@@ -391,7 +436,7 @@ pub fn stage_samples(
 pub fn interval(
     sample: &IntervalSample,
     probes: Option<&ProbeSnapshot>,
-    dev: Option<(u32, u32)>,
+    devs: Option<&[DevNum]>,
 ) -> Interval {
     Interval {
         index: sample.index,
@@ -405,7 +450,7 @@ pub fn interval(
         lat_sum_ns: sample.lat.sum_ns() as f64,
         lat_p50_ns: sample.lat.percentile_ns(50.0),
         lat_p99_ns: sample.lat.percentile_ns(99.0),
-        stages: probes.map(|p| stage_samples(p, dev)).unwrap_or_default(),
+        stages: probes.map(|p| stage_samples(p, devs)).unwrap_or_default(),
         cpus: probes.map(cpu_loads).unwrap_or_default(),
         probe_run_ns: probes
             .filter(|p| !p.programs.is_empty())
@@ -487,12 +532,14 @@ impl WorkloadInfo {
 }
 
 impl TargetInfo {
-    pub fn of(target: &virtgap_workloads::Target, dev: Option<(u32, u32)>) -> Self {
+    pub fn of(target: &virtgap_workloads::Target, disks: &TargetDisks) -> Self {
         Self {
             description: target.describe(),
             path: target.path.display().to_string(),
             size_bytes: target.size,
-            device: dev.map(crate::pipeline::device_name),
+            device: disks.top.as_ref().map(|d| d.name.clone()),
+            stage_devices: disks.leaves.iter().map(|d| d.name.clone()).collect(),
+            device_note: disks.note.clone(),
         }
     }
 }
@@ -509,8 +556,8 @@ pub struct ProfileInputs<'a> {
     pub intervals: Vec<Interval>,
     pub capabilities: Option<CapabilityReport>,
     pub probe_total: Option<&'a ProbeSnapshot>,
-    /// The block device (major, minor) holding the target, when known.
-    pub target_dev: Option<(u32, u32)>,
+    /// The disks whose block stages are the target's.
+    pub disks: &'a TargetDisks,
     pub recorder_cpu_pct: Option<f64>,
     pub calibration: Option<crate::calibrate::Calibration>,
 }
@@ -523,25 +570,29 @@ pub fn join_intervals(
     probe_intervals: &[ProbeSnapshot],
     ramp_s: f64,
     interval_s: f64,
-    dev: Option<(u32, u32)>,
+    devs: Option<&[DevNum]>,
 ) -> Vec<Interval> {
     let skip = (ramp_s / interval_s.max(1e-9)).round() as usize;
     samples
         .iter()
         .enumerate()
-        .map(|(n, s)| interval(s, probe_intervals.get(n + skip), dev))
+        .map(|(n, s)| interval(s, probe_intervals.get(n + skip), devs))
         .collect()
 }
 
 /// Builds the profile (pure: no I/O).
 pub fn assemble(i: ProfileInputs<'_>) -> Profile {
     let intervals = i.intervals;
-    let dev = i.target_dev;
+    let devs = i.disks.devs();
     let total = i.probe_total;
     let kernel_stage = |stage: BlockStage| {
-        total
-            .and_then(|t| t.block.as_ref())
-            .map(|b| Histogram::from_kernel(&b.stage(dev, stage, &[BlockOp::Read, BlockOp::Write])))
+        total.and_then(|t| t.block.as_ref()).map(|b| {
+            Histogram::from_kernel(&b.stage(
+                devs.as_deref(),
+                stage,
+                &[BlockOp::Read, BlockOp::Write],
+            ))
+        })
     };
     let secs = total.map(|t| t.elapsed_ns as f64 / 1e9);
     let programs = total
@@ -593,6 +644,9 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
         virtualization: total.and_then(virtualization),
         calibration: i.calibration.and_then(|c| serde_json::to_value(c).ok()),
         kv: i.stats.kv.as_deref().map(crate::kv_report::json),
+        devices: total
+            .map(|t| device_profiles(t, i.disks))
+            .unwrap_or_default(),
         self_overhead: SelfOverhead {
             programs,
             probe_cpu_pct,
@@ -600,6 +654,62 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             recorder_cpu_pct: i.recorder_cpu_pct,
         },
     }
+}
+
+/// Each disk under the target: its stages, per hardware queue, and NVMe latency per queue id.
+pub fn device_profiles(total: &ProbeSnapshot, disks: &TargetDisks) -> Vec<DeviceProfile> {
+    let data = [BlockOp::Read, BlockOp::Write];
+    disks
+        .leaves
+        .iter()
+        .map(|disk| {
+            let dev = disk.dev();
+            let block = total.block.as_ref();
+            let stage =
+                |stage| block.map(|b| Histogram::from_kernel(&b.stage(Some(&[dev]), stage, &data)));
+            let mut queues: BTreeMap<u16, QueueStages> = BTreeMap::new();
+            for s in block.iter().flat_map(|b| &b.stages) {
+                if s.dev != dev || !data.contains(&s.op) {
+                    continue;
+                }
+                let q = queues.entry(s.hctx).or_insert_with(|| QueueStages {
+                    hctx: s.hctx,
+                    ..QueueStages::default()
+                });
+                let sample = match s.stage {
+                    BlockStage::Queue => &mut q.queue,
+                    BlockStage::Device => &mut q.device,
+                };
+                sample.count += s.hist.count;
+                sample.sum_ns += s.hist.sum_ns;
+            }
+            let mut nvme: BTreeMap<u16, KernelHist> = BTreeMap::new();
+            for q in total.nvme.iter().flat_map(|n| &n.queues) {
+                if q.dev == dev && data.contains(&q.op) {
+                    nvme.entry(q.qid).or_default().merge(&q.hist);
+                }
+            }
+            DeviceProfile {
+                name: disk.name.clone(),
+                major: disk.major,
+                minor: disk.minor,
+                stages: DeviceStages {
+                    queue: stage(BlockStage::Queue),
+                    device: stage(BlockStage::Device),
+                },
+                queues: queues.into_values().collect(),
+                nvme_queues: nvme
+                    .into_iter()
+                    .map(|(qid, h)| NvmeQueueLatency {
+                        qid,
+                        count: h.count,
+                        sum_ns: h.sum_ns,
+                        p99_ns: Histogram::from_kernel(&h).percentile_ns(99.0),
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
 }
 
 /// The hypervisor signals of a run as JSON: MSR accesses by CPU and MSR, the sampler's split

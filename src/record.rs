@@ -18,7 +18,8 @@ use virtgap_workloads::{units, RunOptions, WorkloadEvent};
 
 use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeEvent, ProbeHandle};
 
-use crate::cli::{RecordArgs, WorkloadsArgs};
+use crate::cli::{ProbeArgs, RecordArgs, WorkloadsArgs};
+use crate::host::TargetDisks;
 use crate::pipeline::{Event, ProbeResults};
 use crate::report::{self, Report};
 
@@ -96,7 +97,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     else {
         return Ok(ExitCode::from(EXIT_INTERRUPTED));
     };
-    let (target, target_dev, stop) = (&prepared.target, prepared.target_dev, &prepared.stop);
+    let (target, disks, stop) = (&prepared.target, &prepared.disks, &prepared.stop);
     if args.verify && !target.needs_fill() {
         bail!("--verify needs a temp-file target (only data virtgap wrote can be checked); drop --target or --verify");
     }
@@ -115,7 +116,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     };
     let (tx, rx) = mpsc::channel::<Event>();
     let mut probes = ProbeResults::default();
-    let collector = match probe_config(args)? {
+    let collector = match probe_config(&args.probe, args.interval.0)? {
         Some(config) => {
             let handle = ProbeHandle::start(config, args.interval.0, tx.clone());
             // Wait for the probes to attach before the workload starts.
@@ -227,7 +228,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             },
             host: crate::host::Fingerprint::this_host(),
             workload: crate::profile::WorkloadInfo::of(&spec, &loaded, target),
-            target: crate::profile::TargetInfo::of(target, target_dev),
+            target: crate::profile::TargetInfo::of(target, disks),
             paced: spec.rate_iops.is_some(),
             stats: &stats,
             intervals: crate::profile::join_intervals(
@@ -235,11 +236,11 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 &probes.intervals,
                 spec.ramp.0.as_secs_f64(),
                 args.interval.0.as_secs_f64(),
-                target_dev,
+                disks.devs().as_deref(),
             ),
             capabilities: probes.report.clone(),
             probe_total: probes.cumulative.as_ref(),
-            target_dev,
+            disks,
             recorder_cpu_pct: (run_wall > 0.0)
                 .then(|| recorder_cpu_ns as f64 / 1e9 / run_wall * 100.0),
             calibration: calibration.clone(),
@@ -308,7 +309,8 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 /// A target ready for the workload, and the flag that stops it.
 pub struct Prepared {
     pub target: virtgap_workloads::Target,
-    pub target_dev: Option<(u32, u32)>,
+    /// The disks whose block stages are the target's.
+    pub disks: TargetDisks,
     pub stop: Arc<AtomicBool>,
     /// The loaded store of a kv workload.
     pub kv: Option<LoadedStore>,
@@ -382,14 +384,19 @@ pub fn prepare(
     if let Some(w) = &target.warning {
         eprintln!("virtgap: warning: {w}");
     }
-    let target_dev = target_disk(&target);
+    let disks = target_disks(&target);
+    if let Some(note) = &disks.note {
+        if verbose || disks.leaves.is_empty() {
+            eprintln!("virtgap: {note}");
+        }
+    }
     let progress = verbose && std::io::stderr().is_terminal();
 
     if spec.kv.is_some() {
         return Ok(
             load_kv_store(spec, &target, &stop, verbose)?.map(|store| Prepared {
                 target,
-                target_dev,
+                disks,
                 stop,
                 kv: Some(store),
             }),
@@ -431,7 +438,7 @@ pub fn prepare(
 
     Ok(Some(Prepared {
         target,
-        target_dev,
+        disks,
         stop,
         kv: None,
     }))
@@ -484,28 +491,26 @@ pub(crate) fn unix_ms(t: std::time::SystemTime) -> u64 {
 }
 
 /// The whole disk (major, minor) that holds the target.
-fn target_disk(target: &virtgap_workloads::Target) -> Option<(u32, u32)> {
+/// The disks whose block stages are the target's I/O (through md, dm or NVMe multipath).
+fn target_disks(target: &virtgap_workloads::Target) -> TargetDisks {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let meta = target.file.metadata().ok()?;
+    let Ok(meta) = target.file.metadata() else {
+        return TargetDisks::default();
+    };
     let dev = if meta.file_type().is_block_device() {
         meta.rdev()
     } else {
         meta.dev()
     };
-    let link = format!("/sys/dev/block/{}:{}", libc::major(dev), libc::minor(dev));
-    let sys = std::fs::canonicalize(link).ok()?;
-    let disk = if sys.join("partition").exists() {
-        sys.parent()?.to_path_buf()
-    } else {
-        sys
-    };
-    let text = std::fs::read_to_string(disk.join("dev")).ok()?;
-    let (a, b) = text.trim().split_once(':')?;
-    Some((a.parse().ok()?, b.parse().ok()?))
+    TargetDisks::resolve(
+        std::path::Path::new("/"),
+        (libc::major(dev), libc::minor(dev)),
+    )
 }
 
-/// The probe families to load, or None for a pure workload run.
-fn probe_config(args: &RecordArgs) -> Result<Option<ProbeConfig>> {
+/// The probes to load, or None for a pure workload run. The workload runs in this process, so
+/// the block and wakeup probes follow it.
+pub fn probe_config(args: &ProbeArgs, interval: Duration) -> Result<Option<ProbeConfig>> {
     if args.no_probes {
         return Ok(None);
     }
@@ -525,8 +530,16 @@ fn probe_config(args: &RecordArgs) -> Result<Option<ProbeConfig>> {
             })
             .collect::<Result<Vec<_>>>()?,
     };
-    // The workload runs in this process: follow it.
-    Ok(Some(ProbeConfig::new(families, Some(std::process::id()))))
+    if let Some(pid) = args.vmm_pid {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            bail!("--vmm-pid {pid}: no such process; give the pid of a running VMM (e.g. qemu)");
+        }
+    }
+    Ok(Some(ProbeConfig {
+        interval,
+        vmm_pid: args.vmm_pid,
+        ..ProbeConfig::new(families, Some(std::process::id()))
+    }))
 }
 
 /// One line per probe family or tracepoint that did not attach.

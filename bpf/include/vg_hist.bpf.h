@@ -4,6 +4,7 @@
 #ifndef VG_HIST_BPF_H
 #define VG_HIST_BPF_H
 
+#include <bpf/bpf_helpers.h>
 #include "virtgap.h"
 
 static __always_inline __u32 vg_log2(__u64 v)
@@ -34,8 +35,14 @@ static __always_inline __u32 vg_hist_slot(__u64 v)
 /* Adds one value; `atomic` when other CPUs may update the same histogram. */
 static __always_inline void vg_hist_add(struct vg_hist *h, __u64 v, bool atomic)
 {
-	__u32 slot = vg_hist_slot(v);
+	__u64 slot = vg_hist_slot(v);
 
+	/*
+	 * vg_hist_slot already clamps, so the compiler would drop this check; verifiers before
+	 * about 6.8 cannot carry the clamp's bound across the 32-bit arithmetic and reject the
+	 * index as unbounded. The barrier keeps the check, on the very register used to index.
+	 */
+	barrier_var(slot);
 	if (slot >= VG_HIST_SLOTS)
 		return;
 	if (atomic) {

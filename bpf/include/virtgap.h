@@ -12,17 +12,23 @@ enum vg_limits {
 	 * 2^42 ns (about 73 minutes); larger values land in the last slot. */
 	VG_HIST_SUB_BITS = 3,
 	VG_HIST_SLOTS = 320,
+	/*
+	 * Map sizes below are compile-time defaults; user space resizes each map before load to
+	 * what this host needs (devices, queues, CPUs, IRQs), see probes/src/families/.
+	 */
 	/* Requests tracked between their start and completion. */
-	VG_MAX_INFLIGHT = 65536,
+	VG_MAX_INFLIGHT = 16384,
 	/* Histogram keys: (device, hardware queue, op, stage) combinations. */
-	VG_MAX_BLOCK_HISTS = 1024,
+	VG_MAX_BLOCK_HISTS = 256,
 	/* CPUs a per-CPU-indexed array covers. */
 	VG_MAX_CPUS = 1024,
 	/* (CPU, IRQ) pairs. */
-	VG_MAX_IRQS = 8192,
+	VG_MAX_IRQS = 1024,
 	VG_NR_SOFTIRQS = 10,
 	/* Threads of the workload tracked between wakeup and running. */
-	VG_MAX_TASKS = 65536,
+	VG_MAX_TASKS = 4096,
+	/* Distinct (CPU, user/kernel, IP) sampler keys per interval (user space drains them). */
+	VG_MAX_SAMPLE_KEYS = 16384,
 };
 
 /* A latency histogram with exact count and sum (ns). */
@@ -60,7 +66,10 @@ struct vg_block_key {
 enum vg_block_counter {
 	/* A map was full: the request or histogram was not recorded. */
 	VG_BLOCK_DROPPED = 0,
-	/* Completed requests never seen starting (in flight when the probe attached). */
+	/*
+	 * Requests that completed without an issue to the driver having been seen: issued before
+	 * the probes attached, or never issued at all (a flush sequence's empty request).
+	 */
 	VG_BLOCK_UNSEEN = 1,
 	VG_BLOCK_COUNTERS = 2,
 };

@@ -1,12 +1,15 @@
-//! Choosing and attaching programs. Every program comes as a `tp_btf` version and a `raw_tp`
-//! twin; before load, one flavour is enabled and programs whose tracepoint this kernel lacks
-//! are left out. After load, each program attaches on its own, so one failure costs one signal.
+//! Choosing and attaching programs. Every tracepoint program comes as a `tp_btf` version and a
+//! `raw_tp` twin, and where a tracepoint's arguments changed between kernels, as one variant per
+//! layout. Before load, exactly the programs this kernel can run are enabled; after load, each
+//! attaches on its own, so one failure costs one signal.
 
 use std::collections::BTreeSet;
+use std::ffi::CString;
+use std::ptr::NonNull;
 
-use libbpf_rs::btf::types::Typedef;
-use libbpf_rs::btf::Btf;
-use libbpf_rs::{Link, Object, OpenObject};
+use libbpf_rs::btf::types::{FuncProto, Typedef};
+use libbpf_rs::btf::{Btf, BtfKind, BtfType, ReferencesType};
+use libbpf_rs::{AsRawLibbpf, Link, Object, OpenObject};
 use serde::{Deserialize, Serialize};
 
 /// How a program is attached.
@@ -48,33 +51,140 @@ impl AttachKind {
     }
 }
 
-/// The tracepoints this kernel defines, read once from its BTF (`btf_trace_<name>` typedefs).
-#[derive(Debug, Default)]
+/// A module's split BTF (`/sys/kernel/btf/<module>`), parsed against vmlinux's.
+struct ModuleBtf {
+    name: String,
+    ptr: NonNull<libbpf_rs::libbpf_sys::btf>,
+}
+
+impl ModuleBtf {
+    fn load(name: &str, vmlinux: &Btf<'static>) -> Option<Self> {
+        let c_name = CString::new(name).ok()?;
+        // SAFETY: both pointers are valid for the call; libbpf returns a new BTF object we own
+        // (freed in Drop) or an error pointer / NULL, which libbpf_get_error tells apart.
+        let ptr = unsafe {
+            let p = libbpf_rs::libbpf_sys::btf__load_module_btf(
+                c_name.as_ptr(),
+                vmlinux.as_libbpf_object().as_ptr(),
+            );
+            if libbpf_rs::libbpf_sys::libbpf_get_error(p.cast()) != 0 {
+                return None;
+            }
+            p
+        };
+        Some(Self {
+            name: name.to_string(),
+            ptr: NonNull::new(ptr)?,
+        })
+    }
+
+    fn has_typedef(&self, name: &str) -> bool {
+        let Ok(c_name) = CString::new(name) else {
+            return false;
+        };
+        // SAFETY: ptr is a live BTF object owned by self; the name is NUL-terminated.
+        unsafe {
+            libbpf_rs::libbpf_sys::btf__find_by_name_kind(
+                self.ptr.as_ptr(),
+                c_name.as_ptr(),
+                libbpf_rs::libbpf_sys::BTF_KIND_TYPEDEF,
+            ) >= 0
+        }
+    }
+}
+
+impl Drop for ModuleBtf {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from btf__load_module_btf and is freed exactly once.
+        unsafe { libbpf_rs::libbpf_sys::btf__free(self.ptr.as_ptr()) }
+    }
+}
+
+/// What this kernel's BTF says about its tracepoints (`btf_trace_<name>` typedefs), in vmlinux
+/// and in the loaded modules.
+#[derive(Default)]
 pub struct KernelTracepoints {
     /// None when the kernel exposes no BTF; then only raw_tp programs are tried.
     btf: Option<Btf<'static>>,
+    modules: Vec<ModuleBtf>,
 }
+
+impl std::fmt::Debug for KernelTracepoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KernelTracepoints")
+            .field("btf", &self.btf.is_some())
+            .field(
+                "modules",
+                &self.modules.iter().map(|m| &m.name).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// Modules whose tracepoints a family may use.
+const TRACED_MODULES: &[&str] = &["nvme_core", "kvm"];
 
 impl KernelTracepoints {
     pub fn load() -> Self {
-        Self {
-            btf: Btf::from_vmlinux().ok(),
-        }
+        let btf = Btf::from_vmlinux().ok();
+        let modules = btf
+            .as_ref()
+            .map(|vmlinux| {
+                TRACED_MODULES
+                    .iter()
+                    .filter(|m| std::path::Path::new("/sys/kernel/btf").join(m).exists())
+                    .filter_map(|m| ModuleBtf::load(m, vmlinux))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self { btf, modules }
     }
 
     pub fn has_btf(&self) -> bool {
         self.btf.is_some()
     }
 
-    /// Whether tracepoint `name` exists. Without BTF the answer is "assume yes" and the attach
-    /// itself decides.
+    /// Whether tracepoint `name` exists, in vmlinux or a loaded module. Without BTF the answer
+    /// is "assume yes" and the attach itself decides.
     pub fn has(&self, name: &str) -> bool {
+        let typedef = format!("btf_trace_{name}");
         match &self.btf {
-            Some(btf) => btf
-                .type_by_name::<Typedef<'_>>(&format!("btf_trace_{name}"))
-                .is_some(),
+            Some(btf) => {
+                btf.type_by_name::<Typedef<'_>>(&typedef).is_some()
+                    || self.modules.iter().any(|m| m.has_typedef(&typedef))
+            }
             None => true,
         }
+    }
+
+    /// Whether `module` has BTF this kernel exposes (tp_btf programs on its tracepoints need it).
+    pub fn has_module_btf(&self, module: &str) -> bool {
+        self.modules.iter().any(|m| m.name == module)
+    }
+
+    /// Whether tracepoint `name`'s first argument is a `struct request_queue *` (block
+    /// tracepoints before Linux 5.11). None when BTF does not say.
+    pub fn queue_first(&self, name: &str) -> Option<bool> {
+        let btf = self.btf.as_ref()?;
+        let typedef = btf.type_by_name::<Typedef<'_>>(&format!("btf_trace_{name}"))?;
+        let proto = FuncProto::try_from(
+            typedef
+                .referenced_type()
+                .skip_mods_and_typedefs()
+                .next_type()?,
+        )
+        .ok()?;
+        // Parameter 0 is the tracepoint's private context; the arguments follow.
+        let first = proto.iter().nth(1)?;
+        let pointee = btf
+            .type_by_id::<BtfType<'_>>(first.ty)?
+            .skip_mods_and_typedefs();
+        let target = if pointee.kind() == BtfKind::Ptr {
+            pointee.next_type()?.skip_mods_and_typedefs()
+        } else {
+            pointee
+        };
+        Some(target.name().is_some_and(|n| n == "request_queue"))
     }
 }
 
@@ -92,35 +202,51 @@ fn classic_tracepoint(section: &str) -> Option<&str> {
         .and_then(|s| s.split('/').nth(1))
 }
 
-/// Enables the `kind` flavour of every program whose tracepoint `exists`; returns the
-/// tracepoints left out because the kernel lacks them.
-pub fn select_programs(
-    object: &mut OpenObject,
-    kind: AttachKind,
-    exists: &dyn Fn(&str) -> bool,
-) -> BTreeSet<String> {
+/// Programs named `<base>_q_btf` / `<base>_q_raw` take the pre-5.11 layout whose first
+/// argument is the request queue.
+fn takes_queue_first(program: &str) -> bool {
+    program.ends_with("_q_btf") || program.ends_with("_q_raw")
+}
+
+/// What a family needs from the kernel to choose its programs.
+pub(crate) struct Selection<'a> {
+    pub kind: AttachKind,
+    pub kernel: &'a KernelTracepoints,
+    /// Tracepoints this configuration does not use at all (left out, not reported).
+    pub unused: &'a dyn Fn(&str) -> bool,
+}
+
+/// Enables, for every tracepoint this configuration uses, the program of flavour `kind` whose
+/// argument layout matches this kernel; returns the used tracepoints this kernel lacks.
+pub(crate) fn select_programs(object: &mut OpenObject, sel: &Selection<'_>) -> BTreeSet<String> {
     let mut missing = BTreeSet::new();
     for mut prog in object.progs_mut() {
         let name = prog.name().to_string_lossy().into_owned();
         let section = prog.section().to_string_lossy().into_owned();
         // Classic tracepoints have no twin: enabled whenever the tracepoint exists.
         if let Some(tp) = classic_tracepoint(&section) {
-            let present = exists(tp);
+            let present = sel.kernel.has(tp);
             if !present {
                 missing.insert(tp.to_string());
             }
-            prog.set_autoload(present);
+            prog.set_autoload(present && !(sel.unused)(tp));
             continue;
         }
         let Some(tp) = section_tracepoint(&section) else {
             continue;
         };
-        let right_flavour = name.ends_with(kind.suffix());
-        let present = exists(tp);
-        if right_flavour && !present {
+        if (sel.unused)(tp) {
+            prog.set_autoload(false);
+            continue;
+        }
+        let present = sel.kernel.has(tp);
+        if !present {
             missing.insert(tp.to_string());
         }
-        prog.set_autoload(right_flavour && present);
+        // Without BTF the layout is unknown: assume today's.
+        let layout_matches =
+            takes_queue_first(&name) == sel.kernel.queue_first(tp).unwrap_or(false);
+        prog.set_autoload(name.ends_with(sel.kind.suffix()) && present && layout_matches);
     }
     missing
 }
@@ -209,5 +335,31 @@ mod tests {
             Some("irq_handler_entry")
         );
         assert_eq!(section_tracepoint("kprobe/foo"), None);
+        assert_eq!(
+            classic_tracepoint("tracepoint/kvm/kvm_exit"),
+            Some("kvm_exit")
+        );
+    }
+
+    #[test]
+    fn queue_first_variants_are_named_so() {
+        assert!(takes_queue_first("block_rq_issue_q_btf"));
+        assert!(takes_queue_first("block_bio_queue_q_raw"));
+        assert!(!takes_queue_first("block_rq_issue_btf"));
+        assert!(!takes_queue_first("block_bio_queue_raw"));
+    }
+
+    /// The running kernel's BTF answers for a tracepoint whose layout is known on it.
+    #[test]
+    fn this_kernels_block_rq_issue_layout_is_read_from_btf() {
+        let kernel = KernelTracepoints::load();
+        if !kernel.has_btf() {
+            eprintln!("skipping: no kernel BTF on this host");
+            return;
+        }
+        // Every supported kernel since 5.10.137 takes the request alone.
+        assert_eq!(kernel.queue_first("block_rq_issue"), Some(false));
+        assert!(kernel.has("block_rq_issue"));
+        assert!(!kernel.has("no_such_tracepoint_here"));
     }
 }

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::families::{ProbeConfig, ProbeStorage};
 use crate::model::ProbeSnapshot;
-use crate::session::{CapabilityReport, ProbeConfig, ProbeSession, ProbeStorage};
+use crate::report::CapabilityReport;
+use crate::session::ProbeSession;
 
 /// Messages from the collector.
 #[derive(Debug)]

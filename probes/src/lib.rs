@@ -1,26 +1,31 @@
 //! virtgap's eBPF probes: the skeletons built from `../bpf` (one object per probe family),
 //! loaded and attached with fallbacks (tp_btf, then raw_tp), read into plain snapshots.
 //!
-//! - [`session`]: load, attach, report capabilities, read maps.
+//! - [`families`]: one module per probe family (setup, load, read), driven by a table.
+//! - [`session`]: walks the table, reports capabilities, reads maps.
 //! - [`collector`]: the one thread that owns a session and sends snapshots every interval.
-//! - [`model`] and [`hist`]: the plain data.
+//! - [`model`], [`hist`] and [`report`]: the plain data.
 
 pub mod attach;
 mod bpf;
 pub mod collector;
+pub mod families;
 pub mod hist;
+mod libbpf_log;
+pub mod memory;
 pub mod model;
 pub mod procfs;
-pub mod pvpaths;
-mod sampler;
+pub mod report;
 pub mod session;
 pub mod virt;
 
 pub use attach::AttachKind;
 pub use collector::{ProbeEvent, ProbeHandle};
+pub use families::{ProbeConfig, ProbeStorage};
 pub use hist::KernelHist;
 pub use model::ProbeSnapshot;
-pub use session::{CapabilityReport, Family, ProbeConfig, ProbeSession, ProbeStorage};
+pub use report::{CapabilityReport, Family, FamilyReport};
+pub use session::ProbeSession;
 
 /// Whether this process may load BPF programs at all, and if not, why.
 pub fn bpf_permission() -> Result<(), String> {

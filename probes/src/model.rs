@@ -101,10 +101,11 @@ pub struct BlockSnapshot {
 
 impl BlockSnapshot {
     /// All histograms of one stage on one device, merged over queues and the given ops.
-    pub fn stage(&self, dev: Option<DevNum>, stage: BlockStage, ops: &[BlockOp]) -> KernelHist {
+    /// One stage of `ops` summed over `devs` (every device when None).
+    pub fn stage(&self, devs: Option<&[DevNum]>, stage: BlockStage, ops: &[BlockOp]) -> KernelHist {
         let mut h = KernelHist::default();
         for s in &self.stages {
-            if s.stage == stage && dev.is_none_or(|d| d == s.dev) && ops.contains(&s.op) {
+            if s.stage == stage && devs.is_none_or(|d| d.contains(&s.dev)) && ops.contains(&s.op) {
                 h.merge(&s.hist);
             }
         }
@@ -197,18 +198,6 @@ pub struct CpuEvents {
     /// Zero for kinds that are only counted (IPI sends).
     pub time_ns: u64,
 }
-
-pub const SOFTIRQ_NAMES: [&str; 10] = [
-    "HI", "TIMER", "NET_TX", "NET_RX", "BLOCK", "IRQ_POLL", "TASKLET", "SCHED", "HRTIMER", "RCU",
-];
-pub const VECTOR_NAMES: [&str; 5] = [
-    "local_timer",
-    "reschedule",
-    "call_function",
-    "call_function_single",
-    "irq_work",
-];
-pub const IPI_KIND_NAMES: [&str; 3] = ["block_completion", "reschedule", "other"];
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IrqSnapshot {

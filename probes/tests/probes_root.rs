@@ -147,8 +147,8 @@ fn block_stages_count_every_direct_read_of_this_process() {
     let after = session.snapshot();
     let block = after.block.unwrap().since(&before.block.unwrap());
 
-    let device = block.stage(Some(disk), BlockStage::Device, &[BlockOp::Read]);
-    let queue = block.stage(Some(disk), BlockStage::Queue, &[BlockOp::Read]);
+    let device = block.stage(Some(&[disk]), BlockStage::Device, &[BlockOp::Read]);
+    let queue = block.stage(Some(&[disk]), BlockStage::Queue, &[BlockOp::Read]);
     let n = device.count as f64;
     eprintln!("device stage: {} reads, mean {:?} ns; queue mean {:?} ns; reads took {min_ns}..{max_ns} ns", device.count, device.mean_ns(), queue.mean_ns());
     assert!(

@@ -104,11 +104,13 @@ pub struct App {
     pub probe_total: Option<ProbeSnapshot>,
     /// Kernel names of the block devices the probes saw, resolved outside the render path.
     pub device_names: std::collections::BTreeMap<(u32, u32), String>,
-    target_dev: Option<(u32, u32)>,
+    disks: crate::host::TargetDisks,
+    /// The disks whose stages are the target's (None: unknown, every device counts).
+    target_devs: Option<Vec<(u32, u32)>>,
 }
 
 impl App {
-    pub fn new(host: Fingerprint, workload: String, target_dev: Option<(u32, u32)>) -> Self {
+    pub fn new(host: Fingerprint, workload: String, disks: crate::host::TargetDisks) -> Self {
         Self {
             view: View::Time,
             help: false,
@@ -125,7 +127,8 @@ impl App {
             reset_base: None,
             probe_total: None,
             device_names: Default::default(),
-            target_dev,
+            target_devs: disks.devs(),
+            disks,
         }
     }
 
@@ -134,8 +137,13 @@ impl App {
         self.paused.as_ref().unwrap_or(&self.live)
     }
 
-    pub fn target_dev(&self) -> Option<(u32, u32)> {
-        self.target_dev
+    /// The disks whose stages are the target's, for filtering snapshots.
+    pub fn target_devs(&self) -> Option<&[(u32, u32)]> {
+        self.target_devs.as_deref()
+    }
+
+    pub fn disks(&self) -> &crate::host::TargetDisks {
+        &self.disks
     }
 
     /// Number of CPUs to list.
@@ -240,7 +248,7 @@ impl App {
         d.intervals.push(crate::profile::interval(
             sample,
             d.probe_interval.as_ref(),
-            self.target_dev,
+            self.target_devs.as_deref(),
         ));
     }
 
@@ -285,7 +293,23 @@ mod tests {
             serde_json::from_str::<Profile>(include_str!("../../tests/data/minimal-profile.json"))
                 .unwrap()
                 .host;
-        App::new(host, "rand4k".into(), Some((254, 0)))
+        App::new(
+            host,
+            "rand4k".into(),
+            crate::host::TargetDisks {
+                top: Some(crate::host::Disk {
+                    name: "vda".into(),
+                    major: 254,
+                    minor: 0,
+                }),
+                leaves: vec![crate::host::Disk {
+                    name: "vda".into(),
+                    major: 254,
+                    minor: 0,
+                }],
+                note: None,
+            },
+        )
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use ratatui::crossterm::event::{self, Event as TermEvent};
-use virtgap_probes::{Family, ProbeConfig, ProbeEvent, ProbeHandle};
+use virtgap_probes::{ProbeEvent, ProbeHandle};
 use virtgap_workloads::spec::{self, Span};
 use virtgap_workloads::stats::{IntervalMerger, RunStats};
 use virtgap_workloads::{RunOptions, WorkloadEvent};
@@ -56,24 +56,13 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     else {
         return Ok(ExitCode::from(130));
     };
-    let (target, target_dev, stop) = (&prepared.target, prepared.target_dev, &prepared.stop);
+    let (target, stop) = (&prepared.target, &prepared.stop);
     let host = crate::host::Fingerprint::this_host();
 
     let (tx, rx) = mpsc::channel::<Event>();
-    let collector = if args.no_probes {
-        None
-    } else {
-        let families = match &args.probes {
-            None => Family::ALL.to_vec(),
-            Some(list) => list
-                .split(',')
-                .filter_map(|n| Family::parse(n.trim()))
-                .collect(),
-        };
-        let config = ProbeConfig::new(families, Some(std::process::id()));
-        Some(ProbeHandle::start(config, args.interval.0, tx.clone()))
-    };
-    let mut app = App::new(host, spec.describe(), target_dev);
+    let collector = crate::record::probe_config(&args.probe, args.interval.0)?
+        .map(|config| ProbeHandle::start(config, args.interval.0, tx.clone()));
+    let mut app = App::new(host, spec.describe(), prepared.disks.clone());
     app.baseline = baseline;
     // Wait for the probes to attach so the workload's first I/Os are traced.
     if collector.is_some() {
@@ -273,13 +262,13 @@ fn save(
         },
         host: app.host.clone(),
         workload: crate::profile::WorkloadInfo::of(spec, loaded, target),
-        target: crate::profile::TargetInfo::of(target, app.target_dev()),
+        target: crate::profile::TargetInfo::of(target, app.disks()),
         paced: spec.rate_iops.is_some(),
         stats: &stats,
         intervals: d.intervals.clone(),
         capabilities: app.report.clone(),
         probe_total: d.probes.as_ref(),
-        target_dev: app.target_dev(),
+        disks: app.disks(),
         recorder_cpu_pct: None,
         calibration: None,
     });

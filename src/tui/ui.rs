@@ -108,7 +108,7 @@ fn stage_means(app: &App) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>
     let d = app.shown();
     let app_mean = d.app.mean_ns();
     let block = d.probes.as_ref().and_then(|p| p.block.as_ref());
-    let dev = app.target_dev();
+    let dev = app.target_devs();
     let ops = [BlockOp::Read, BlockOp::Write];
     let queue = block.and_then(|b| b.stage(dev, BlockStage::Queue, &ops).mean_ns());
     let device = block.and_then(|b| b.stage(dev, BlockStage::Device, &ops).mean_ns());
@@ -161,7 +161,7 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
 
     let d = app.shown();
     let block_snap = d.probes.as_ref().and_then(|p| p.block.as_ref());
-    let dev = app.target_dev();
+    let dev = app.target_devs();
     let ops = [BlockOp::Read, BlockOp::Write];
     let kernel = |stage| block_snap.map(|b| b.stage(dev, stage, &ops));
     let row_of = |name: &str,
@@ -590,7 +590,7 @@ fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
     let mut rows = Vec::new();
     if let (Some(b), Some(dev)) = (block, devnum) {
         let h = b.stage(
-            Some(dev),
+            Some(&[dev]),
             BlockStage::Device,
             &[
                 BlockOp::Read,
@@ -839,7 +839,19 @@ mod tests {
         let mut app = App::new(
             profile.host.clone(),
             "random read, bs 4 KiB, qd 32 x 1 worker, io_uring, O_DIRECT".into(),
-            Some((254, 0)),
+            crate::host::TargetDisks {
+                top: Some(crate::host::Disk {
+                    name: "vda".into(),
+                    major: 254,
+                    minor: 0,
+                }),
+                leaves: vec![crate::host::Disk {
+                    name: "vda".into(),
+                    major: 254,
+                    minor: 0,
+                }],
+                note: None,
+            },
         );
         let report: CapabilityReport = serde_json::from_value(serde_json::json!({
             "families": [
@@ -936,7 +948,7 @@ mod tests {
     fn empty_data_renders_without_panicking() {
         let profile: Profile =
             serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
-        let mut app = App::new(profile.host, "w".into(), None);
+        let mut app = App::new(profile.host, "w".into(), Default::default());
         for key in ['1', '2', '3', '4'] {
             press(&mut app, KeyCode::Char(key));
             let screen = draw(&app, 80, 24);

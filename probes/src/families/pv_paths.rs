@@ -6,10 +6,15 @@ use std::mem::MaybeUninit;
 
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 
+use libbpf_rs::skel::Skel;
+use libbpf_rs::Object;
+
+use super::{LoadContext, LoadResult, LoadedFamily, Slots};
 use crate::attach::AttachOutcome;
 use crate::bpf;
-use crate::session::{Family, FamilyReport};
-use crate::virt::{select_pv_symbols, Symbols};
+use crate::model::ProbeSnapshot;
+use crate::report::{Family, FamilyReport};
+use crate::virt::select_pv_symbols;
 
 /// The hypervisor a guest kernel talks to, from CPUID.
 pub fn guest_hypervisor() -> Option<&'static str> {
@@ -46,7 +51,7 @@ fn object_slot() -> &'static mut MaybeUninit<libbpf_rs::OpenObject> {
 }
 
 /// Loaded paravirt-path timers: fentry objects (one per symbol) or one kprobe object.
-pub struct PvTimer {
+struct PvTimer {
     symbols: Vec<&'static str>,
     objects: Vec<bpf::pvpath::PvpathSkel<'static>>,
     _links: Vec<libbpf_rs::Link>,
@@ -62,7 +67,7 @@ impl std::fmt::Debug for PvTimer {
 
 impl PvTimer {
     /// Entry -> return durations per symbol, cumulative.
-    pub fn read(&self) -> crate::model::PvPathSnapshot {
+    fn durations(&self) -> crate::model::PvPathSnapshot {
         use libbpf_rs::{MapCore, MapFlags};
         let mut paths: Vec<crate::model::PvPathHist> = self
             .symbols
@@ -115,7 +120,11 @@ fn fentry(
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         ro.symbol_index = index;
     }
-    let skel = open.load().map_err(|e| format!("load: {e}"))?;
+    let (skel, log) = crate::libbpf_log::captured(|| open.load());
+    let skel = skel.map_err(|e| match crate::libbpf_log::why(&log, 3) {
+        Some(why) => format!("load: {e}: {why}"),
+        None => format!("load: {e}"),
+    })?;
     let entry = skel
         .progs
         .pv_fentry
@@ -166,33 +175,20 @@ fn kprobes(symbols: &[&str]) -> Result<(bpf::pvpath::PvpathSkel<'static>, Kprobe
 
 /// Times the hypervisor's paravirt callbacks this kernel has: fentry/fexit where the kernel
 /// allows it, kprobes for the symbols where it does not. Reports per symbol how it attached or
-/// exactly why it could not.
-pub fn start(
-    permission: &Result<(), String>,
-    symbols: &Symbols,
-) -> (Option<PvTimer>, FamilyReport) {
-    let unavailable = |why: String| FamilyReport {
-        family: Family::PvPaths,
-        unavailable: Some(why),
-        tracepoints: vec![],
-    };
-    if let Err(e) = permission {
-        return (None, unavailable(e.clone()));
-    }
+/// exactly why it could not. Its objects live in leaked slots (see `object_slot`), not `slots`.
+pub(super) fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj> {
+    let unavailable = |why: String| FamilyReport::unavailable(Family::PvPaths, why);
     let Some(hv) = guest_hypervisor() else {
-        return (
-            None,
-            unavailable("not a guest: no hypervisor callbacks to time".into()),
-        );
+        return Err(unavailable(
+            "not a guest: no hypervisor callbacks to time".into(),
+        ));
     };
+    let symbols: &crate::virt::Symbols = cx.symbols;
     let selected = select_pv_symbols(hv, symbols);
     if selected.is_empty() {
-        return (
-            None,
-            unavailable(format!(
-                "no {hv} paravirt callbacks in this kernel's symbols"
-            )),
-        );
+        return Err(unavailable(format!(
+            "no {hv} paravirt callbacks in this kernel's symbols"
+        )));
     }
     let mut objects = Vec::new();
     let mut links = Vec::new();
@@ -265,10 +261,22 @@ pub fn start(
         unavailable: None,
         tracepoints: outcomes,
     };
-    let timer = (!objects.is_empty()).then(|| PvTimer {
+    let timer = PvTimer {
         symbols: selected,
         objects,
         _links: links,
-    });
-    (timer, report)
+    };
+    Ok((Box::new(timer), report))
+}
+
+impl LoadedFamily for PvTimer {
+    fn read(&self, snap: &mut ProbeSnapshot) {
+        if !self.objects.is_empty() {
+            snap.pv_paths = Some(self.durations());
+        }
+    }
+
+    fn objects(&self) -> Vec<&Object> {
+        self.objects.iter().map(|o| o.object()).collect()
+    }
 }

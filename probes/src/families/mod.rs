@@ -1,0 +1,532 @@
+//! The probe families, one module each. A family module holds everything about its signal on
+//! the Rust side: what it needs from the host before loading, how its BPF object is set up
+//! (read-only data, map sizes, which programs this kernel runs), and how its maps read into a
+//! snapshot. [`TABLE`] drives them; the session only walks it.
+
+mod block;
+mod irq;
+mod kvm_host;
+mod msr;
+mod nvme;
+mod pv_paths;
+mod sampler;
+mod wakeup;
+
+use std::mem::MaybeUninit;
+use std::os::unix::fs::MetadataExt;
+use std::time::Duration;
+
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, Object, OpenObject};
+
+use crate::attach::{
+    attach_each, select_programs, AttachKind, AttachOutcome, KernelTracepoints, Selection,
+};
+use crate::libbpf_log;
+use crate::model::ProbeSnapshot;
+use crate::report::{Family, FamilyReport};
+use crate::virt::Symbols;
+
+/// Backing storage for one family's BPF objects: a failed tp_btf load consumes its slot and
+/// the raw_tp retry gets a fresh one.
+pub(crate) type Slots = [MaybeUninit<OpenObject>; 2];
+
+/// What to load.
+#[derive(Clone, Debug)]
+pub struct ProbeConfig {
+    pub families: Vec<Family>,
+    /// CPU-clock sampling frequency.
+    pub sample_hz: u64,
+    /// How often the maps are read (sizes what must fit between two reads).
+    pub interval: Duration,
+    /// Restrict block and wakeup probes to this process (the workload), numbered as this
+    /// process sees it. The wakeup probe needs it and is reported unavailable without it.
+    pub filter_tgid: Option<u32>,
+    /// kvm-host: count only this VMM process (None: every process that runs a VM).
+    pub vmm_pid: Option<u32>,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self {
+            families: Family::ALL.to_vec(),
+            sample_hz: 999,
+            interval: Duration::from_secs(1),
+            filter_tgid: None,
+            vmm_pid: None,
+        }
+    }
+}
+
+impl ProbeConfig {
+    pub fn new(families: Vec<Family>, filter_tgid: Option<u32>) -> Self {
+        Self {
+            families,
+            filter_tgid,
+            ..Self::default()
+        }
+    }
+}
+
+/// A process to follow, as BPF compares it: the tgid this process sees, and the pid namespace
+/// it sees it in (None: the initial namespace, where the kernel's own numbers are the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ProcessFilter {
+    pub tgid: u32,
+    pub pidns: Option<(u64, u64)>,
+}
+
+/// The initial pid namespace's inode number (PROC_PID_INIT_INO).
+const INIT_PIDNS_INO: u64 = 0xEFFF_FFFC;
+
+impl ProcessFilter {
+    pub(crate) fn of(tgid: u32) -> Self {
+        let pidns = std::fs::metadata("/proc/self/ns/pid")
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+            .filter(|&(_, ino)| ino != INIT_PIDNS_INO);
+        Self { tgid, pidns }
+    }
+
+    /// The tgid as task structs hold it, when this process can know it (initial namespace).
+    fn global_tgid(&self) -> u32 {
+        if self.pidns.is_none() {
+            self.tgid
+        } else {
+            0
+        }
+    }
+}
+
+/// Sets the vg_filter.bpf.h fields of a skeleton's read-only and bss data.
+macro_rules! apply_filter {
+    ($open:expr, $filter:expr) => {{
+        let filter: Option<$crate::families::ProcessFilter> = $filter;
+        if let (Some(f), Some(ro)) = (filter, $open.maps.rodata_data.as_deref_mut()) {
+            ro.filter_tgid = f.tgid;
+            if let Some((dev, ino)) = f.pidns {
+                ro.filter_pidns_dev = dev;
+                ro.filter_pidns_ino = ino;
+            }
+        }
+        if let (Some(f), Some(bss)) = (filter, $open.maps.bss_data.as_deref_mut()) {
+            bss.filter_tgid_global = f.global_tgid();
+        }
+    }};
+}
+pub(crate) use apply_filter;
+
+/// A request-based block device: what sizes the block and NVMe maps.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct QueueShape {
+    pub name: String,
+    pub hw_queues: u32,
+    pub nr_requests: u32,
+}
+
+/// The host facts map sizes follow, read once per session.
+#[derive(Clone, Debug)]
+pub(crate) struct HostShape {
+    pub possible_cpus: u32,
+    pub online_cpus: Vec<u32>,
+    pub devices: Vec<QueueShape>,
+    /// Numbered IRQ lines in /proc/interrupts.
+    pub irq_lines: u32,
+}
+
+/// "0-3,6" -> [0, 1, 2, 3, 6]
+pub fn parse_cpu_list(text: &str) -> Vec<u32> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.parse::<u32>(), b.parse::<u32>()) {
+                    cpus.extend(a..=b);
+                }
+            }
+            None => cpus.extend(part.parse::<u32>().ok()),
+        }
+    }
+    cpus
+}
+
+impl HostShape {
+    pub(crate) fn read() -> Self {
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+        let possible_cpus = libbpf_rs::num_possible_cpus().map_or(1, |n| n as u32);
+        let mut online_cpus = parse_cpu_list(&read("/sys/devices/system/cpu/online"));
+        if online_cpus.is_empty() {
+            online_cpus = (0..possible_cpus).collect();
+        }
+        let mut devices: Vec<QueueShape> = std::fs::read_dir("/sys/block")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let base = e.path();
+                let hw_queues = std::fs::read_dir(base.join("mq")).ok()?.count() as u32;
+                let nr_requests = read(&base.join("queue/nr_requests").to_string_lossy())
+                    .trim()
+                    .parse()
+                    .unwrap_or(128);
+                (hw_queues > 0).then_some(QueueShape {
+                    name,
+                    hw_queues,
+                    nr_requests,
+                })
+            })
+            .collect();
+        devices.sort_by(|a, b| a.name.cmp(&b.name));
+        let irq_lines = read("/proc/interrupts")
+            .lines()
+            .filter(|l| {
+                l.trim_start()
+                    .split_once(':')
+                    .is_some_and(|(n, _)| n.trim().parse::<u32>().is_ok())
+            })
+            .count() as u32;
+        Self {
+            possible_cpus,
+            online_cpus,
+            devices,
+            irq_lines,
+        }
+    }
+
+    /// Requests that can be in flight at once on the devices (their tag space), bounded.
+    pub fn inflight_capacity(&self) -> u32 {
+        let tags: u64 = self
+            .devices
+            .iter()
+            .map(|d| u64::from(d.hw_queues) * u64::from(d.nr_requests))
+            .sum();
+        tags.clamp(4096, 65536) as u32
+    }
+
+    /// Histogram keys (device, hardware queue, op, stage) the devices can produce, bounded.
+    pub fn hist_keys(&self, devices: impl Fn(&QueueShape) -> bool, per_queue: u32) -> u32 {
+        let queues: u64 = self
+            .devices
+            .iter()
+            .filter(|d| devices(d))
+            .map(|d| u64::from(d.hw_queues))
+            .sum();
+        (queues * u64::from(per_queue)).clamp(64, 16384) as u32
+    }
+}
+
+/// Everything a family's load needs.
+pub(crate) struct LoadContext<'h> {
+    pub config: &'h ProbeConfig,
+    pub kernel: &'h KernelTracepoints,
+    pub symbols: &'h std::sync::Arc<Symbols>,
+    pub host: &'h HostShape,
+    pub filter: Option<ProcessFilter>,
+    /// Things a loader did on the way (e.g. mounting tracefs), for the report.
+    pub notes: &'h std::cell::RefCell<Vec<String>>,
+}
+
+/// A loaded, attached family. Dropping it detaches its programs.
+pub(crate) trait LoadedFamily {
+    /// Adds this family's cumulative figures to `snap`.
+    fn read(&self, snap: &mut ProbeSnapshot);
+    /// Its BPF objects (run statistics, map memory).
+    fn objects(&self) -> Vec<&Object>;
+    /// Maps whose entry count is the possible-CPU count.
+    fn cpu_sized_maps(&self) -> &'static [&'static str] {
+        &[]
+    }
+}
+
+pub(crate) type Loaded<'obj> = Box<dyn LoadedFamily + 'obj>;
+pub(crate) type LoadResult<'obj> = Result<(Loaded<'obj>, FamilyReport), FamilyReport>;
+
+/// One row of the table: a family and its loader.
+pub(crate) struct FamilyDef {
+    pub family: Family,
+    pub load: for<'obj> fn(&LoadContext<'_>, &'obj mut Slots) -> LoadResult<'obj>,
+}
+
+pub(crate) const TABLE: [FamilyDef; 8] = [
+    FamilyDef {
+        family: Family::Block,
+        load: block::load,
+    },
+    FamilyDef {
+        family: Family::Irq,
+        load: irq::load,
+    },
+    FamilyDef {
+        family: Family::Wakeup,
+        load: wakeup::load,
+    },
+    FamilyDef {
+        family: Family::Nvme,
+        load: nvme::load,
+    },
+    FamilyDef {
+        family: Family::Msr,
+        load: msr::load,
+    },
+    FamilyDef {
+        family: Family::Sampler,
+        load: sampler::load,
+    },
+    FamilyDef {
+        family: Family::KvmHost,
+        load: kvm_host::load,
+    },
+    FamilyDef {
+        family: Family::PvPaths,
+        load: pv_paths::load,
+    },
+];
+
+/// Storage for every family's BPF objects, on the stack of the thread that owns the session.
+pub struct ProbeStorage {
+    pub(crate) slots: [Slots; 8],
+}
+
+impl std::fmt::Debug for ProbeStorage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ProbeStorage")
+    }
+}
+
+impl Default for ProbeStorage {
+    fn default() -> Self {
+        Self {
+            slots: std::array::from_fn(|_| [MaybeUninit::uninit(), MaybeUninit::uninit()]),
+        }
+    }
+}
+
+/// A load failure in libbpf's and the verifier's words, not just the errno.
+fn load_error(kind: AttachKind, e: &libbpf_rs::Error, log: &str) -> String {
+    match libbpf_log::why(log, 4) {
+        Some(why) => format!("{} load: {e}: {why}", kind.name()),
+        None => format!("{} load: {e}", kind.name()),
+    }
+}
+
+enum LoadFailure {
+    Open(String),
+    Load(libbpf_rs::Error),
+}
+
+/// A loaded tracepoint family: the skeleton, its links and its report.
+pub(crate) type TracepointLoad<S> = (S, Vec<Link>, FamilyReport);
+
+/// Loads a tracepoint family with tp_btf programs, or raw_tp ones if that fails, and attaches
+/// each program on its own. `setup` configures the opened skeleton (read-only data, map sizes);
+/// `unused` names tracepoints this configuration leaves out.
+pub(crate) fn load_tracepoints<'obj, B, F>(
+    family: Family,
+    make: F,
+    slots: &'obj mut Slots,
+    kernel: &KernelTracepoints,
+    unused: &dyn Fn(&str) -> bool,
+    setup: &dyn Fn(&mut B::Output, AttachKind),
+) -> Result<TracepointLoad<<B::Output as OpenSkel<'obj>>::Output>, FamilyReport>
+where
+    B: SkelBuilder<'obj>,
+    F: Fn() -> B,
+{
+    let [first, second] = slots;
+    let kinds = if kernel.has_btf() {
+        [AttachKind::TpBtf, AttachKind::RawTp]
+    } else {
+        [AttachKind::RawTp, AttachKind::RawTp]
+    };
+    let mut errors: Vec<String> = Vec::new();
+    for (kind, slot) in kinds.into_iter().zip([first, second]) {
+        let (loaded, log) = libbpf_log::captured(|| {
+            let mut open = make()
+                .open(slot)
+                .map_err(|e| LoadFailure::Open(format!("open: {e}")))?;
+            setup(&mut open, kind);
+            let selection = Selection {
+                kind,
+                kernel,
+                unused,
+            };
+            let missing = select_programs(open.open_object_mut(), &selection);
+            let skel = open.load().map_err(LoadFailure::Load)?;
+            Ok((skel, missing))
+        });
+        match loaded {
+            Ok((skel, missing)) => {
+                let (links, mut outcomes) = attach_each(skel.object(), kind);
+                outcomes.extend(missing.into_iter().map(|tp| AttachOutcome {
+                    tracepoint: tp,
+                    attached: None,
+                    reason: Some("tracepoint not in this kernel".into()),
+                }));
+                outcomes.sort_by(|a, b| a.tracepoint.cmp(&b.tracepoint));
+                let report = FamilyReport {
+                    family,
+                    unavailable: None,
+                    tracepoints: outcomes,
+                };
+                return Ok((skel, links, report));
+            }
+            Err(failure) => {
+                let text = match failure {
+                    LoadFailure::Open(text) => text,
+                    LoadFailure::Load(e) => load_error(kind, &e, &log),
+                };
+                if !errors.contains(&text) {
+                    errors.push(text);
+                }
+            }
+        }
+    }
+    Err(FamilyReport::unavailable(family, errors.join("; ")))
+}
+
+/// Opens (parses, does not load) a skeleton and lists its programs' sections.
+pub(crate) fn sections_of<'obj, B: SkelBuilder<'obj>>(
+    builder: B,
+    slot: &'obj mut MaybeUninit<OpenObject>,
+) -> Result<Vec<String>, String> {
+    let open = builder.open(slot).map_err(|e| e.to_string())?;
+    Ok(open
+        .open_object()
+        .progs()
+        .map(|p| p.section().to_string_lossy().into_owned())
+        .collect())
+}
+
+/// Every tracepoint family's program sections, by opening the embedded objects. Needs no
+/// privilege; proves the objects are well formed.
+pub fn object_sections() -> Result<Vec<(Family, Vec<String>)>, String> {
+    let mut slot = MaybeUninit::uninit();
+    let mut out = vec![(
+        Family::Block,
+        sections_of(crate::bpf::block::BlockSkelBuilder::default(), &mut slot)?,
+    )];
+    let mut slot = MaybeUninit::uninit();
+    out.push((
+        Family::Irq,
+        sections_of(crate::bpf::irq::IrqSkelBuilder::default(), &mut slot)?,
+    ));
+    let mut slot = MaybeUninit::uninit();
+    out.push((
+        Family::Wakeup,
+        sections_of(crate::bpf::sched::SchedSkelBuilder::default(), &mut slot)?,
+    ));
+    let mut slot = MaybeUninit::uninit();
+    out.push((
+        Family::Nvme,
+        sections_of(crate::bpf::nvme::NvmeSkelBuilder::default(), &mut slot)?,
+    ));
+    let mut slot = MaybeUninit::uninit();
+    out.push((
+        Family::Msr,
+        sections_of(crate::bpf::msr::MsrSkelBuilder::default(), &mut slot)?,
+    ));
+    Ok(out)
+}
+
+/// A value copied out of map bytes into a generated ABI type.
+pub(crate) fn copy<T: plain::Plain + Default>(bytes: &[u8]) -> Option<T> {
+    let mut v = T::default();
+    plain::copy_from_bytes(&mut v, bytes).ok()?;
+    Some(v)
+}
+
+/// Every CPU's copy of a per-CPU map entry (array slots take the index's bytes as key).
+pub(crate) fn percpu_entry<T: plain::Plain + Default>(map: &dyn MapCore, key: &[u8]) -> Vec<T> {
+    map.lookup_percpu(key, MapFlags::ANY)
+        .ok()
+        .flatten()
+        .map(|per_cpu| per_cpu.iter().filter_map(|b| copy::<T>(b)).collect())
+        .unwrap_or_default()
+}
+
+/// The sum over CPUs of a per-CPU u64 counter at `index`.
+pub(crate) fn percpu_sum(map: &dyn MapCore, index: u32) -> u64 {
+    percpu_entry::<u64>(map, &index.to_ne_bytes()).iter().sum()
+}
+
+/// (key, value) pairs of a shared map, copied into generated types.
+pub(crate) fn entries<K, V>(map: &dyn MapCore) -> Vec<(K, V)>
+where
+    K: plain::Plain + Default,
+    V: plain::Plain + Default,
+{
+    map.keys()
+        .filter_map(|key| {
+            let k = copy::<K>(&key)?;
+            let v = copy::<V>(&map.lookup(&key, MapFlags::ANY).ok()??)?;
+            Some((k, v))
+        })
+        .collect()
+}
+
+/// A kernel device number (major << 20 | minor) as (major, minor).
+pub(crate) fn dev_of(raw: u32) -> crate::model::DevNum {
+    (raw >> 20, raw & 0xf_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_with_holes() {
+        assert_eq!(parse_cpu_list("0-3,6\n"), vec![0, 1, 2, 3, 6]);
+        assert_eq!(parse_cpu_list("5"), vec![5]);
+        assert!(parse_cpu_list("").is_empty());
+    }
+
+    #[test]
+    fn map_sizes_follow_the_devices() {
+        let host = HostShape {
+            possible_cpus: 72,
+            online_cpus: (0..72).collect(),
+            devices: vec![
+                QueueShape {
+                    name: "nvme0n1".into(),
+                    hw_queues: 64,
+                    nr_requests: 1023,
+                },
+                QueueShape {
+                    name: "vda".into(),
+                    hw_queues: 1,
+                    nr_requests: 256,
+                },
+            ],
+            irq_lines: 200,
+        };
+        assert_eq!(host.inflight_capacity(), 65536);
+        assert_eq!(host.hist_keys(|_| true, 10), 650);
+        assert_eq!(host.hist_keys(|d| d.name.starts_with("nvme"), 5), 320);
+        let small = HostShape {
+            devices: vec![],
+            ..host
+        };
+        assert_eq!(small.inflight_capacity(), 4096);
+        assert_eq!(small.hist_keys(|_| true, 10), 64);
+    }
+
+    #[test]
+    fn every_object_opens_with_tp_btf_and_raw_tp_twins() {
+        for (family, sections) in object_sections().unwrap() {
+            assert!(!sections.is_empty(), "{family:?} has programs");
+            for s in &sections {
+                let tp = s
+                    .strip_prefix("tp_btf/")
+                    .or_else(|| s.strip_prefix("raw_tp/"))
+                    .unwrap_or_else(|| panic!("{family:?}: unexpected section {s}"));
+                let twin = if s.starts_with("tp_btf/") {
+                    format!("raw_tp/{tp}")
+                } else {
+                    format!("tp_btf/{tp}")
+                };
+                assert!(sections.contains(&twin), "{family:?}: {s} has no twin");
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The hypervisor sampler (`bpf/sampler.bpf.c`): one cpu-clock perf event per online CPU, each
+//! counting where its samples landed. The two sample maps are flipped and drained every read,
+//! and the counts accumulate here, resolved to symbols, so the kernel side never fills up.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, Object};
+use std::sync::Arc;
+
+use super::{copy, percpu_sum, LoadContext, LoadResult, LoadedFamily, Slots};
+use crate::attach::{AttachKind, AttachOutcome};
+use crate::bpf::sampler::{types, SamplerSkel, SamplerSkelBuilder};
+use crate::libbpf_log;
+use crate::model::{CpuSamples, ProbeSnapshot, SamplerSnapshot};
+use crate::report::{Family, FamilyReport};
+use crate::virt::Symbols;
+
+/// Opens a cpu-clock sampling event on `cpu` at `hz`.
+fn open_cpu_clock(cpu: u32, hz: u64) -> Result<i32, std::io::Error> {
+    use libbpf_rs::libbpf_sys as sys;
+    let mut attr = sys::perf_event_attr {
+        type_: sys::PERF_TYPE_SOFTWARE,
+        size: std::mem::size_of::<sys::perf_event_attr>() as u32,
+        config: u64::from(sys::PERF_COUNT_SW_CPU_CLOCK),
+        ..Default::default()
+    };
+    attr.__bindgen_anon_1.sample_freq = hz;
+    attr.set_freq(1);
+    // SAFETY: perf_event_open with a fully initialised attr; pid -1 and a CPU number means
+    // "every task on that CPU". A non-negative result is a new fd we own.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_perf_event_open,
+            &attr as *const sys::perf_event_attr,
+            -1,
+            cpu as libc::c_int,
+            -1,
+            sys::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(fd as i32)
+}
+
+struct SamplerProbe<'obj> {
+    skel: SamplerSkel<'obj>,
+    _links: Vec<Link>,
+    hz: u64,
+    symbols: Arc<Symbols>,
+    /// Samples drained so far, per CPU.
+    drained: RefCell<BTreeMap<u32, CpuSamples>>,
+}
+
+pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+    let fail = |why: String| FamilyReport::unavailable(Family::Sampler, why);
+    let hz = cx.config.sample_hz;
+    // At most one key per sample between two reads.
+    let per_interval =
+        cx.host.online_cpus.len() as f64 * hz as f64 * cx.config.interval.as_secs_f64() * 1.25;
+    let keys = (per_interval as u64).clamp(4096, 262_144) as u32;
+    let (loaded, log) = libbpf_log::captured(|| {
+        let mut open = SamplerSkelBuilder::default()
+            .open(&mut slots[0])
+            .map_err(|e| format!("open: {e}"))?;
+        let _ = open.maps.samples_first.set_max_entries(keys);
+        let _ = open.maps.samples_second.set_max_entries(keys);
+        open.load().map_err(|e| format!("load: {e}"))
+    });
+    let skel = loaded.map_err(|e| match libbpf_log::why(&log, 4) {
+        Some(why) => fail(format!("{e}: {why}")),
+        None => fail(e),
+    })?;
+    let mut links = Vec::new();
+    let mut outcomes = Vec::new();
+    for &cpu in &cx.host.online_cpus {
+        let name = format!("cpu-clock@{hz}Hz cpu{cpu}");
+        let result = open_cpu_clock(cpu, hz)
+            .map_err(|e| format!("perf_event_open: {e}"))
+            .and_then(|fd| {
+                skel.progs
+                    .sample
+                    .attach_perf_event(fd)
+                    .map_err(|e| format!("attach: {e}"))
+            });
+        match result {
+            Ok(link) => {
+                links.push(link);
+                outcomes.push(AttachOutcome {
+                    tracepoint: name,
+                    attached: Some(AttachKind::PerfEvent),
+                    reason: None,
+                });
+            }
+            Err(why) => outcomes.push(AttachOutcome {
+                tracepoint: name,
+                attached: None,
+                reason: Some(why),
+            }),
+        }
+    }
+    if outcomes.iter().all(|o| o.attached.is_none()) {
+        let why = outcomes
+            .first()
+            .and_then(|o| o.reason.clone())
+            .unwrap_or_else(|| "no CPU online".into());
+        return Err(fail(why));
+    }
+    let probe = SamplerProbe {
+        skel,
+        _links: links,
+        hz,
+        symbols: Arc::clone(cx.symbols),
+        drained: RefCell::new(BTreeMap::new()),
+    };
+    let report = FamilyReport {
+        family: Family::Sampler,
+        unavailable: None,
+        tracepoints: outcomes,
+    };
+    Ok((Box::new(probe), report))
+}
+
+impl SamplerProbe<'_> {
+    /// Points the program at the other map, then empties the one it was filling into `drained`.
+    /// A sample racing with the flip may land in the map being emptied after its key was read;
+    /// it is then counted at the next read.
+    fn flip_and_drain(&self) {
+        let Some(bss) = self.skel.maps.bss_data.as_deref() else {
+            return;
+        };
+        let filled_second = bss.fill_second != 0;
+        // SAFETY: the bss map is mmap'd and shared with the program; a 4-byte aligned store is
+        // atomic on every architecture BPF runs on, and the program only reads this word.
+        unsafe {
+            let p = std::ptr::addr_of!(bss.fill_second).cast_mut();
+            std::ptr::write_volatile(p, u32::from(!filled_second));
+        }
+        let map = if filled_second {
+            &self.skel.maps.samples_second
+        } else {
+            &self.skel.maps.samples_first
+        };
+        let mut drained = self.drained.borrow_mut();
+        for key in map.keys() {
+            let (Some(k), Ok(Some(v))) = (
+                copy::<types::vg_sample_key>(&key),
+                map.lookup(&key, MapFlags::ANY),
+            ) else {
+                continue;
+            };
+            let _ = map.delete(&key);
+            let Ok(raw) = <[u8; 8]>::try_from(&v[..]) else {
+                continue;
+            };
+            let n = u64::from_ne_bytes(raw);
+            let c = drained.entry(k.cpu).or_insert_with(|| CpuSamples {
+                cpu: k.cpu,
+                ..Default::default()
+            });
+            if k.user != 0 {
+                c.user += n;
+            } else {
+                let sym = self.symbols.resolve(k.ip).unwrap_or("[unknown]");
+                match c.kernel.get_mut(sym) {
+                    Some(count) => *count += n,
+                    None => {
+                        c.kernel.insert(sym.to_string(), n);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl LoadedFamily for SamplerProbe<'_> {
+    fn read(&self, snap: &mut ProbeSnapshot) {
+        self.flip_and_drain();
+        snap.sampler = Some(SamplerSnapshot {
+            frequency_hz: self.hz,
+            cpus: self.drained.borrow().values().cloned().collect(),
+            dropped: percpu_sum(&self.skel.maps.dropped, 0),
+        });
+    }
+
+    fn objects(&self) -> Vec<&Object> {
+        vec![self.skel.object()]
+    }
+}

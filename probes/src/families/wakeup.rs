@@ -1,0 +1,63 @@
+//! Wakeup -> on-CPU latency of the workload's threads (`bpf/sched.bpf.c`).
+
+use libbpf_rs::skel::Skel;
+use libbpf_rs::{Link, Object};
+
+use super::{
+    apply_filter, load_tracepoints, percpu_entry, percpu_sum, LoadContext, LoadResult,
+    LoadedFamily, Slots,
+};
+use crate::bpf::sched::{types, SchedSkel, SchedSkelBuilder};
+use crate::hist::KernelHist;
+use crate::model::{ProbeSnapshot, WakeupSnapshot};
+use crate::report::{Family, FamilyReport};
+
+struct WakeupProbe<'obj> {
+    skel: SchedSkel<'obj>,
+    _links: Vec<Link>,
+}
+
+pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+    let Some(filter) = cx.filter else {
+        return Err(FamilyReport::unavailable(
+            Family::Wakeup,
+            "needs a workload process to follow",
+        ));
+    };
+    let setup = |open: &mut crate::bpf::sched::OpenSchedSkel<'_>, _kind| {
+        apply_filter!(open, Some(filter));
+    };
+    let (skel, links, report) = load_tracepoints(
+        Family::Wakeup,
+        SchedSkelBuilder::default,
+        slots,
+        cx.kernel,
+        &|_| false,
+        &setup,
+    )?;
+    Ok((
+        Box::new(WakeupProbe {
+            skel,
+            _links: links,
+        }),
+        report,
+    ))
+}
+
+impl LoadedFamily for WakeupProbe<'_> {
+    fn read(&self, snap: &mut ProbeSnapshot) {
+        let maps = &self.skel.maps;
+        let mut latency = KernelHist::default();
+        for h in percpu_entry::<types::vg_hist>(&maps.wakeup_hist, &0u32.to_ne_bytes()) {
+            latency.merge(&KernelHist::from(&h));
+        }
+        snap.wakeups = Some(WakeupSnapshot {
+            latency,
+            dropped: percpu_sum(&maps.dropped, 0),
+        });
+    }
+
+    fn objects(&self) -> Vec<&Object> {
+        vec![self.skel.object()]
+    }
+}

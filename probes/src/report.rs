@@ -1,0 +1,137 @@
+//! What attached on this host and how: the capability report doctor, the profile and the
+//! summaries show. Pure data.
+
+use serde::{Deserialize, Serialize};
+
+use crate::attach::AttachOutcome;
+
+/// The probe families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    Block,
+    Irq,
+    Wakeup,
+    Nvme,
+    /// Exit-causing MSR accesses.
+    Msr,
+    /// CPU-clock sampling of kernel IPs on every CPU.
+    Sampler,
+    /// Host-side KVM exits (when virtgap runs on a hypervisor).
+    KvmHost,
+    /// Entry -> return timing of paravirt callbacks (fentry, else kprobes).
+    PvPaths,
+}
+
+impl Family {
+    pub const ALL: [Family; 8] = [
+        Family::Block,
+        Family::Irq,
+        Family::Wakeup,
+        Family::Nvme,
+        Family::Msr,
+        Family::Sampler,
+        Family::KvmHost,
+        Family::PvPaths,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Block => "block",
+            Self::Irq => "irq",
+            Self::Wakeup => "wakeup",
+            Self::Nvme => "nvme",
+            Self::Msr => "msr",
+            Self::Sampler => "sampler",
+            Self::KvmHost => "kvm-host",
+            Self::PvPaths => "pv-paths",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == s)
+    }
+}
+
+/// One family's outcome.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FamilyReport {
+    pub family: Family,
+    /// Why the whole family is unavailable, if it is.
+    pub unavailable: Option<String>,
+    /// Per tracepoint: attached how, or why not.
+    pub tracepoints: Vec<AttachOutcome>,
+}
+
+pub(crate) const NO_NVME: &str = "no NVMe on this host (nvme_core module not loaded)";
+pub(crate) const NOT_A_KVM_HOST: &str = "not a KVM host (no kvm module)";
+
+impl FamilyReport {
+    pub(crate) fn unavailable(family: Family, reason: impl Into<String>) -> Self {
+        Self {
+            family,
+            unavailable: Some(reason.into()),
+            tracepoints: vec![],
+        }
+    }
+
+    /// The family watches hardware or a hypervisor role this host does not have, so nothing
+    /// is lost by it being unavailable.
+    pub fn watches_nothing_here(&self) -> bool {
+        matches!(self.unavailable.as_deref(), Some(NO_NVME | NOT_A_KVM_HOST))
+    }
+}
+
+/// Memory one BPF map holds in the kernel.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapMemory {
+    pub family: Family,
+    pub map: String,
+    /// The kernel's own accounting (fdinfo `memlock`), when it reports one.
+    pub kernel_bytes: Option<u64>,
+    /// This host's figure from the map's definition (see `memory::map_bytes`).
+    pub estimated_bytes: u64,
+    /// The same map on hosts with 64 and 192 possible CPUs.
+    pub estimated_bytes_64_cpus: u64,
+    pub estimated_bytes_192_cpus: u64,
+}
+
+/// What attached on this host, for doctor, the profile and the reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapabilityReport {
+    pub families: Vec<FamilyReport>,
+    /// Things the loader did on the way, e.g. mounting tracefs.
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// Why per-program run statistics are unavailable, if they are.
+    pub run_stats_unavailable: Option<String>,
+    /// Kernel memory of every loaded map.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub maps: Vec<MapMemory>,
+}
+
+impl CapabilityReport {
+    pub fn attached_count(&self) -> usize {
+        self.families
+            .iter()
+            .flat_map(|f| &f.tracepoints)
+            .filter(|t| t.attached.is_some())
+            .count()
+    }
+
+    pub fn unavailable_count(&self) -> usize {
+        self.families
+            .iter()
+            .map(|f| {
+                if f.unavailable.is_some() {
+                    1
+                } else {
+                    f.tracepoints
+                        .iter()
+                        .filter(|t| t.attached.is_none())
+                        .count()
+                }
+            })
+            .sum()
+    }
+}

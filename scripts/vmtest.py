@@ -1,0 +1,558 @@
+#!/usr/bin/env python3
+"""The VM tier: boot real distribution kernels under QEMU (TCG) with emulated NVMe, virtio-blk
+and md RAID0 devices, run virtgap inside, and check what it measured.
+
+Each kernel gets one boot. A busybox initramfs carries the release binary, the kernel's own
+storage modules and mdadm; /init runs `virtgap doctor --json` and one short rand4k recording
+per device, then writes its results as a tar archive onto a scratch virtio disk that this
+script reads back after the guest powers off. The checks are functional (what loads, what
+attaches, what is counted, which queue and CPU), never timings: TCG is far slower than
+hardware and its timing means nothing.
+
+Kernels are named by series (5.10, 6.1, 6.12), by a Debian package name, or by a path to a
+vmlinuz with --modroot. Debian packages come from the host's apt sources (6.1, 6.12) or from
+the previous release (5.10) through a second sources list used only for the download; they are
+unpacked into the cache, never installed.
+
+Needs root (for nothing but reading /boot-style files and QEMU's speed), qemu-system-x86,
+busybox-static, mdadm, cpio and apt; `./setup.sh vmtest` installs them.
+"""
+
+import argparse
+import dataclasses
+import gzip
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEFAULT_KERNELS = ["5.10", "6.1", "6.12"]
+
+# Debian series -> (package name pattern, suite it comes from; None: the host's own sources).
+SERIES = {
+    "5.10": (r"^linux-image-5\.10\.0-\d+-amd64$", "bullseye"),
+    "6.1": (r"^linux-image-6\.1\.0-\d+-amd64$", None),
+    "6.12": (r"^linux-image-6\.12\.\d+\+deb12-amd64$", None),
+}
+PREVIOUS_RELEASE_SOURCES = """\
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian {suite} main
+deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian-security {suite}-security main
+"""
+
+# Modules the guest loads, by name; their dependencies come from the kernel's modules.dep.
+MODULES = ["nvme", "virtio_blk", "virtio_pci", "raid0"]
+
+# Families that must attach in every guest. kvm-host and pv-paths watch things a TCG guest
+# does not have (a KVM module in use, paravirt callbacks) and are checked only for a reason.
+REQUIRED_FAMILIES = ["block", "irq", "wakeup", "nvme", "msr", "sampler"]
+
+VCPUS = 4
+RUN_SECONDS = 5
+# Devices by the serial QEMU gives them; the guest finds their kernel names by serial.
+NVME_SERIAL = "vgnvme0"
+RAID_SERIALS = ["vgraid1", "vgraid2"]
+VIRTIO_SERIAL = "vgvirtio"
+OUT_SERIAL = "vgout"
+
+GUEST_FAULTS = [
+    (re.compile(r"Oops|BUG: |general protection fault|Kernel panic|Call Trace:"), "kernel oops"),
+    (re.compile(r"nvme\d+: I/O \d+ (QID \d+ )?timeout|I/O tag \d+ .*timeout|blk_update_request: I/O error"),
+     "I/O stall or timeout"),
+]
+
+
+def log(msg):
+    print(f"vmtest: {msg}", flush=True)
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, **kw)
+
+
+# --- kernels -----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Kernel:
+    label: str
+    vmlinuz: str
+    modroot: str  # the directory holding lib/modules/<version>
+    version: str
+
+
+def apt_options(cache, suite):
+    """apt options for a private sources list (the previous release), or none for the host's."""
+    if suite is None:
+        return []
+    base = os.path.join(cache, "apt", suite)
+    lists = os.path.join(base, "lists")
+    os.makedirs(os.path.join(lists, "partial"), exist_ok=True)
+    os.makedirs(os.path.join(base, "cache", "archives", "partial"), exist_ok=True)
+    sources = os.path.join(base, "sources.list")
+    with open(sources, "w") as f:
+        f.write(PREVIOUS_RELEASE_SOURCES.format(suite=suite))
+    opts = ["-o", f"Dir::Etc::SourceList={sources}", "-o", "Dir::Etc::SourceParts=/nonexistent",
+            "-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Cache={os.path.join(base, 'cache')}"]
+    if not os.listdir(lists) or os.listdir(lists) == ["partial"]:
+        log(f"fetching the {suite} package lists (used only to download its kernel)")
+        run(["apt-get", *opts, "update", "-qq"])
+    return opts
+
+
+def newest_package(cache, pattern, suite):
+    opts = apt_options(cache, suite)
+    names = subprocess.run(["apt-cache", *opts, "pkgnames", "linux-image-"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    found = [n for n in names if re.match(pattern, n)]
+    if not found:
+        sys.exit(f"vmtest: no package matches {pattern} in the apt sources; run apt-get update")
+
+    def key(name):
+        return [int(x) for x in re.findall(r"\d+", name)]
+    return max(found, key=key), opts
+
+
+def unpack_package(cache, package, opts):
+    dest = os.path.join(cache, "kernels", package)
+    if os.path.exists(os.path.join(dest, ".unpacked")):
+        return dest
+    debs = os.path.join(cache, "debs")
+    os.makedirs(debs, exist_ok=True)
+    if not any(f.startswith(package + "_") for f in os.listdir(debs)):
+        log(f"downloading {package}")
+        run(["apt-get", *opts, "download", "-q", package], cwd=debs,
+            stderr=subprocess.DEVNULL)
+    deb = next(os.path.join(debs, f) for f in os.listdir(debs) if f.startswith(package + "_"))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    run(["dpkg-deb", "-x", deb, dest])
+    version = os.listdir(os.path.join(dest, "lib", "modules"))[0]
+    run(["depmod", "-b", dest, version])
+    open(os.path.join(dest, ".unpacked"), "w").close()
+    return dest
+
+
+def resolve_kernel(name, cache, modroot):
+    if os.path.exists(name):
+        vmlinuz = os.path.abspath(name)
+        version = os.path.basename(vmlinuz).removeprefix("vmlinuz-")
+        root = modroot or "/"
+        return Kernel(version, vmlinuz, root, version)
+    if name in SERIES:
+        pattern, suite = SERIES[name]
+        package, opts = newest_package(cache, pattern, suite)
+    else:
+        package, opts = name, []
+    dest = unpack_package(cache, package, opts)
+    version = os.listdir(os.path.join(dest, "lib", "modules"))[0]
+    return Kernel(name, os.path.join(dest, "boot", f"vmlinuz-{version}"), dest, version)
+
+
+# --- the guest ---------------------------------------------------------------------------
+
+def module_files(kernel):
+    """Module files in load order (dependencies first), skipping built-in ones."""
+    files = []
+    for m in MODULES:
+        out = subprocess.run(["modprobe", "-d", kernel.modroot, "-S", kernel.version,
+                              "--show-depends", m], capture_output=True, text=True)
+        if out.returncode != 0:
+            sys.exit(f"vmtest: {kernel.label}: module {m}: {out.stderr.strip()}")
+        for line in out.stdout.splitlines():
+            parts = line.split()
+            if parts and parts[0] == "insmod" and parts[1] not in files:
+                files.append(parts[1])
+    return files
+
+
+def copy_with_libs(binary, root):
+    dest = os.path.join(root, "bin", os.path.basename(binary))
+    shutil.copy2(binary, dest)
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        m = re.search(r"=>\s+(/\S+)", line) or re.match(r"\s*(/\S+ld-linux\S*)", line)
+        if m:
+            lib = m.group(1)
+            target = os.path.join(root, lib.lstrip("/"))
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(os.path.realpath(lib), target)
+    # Debian's loader path and the lib64 one both resolve.
+    os.makedirs(os.path.join(root, "lib64"), exist_ok=True)
+    loader = os.path.join(root, "lib64", "ld-linux-x86-64.so.2")
+    if not os.path.exists(loader):
+        shutil.copy2(os.path.realpath("/lib64/ld-linux-x86-64.so.2"), loader)
+
+
+GUEST_INIT = r"""#!/bin/sh
+# virtgap's VM tier: runs once per boot, writes /out, archives it onto the results disk.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
+mount -t bpf bpf /sys/fs/bpf 2>/dev/null
+mount -t tmpfs tmp /tmp
+mkdir -p /out /run
+echo 1 > /proc/sys/kernel/panic_on_oops
+for m in $(cat /mods/order); do insmod /mods/$m || echo "insmod $m failed" >> /out/setup.log; done
+
+# The kernel name of the disk with serial $1 (NVMe: the controller's serial).
+disk_by_serial() {
+    for d in /sys/block/*; do
+        s=$(cat $d/serial $d/device/serial 2>/dev/null | head -1 | tr -d ' ')
+        [ "$s" = "$1" ] && { basename $d; return; }
+    done
+}
+# Wait for every disk to appear (NVMe probes asynchronously).
+for i in $(seq 1 100); do
+    [ -n "$(disk_by_serial @OUT@)" ] && [ -n "$(disk_by_serial @NVME@)" ] \
+        && [ -n "$(disk_by_serial @RAID1@)" ] && [ -n "$(disk_by_serial @RAID2@)" ] \
+        && [ -n "$(disk_by_serial @VIRTIO@)" ] && break
+    sleep 0.1
+done
+
+# step NAME CMD...: run a command, keep its stdout, stderr and exit status.
+step() {
+    name=$1; shift
+    echo "vmtest-guest: $name" > /dev/console
+    "$@" > /out/$name.out 2> /out/$name.err
+    echo $? > /out/$name.rc
+}
+
+uname -r > /out/uname
+cat /proc/interrupts > /out/interrupts.before
+NVME=$(disk_by_serial @NVME@); VIRTIO=$(disk_by_serial @VIRTIO@)
+R1=$(disk_by_serial @RAID1@); R2=$(disk_by_serial @RAID2@)
+echo "nvme=$NVME virtio=$VIRTIO raid=$R1,$R2" > /out/devices
+for d in $NVME $VIRTIO $R1 $R2; do
+    echo "$d $(cat /sys/block/$d/dev)" >> /out/devnums
+done
+RECORD="/bin/virtgap record -w rand4k --qd 8 --workers @VCPUS@ --duration @SECONDS@s --quiet"
+step doctor /bin/virtgap doctor --json
+step nvme $RECORD --target /dev/$NVME -o /out/nvme.json
+step virtio $RECORD --target /dev/$VIRTIO -o /out/virtio.json
+step mdadm mdadm --create /dev/md0 --run --force --level=0 --raid-devices=2 --metadata=1.2 /dev/$R1 /dev/$R2
+echo "md0 $(cat /sys/block/md0/dev 2>/dev/null)" >> /out/devnums
+step md $RECORD --target /dev/md0 -o /out/md.json
+cat /proc/interrupts > /out/interrupts.after
+dmesg > /out/dmesg
+OUT=$(disk_by_serial @OUT@)
+tar -cf /dev/$OUT -C /out . && sync
+echo "vmtest-guest: done" > /dev/console
+poweroff -f
+"""
+
+
+def build_initramfs(kernel, virtgap, work):
+    root = os.path.join(work, "root")
+    for d in ["bin", "proc", "sys", "dev", "tmp", "mods", "out", "etc"]:
+        os.makedirs(os.path.join(root, d), exist_ok=True)
+    shutil.copy2("/bin/busybox", os.path.join(root, "bin", "busybox"))
+    copy_with_libs(virtgap, root)
+    copy_with_libs(shutil.which("mdadm") or "/sbin/mdadm", root)
+    order = []
+    for path in module_files(kernel):
+        name = os.path.basename(path)
+        dest = os.path.join(root, "mods", name.removesuffix(".xz").removesuffix(".zst"))
+        if path.endswith(".xz"):
+            with open(dest, "wb") as f:
+                run(["xz", "-dc", path], stdout=f)
+        elif path.endswith(".zst"):
+            with open(dest, "wb") as f:
+                run(["zstd", "-dc", path], stdout=f)
+        else:
+            shutil.copy2(path, dest)
+        order.append(os.path.basename(dest))
+    with open(os.path.join(root, "mods", "order"), "w") as f:
+        f.write("\n".join(order) + "\n")
+    init = GUEST_INIT
+    for key, value in {"@NVME@": NVME_SERIAL, "@RAID1@": RAID_SERIALS[0],
+                       "@RAID2@": RAID_SERIALS[1], "@VIRTIO@": VIRTIO_SERIAL,
+                       "@OUT@": OUT_SERIAL, "@VCPUS@": str(VCPUS),
+                       "@SECONDS@": str(RUN_SECONDS)}.items():
+        init = init.replace(key, value)
+    with open(os.path.join(root, "init"), "w") as f:
+        f.write(init)
+    os.chmod(os.path.join(root, "init"), 0o755)
+    initrd = os.path.join(work, "initrd.cpio.gz")
+    files = subprocess.run(["find", "."], cwd=root, capture_output=True, check=True).stdout
+    cpio = subprocess.run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=root, input=files,
+                          capture_output=True, check=True).stdout
+    with gzip.open(initrd, "wb", compresslevel=1) as f:
+        f.write(cpio)
+    return initrd
+
+
+def boot(kernel, initrd, work, tcg_thread, timeout):
+    """Boots the guest; returns (console text, results dir or None, seconds)."""
+    disks = []
+
+    def disk(name, size_mb):
+        path = os.path.join(work, f"{name}.img")
+        with open(path, "wb") as f:
+            f.truncate(size_mb << 20)
+        disks.append(path)
+        return path
+    cmd = ["qemu-system-x86_64", "-accel", f"tcg,thread={tcg_thread}", "-cpu", "max",
+           "-smp", str(VCPUS), "-m", "2048", "-nographic", "-no-reboot",
+           "-kernel", kernel.vmlinuz, "-initrd", initrd,
+           "-append", "console=ttyS0 panic=-1 oops=panic loglevel=4"]
+    for i, serial in enumerate([NVME_SERIAL, *RAID_SERIALS]):
+        path = disk(serial, 512 if i == 0 else 256)
+        cmd += ["-drive", f"file={path},if=none,id=n{i},format=raw",
+                "-device", f"nvme,serial={serial},drive=n{i}"]
+    for serial, size in [(VIRTIO_SERIAL, 256), (OUT_SERIAL, 64)]:
+        path = disk(serial, size)
+        cmd += ["-drive", f"file={path},if=none,id={serial},format=raw",
+                "-device", f"virtio-blk-pci,drive={serial},serial={serial}"]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        console = proc.stdout.decode(errors="replace")
+    except subprocess.TimeoutExpired as e:
+        console = (e.stdout or b"").decode(errors="replace") + f"\n[vmtest: timed out after {timeout} s]\n"
+    seconds = time.monotonic() - started
+    results = os.path.join(work, "out")
+    os.makedirs(results, exist_ok=True)
+    try:
+        with tarfile.open(os.path.join(work, f"{OUT_SERIAL}.img")) as t:
+            t.extractall(results, filter="data")
+    except tarfile.TarError:
+        return console, None, seconds
+    return console, results, seconds
+
+
+def guest_faults(text):
+    found = []
+    for pattern, what in GUEST_FAULTS:
+        m = pattern.search(text)
+        if m:
+            line = text[text.rfind("\n", 0, m.start()) + 1:text.find("\n", m.end())]
+            found.append(f"{what}: {line.strip()[:160]}")
+    return found
+
+
+# --- checks ------------------------------------------------------------------------------
+
+class Checks:
+    def __init__(self, label):
+        self.label = label
+        self.failures = []
+        self.passed = 0
+
+    def check(self, ok, what):
+        if ok:
+            self.passed += 1
+        else:
+            self.failures.append(what)
+        print(f"  {'ok  ' if ok else 'FAIL'} {what}", flush=True)
+        return ok
+
+
+def read_json(results, name):
+    try:
+        with open(os.path.join(results, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_text(results, name):
+    try:
+        with open(os.path.join(results, name)) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def step_ok(c, results, name):
+    rc = read_text(results, f"{name}.rc").strip()
+    err = read_text(results, f"{name}.err").strip().splitlines()
+    return c.check(rc == "0", f"`{name}` exited {rc or '?'}" + (f": {err[-1][:200]}" if rc != "0" and err else ""))
+
+
+def check_doctor(c, doctor):
+    if not c.check(doctor is not None, "doctor --json parses"):
+        return
+    families = {f["family"]: f for f in doctor["capabilities"]["families"]}
+    for name in REQUIRED_FAMILIES:
+        f = families.get(name)
+        if f is None:
+            c.check(False, f"doctor reports family {name}")
+            continue
+        missing = [t for t in f["tracepoints"] if t.get("attached") is None]
+        why = f.get("unavailable") or "; ".join(f"{t['tracepoint']}: {t.get('reason')}" for t in missing)
+        c.check(not f.get("unavailable") and not missing and f["tracepoints"],
+                f"{name} attached" + (f" (not: {why[:300]})" if why else ""))
+    for name in ["kvm-host", "pv-paths"]:
+        f = families.get(name)
+        c.check(f is not None and (f.get("unavailable") or f["tracepoints"]),
+                f"{name} attached or says why")
+
+
+def devnums(results):
+    out = {}
+    for line in read_text(results, "devnums").splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[0]] = parts[1]
+    return out
+
+
+def stage_count(profile, stage):
+    s = (profile.get("stages") or {}).get(stage)
+    return s["count"] if s else 0
+
+
+def within(a, b, tolerance):
+    return b > 0 and abs(a - b) <= tolerance * b
+
+
+def check_rand4k(c, results, name, profile, leaves):
+    if not c.check(profile is not None, f"{name}: profile written"):
+        return
+    ios = profile["results"]["read"]["ios"]
+    c.check(ios > 0, f"{name}: workload did {ios} reads")
+    for stage in ["queue", "device"]:
+        n = stage_count(profile, stage)
+        c.check(within(n, ios, 0.01), f"{name}: {stage} stage counts {n} requests for {ios} reads (±1%)")
+    devices = {d["name"]: d for d in profile.get("devices", [])}
+    for leaf in leaves:
+        d = devices.get(leaf)
+        c.check(d is not None and d["stages"]["device"]["count"] > 0,
+                f"{name}: member {leaf} has its own stages")
+    if len(leaves) > 1 and all(l in devices for l in leaves):
+        total = sum(devices[l]["stages"]["device"]["count"] for l in leaves)
+        c.check(total == stage_count(profile, "device"),
+                f"{name}: members' device stages sum to the target's ({total})")
+    return devices
+
+
+def check_nvme_queues(c, profile, device):
+    """Every hardware queue that took the workload's requests has NVMe latency and its IRQ ran."""
+    used = [q for q in device.get("queues", []) if q["device"]["count"] > 0]
+    c.check(len(used) >= 1, f"nvme: {len(used)} hardware queues took I/O")
+    nvme = {q["qid"]: q for q in device.get("nvme_queues", [])}
+    irq_cpus = {}
+    for cpu in profile.get("cpus", []):
+        for irq, n in cpu.get("irqs", {}).items():
+            irq_cpus.setdefault(irq, {})[cpu["cpu"]] = n
+    host = {d["name"]: d for d in profile["host"]["block_devices"]}.get(device["name"], {})
+    queue_irqs = {i: q.get("irq") for i, q in enumerate(host.get("queues", []))}
+    for q in used:
+        hctx = q["hctx"]
+        latency = nvme.get(hctx + 1)
+        c.check(latency is not None and latency["count"] > 0,
+                f"nvme: queue {hctx} (qid {hctx + 1}) has NVMe command latency")
+        irq = queue_irqs.get(hctx)
+        if not c.check(irq is not None, f"nvme: queue {hctx} has an IRQ in the fingerprint"):
+            continue
+        counts = irq_cpus.get(irq["name"], {})
+        owners = cpu_list(irq.get("effective_affinity") or "")
+        c.check(any(counts.get(cpu, 0) > 0 for cpu in owners) if owners else sum(counts.values()) > 0,
+                f"nvme: {irq['name']} handled on its CPU(s) {owners}: {counts}")
+
+
+def cpu_list(text):
+    """"0-2,5" -> [0, 1, 2, 5]"""
+    cpus = []
+    for part in text.strip().split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            cpus.extend(range(int(lo), int(hi) + 1))
+        elif part:
+            cpus.append(int(part))
+    return cpus
+
+
+def check_sampler(c, profile):
+    sampler = ((profile.get("virtualization") or {}).get("sampler")) or {}
+    cpus = {s["cpu"]: s["samples"] for s in sampler.get("cpus", [])}
+    missing = [cpu for cpu in range(VCPUS) if cpus.get(cpu, 0) == 0]
+    c.check(not missing, f"sampler: samples on every CPU ({cpus})")
+
+
+def check_guest(c, console, results):
+    faults = guest_faults(console + (read_text(results, "dmesg") if results else ""))
+    c.check(not faults, "no guest oops or I/O stall" + (f": {'; '.join(faults)}" if faults else ""))
+    if not c.check(results is not None, "guest wrote its results"):
+        return
+    c.check(read_text(results, "setup.log") == "", f"modules loaded {read_text(results, 'setup.log').strip()}")
+    devices = read_text(results, "devices").split()
+    names = dict(kv.split("=", 1) for kv in devices if "=" in kv)
+    check_doctor(c, read_json(results, "doctor.out"))
+    for step in ["doctor", "nvme", "virtio", "mdadm", "md"]:
+        step_ok(c, results, step)
+    nvme = read_json(results, "nvme.json")
+    found = check_rand4k(c, results, "nvme", nvme, [names.get("nvme", "?")])
+    if found and names.get("nvme") in found:
+        check_nvme_queues(c, nvme, found[names["nvme"]])
+    if nvme:
+        check_sampler(c, nvme)
+    check_rand4k(c, results, "virtio", read_json(results, "virtio.json"), [names.get("virtio", "?")])
+    check_rand4k(c, results, "md", read_json(results, "md.json"), names.get("raid", "?,?").split(","))
+
+
+# --- main --------------------------------------------------------------------------------
+
+def test_kernel(kernel, virtgap, cache, keep, timeout):
+    log(f"{kernel.label}: {kernel.version}")
+    work = tempfile.mkdtemp(prefix=f"vmtest-{kernel.version}-", dir=os.path.join(cache, "runs"))
+    initrd = build_initramfs(kernel, virtgap, work)
+    console, results, secs = boot(kernel, initrd, work, "multi", timeout)
+    faults = guest_faults(console)
+    if any(f.startswith("kernel oops") for f in faults):
+        # Multi-threaded TCG has oopsed while tracepoints were being patched across vCPUs;
+        # that is the emulator, so say so and try once with one host thread.
+        log(f"{kernel.label}: guest oopsed under thread=multi TCG ({faults[0]}); retrying with thread=single")
+        shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
+        console, results, secs = boot(kernel, initrd, work, "single", timeout * 2)
+    with open(os.path.join(work, "console.log"), "w") as f:
+        f.write(console)
+    log(f"{kernel.label}: guest ran {secs:.0f} s")
+    c = Checks(kernel.label)
+    check_guest(c, console, results)
+    if c.failures:
+        tail = "\n".join(console.splitlines()[-25:])
+        print(f"  last console lines:\n{tail}")
+    if keep or c.failures:
+        log(f"{kernel.label}: kept {work} (console.log, out/)")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    return c
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kernels", nargs="*", help="5.10, 6.1, 6.12, a Debian package name, or a vmlinuz path "
+                   f"(default: {' '.join(DEFAULT_KERNELS)})")
+    p.add_argument("--virtgap", default=os.path.join(ROOT, "target", "release", "virtgap"))
+    p.add_argument("--cache", default=os.path.join(ROOT, "target", "vmtest"),
+                   help="downloaded kernels and run directories")
+    p.add_argument("--modroot", help="for a vmlinuz path: the directory holding lib/modules/VERSION")
+    p.add_argument("--keep", action="store_true", help="keep each run's directory (initramfs, disks, results)")
+    p.add_argument("--timeout", type=int, default=240, help="seconds one guest may run")
+    args = p.parse_args()
+    if not os.access(args.virtgap, os.X_OK):
+        sys.exit(f"vmtest: no virtgap binary at {args.virtgap}; run `just build` first")
+    for tool in ["qemu-system-x86_64", "cpio", "mdadm", "modprobe", "dpkg-deb"]:
+        if not shutil.which(tool) and not os.path.exists(f"/sbin/{tool}"):
+            sys.exit(f"vmtest: {tool} not found; `./setup.sh vmtest` installs what the tier needs")
+    if not os.path.exists("/bin/busybox"):
+        sys.exit("vmtest: /bin/busybox not found; install busybox-static")
+    os.makedirs(os.path.join(args.cache, "runs"), exist_ok=True)
+    kernels = [resolve_kernel(k, args.cache, args.modroot) for k in (args.kernels or DEFAULT_KERNELS)]
+    results = [test_kernel(k, args.virtgap, args.cache, args.keep, args.timeout) for k in kernels]
+    print()
+    for c in results:
+        print(f"vmtest: {c.label:<8} {c.passed} passed, {len(c.failures)} failed")
+    sys.exit(1 if any(c.failures for c in results) else 0)
+
+
+if __name__ == "__main__":
+    main()
