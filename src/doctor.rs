@@ -197,6 +197,30 @@ struct DoctorJson<'a> {
     /// Every family's outcome and each loaded map's kernel memory.
     capabilities: &'a CapabilityReport,
     map_memory: MapMemoryTotals,
+    histogram_self_test: SelfTest,
+}
+
+/// The in-kernel histogram self-test's outcome.
+#[derive(Clone, Debug, Serialize)]
+struct SelfTest {
+    ok: bool,
+    /// Values checked, or what went wrong.
+    detail: String,
+}
+
+fn histogram_self_test() -> SelfTest {
+    match virtgap_probes::selftest::histogram_self_test() {
+        Ok(n) => SelfTest {
+            ok: true,
+            detail: format!(
+                "{n} known values landed in their slots, plain and atomic (BPF_PROG_TEST_RUN)"
+            ),
+        },
+        Err(e) => SelfTest {
+            ok: false,
+            detail: e,
+        },
+    }
 }
 
 /// The probes' kernel map memory on this host, and the same maps on bigger hosts.
@@ -272,6 +296,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
             degraded_views: degraded,
             capabilities: &session.report,
             map_memory: map_memory(&session.report),
+            histogram_self_test: histogram_self_test(),
         };
         serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
@@ -299,6 +324,13 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
         writeln!(out, "  {d}")?;
     }
     write_map_memory(&mut out, &session.report)?;
+    let selftest = histogram_self_test();
+    let verdict = if selftest.ok { "ok" } else { "FAILED" };
+    writeln!(
+        out,
+        "in-kernel histogram self-test: {verdict}: {}",
+        selftest.detail
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -121,8 +121,10 @@ impl std::fmt::Debug for KernelTracepoints {
     }
 }
 
-/// Modules whose tracepoints a family may use.
-const TRACED_MODULES: &[&str] = &["nvme_core", "kvm"];
+/// Modules whose tracepoints a family may use, with their tracepoints' name prefix and
+/// tracefs event system.
+const TRACED_MODULES: &[(&str, &str, &str)] =
+    &[("nvme_core", "nvme_", "nvme"), ("kvm", "kvm_", "kvm")];
 
 impl KernelTracepoints {
     pub fn load() -> Self {
@@ -132,8 +134,8 @@ impl KernelTracepoints {
             .map(|vmlinux| {
                 TRACED_MODULES
                     .iter()
-                    .filter(|m| std::path::Path::new("/sys/kernel/btf").join(m).exists())
-                    .filter_map(|m| ModuleBtf::load(m, vmlinux))
+                    .filter(|(m, ..)| std::path::Path::new("/sys/kernel/btf").join(m).exists())
+                    .filter_map(|(m, ..)| ModuleBtf::load(m, vmlinux))
                     .collect()
             })
             .unwrap_or_default();
@@ -144,17 +146,34 @@ impl KernelTracepoints {
         self.btf.is_some()
     }
 
-    /// Whether tracepoint `name` exists, in vmlinux or a loaded module. Without BTF the answer
-    /// is "assume yes" and the attach itself decides.
+    /// Whether tracepoint `name` exists, in vmlinux or a loaded module. Without BTF to say
+    /// (no kernel BTF, or a module built without it, as on 5.10), tracefs decides when it is
+    /// mounted, else the answer is "assume yes" and the attach itself decides.
     pub fn has(&self, name: &str) -> bool {
         let typedef = format!("btf_trace_{name}");
-        match &self.btf {
-            Some(btf) => {
-                btf.type_by_name::<Typedef<'_>>(&typedef).is_some()
-                    || self.modules.iter().any(|m| m.has_typedef(&typedef))
-            }
-            None => true,
+        let Some(btf) = &self.btf else {
+            return true;
+        };
+        if btf.type_by_name::<Typedef<'_>>(&typedef).is_some()
+            || self.modules.iter().any(|m| m.has_typedef(&typedef))
+        {
+            return true;
         }
+        // A module tracepoint whose module is loaded but exposes no BTF.
+        TRACED_MODULES.iter().any(|(module, prefix, system)| {
+            name.starts_with(prefix)
+                && std::path::Path::new("/sys/module").join(module).exists()
+                && !self.has_module_btf(module)
+                && tracefs_has(system, name).unwrap_or(true)
+        })
+    }
+
+    /// Whether tracepoint `name` is built into the kernel image (vmlinux BTF names it).
+    pub fn in_vmlinux(&self, name: &str) -> bool {
+        self.btf.as_ref().is_some_and(|btf| {
+            btf.type_by_name::<Typedef<'_>>(&format!("btf_trace_{name}"))
+                .is_some()
+        })
     }
 
     /// Whether `module` has BTF this kernel exposes (tp_btf programs on its tracepoints need it).
@@ -186,6 +205,14 @@ impl KernelTracepoints {
         };
         Some(target.name().is_some_and(|n| n == "request_queue"))
     }
+}
+
+/// Whether tracefs lists event `system/name`; None when tracefs is not mounted.
+fn tracefs_has(system: &str, name: &str) -> Option<bool> {
+    let events = std::path::Path::new("/sys/kernel/tracing/events");
+    events
+        .exists()
+        .then(|| events.join(system).join(name).exists())
 }
 
 /// The tracepoint a program's section names ("tp_btf/block_rq_issue" -> "block_rq_issue").

@@ -66,6 +66,12 @@ pub mod kvm {
     plain_types!(types::vg_kvm_key, types::vg_exit_key, types::vg_hist);
 }
 
+pub mod hist_check {
+    include!(concat!(env!("OUT_DIR"), "/hist_check.skel.rs"));
+    hist_type!();
+    plain_types!(types::vg_hist);
+}
+
 pub mod pvpath {
     include!(concat!(env!("OUT_DIR"), "/pvpath.skel.rs"));
     hist_type!();

@@ -16,6 +16,7 @@ pub mod memory;
 pub mod model;
 pub mod procfs;
 pub mod report;
+pub mod selftest;
 pub mod session;
 pub mod virt;
 

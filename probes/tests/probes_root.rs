@@ -483,3 +483,16 @@ fn the_sampler_sees_a_busy_user_loop_and_an_idle_cpu() {
         }
     }
 }
+
+/// Known values fed through the BPF histogram helper on this kernel land in the slots whose
+/// bounds hold them (the helper itself runs, through BPF_PROG_TEST_RUN; see selftest.rs).
+#[test]
+fn the_in_kernel_histogram_puts_known_values_in_their_slots() {
+    if !bpf_allowed() {
+        return;
+    }
+    match virtgap_probes::selftest::histogram_self_test() {
+        Ok(n) => assert!(n > 200, "only {n} values checked"),
+        Err(e) => panic!("histogram self-test: {e}"),
+    }
+}

@@ -29,7 +29,7 @@ struct KvmProbe<'obj> {
 }
 
 pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
-    let builtin = cx.kernel.has("kvm_exit");
+    let builtin = cx.kernel.in_vmlinux("kvm_exit");
     let module = std::path::Path::new("/sys/module/kvm").exists();
     if !builtin && !module {
         return Err(FamilyReport::unavailable(Family::KvmHost, NOT_A_KVM_HOST));
