@@ -22,6 +22,11 @@ record *ARGS: build
 test:
     cargo test --workspace --locked --no-fail-fast
 
+# The VM tier: boot Debian's 5.10, 6.1 and 6.12 kernels (or those named: 6.1, a package, a
+# vmlinuz path) under QEMU with NVMe, virtio-blk and md RAID0; check every probe family inside
+vmtest *KERNELS: build
+    python3 scripts/vmtest.py {{KERNELS}}
+
 # Formatting and lints
 lint:
     cargo fmt --all --check
