@@ -147,6 +147,9 @@ static __always_inline int on_io_start(struct request *rq)
 	__u64 key = (__u64)rq;
 	struct rq_track fresh = { .start_ns = bpf_ktime_get_ns() };
 
+	/* Newer verifiers type tracepoint pointers as maybe-NULL: check before any use. */
+	if (!rq)
+		return 0;
 	if (!vg_current_wanted()) {
 		/* The address may have served one of ours that was merged away. */
 		bpf_map_delete_elem(&requests, &key);
@@ -161,6 +164,8 @@ static __always_inline int on_bio_queue(struct bio *bio)
 {
 	__u64 key = (__u64)bio, now = bpf_ktime_get_ns();
 
+	if (!bio)
+		return 0;
 	if (!vg_current_wanted()) {
 		/* A recycled bio of ours must not make another process's request look ours. */
 		bpf_map_delete_elem(&bios, &key);
@@ -189,8 +194,11 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 static __always_inline int on_issue(struct request *rq, bool btf)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta;
-	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
+	struct rq_track *t;
 
+	if (!rq)
+		return 0;
+	t = bpf_map_lookup_elem(&requests, &key);
 	if (!t) {
 		struct rq_track fresh = {};
 
@@ -227,8 +235,11 @@ static __always_inline int on_merge(struct request *rq)
 static __always_inline int on_complete(struct request *rq)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta;
-	struct rq_track *t = bpf_map_lookup_elem(&requests, &key);
+	struct rq_track *t;
 
+	if (!rq)
+		return 0;
+	t = bpf_map_lookup_elem(&requests, &key);
 	if (!t)
 		return 0;
 	if (!t->issue_ns) {

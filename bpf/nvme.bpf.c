@@ -62,6 +62,9 @@ static __always_inline int on_setup(struct request *rq)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
 
+	/* Newer verifiers type tracepoint pointers as maybe-NULL: check before any use. */
+	if (!rq)
+		return 0;
 	if (bpf_map_update_elem(&commands, &key, &now, BPF_ANY))
 		bump_dropped();
 	return 0;
@@ -74,7 +77,7 @@ static __always_inline int on_complete(struct request *rq)
 	__u32 zero = 0;
 	void *init;
 
-	if (!ts)
+	if (!rq || !ts)
 		return 0;
 	struct vg_nvme_key k = {
 		.dev = vg_disk_dev(vg_rq_disk(rq)),

@@ -44,7 +44,7 @@ static __always_inline int on_wakeup(struct task_struct *p, bool btf)
 	__u32 pid;
 	__u64 now;
 
-	if (!filter_tgid || !vg_tgid_wanted(btf ? p->tgid : BPF_CORE_READ(p, tgid)))
+	if (!p || !filter_tgid || !vg_tgid_wanted(btf ? p->tgid : BPF_CORE_READ(p, tgid)))
 		return 0;
 	pid = btf ? p->pid : BPF_CORE_READ(p, pid);
 	now = bpf_ktime_get_ns();
@@ -67,7 +67,7 @@ static __always_inline int on_switch(struct task_struct *next, bool btf)
 
 	/* `current` is the task switching out: a chance to learn the global tgid. */
 	vg_learn_global_tgid();
-	if (!filter_tgid || !vg_tgid_wanted(btf ? next->tgid : BPF_CORE_READ(next, tgid)))
+	if (!next || !filter_tgid || !vg_tgid_wanted(btf ? next->tgid : BPF_CORE_READ(next, tgid)))
 		return 0;
 	pid = btf ? next->pid : BPF_CORE_READ(next, pid);
 	ts = bpf_map_lookup_elem(&woken, &pid);

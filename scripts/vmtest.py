@@ -70,6 +70,8 @@ RUN_SECONDS = 5
 MULTI_ATTEMPTS = 6
 # A step that takes longer is stuck; it is killed so the others still report.
 STEP_TIMEOUT = 60
+# A guest whose console says nothing for this long is stuck (steps report every start and end).
+STALL_SECONDS = STEP_TIMEOUT + 30
 # Devices by the serial QEMU gives them; the guest finds their kernel names by serial.
 NVME_SERIAL = "vgnvme0"
 RAID_SERIALS = ["vgraid1", "vgraid2"]
@@ -329,7 +331,7 @@ def boot(kernel, initrd, work, tcg_thread, timeout):
            # Under TCG a vCPU thread can starve for seconds on a busy host: the guest's lockup
            # and RCU stall watchdogs would report the emulator, not the kernel. A real hang
            # still shows as a step that runs past its timeout.
-           "-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 nowatchdog rcupdate.rcu_cpu_stall_suppress=1"]
+           "-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 nowatchdog rcupdate.rcu_cpu_stall_suppress=1 nokaslr"]
     for i, serial in enumerate([NVME_SERIAL, *RAID_SERIALS]):
         path = disk(serial, 512 if i == 0 else 256)
         cmd += ["-drive", f"file={path},if=none,id=n{i},format=raw",
@@ -338,12 +340,31 @@ def boot(kernel, initrd, work, tcg_thread, timeout):
         path = disk(serial, size)
         cmd += ["-drive", f"file={path},if=none,id={serial},format=raw",
                 "-device", f"virtio-blk-pci,drive={serial},serial={serial}"]
+    monitor = os.path.join(work, "monitor.sock")
+    cmd += ["-monitor", f"unix:{monitor},server,nowait"]
     started = time.monotonic()
-    try:
-        proc = subprocess.run(cmd, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
-        console = proc.stdout.decode(errors="replace")
-    except subprocess.TimeoutExpired as e:
-        console = (e.stdout or b"").decode(errors="replace") + f"\n[vmtest: timed out after {timeout} s]\n"
+    console_path = os.path.join(work, "console.raw")
+    with open(console_path, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        stuck = ""
+        size, last_growth = 0, time.monotonic()
+        while proc.poll() is None:
+            time.sleep(1)
+            now = time.monotonic()
+            grown = os.path.getsize(console_path)
+            if grown != size:
+                size, last_growth = grown, now
+            # Every step prints when it starts and ends and none takes this long: silence
+            # means the guest is stuck.
+            silent = now - last_growth > STALL_SECONDS
+            if silent or now - started > timeout:
+                why = f"silent for {STALL_SECONDS} s" if silent else f"past {timeout} s"
+                # Where each vCPU is, before the guest is killed: a hang names its own place.
+                stuck = f"\n[vmtest: timed out ({why}); vCPUs at: {vcpu_places(monitor, kernel)}]\n"
+                proc.kill()
+                proc.wait()
+    with open(console_path, "rb") as f:
+        console = f.read().decode(errors="replace") + stuck
     seconds = time.monotonic() - started
     results = os.path.join(work, "out")
     os.makedirs(results, exist_ok=True)
@@ -356,6 +377,48 @@ def boot(kernel, initrd, work, tcg_thread, timeout):
     if not os.path.exists(os.path.join(results, "uname")):
         return console, None, seconds
     return console, results, seconds
+
+
+def vcpu_places(monitor, kernel):
+    """Each vCPU's instruction pointer as a kernel symbol, through QEMU's monitor."""
+    import socket
+    try:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(monitor)
+            s.sendall(b"info registers -a\n")
+            time.sleep(1)
+            text = b""
+            while True:
+                try:
+                    chunk = s.recv(65536)
+                except socket.timeout:
+                    break
+                if not chunk:
+                    break
+                text += chunk
+                if text.count(b"RIP=") >= VCPUS:
+                    break
+    except OSError as e:
+        return f"monitor unavailable ({e})"
+    rips = [int(m, 16) for m in re.findall(r"RIP=([0-9a-f]{16})", text.decode(errors="replace"))]
+    symbols = []
+    system_map = os.path.join(kernel.modroot, "boot", f"System.map-{kernel.version}")
+    table = []
+    if os.path.exists(system_map):
+        with open(system_map) as f:
+            for line in f:
+                addr, kind, name = line.split()[:3]
+                if kind in "tTwW":
+                    table.append((int(addr, 16), name))
+        table.sort()
+    import bisect
+    for rip in rips:
+        # A KASLR offset moves the kernel: match by the address's offset within its 2 MiB
+        # alignment is not enough, so report raw addresses when no symbol fits.
+        i = bisect.bisect_right(table, (rip, "~")) - 1
+        symbols.append(table[i][1] if 0 <= i < len(table) and rip - table[i][0] < 1 << 20 else hex(rip))
+    return ", ".join(symbols) or "unknown"
 
 
 def guest_faults(text):
@@ -431,6 +494,10 @@ def check_doctor(c, doctor, release):
         pinned = f" (without {', '.join(expected)}: not in {release}, as expected)" if expected else ""
         c.check(not f.get("unavailable") and not unexpected and f["tracepoints"],
                 f"{name} attached{pinned}" + (f" (not: {why[:300]})" if why else ""))
+        # tp_btf loads wherever BTF types the tracepoint: vmlinux, or module BTF from 5.11.
+        module_without_btf = name == "nvme" and version < (5, 11)
+        if f.get("fallback") and not module_without_btf:
+            c.check(False, f"{name} fell back to raw_tp: {f['fallback'][:300]}")
     # kvm.ko is loaded: with module BTF (5.11+) every kvm tracepoint attaches; without it the
     # family says why rather than guessing layouts.
     kvm = families.get("kvm_host") or {}
@@ -575,7 +642,7 @@ def test_kernel(kernel, virtgap, cache, keep, timeout):
         console, results, secs = boot(kernel, initrd, work, mode, timeout * (2 if mode == "single" else 1))
         oops = [f for f in guest_faults(console) if f.startswith("kernel oops")]
         if results is None and "[vmtest: timed out" in console:
-            oops.append(f"no results within {timeout} s")
+            oops.append(console[console.rfind("[vmtest: timed out"):].strip())
         if not oops or n == len(attempts) - 1:
             break
         with open(os.path.join(work, f"console.attempt{n + 1}.log"), "w") as f:

@@ -323,6 +323,23 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     for d in &degraded {
         writeln!(out, "  {d}")?;
     }
+    let notes: Vec<String> = session
+        .report
+        .families
+        .iter()
+        .filter_map(|f| {
+            f.fallback
+                .as_ref()
+                .map(|why| format!("{}: loaded as raw_tp because {why}", f.family.name()))
+        })
+        .chain(session.report.notes.iter().cloned())
+        .collect();
+    if !notes.is_empty() {
+        writeln!(out, "\nnotes:")?;
+        for n in &notes {
+            writeln!(out, "  {n}")?;
+        }
+    }
     write_map_memory(&mut out, &session.report)?;
     let selftest = histogram_self_test();
     let verdict = if selftest.ok { "ok" } else { "FAILED" };

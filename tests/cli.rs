@@ -513,19 +513,36 @@ fn probes_follow_the_workload_inside_a_pid_namespace() {
     let out = Command::new("unshare")
         .args(["--pid", "--fork", "--mount-proc"])
         .arg(assert_cmd::cargo::cargo_bin("virtgap"))
-        .args(["record", "--size", "16MiB", "--duration", "2s", "--quiet", "--probes", "block,wakeup", "--dir"])
+        .args([
+            "record",
+            "--size",
+            "16MiB",
+            "--duration",
+            "2s",
+            "--quiet",
+            "--probes",
+            "block,wakeup",
+            "--dir",
+        ])
         .arg(dir.path())
         .arg("-o")
         .arg(&profile)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
     let ios = doc["stages"]["app"]["count"].as_u64().unwrap() as f64;
     let reqs = doc["stages"]["device"]["count"].as_u64().unwrap_or(0) as f64;
     assert!(ios > 0.0);
-    assert!((reqs - ios).abs() / ios < 0.02, "{reqs} requests seen for {ios} I/Os");
+    assert!(
+        (reqs - ios).abs() / ios < 0.02,
+        "{reqs} requests seen for {ios} I/Os"
+    );
     assert!(
         doc["stages"]["wakeup"]["count"].as_u64().unwrap_or(0) > 0,
         "wakeups of the workload's threads: {}",

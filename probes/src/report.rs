@@ -61,6 +61,9 @@ pub struct FamilyReport {
     pub unavailable: Option<String>,
     /// Per tracepoint: attached how, or why not.
     pub tracepoints: Vec<AttachOutcome>,
+    /// Why the preferred flavour (tp_btf) did not load, when a fallback did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallback: Option<String>,
 }
 
 pub(crate) const NO_NVME: &str = "no NVMe on this host (nvme_core module not loaded)";
@@ -72,6 +75,7 @@ impl FamilyReport {
             family,
             unavailable: Some(reason.into()),
             tracepoints: vec![],
+            fallback: None,
         }
     }
 

@@ -368,6 +368,7 @@ where
                     family,
                     unavailable: None,
                     tracepoints: outcomes,
+                    fallback: (!errors.is_empty()).then(|| errors.join("; ")),
                 };
                 return Ok((skel, links, report));
             }

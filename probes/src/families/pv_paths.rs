@@ -260,6 +260,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadR
         family: Family::PvPaths,
         unavailable: None,
         tracepoints: outcomes,
+        fallback: None,
     };
     let timer = PvTimer {
         symbols: selected,

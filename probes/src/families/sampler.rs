@@ -120,6 +120,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         family: Family::Sampler,
         unavailable: None,
         tracepoints: outcomes,
+        fallback: None,
     };
     Ok((Box::new(probe), report))
 }
