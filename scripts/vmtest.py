@@ -20,6 +20,7 @@ busybox-static, mdadm, cpio and apt; `./setup.sh vmtest` installs them.
 """
 
 import argparse
+import bisect
 import dataclasses
 import gzip
 import json
@@ -77,6 +78,8 @@ NVME_SERIAL = "vgnvme0"
 RAID_SERIALS = ["vgraid1", "vgraid2"]
 VIRTIO_SERIAL = "vgvirtio"
 OUT_SERIAL = "vgout"
+# Where on the results disk the guest leaves its symbol table (the archive starts at 0).
+SYMBOLS_MIB = 48
 
 GUEST_FAULTS = [
     (re.compile(r"Oops|BUG: |general protection fault|Kernel panic|Call Trace:"), "kernel oops"),
@@ -244,6 +247,11 @@ step() {
 }
 
 uname -r > /out/uname
+# The kernel's text symbols, early and apart from the results archive, so a guest that hangs
+# later can still be told where its vCPUs were.
+OUT=$(disk_by_serial @OUT@)
+grep ' [tT] ' /proc/kallsyms | gzip -1 | dd of=/dev/$OUT bs=1M seek=@SYMBOLS_MIB@ conv=notrunc 2>/dev/null
+sync
 cat /proc/interrupts > /out/interrupts.before
 NVME=$(disk_by_serial @NVME@); VIRTIO=$(disk_by_serial @VIRTIO@)
 R1=$(disk_by_serial @RAID1@); R2=$(disk_by_serial @RAID2@)
@@ -266,7 +274,6 @@ echo "md0 $(cat /sys/block/md0/dev 2>/dev/null)" >> /out/devnums
 step md $RECORD --target /dev/md0 -o /out/md.json
 cat /proc/interrupts > /out/interrupts.after
 dmesg > /out/dmesg
-OUT=$(disk_by_serial @OUT@)
 tar -cf /dev/$OUT -C /out . && sync
 echo "vmtest-guest: done" > /dev/console
 poweroff -f
@@ -300,7 +307,8 @@ def build_initramfs(kernel, virtgap, work):
                        "@RAID2@": RAID_SERIALS[1], "@VIRTIO@": VIRTIO_SERIAL,
                        "@OUT@": OUT_SERIAL, "@VCPUS@": str(VCPUS),
                        "@SECONDS@": str(RUN_SECONDS),
-                       "@STEP_TIMEOUT@": str(STEP_TIMEOUT)}.items():
+                       "@STEP_TIMEOUT@": str(STEP_TIMEOUT),
+                       "@SYMBOLS_MIB@": str(SYMBOLS_MIB)}.items():
         init = init.replace(key, value)
     os.symlink("busybox", os.path.join(root, "bin", "sh"))
     with open(os.path.join(root, "init"), "w") as f:
@@ -331,7 +339,7 @@ def boot(kernel, initrd, work, tcg_thread, timeout):
            # Under TCG a vCPU thread can starve for seconds on a busy host: the guest's lockup
            # and RCU stall watchdogs would report the emulator, not the kernel. A real hang
            # still shows as a step that runs past its timeout.
-           "-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 nowatchdog rcupdate.rcu_cpu_stall_suppress=1 nokaslr"]
+           "-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 nowatchdog rcupdate.rcu_cpu_stall_suppress=1"]
     for i, serial in enumerate([NVME_SERIAL, *RAID_SERIALS]):
         path = disk(serial, 512 if i == 0 else 256)
         cmd += ["-drive", f"file={path},if=none,id=n{i},format=raw",
@@ -360,7 +368,7 @@ def boot(kernel, initrd, work, tcg_thread, timeout):
             if silent or now - started > timeout:
                 why = f"silent for {STALL_SECONDS} s" if silent else f"past {timeout} s"
                 # Where each vCPU is, before the guest is killed: a hang names its own place.
-                stuck = f"\n[vmtest: timed out ({why}); vCPUs at: {vcpu_places(monitor, kernel)}]\n"
+                stuck = f"\n[vmtest: timed out ({why}); vCPUs at: {vcpu_places(monitor, work)}]\n"
                 proc.kill()
                 proc.wait()
     with open(console_path, "rb") as f:
@@ -379,7 +387,25 @@ def boot(kernel, initrd, work, tcg_thread, timeout):
     return console, results, seconds
 
 
-def vcpu_places(monitor, kernel):
+def guest_symbols(work):
+    """The guest's text symbols, sorted, from where its init left them on the results disk."""
+    import zlib
+    try:
+        with open(os.path.join(work, f"{OUT_SERIAL}.img"), "rb") as f:
+            f.seek(SYMBOLS_MIB << 20)
+            text = zlib.decompressobj(wbits=31).decompress(f.read(16 << 20)).decode(errors="replace")
+    except (OSError, zlib.error):
+        return []
+    table = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3:
+            table.append((int(parts[0], 16), parts[2]))
+    table.sort()
+    return table
+
+
+def vcpu_places(monitor, work):
     """Each vCPU's instruction pointer as a kernel symbol, through QEMU's monitor."""
     import socket
     try:
@@ -402,23 +428,13 @@ def vcpu_places(monitor, kernel):
     except OSError as e:
         return f"monitor unavailable ({e})"
     rips = [int(m, 16) for m in re.findall(r"RIP=([0-9a-f]{16})", text.decode(errors="replace"))]
-    symbols = []
-    system_map = os.path.join(kernel.modroot, "boot", f"System.map-{kernel.version}")
-    table = []
-    if os.path.exists(system_map):
-        with open(system_map) as f:
-            for line in f:
-                addr, kind, name = line.split()[:3]
-                if kind in "tTwW":
-                    table.append((int(addr, 16), name))
-        table.sort()
-    import bisect
+    table = guest_symbols(work)
+    places = []
     for rip in rips:
-        # A KASLR offset moves the kernel: match by the address's offset within its 2 MiB
-        # alignment is not enough, so report raw addresses when no symbol fits.
         i = bisect.bisect_right(table, (rip, "~")) - 1
-        symbols.append(table[i][1] if 0 <= i < len(table) and rip - table[i][0] < 1 << 20 else hex(rip))
-    return ", ".join(symbols) or "unknown"
+        near = 0 <= i < len(table) and rip - table[i][0] < 1 << 16
+        places.append(f"{table[i][1]}+{rip - table[i][0]:#x}" if near else hex(rip))
+    return ", ".join(places) or "unknown"
 
 
 def guest_faults(text):
@@ -624,7 +640,11 @@ def check_guest(c, console, results):
         ios = virtio["results"]["read"]["ios"]
         c.check(disk_reads > ios * 1.05,
                 f"virtio: another process's {disk_reads - ios} reads ran meanwhile and were not counted")
-    check_rand4k(c, results, "md", read_json(results, "md.json"), names.get("raid", "?,?").split(","))
+    raid = names.get("raid", "?,?").split(",")
+    check_rand4k(c, results, "md", read_json(results, "md.json"), raid)
+    summary = read_text(results, "md.out")
+    c.check(f"on md0 ({' + '.join(sorted(raid))}, summed)" in summary,
+            "md: the summary shows md0's stages summed over its members")
 
 
 # --- main --------------------------------------------------------------------------------

@@ -13,6 +13,23 @@ fn opt_latency(v: Option<f64>) -> String {
     v.map(units::latency).unwrap_or_else(|| "-".into())
 }
 
+/// One block-stage table: queue and device rows under a title.
+fn stage_table(
+    out: &mut impl Write,
+    title: &str,
+    queue: &KernelHist,
+    device: &KernelHist,
+) -> io::Result<()> {
+    writeln!(out, "  {title}:")?;
+    writeln!(
+        out,
+        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "stage", "requests", "mean", "p50", "p99", "p99.9"
+    )?;
+    stage_row(out, "queue", queue)?;
+    stage_row(out, "device", device)
+}
+
 fn stage_row(out: &mut impl Write, name: &str, h: &KernelHist) -> io::Result<()> {
     writeln!(
         out,
@@ -26,7 +43,11 @@ fn stage_row(out: &mut impl Write, name: &str, h: &KernelHist) -> io::Result<()>
     )
 }
 
-pub fn write(out: &mut impl Write, p: &ProbeResults) -> io::Result<()> {
+pub fn write(
+    out: &mut impl Write,
+    p: &ProbeResults,
+    disks: &crate::host::TargetDisks,
+) -> io::Result<()> {
     let Some(report) = &p.report else {
         return writeln!(out, "  probes: off (--no-probes)");
     };
@@ -58,19 +79,30 @@ pub fn write(out: &mut impl Write, p: &ProbeResults) -> io::Result<()> {
                     if device.is_empty() && queue.is_empty() {
                         continue;
                     }
-                    writeln!(
-                        out,
-                        "  block stages of this process's {} on {name}:",
-                        op.name()
-                    )?;
-                    writeln!(
-                        out,
-                        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9}",
-                        "stage", "requests", "mean", "p50", "p99", "p99.9"
-                    )?;
-                    stage_row(out, "queue", &queue)?;
-                    stage_row(out, "device", &device)?;
+                    let title = format!("block stages of this process's {} on {name}", op.name());
+                    stage_table(out, &title, &queue, &device)?;
                 }
+            }
+            // A stacked target: its stages are its disks' together.
+            if let (Some(top), Some(devs)) = (&disks.top, disks.devs().filter(|d| d.len() > 1)) {
+                for op in [BlockOp::Read, BlockOp::Write] {
+                    let queue = block.stage(Some(&devs), BlockStage::Queue, &[op]);
+                    let device = block.stage(Some(&devs), BlockStage::Device, &[op]);
+                    if device.is_empty() && queue.is_empty() {
+                        continue;
+                    }
+                    let members: Vec<&str> = disks.leaves.iter().map(|d| d.name.as_str()).collect();
+                    let title = format!(
+                        "block stages of this process's {} on {} ({}, summed)",
+                        op.name(),
+                        top.name,
+                        members.join(" + ")
+                    );
+                    stage_table(out, &title, &queue, &device)?;
+                }
+            }
+            if let Some(note) = disks.note.as_deref().filter(|_| disks.leaves.is_empty()) {
+                writeln!(out, "    {note}")?;
             }
             let (cross, total) = block.cross_cpu_completions();
             if total > 0 {

@@ -215,6 +215,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         interrupted,
         started: wall_start,
         probes: &probes,
+        disks,
     };
     if args.output.is_some() || args.csv.is_some() {
         let profile = crate::profile::assemble(crate::profile::ProfileInputs {

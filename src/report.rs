@@ -23,6 +23,8 @@ pub struct Report<'a> {
     pub interrupted: bool,
     pub started: SystemTime,
     pub probes: &'a ProbeResults,
+    /// The disks whose block stages are the target's.
+    pub disks: &'a crate::host::TargetDisks,
 }
 
 /// Per-interval IOPS and bandwidth spread of one direction.
@@ -156,7 +158,7 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
     if let Some(kv) = &r.stats.kv {
         crate::kv_report::write(out, kv)?;
     }
-    crate::probe_report::write(out, r.probes)?;
+    crate::probe_report::write(out, r.probes, r.disks)?;
     if r.interrupted {
         writeln!(
             out,
