@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * Block layer stages per (device, hardware queue, op): queue time (request started ->
- * issued to the driver) and device time (issued -> completed), as in-kernel log-linear
- * histograms with exact counts and sums. Requests are keyed by `struct request *` from their
- * start to their completion (or their merge into another request). Also counts submitting
- * CPU x completing CPU pairs.
+ * Block layer stages per (device, hardware queue, op): queue time (request started -> its last
+ * issue to the driver) and device time (last issue -> final completion), as in-kernel
+ * log-linear histograms with exact counts and sums, both recorded when the request completes.
+ * A requeued request is issued again: everything before its last issue is queueing. A request
+ * completed in parts ends at its last part. A flush (REQ_OP_FLUSH, or an empty PREFLUSH write:
+ * fsync's cache flush) is never issued itself; the block layer issues a per-queue flush command
+ * on its behalf, so its one stage is start -> completion, recorded as op "flush", stage device.
+ * Requests are keyed by `struct request *` from their start to their completion (or their merge
+ * into another request). Also counts submitting CPU x completing CPU pairs.
  *
  * Whose requests: the process filter must apply where a request is started, in its
  * submitter's context, because dispatch may happen later from kblockd or from another task's
@@ -33,11 +37,15 @@ const volatile bool have_io_start = false;
 
 struct rq_track {
 	__u64 start_ns;
+	/* The last issue to the driver (0: not issued). */
 	__u64 issue_ns;
-	/* Filled at issue so completion reads nothing from the request. */
+	/* Filled at issue so completion reads nothing but its byte count from the request. */
 	struct vg_block_key key;
 	__u32 submit_cpu;
-	__u32 pad;
+	/* Bytes not yet completed (a partial completion leaves the rest in flight). */
+	__u32 bytes_left;
+	/* A cache flush (seen at start: the block layer clears REQ_PREFLUSH before completion). */
+	__u32 flush;
 };
 
 /* Requests in flight, from start (or first issue) to completion; user space sizes it. */
@@ -82,6 +90,14 @@ struct {
 	__type(value, __u64);
 } completions_by_submitter SEC(".maps");
 
+/* First issues per device (major << 20 | minor): requests in flight = these - completions. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, __u64);
+} issued SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, VG_BLOCK_COUNTERS);
@@ -110,19 +126,38 @@ static __always_inline void bump(__u32 counter)
  * the verifier guards); raw_tp twins go through bpf_probe_read_kernel. `btf` is a constant in
  * each caller, so each program keeps only its own branch.
  */
-static __always_inline void fill_key(struct request *rq, bool btf, struct vg_block_key *key,
-				     __u32 *submit_cpu)
+/* REQ_OP_FLUSH, or a write with REQ_PREFLUSH and no data: a cache flush. */
+static __always_inline __u8 op_of_request(__u32 cmd_flags, __u32 data_len)
 {
-	key->dev = vg_disk_dev(vg_rq_disk(rq));
+	__u32 preflush = 1U << bpf_core_enum_value(enum req_flag_bits, __REQ_PREFLUSH);
+
+	if ((cmd_flags & preflush) && !data_len)
+		return VG_OP_FLUSH;
+	return vg_op_of(cmd_flags);
+}
+
+/*
+ * Reads from the request. tp_btf programs dereference kernel pointers directly (plain loads
+ * the verifier guards); raw_tp twins go through bpf_probe_read_kernel. `btf` is a constant in
+ * each caller, so each program keeps only its own branch.
+ */
+static __always_inline void fill_key(struct request *rq, bool btf, struct rq_track *t)
+{
+	__u32 cmd_flags;
+
+	t->key.dev = vg_disk_dev(vg_rq_disk(rq));
 	if (btf) {
-		key->hctx = rq->mq_hctx->queue_num;
-		key->op = vg_op_of(rq->cmd_flags);
-		*submit_cpu = rq->mq_ctx->cpu;
+		t->key.hctx = rq->mq_hctx->queue_num;
+		cmd_flags = rq->cmd_flags;
+		t->bytes_left = rq->__data_len;
+		t->submit_cpu = rq->mq_ctx->cpu;
 	} else {
-		key->hctx = BPF_CORE_READ(rq, mq_hctx, queue_num);
-		key->op = vg_op_of(BPF_CORE_READ(rq, cmd_flags));
-		*submit_cpu = BPF_CORE_READ(rq, mq_ctx, cpu);
+		t->key.hctx = BPF_CORE_READ(rq, mq_hctx, queue_num);
+		cmd_flags = BPF_CORE_READ(rq, cmd_flags);
+		t->bytes_left = BPF_CORE_READ(rq, __data_len);
+		t->submit_cpu = BPF_CORE_READ(rq, mq_ctx, cpu);
 	}
+	t->key.op = op_of_request(cmd_flags, t->bytes_left);
 }
 
 static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 delta)
@@ -142,10 +177,11 @@ static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 d
 	vg_hist_add(h, delta, true);
 }
 
-static __always_inline int on_io_start(struct request *rq)
+static __always_inline int on_io_start(struct request *rq, bool btf)
 {
 	__u64 key = (__u64)rq;
 	struct rq_track fresh = { .start_ns = bpf_ktime_get_ns() };
+	__u32 cmd_flags, data_len;
 
 	/* Newer verifiers type tracepoint pointers as maybe-NULL: check before any use. */
 	if (!rq)
@@ -155,6 +191,9 @@ static __always_inline int on_io_start(struct request *rq)
 		bpf_map_delete_elem(&requests, &key);
 		return 0;
 	}
+	cmd_flags = btf ? rq->cmd_flags : BPF_CORE_READ(rq, cmd_flags);
+	data_len = btf ? rq->__data_len : BPF_CORE_READ(rq, __data_len);
+	fresh.flush = op_of_request(cmd_flags, data_len) == VG_OP_FLUSH;
 	if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY))
 		bump(VG_BLOCK_DROPPED);
 	return 0;
@@ -193,7 +232,7 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 
 static __always_inline int on_issue(struct request *rq, bool btf)
 {
-	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta;
+	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
 	struct rq_track *t;
 
 	if (!rq)
@@ -213,12 +252,17 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 		if (!t)
 			return 0;
 	}
-	/* A requeued request is issued again: its queue time counts from the first start. */
 	if (!t->issue_ns) {
-		fill_key(rq, btf, &t->key, &t->submit_cpu);
-		if (vg_elapsed(t->start_ns, now, &delta))
-			record(&t->key, VG_STAGE_QUEUE, delta);
+		__u32 dev = vg_disk_dev(vg_rq_disk(rq));
+		__u64 one = 1, *n = bpf_map_lookup_elem(&issued, &dev);
+
+		if (n)
+			__sync_fetch_and_add(n, 1);
+		else
+			bpf_map_update_elem(&issued, &dev, &one, BPF_NOEXIST);
 	}
+	/* A requeued request is issued again: its device time counts from this issue. */
+	fill_key(rq, btf, t);
 	t->issue_ns = now;
 	return 0;
 }
@@ -232,7 +276,23 @@ static __always_inline int on_merge(struct request *rq)
 	return 0;
 }
 
-static __always_inline int on_complete(struct request *rq)
+/* A flush sequence's own request: never issued, its one stage is start -> completion. */
+static __always_inline void complete_unissued(struct request *rq, bool btf, struct rq_track *t, __u64 now)
+{
+	__u64 delta;
+
+	if (!t->flush) {
+		bump(VG_BLOCK_UNSEEN);
+		return;
+	}
+	t->key.dev = vg_disk_dev(vg_rq_disk(rq));
+	t->key.hctx = btf ? rq->mq_hctx->queue_num : BPF_CORE_READ(rq, mq_hctx, queue_num);
+	t->key.op = VG_OP_FLUSH;
+	if (vg_elapsed(t->start_ns, now, &delta))
+		record(&t->key, VG_STAGE_DEVICE, delta);
+}
+
+static __always_inline int on_complete(struct request *rq, unsigned int nr_bytes, bool btf)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta;
 	struct rq_track *t;
@@ -243,8 +303,18 @@ static __always_inline int on_complete(struct request *rq)
 	if (!t)
 		return 0;
 	if (!t->issue_ns) {
-		bump(VG_BLOCK_UNSEEN);
-	} else if (vg_elapsed(t->issue_ns, now, &delta)) {
+		complete_unissued(rq, btf, t, now);
+		bpf_map_delete_elem(&requests, &key);
+		return 0;
+	}
+	/* A partial completion: the rest of the request is still with the device. */
+	if (nr_bytes < t->bytes_left) {
+		t->bytes_left -= nr_bytes;
+		return 0;
+	}
+	if (vg_elapsed(t->start_ns, t->issue_ns, &delta))
+		record(&t->key, VG_STAGE_QUEUE, delta);
+	if (vg_elapsed(t->issue_ns, now, &delta)) {
 		record(&t->key, VG_STAGE_DEVICE, delta);
 		__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &t->submit_cpu);
 
@@ -258,13 +328,13 @@ static __always_inline int on_complete(struct request *rq)
 SEC("tp_btf/block_io_start")
 int BPF_PROG(block_io_start_btf, struct request *rq)
 {
-	return on_io_start(rq);
+	return on_io_start(rq, true);
 }
 
 SEC("raw_tp/block_io_start")
 int BPF_PROG(block_io_start_raw, struct request *rq)
 {
-	return on_io_start(rq);
+	return on_io_start(rq, false);
 }
 
 SEC("tp_btf/block_bio_queue")
@@ -339,16 +409,37 @@ int BPF_PROG(block_rq_merge_q_raw, struct request_queue *q, struct request *rq)
 	return on_merge(rq);
 }
 
-SEC("tp_btf/block_rq_complete")
-int BPF_PROG(block_rq_complete_btf, struct request *rq)
+/* Requeues are counted; the next issue restarts device time (see on_issue). */
+SEC("tp_btf/block_rq_requeue")
+int BPF_PROG(block_rq_requeue_btf, struct request *rq)
 {
-	return on_complete(rq);
+	__u64 key = (__u64)rq;
+
+	if (bpf_map_lookup_elem(&requests, &key))
+		bump(VG_BLOCK_REQUEUED);
+	return 0;
+}
+
+SEC("raw_tp/block_rq_requeue")
+int BPF_PROG(block_rq_requeue_raw, struct request *rq)
+{
+	__u64 key = (__u64)rq;
+
+	if (bpf_map_lookup_elem(&requests, &key))
+		bump(VG_BLOCK_REQUEUED);
+	return 0;
+}
+
+SEC("tp_btf/block_rq_complete")
+int BPF_PROG(block_rq_complete_btf, struct request *rq, int error, unsigned int nr_bytes)
+{
+	return on_complete(rq, nr_bytes, true);
 }
 
 SEC("raw_tp/block_rq_complete")
-int BPF_PROG(block_rq_complete_raw, struct request *rq)
+int BPF_PROG(block_rq_complete_raw, struct request *rq, int error, unsigned int nr_bytes)
 {
-	return on_complete(rq);
+	return on_complete(rq, nr_bytes, false);
 }
 
 /* Emit the shared types into BTF so the skeleton generates their Rust definitions. */

@@ -73,10 +73,19 @@ pub fn write(
                     .get(&dev)
                     .cloned()
                     .unwrap_or_else(|| format!("{}:{}", dev.0, dev.1));
-                for op in [BlockOp::Read, BlockOp::Write] {
+                for op in [BlockOp::Read, BlockOp::Write, BlockOp::Flush] {
                     let queue = block.stage(Some(&[dev]), BlockStage::Queue, &[op]);
                     let device = block.stage(Some(&[dev]), BlockStage::Device, &[op]);
                     if device.is_empty() && queue.is_empty() {
+                        continue;
+                    }
+                    if op == BlockOp::Flush {
+                        // Never issued itself: one stage, request start -> completion.
+                        writeln!(
+                            out,
+                            "  cache flushes of this process on {name} (start -> completion):"
+                        )?;
+                        stage_row(out, "flush", &device)?;
                         continue;
                     }
                     let title = format!("block stages of this process's {} on {name}", op.name());

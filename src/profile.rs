@@ -124,6 +124,9 @@ pub struct Stages {
     pub device: Option<Histogram>,
     /// Wakeup -> on CPU of the workload's threads.
     pub wakeup: Option<Histogram>,
+    /// The workload's cache flushes: request start -> completion (none counted before 6.5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush: Option<Histogram>,
 }
 
 /// One request-based disk under the target: its read and write stages, per hardware queue,
@@ -628,6 +631,10 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             wakeup: total
                 .and_then(|t| t.wakeups.as_ref())
                 .map(|w| Histogram::from_kernel(&w.latency)),
+            flush: total.and_then(|t| t.block.as_ref()).and_then(|b| {
+                let h = b.stage(devs.as_deref(), BlockStage::Device, &[BlockOp::Flush]);
+                (h.count > 0).then(|| Histogram::from_kernel(&h))
+            }),
         },
         intervals,
         cpus: total.map(cpu_loads).unwrap_or_default(),

@@ -40,9 +40,10 @@ struct vg_hist {
 
 /* Stage of a block request's life. */
 enum vg_block_stage {
-	/* Request started (allocated and accounted) -> issued to the driver. */
+	/* Request started (allocated and accounted) -> its last issue to the driver. */
 	VG_STAGE_QUEUE = 0,
-	/* Issued to the driver -> completed (device service plus interrupt delivery). */
+	/* Last issue to the driver -> final completion (device service plus interrupt delivery);
+	 * for a flush, request start -> completion. */
 	VG_STAGE_DEVICE = 1,
 };
 
@@ -71,7 +72,9 @@ enum vg_block_counter {
 	 * the probes attached, or never issued at all (a flush sequence's empty request).
 	 */
 	VG_BLOCK_UNSEEN = 1,
-	VG_BLOCK_COUNTERS = 2,
+	/* The driver handed a tracked request back to be issued again. */
+	VG_BLOCK_REQUEUED = 2,
+	VG_BLOCK_COUNTERS = 3,
 };
 
 /* NVMe command latency key. qid = hardware queue index + 1; 0 is the admin queue. */

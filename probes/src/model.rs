@@ -9,9 +9,10 @@ use crate::hist::KernelHist;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BlockStage {
-    /// Request started (allocated and accounted) -> issued to the driver.
+    /// Request started (allocated and accounted) -> its last issue to the driver.
     Queue,
-    /// Issued to the driver -> completed: device service plus interrupt delivery.
+    /// Last issue to the driver -> final completion: device service plus interrupt delivery.
+    /// For a flush (op `Flush`), request start -> completion.
     Device,
 }
 
@@ -69,12 +70,12 @@ pub struct BlockStageHist {
     pub hist: KernelHist,
 }
 
-/// Requests of one device, from the stage histograms' counts.
+/// Requests of one device: first issues, and completions (the device stage's count).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceGauge {
     pub dev: DevNum,
-    /// Requests issued and not yet completed, as of the snapshot (issued requests whose start
-    /// was not seen are not counted).
+    /// Requests issued and not yet completed, as of the snapshot (requests whose start was not
+    /// seen are not counted).
     pub inflight: i64,
     pub issued: u64,
     pub completed: u64,
@@ -95,8 +96,11 @@ pub struct BlockSnapshot {
     pub cpu_pairs: Vec<CpuPair>,
     /// Requests or histogram entries lost to full maps.
     pub dropped: u64,
-    /// Completions of requests never seen issued (in flight when the probe attached).
+    /// Completions of requests never seen issued (issued before the probes attached).
     pub unseen: u64,
+    /// Requests the driver handed back to be issued again.
+    #[serde(default)]
+    pub requeued: u64,
 }
 
 impl BlockSnapshot {
@@ -172,6 +176,7 @@ impl BlockSnapshot {
             cpu_pairs,
             dropped: self.dropped.saturating_sub(earlier.dropped),
             unseen: self.unseen.saturating_sub(earlier.unseen),
+            requeued: self.requeued.saturating_sub(earlier.requeued),
         }
     }
 }

@@ -177,6 +177,68 @@ fn block_stages_count_every_direct_read_of_this_process() {
     assert_eq!(block.dropped, 0);
 }
 
+/// Each fdatasync after a direct overwrite sends one cache flush (an empty PREFLUSH request)
+/// from this process to a disk with a volatile write cache: every one is counted, as op flush.
+#[test]
+fn every_fdatasync_cache_flush_is_counted_as_a_flush() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = data_file(dir.path(), 4);
+    let sys = disk_sysfs(dir.path());
+    let cache = std::fs::read_to_string(sys.join("queue/write_cache")).unwrap_or_default();
+    if !cache.contains("write back") {
+        eprintln!(
+            "skipping the flush count: {} has no volatile cache ({})",
+            sys.display(),
+            cache.trim()
+        );
+        return;
+    }
+    let disk = devnum(&sys);
+    let file = OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .unwrap();
+    let mut storage = ProbeStorage::default();
+    let config = ProbeConfig::new(vec![Family::Block], Some(std::process::id()));
+    let session = ProbeSession::load(&mut storage, &config);
+    if !family_ready(&session, Family::Block) {
+        return;
+    }
+    const SYNCS: u64 = 20;
+    let block = Block([7; 4096]);
+    let before = session.snapshot();
+    for _ in 0..SYNCS {
+        // SAFETY: block is 4096 aligned bytes owned here, alive for the call.
+        let w = unsafe { libc::pwrite(file.as_raw_fd(), block.0.as_ptr().cast(), 4096, 0) };
+        assert_eq!(w, 4096);
+        // SAFETY: plain syscall on an open fd.
+        assert_eq!(unsafe { libc::fdatasync(file.as_raw_fd()) }, 0);
+    }
+    let after = session.snapshot();
+    let block = after.block.unwrap().since(&before.block.unwrap());
+    let flushes = block.stage(Some(&[disk]), BlockStage::Device, &[BlockOp::Flush]);
+    let writes = block.stage(Some(&[disk]), BlockStage::Device, &[BlockOp::Write]);
+    eprintln!(
+        "{} flushes (mean {:?} ns), {} writes, {} unseen",
+        flushes.count,
+        flushes.mean_ns(),
+        writes.count,
+        block.unseen
+    );
+    assert!(
+        (SYNCS..=SYNCS + 2).contains(&flushes.count),
+        "{} flushes counted for {SYNCS} fdatasyncs",
+        flushes.count
+    );
+    assert!(writes.count >= SYNCS, "{} writes", writes.count);
+    assert_eq!(block.unseen, 0, "no completion of ours went unexplained");
+}
+
 /// /proc/interrupts totals per IRQ (summed over CPUs).
 fn interrupt_totals() -> BTreeMap<u32, u64> {
     let text = std::fs::read_to_string("/proc/interrupts").unwrap();

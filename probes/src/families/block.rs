@@ -92,19 +92,15 @@ impl LoadedFamily for BlockProbe<'_> {
             });
         }
         block.stages.sort_by_key(|s| (s.dev, s.hctx, s.op, s.stage));
-        // Issued requests are the queue stage's count, completed ones the device stage's.
-        let mut devs: Vec<_> = block.stages.iter().map(|s| s.dev).collect();
-        devs.dedup();
-        for dev in devs {
-            let count = |stage| {
-                block
-                    .stages
-                    .iter()
-                    .filter(|s| s.dev == dev && s.stage == stage)
-                    .map(|s| s.hist.count)
-                    .sum::<u64>()
-            };
-            let (issued, completed) = (count(BlockStage::Queue), count(BlockStage::Device));
+        // Completed requests are the device stage's count (flushes included).
+        for (dev, issued) in entries::<u32, u64>(&maps.issued) {
+            let dev = dev_of(dev);
+            let completed: u64 = block
+                .stages
+                .iter()
+                .filter(|s| s.dev == dev && s.stage == BlockStage::Device)
+                .map(|s| s.hist.count)
+                .sum();
             block.devices.push(DeviceGauge {
                 dev,
                 inflight: issued as i64 - completed as i64,
@@ -130,6 +126,8 @@ impl LoadedFamily for BlockProbe<'_> {
             .sort_by_key(|p| (p.submit_cpu, p.complete_cpu));
         block.dropped = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_DROPPED.0);
         block.unseen = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_UNSEEN.0);
+        block.requeued = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_REQUEUED.0);
+        block.devices.sort_by_key(|d| d.dev);
         snap.block = Some(block);
     }
 
@@ -139,5 +137,227 @@ impl LoadedFamily for BlockProbe<'_> {
 
     fn cpu_sized_maps(&self) -> &'static [&'static str] {
         &["completions_by_submitter"]
+    }
+}
+
+/// The request state machine run for real in this kernel (BPF_PROG_TEST_RUN on the raw_tp
+/// twins, with made-up request addresses: the raw twins' reads of them come back as zeroes).
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+    use std::os::fd::AsFd;
+
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    use libbpf_rs::{MapCore, MapFlags, OpenObject};
+
+    use super::super::copy;
+    use super::super::test_run::{bpf_allowed, now_ns, raw_only, run};
+    use super::*;
+
+    const RQ: u64 = 0xffff_8880_dead_0000;
+
+    /// The block object following `filter_tgid`, with block_io_start; `share` reuses another
+    /// object's request and histogram maps.
+    fn load<'obj>(
+        slot: &'obj mut MaybeUninit<OpenObject>,
+        filter_tgid: u32,
+        share: Option<&BlockSkel<'_>>,
+    ) -> BlockSkel<'obj> {
+        let mut open = BlockSkelBuilder::default().open(slot).unwrap();
+        let ro = open.maps.rodata_data.as_deref_mut().unwrap();
+        ro.have_io_start = true;
+        ro.filter_tgid = filter_tgid;
+        if let Some(other) = share {
+            open.maps
+                .requests
+                .reuse_fd(other.maps.requests.as_fd())
+                .unwrap();
+            open.maps
+                .block_hists
+                .reuse_fd(other.maps.block_hists.as_fd())
+                .unwrap();
+        }
+        raw_only(open.open_object_mut());
+        open.load().unwrap()
+    }
+
+    fn hists(skel: &BlockSkel<'_>) -> Vec<(types::vg_block_key, KernelHist)> {
+        entries::<types::vg_block_key, types::vg_hist>(&skel.maps.block_hists)
+            .into_iter()
+            .map(|(k, h)| (k, KernelHist::from(&h)))
+            .collect()
+    }
+
+    fn stage(skel: &BlockSkel<'_>, stage: types::vg_block_stage) -> KernelHist {
+        let mut total = KernelHist::default();
+        for (k, h) in hists(skel) {
+            if u32::from(k.stage) == stage.0 {
+                total.merge(&h);
+            }
+        }
+        total
+    }
+
+    fn tracked(skel: &BlockSkel<'_>) -> Option<types::rq_track> {
+        let v = skel
+            .maps
+            .requests
+            .lookup(&RQ.to_ne_bytes(), MapFlags::ANY)
+            .unwrap()?;
+        copy::<types::rq_track>(&v)
+    }
+
+    fn plant(skel: &BlockSkel<'_>, t: types::rq_track) {
+        let bytes = unsafe {
+            // SAFETY: rq_track is plain old data (see bpf.rs); viewing it as bytes is sound.
+            std::slice::from_raw_parts(
+                (&t as *const types::rq_track).cast::<u8>(),
+                std::mem::size_of_val(&t),
+            )
+        };
+        skel.maps
+            .requests
+            .update(&RQ.to_ne_bytes(), bytes, MapFlags::ANY)
+            .unwrap();
+    }
+
+    fn ours() -> u32 {
+        std::process::id()
+    }
+
+    /// A request of ours merged away, its address then reused by another process's request:
+    /// nothing of the other request may be counted (stale entries used to give it our old start).
+    #[test]
+    fn a_merged_request_address_reused_by_another_process_counts_nothing() {
+        if !bpf_allowed("block state machine test") {
+            return;
+        }
+        let (mut a_slot, mut b_slot) = (MaybeUninit::uninit(), MaybeUninit::uninit());
+        let ours = load(&mut a_slot, ours(), None);
+        // The same maps seen by a process that is not the one followed (pid 1 never runs this).
+        let other = load(&mut b_slot, 1, Some(&ours));
+        run(&ours.progs.block_io_start_raw, &[RQ]);
+        assert!(
+            tracked(&ours).is_some(),
+            "our request is tracked from its start"
+        );
+        run(&ours.progs.block_rq_merge_raw, &[RQ]);
+        assert!(tracked(&ours).is_none(), "a merged request is forgotten");
+
+        // Without the merge seen: the other process's start of the reused address resets it.
+        run(&ours.progs.block_io_start_raw, &[RQ]);
+        run(&other.progs.block_io_start_raw, &[RQ]);
+        run(&other.progs.block_rq_issue_raw, &[RQ]);
+        run(&other.progs.block_rq_complete_raw, &[RQ, 0, 4096]);
+        assert!(
+            hists(&ours).is_empty(),
+            "another process's request was counted: {:?}",
+            hists(&ours)
+        );
+    }
+
+    /// Issued, handed back, issued again: the device time counts from the last issue, and
+    /// everything before it is queueing (the gap used to belong to no stage).
+    #[test]
+    fn a_requeued_request_queues_until_its_last_issue() {
+        if !bpf_allowed("block state machine test") {
+            return;
+        }
+        let mut slot = MaybeUninit::uninit();
+        let skel = load(&mut slot, ours(), None);
+        run(&skel.progs.block_io_start_raw, &[RQ]);
+        run(&skel.progs.block_rq_issue_raw, &[RQ]);
+        run(&skel.progs.block_rq_requeue_raw, &[RQ]);
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        run(&skel.progs.block_rq_issue_raw, &[RQ]);
+        run(&skel.progs.block_rq_complete_raw, &[RQ, 0, 0]);
+        let queue = stage(&skel, types::vg_block_stage::VG_STAGE_QUEUE);
+        let device = stage(&skel, types::vg_block_stage::VG_STAGE_DEVICE);
+        assert_eq!(
+            (queue.count, device.count),
+            (1, 1),
+            "one request, one sample per stage"
+        );
+        assert!(
+            queue.sum_ns >= 30_000_000,
+            "queue {} ns holds the requeue gap",
+            queue.sum_ns
+        );
+        assert!(
+            device.sum_ns < 30_000_000,
+            "device {} ns starts at the last issue",
+            device.sum_ns
+        );
+        assert_eq!(
+            percpu_sum(
+                &skel.maps.counters,
+                types::vg_block_counter::VG_BLOCK_REQUEUED.0
+            ),
+            1
+        );
+    }
+
+    /// A request completed in two parts ends at its last part.
+    #[test]
+    fn a_partly_completed_request_ends_at_its_last_part() {
+        if !bpf_allowed("block state machine test") {
+            return;
+        }
+        let mut slot = MaybeUninit::uninit();
+        let skel = load(&mut slot, ours(), None);
+        let now = now_ns();
+        plant(
+            &skel,
+            types::rq_track {
+                start_ns: now - 2_000_000,
+                issue_ns: now - 1_000_000,
+                bytes_left: 8192,
+                ..Default::default()
+            },
+        );
+        run(&skel.progs.block_rq_complete_raw, &[RQ, 0, 4096]);
+        assert_eq!(
+            stage(&skel, types::vg_block_stage::VG_STAGE_DEVICE).count,
+            0,
+            "half done is not done"
+        );
+        assert_eq!(tracked(&skel).map(|t| t.bytes_left), Some(4096));
+        run(&skel.progs.block_rq_complete_raw, &[RQ, 0, 4096]);
+        assert_eq!(
+            stage(&skel, types::vg_block_stage::VG_STAGE_DEVICE).count,
+            1
+        );
+        assert!(tracked(&skel).is_none());
+    }
+
+    /// A start or issue stamped later than the completion (two CPUs' clocks a hair apart) is
+    /// skipped, not recorded as a delta of ~2^64 in the last slot.
+    #[test]
+    fn time_running_backwards_records_nothing() {
+        if !bpf_allowed("block state machine test") {
+            return;
+        }
+        let mut slot = MaybeUninit::uninit();
+        let skel = load(&mut slot, ours(), None);
+        let later = now_ns() + 10_000_000_000;
+        plant(
+            &skel,
+            types::rq_track {
+                start_ns: later - 5,
+                issue_ns: later,
+                ..Default::default()
+            },
+        );
+        run(&skel.progs.block_rq_complete_raw, &[RQ, 0, 0]);
+        let device = stage(&skel, types::vg_block_stage::VG_STAGE_DEVICE);
+        assert_eq!(
+            device.count, 0,
+            "a negative device time was recorded: {:?}",
+            device.sum_ns
+        );
+        assert!(
+            tracked(&skel).is_none(),
+            "the request is still forgotten at completion"
+        );
     }
 }

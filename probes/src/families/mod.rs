@@ -531,3 +531,54 @@ mod tests {
         }
     }
 }
+
+/// Helpers for tests that run the real programs in the running kernel with BPF_PROG_TEST_RUN
+/// (raw_tp twins take their arguments as a u64 array), without attaching them anywhere.
+#[cfg(test)]
+pub(crate) mod test_run {
+    use libbpf_rs::{OpenObject, ProgramInput, ProgramMut};
+
+    /// Root, or a printed skip; under CI not being root fails the test.
+    pub fn bpf_allowed(what: &str) -> bool {
+        match crate::bpf_permission() {
+            Ok(()) => true,
+            Err(why) if std::env::var_os("CI").is_some() => panic!("{what} must run in CI: {why}"),
+            Err(why) => {
+                eprintln!("skipping {what}: {why}");
+                false
+            }
+        }
+    }
+
+    /// Loads only the raw_tp twins: test runs need no attach target.
+    pub fn raw_only(object: &mut OpenObject) {
+        for mut p in object.progs_mut() {
+            let section = p.section().to_string_lossy().into_owned();
+            let name = p.name().to_string_lossy().into_owned();
+            p.set_autoload(section.starts_with("raw_tp/") && !name.contains("_q_"));
+        }
+    }
+
+    /// Runs `prog` once on CPU 0 with `args` as its raw tracepoint arguments.
+    pub fn run(prog: &ProgramMut<'_>, args: &[u64]) {
+        let mut ctx: Vec<u8> = args.iter().flat_map(|a| a.to_ne_bytes()).collect();
+        let input = ProgramInput {
+            context_in: Some(&mut ctx),
+            cpu: 0,
+            flags: libbpf_rs::libbpf_sys::BPF_F_TEST_RUN_ON_CPU,
+            ..Default::default()
+        };
+        prog.test_run(input).expect("BPF_PROG_TEST_RUN");
+    }
+
+    /// CLOCK_MONOTONIC in ns: bpf_ktime_get_ns's clock.
+    pub fn now_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: ts is a valid timespec to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+}
