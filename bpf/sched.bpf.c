@@ -1,7 +1,11 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * Wakeup -> on-CPU latency of the workload's threads: the time from sched_wakeup (or
- * sched_wakeup_new) of a thread of the followed process until sched_switch puts it on a CPU.
+ * Runnable -> on-CPU latency of the workload's threads (as runqlat): from sched_wakeup (or
+ * sched_wakeup_new) of a thread of the followed process, or from its preemption while still
+ * runnable, until sched_switch puts it on a CPU. A thread switched out to sleep drops any stamp
+ * it holds, so a wakeup of a thread that was already running leaves nothing stale behind.
+ * When virtgap follows itself, its own threads (the main thread, and those named "vgtool-...")
+ * are not the workload's.
  * The process filter compares task structs' tgids, which are the initial namespace's; see
  * vg_filter.bpf.h for how that number is found from inside a container.
  */
@@ -15,6 +19,9 @@
 #include "vg_hist.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Set when the followed process is virtgap itself: its main thread runs the recorder. */
+const volatile bool skip_main_thread = false;
 
 /* Thread id -> wakeup time; deleted when the thread runs. */
 struct {
@@ -39,15 +46,39 @@ struct {
 	__type(value, __u64);
 } dropped SEC(".maps");
 
-static __always_inline int on_wakeup(struct task_struct *p, bool btf)
-{
-	__u32 pid;
-	__u64 now;
+/* Before 5.14 the task state was a `long state`. */
+struct task_struct___old_state {
+	long state;
+} __attribute__((preserve_access_index));
 
-	if (!p || !filter_tgid || !vg_tgid_wanted(btf ? p->tgid : BPF_CORE_READ(p, tgid)))
-		return 0;
+static __always_inline bool still_runnable(struct task_struct *t)
+{
+	struct task_struct___old_state *old = (void *)t;
+
+	if (bpf_core_field_exists(t->__state))
+		return BPF_CORE_READ(t, __state) == 0;
+	return BPF_CORE_READ(old, state) == 0;
+}
+
+/* A thread of the workload: the followed process, not one of virtgap's own threads. */
+static __always_inline bool workload_thread(struct task_struct *p, bool btf)
+{
+	char comm[8] = {};
+	__u32 tgid, pid;
+
+	if (!p || !filter_tgid)
+		return false;
+	tgid = btf ? p->tgid : BPF_CORE_READ(p, tgid);
 	pid = btf ? p->pid : BPF_CORE_READ(p, pid);
-	now = bpf_ktime_get_ns();
+	if (!vg_tgid_wanted(tgid) || (skip_main_thread && pid == tgid))
+		return false;
+	bpf_probe_read_kernel(comm, sizeof(comm), p->comm);
+	return !(comm[0] == 'v' && comm[1] == 'g' && comm[2] == 't' && comm[3] == 'o' &&
+		 comm[4] == 'o' && comm[5] == 'l' && comm[6] == '-');
+}
+
+static __always_inline void stamp(__u32 pid, __u64 now)
+{
 	if (bpf_map_update_elem(&woken, &pid, &now, BPF_ANY)) {
 		__u32 zero = 0;
 		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
@@ -55,11 +86,17 @@ static __always_inline int on_wakeup(struct task_struct *p, bool btf)
 		if (d)
 			(*d)++;
 	}
+}
+
+static __always_inline int on_wakeup(struct task_struct *p, bool btf)
+{
+	if (workload_thread(p, btf))
+		stamp(btf ? p->pid : BPF_CORE_READ(p, pid), bpf_ktime_get_ns());
 	return 0;
 }
 
 /* `btf` is constant per caller: tp_btf programs read task fields with plain loads. */
-static __always_inline int on_switch(struct task_struct *next, bool btf)
+static __always_inline int on_switch(struct task_struct *prev, struct task_struct *next, bool btf)
 {
 	__u32 pid, zero = 0;
 	__u64 *ts, delta;
@@ -67,7 +104,15 @@ static __always_inline int on_switch(struct task_struct *next, bool btf)
 
 	/* `current` is the task switching out: a chance to learn the global tgid. */
 	vg_learn_global_tgid();
-	if (!next || !filter_tgid || !vg_tgid_wanted(btf ? next->tgid : BPF_CORE_READ(next, tgid)))
+	if (workload_thread(prev, btf)) {
+		pid = btf ? prev->pid : BPF_CORE_READ(prev, pid);
+		/* Preempted: it waits on the runqueue from now. Going to sleep: no wait yet. */
+		if (still_runnable(prev))
+			stamp(pid, bpf_ktime_get_ns());
+		else
+			bpf_map_delete_elem(&woken, &pid);
+	}
+	if (!workload_thread(next, btf))
 		return 0;
 	pid = btf ? next->pid : BPF_CORE_READ(next, pid);
 	ts = bpf_map_lookup_elem(&woken, &pid);
@@ -107,13 +152,13 @@ int BPF_PROG(sched_wakeup_new_raw, struct task_struct *p)
 SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch_btf, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	return on_switch(next, true);
+	return on_switch(prev, next, true);
 }
 
 SEC("raw_tp/sched_switch")
 int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
-	return on_switch(next, false);
+	return on_switch(prev, next, false);
 }
 
 struct vg_hist vg_abi_hist = {};

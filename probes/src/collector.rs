@@ -41,7 +41,7 @@ impl ProbeHandle {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::Builder::new()
-            .name("vg-collector".into())
+            .name("vgtool-collect".into())
             .spawn(move || {
                 let mut storage = ProbeStorage::default();
                 let session = ProbeSession::load(&mut storage, &config);

@@ -384,6 +384,106 @@ fn wakeups_of_a_sleeping_process_are_counted() {
     assert!(woken.mean_ns().unwrap() > 0.0);
 }
 
+/// Pins the calling thread to `cpu`.
+fn pin_to(cpu: usize) {
+    // SAFETY: cpu_set_t is plain data; the calls only read it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+            0
+        );
+    }
+}
+
+fn spin_for(d: std::time::Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// A workload thread preempted while runnable waits on the runqueue: that wait is measured
+/// (as runqlat does), and virtgap's own "vgtool-" threads are not the workload.
+#[test]
+fn a_preempted_workload_thread_waits_and_virtgaps_own_threads_do_not_count() {
+    use std::time::Duration;
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    let mut storage = ProbeStorage::default();
+    let config = ProbeConfig::new(vec![Family::Wakeup], Some(std::process::id()));
+    let session = ProbeSession::load(&mut storage, &config);
+    if !family_ready(&session, Family::Wakeup) {
+        return;
+    }
+    let cpu = 1 % std::thread::available_parallelism().map_or(1, |n| n.get());
+    let wakeups = |f: &dyn Fn()| {
+        let before = session.snapshot();
+        f();
+        let after = session.snapshot();
+        after
+            .wakeups
+            .unwrap()
+            .since(&before.wakeups.unwrap())
+            .latency
+    };
+
+    // 50 sleeps of a virtgap tool thread: none of them is the workload's.
+    let tool = wakeups(&|| {
+        std::thread::Builder::new()
+            .name("vgtool-sleeper".into())
+            .spawn(|| (0..50).for_each(|_| std::thread::sleep(Duration::from_millis(2))))
+            .unwrap()
+            .join()
+            .unwrap()
+    });
+    // (The test's own thread is woken by the join: a couple of wakeups, not the 50 sleeps.)
+    assert!(
+        tool.count < 10,
+        "{} wakeups counted for virtgap's own thread's 50 sleeps",
+        tool.count
+    );
+
+    // A workload thread spins on `cpu`; a SCHED_FIFO thread takes that CPU from it for 150 ms.
+    let preempted = wakeups(&|| {
+        let worker = std::thread::Builder::new()
+            .name("vg-worker-spin".into())
+            .spawn(move || {
+                pin_to(cpu);
+                spin_for(Duration::from_millis(600));
+            })
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let hog = std::thread::Builder::new()
+            .name("vgtool-hog".into())
+            .spawn(move || {
+                pin_to(cpu);
+                let param = libc::sched_param { sched_priority: 10 };
+                // SAFETY: sets this thread's own policy; param is valid for the call.
+                let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) };
+                assert_eq!(rc, 0, "SCHED_FIFO needs root");
+                spin_for(Duration::from_millis(150));
+            })
+            .unwrap();
+        hog.join().unwrap();
+        worker.join().unwrap();
+    });
+    let longest = preempted
+        .slots
+        .iter()
+        .rposition(|&n| n > 0)
+        .map(|s| virtgap_probes::hist::slot_bounds(s).1)
+        .unwrap_or(0);
+    assert!(
+        longest >= 100_000_000,
+        "the worker's 150 ms wait behind the hog was not measured (longest {longest} ns, {} samples)",
+        preempted.count
+    );
+}
+
 #[test]
 fn run_statistics_cover_our_programs() {
     if !bpf_allowed() {

@@ -84,7 +84,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         let itx = itx.clone();
         let input_stop = Arc::clone(&input_stop);
         std::thread::Builder::new()
-            .name("vg-input".into())
+            .name("vgtool-input".into())
             .spawn(move || {
                 while !input_stop.load(Ordering::Relaxed) {
                     if event::poll(Duration::from_millis(100)).unwrap_or(false) {
@@ -101,7 +101,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
             })?
     };
     let forward = std::thread::Builder::new()
-        .name("vg-forward".into())
+        .name("vgtool-forward".into())
         .spawn(move || {
             for ev in rx {
                 if itx.send(Input::Pipeline(ev)).is_err() {

@@ -24,8 +24,12 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
             "needs a workload process to follow",
         ));
     };
+    let following_self = filter.tgid == std::process::id();
     let setup = |open: &mut crate::bpf::sched::OpenSchedSkel<'_>, _kind| {
         apply_filter!(open, Some(filter));
+        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+            ro.skip_main_thread = following_self;
+        }
     };
     let (skel, links, report) = load_tracepoints(
         Family::Wakeup,
