@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
  * Interrupt handling per CPU: hard-IRQ time, count and duration histogram per (CPU, IRQ);
- * softirq time and count per vector; the x86 system vectors (local timer, reschedule, call
- * function, call function single, irq work); and IPI sends by what they are for (a block
- * completion redirected to the submitting CPU, a reschedule, anything else).
+ * softirq time and count per vector, less the hard interrupts that nested in it; the x86
+ * system vectors (local timer, reschedule, call function, call function single, irq work); IPIs
+ * actually sent, one per target CPU (reschedule or function call); and, where the kernel says
+ * (6.4+), the cross-CPU calls queued and what for (a block completion redirected to the
+ * submitting CPU, a wakeup queued to another CPU, anything else). From 6.6 the purpose comes
+ * from csd_queue_cpu; in 6.4/6.5 ipi_send_* also fire per queued call, naming its function.
  *
  * Programs come as tp_btf / raw_tp twins; user space enables one of each pair, and leaves
  * out the ones whose tracepoint this kernel lacks.
@@ -18,8 +21,14 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* Address of __blk_mq_complete_request_remote, from kallsyms (0 if unknown). */
+/* Addresses from kallsyms (0 if unknown). */
 const volatile __u64 blk_complete_remote_fn = 0;
+const volatile __u64 ttwu_pending_fn = 0;
+/* The generic IPI handlers a real call-function IPI names since 6.4. */
+const volatile __u64 generic_single_fn = 0;
+const volatile __u64 generic_many_fn = 0;
+/* 64-bit words of a cpumask on this host (nr_cpu_ids / 64, rounded up). */
+const volatile __u32 cpumask_words = 1;
 
 struct irq_start {
 	__u64 ts;
@@ -55,8 +64,16 @@ struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, VG_NR_SOFTIRQS);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct vg_softirq_start);
 } softirq_start SEC(".maps");
+
+/* Hard-IRQ and system-vector time so far on this CPU: what nests inside a softirq. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} hardirq_total SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -79,13 +96,21 @@ struct {
 	__type(value, struct vg_count_time);
 } vectors SEC(".maps");
 
-/* IPI sends by kind, counted on the sending CPU; time_ns is unused. */
+/* IPIs sent by kind, counted on the sending CPU; time_ns is unused. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, VG_NR_IPI_KINDS);
 	__type(key, __u32);
 	__type(value, struct vg_count_time);
 } ipis SEC(".maps");
+
+/* Cross-CPU calls queued by purpose, counted on the queueing CPU; time_ns is unused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, VG_NR_CSD_KINDS);
+	__type(key, __u32);
+	__type(value, struct vg_count_time);
+} csds SEC(".maps");
 
 /* Map-full events: entries not recorded. */
 struct {
@@ -105,6 +130,24 @@ static __always_inline int hardirq_entry(int irq)
 		s->irq = irq;
 	}
 	return 0;
+}
+
+/* Hard-interrupt time on this CPU, which a softirq running underneath must not count. */
+static __always_inline void add_nested(__u64 delta)
+{
+	__u32 zero = 0;
+	__u64 *total = bpf_map_lookup_elem(&hardirq_total, &zero);
+
+	if (total)
+		*total += delta;
+}
+
+static __always_inline __u64 nested_so_far(void)
+{
+	__u32 zero = 0;
+	__u64 *total = bpf_map_lookup_elem(&hardirq_total, &zero);
+
+	return total ? *total : 0;
 }
 
 static __always_inline int hardirq_exit(int irq)
@@ -134,6 +177,7 @@ static __always_inline int hardirq_exit(int irq)
 	st->count++;
 	st->time_ns += delta;
 	vg_hist_add(&st->duration, delta, false);
+	add_nested(delta);
 	return 0;
 }
 
@@ -145,10 +189,11 @@ static __always_inline void start_slot(void *map, __u32 idx)
 		*ts = bpf_ktime_get_ns();
 }
 
-static __always_inline void end_slot(void *start_map, void *stats_map, __u32 idx)
+/* A system vector's exit: its time is also hard-interrupt time a softirq must not count. */
+static __always_inline void end_vector(__u32 idx)
 {
-	__u64 *ts = bpf_map_lookup_elem(start_map, &idx);
-	struct vg_count_time *ct = bpf_map_lookup_elem(stats_map, &idx);
+	__u64 *ts = bpf_map_lookup_elem(&vector_start, &idx);
+	struct vg_count_time *ct = bpf_map_lookup_elem(&vectors, &idx);
 	__u64 delta;
 
 	if (!ts || !ct || !vg_elapsed(*ts, bpf_ktime_get_ns(), &delta))
@@ -156,21 +201,88 @@ static __always_inline void end_slot(void *start_map, void *stats_map, __u32 idx
 	ct->count++;
 	ct->time_ns += delta;
 	*ts = 0;
+	add_nested(delta);
 }
 
-static __always_inline int ipi_sent(void *callback)
+static __always_inline void softirq_entry(__u32 vec)
 {
-	__u32 kind = VG_IPI_OTHER;
-	struct vg_count_time *ct;
+	struct vg_softirq_start *s = bpf_map_lookup_elem(&softirq_start, &vec);
 
-	if (!callback)
-		kind = VG_IPI_RESCHEDULE;
-	else if (blk_complete_remote_fn && (__u64)callback == blk_complete_remote_fn)
-		kind = VG_IPI_BLOCK_COMPLETE;
-	ct = bpf_map_lookup_elem(&ipis, &kind);
+	if (s) {
+		s->ts = bpf_ktime_get_ns();
+		s->nested_base = nested_so_far();
+	}
+}
+
+static __always_inline void softirq_exit(__u32 vec)
+{
+	struct vg_softirq_start *s = bpf_map_lookup_elem(&softirq_start, &vec);
+	struct vg_count_time *ct = bpf_map_lookup_elem(&softirqs, &vec);
+	__u64 delta, nested;
+
+	if (!s || !ct || !vg_elapsed(s->ts, bpf_ktime_get_ns(), &delta))
+		return;
+	nested = nested_so_far() - s->nested_base;
+	ct->count++;
+	ct->time_ns += delta > nested ? delta - nested : 0;
+	s->ts = 0;
+}
+
+static __always_inline void bump_kind(void *map, __u32 kind, __u64 n)
+{
+	struct vg_count_time *ct = bpf_map_lookup_elem(map, &kind);
+
 	if (ct)
-		ct->count++;
+		ct->count += n;
+}
+
+/* A queued cross-CPU call, by what it runs. */
+static __always_inline void csd_queued(void *func)
+{
+	__u32 kind = VG_CSD_OTHER;
+
+	if (blk_complete_remote_fn && (__u64)func == blk_complete_remote_fn)
+		kind = VG_CSD_BLOCK_COMPLETE;
+	else if (ttwu_pending_fn && (__u64)func == ttwu_pending_fn)
+		kind = VG_CSD_WAKEUP;
+	bump_kind(&csds, kind, 1);
+}
+
+/*
+ * An ipi_send_* event to `targets` CPUs: a real IPI when it names no function (reschedule) or
+ * a generic handler; otherwise (6.4/6.5) a queued call naming its function. Without
+ * csd_queue_cpu that is where purposes come from; with it, such events do not occur.
+ */
+static __always_inline int ipi_event(void *callback, __u64 targets)
+{
+	__u64 fn = (__u64)callback;
+
+	if (!fn)
+		bump_kind(&ipis, VG_IPI_RESCHEDULE, targets);
+	else if (fn == generic_single_fn || fn == generic_many_fn)
+		bump_kind(&ipis, VG_IPI_FUNCTION_CALL, targets);
+	else
+		csd_queued(callback);
 	return 0;
+}
+
+/* CPUs set in a cpumask (the IPI's targets). */
+static __always_inline __u64 cpumask_weight(const struct cpumask *mask, bool btf)
+{
+	__u64 n = 0;
+
+	for (__u32 i = 0; i < 16; i++) {
+		unsigned long word;
+
+		if (i >= cpumask_words)
+			break;
+		if (btf)
+			word = mask->bits[i];
+		else
+			bpf_probe_read_kernel(&word, sizeof(word), &mask->bits[i]);
+		n += __builtin_popcountll(word);
+	}
+	return n;
 }
 
 SEC("tp_btf/irq_handler_entry")
@@ -201,7 +313,7 @@ SEC("tp_btf/softirq_entry")
 int BPF_PROG(softirq_entry_btf, unsigned int vec)
 {
 	if (vec < VG_NR_SOFTIRQS)
-		start_slot(&softirq_start, vec);
+		softirq_entry(vec);
 	return 0;
 }
 
@@ -209,7 +321,7 @@ SEC("raw_tp/softirq_entry")
 int BPF_PROG(softirq_entry_raw, unsigned int vec)
 {
 	if (vec < VG_NR_SOFTIRQS)
-		start_slot(&softirq_start, vec);
+		softirq_entry(vec);
 	return 0;
 }
 
@@ -217,7 +329,7 @@ SEC("tp_btf/softirq_exit")
 int BPF_PROG(softirq_exit_btf, unsigned int vec)
 {
 	if (vec < VG_NR_SOFTIRQS)
-		end_slot(&softirq_start, &softirqs, vec);
+		softirq_exit(vec);
 	return 0;
 }
 
@@ -225,7 +337,7 @@ SEC("raw_tp/softirq_exit")
 int BPF_PROG(softirq_exit_raw, unsigned int vec)
 {
 	if (vec < VG_NR_SOFTIRQS)
-		end_slot(&softirq_start, &softirqs, vec);
+		softirq_exit(vec);
 	return 0;
 }
 
@@ -246,13 +358,13 @@ int BPF_PROG(softirq_exit_raw, unsigned int vec)
 	SEC("tp_btf/" #name "_exit")                                 \
 	int BPF_PROG(name##_exit_btf, int vector)                    \
 	{                                                            \
-		end_slot(&vector_start, &vectors, idx);              \
+		end_vector(idx);              \
 		return 0;                                            \
 	}                                                            \
 	SEC("raw_tp/" #name "_exit")                                 \
 	int BPF_PROG(name##_exit_raw, int vector)                    \
 	{                                                            \
-		end_slot(&vector_start, &vectors, idx);              \
+		end_vector(idx);              \
 		return 0;                                            \
 	}
 
@@ -265,29 +377,45 @@ VG_VECTOR_PROGS(irq_work, VG_VEC_IRQ_WORK)
 SEC("tp_btf/ipi_send_cpu")
 int BPF_PROG(ipi_send_cpu_btf, const unsigned int cpu, unsigned long callsite, void *callback)
 {
-	return ipi_sent(callback);
+	return ipi_event(callback, 1);
 }
 
 SEC("raw_tp/ipi_send_cpu")
 int BPF_PROG(ipi_send_cpu_raw, const unsigned int cpu, unsigned long callsite, void *callback)
 {
-	return ipi_sent(callback);
+	return ipi_event(callback, 1);
 }
 
 SEC("tp_btf/ipi_send_cpumask")
 int BPF_PROG(ipi_send_cpumask_btf, const struct cpumask *mask, unsigned long callsite, void *callback)
 {
-	return ipi_sent(callback);
+	return mask ? ipi_event(callback, cpumask_weight(mask, true)) : 0;
 }
 
 SEC("raw_tp/ipi_send_cpumask")
 int BPF_PROG(ipi_send_cpumask_raw, const struct cpumask *mask, unsigned long callsite, void *callback)
 {
-	return ipi_sent(callback);
+	return ipi_event(callback, cpumask_weight(mask, false));
+}
+
+SEC("tp_btf/csd_queue_cpu")
+int BPF_PROG(csd_queue_cpu_btf, const unsigned int cpu, unsigned long callsite, void *func, void *csd)
+{
+	csd_queued(func);
+	return 0;
+}
+
+SEC("raw_tp/csd_queue_cpu")
+int BPF_PROG(csd_queue_cpu_raw, const unsigned int cpu, unsigned long callsite, void *func, void *csd)
+{
+	csd_queued(func);
+	return 0;
 }
 
 struct vg_irq_key vg_abi_irq_key = {};
 struct vg_irq_stats vg_abi_irq_stats = {};
 struct vg_count_time vg_abi_count_time = {};
 enum vg_vector vg_abi_vector = VG_VEC_LOCAL_TIMER;
-enum vg_ipi_kind vg_abi_ipi_kind = VG_IPI_OTHER;
+enum vg_ipi_kind vg_abi_ipi_kind = VG_IPI_RESCHEDULE;
+enum vg_csd_kind vg_abi_csd_kind = VG_CSD_OTHER;
+struct vg_softirq_start vg_abi_softirq_start = {};

@@ -177,15 +177,13 @@ pub fn intervals(p: &Profile) -> String {
             for (name, n) in &c.irqs {
                 row("irqs_per_s", cpu.clone(), "", "", name, rate(*n as f64));
             }
-            for (kind, n) in &c.ipis_sent {
-                row(
-                    "ipis_sent_per_s",
-                    cpu.clone(),
-                    "",
-                    "",
-                    kind,
-                    rate(*n as f64),
-                );
+            for (metric, counts) in [
+                ("ipis_sent_per_s", &c.ipis_sent),
+                ("cross_cpu_calls_per_s", &c.cross_cpu_calls),
+            ] {
+                for (kind, n) in counts {
+                    row(metric, cpu.clone(), "", "", kind, rate(*n as f64));
+                }
             }
         }
         if let Some(ns) = iv.probe_run_ns {
@@ -452,6 +450,7 @@ mod tests {
             softirq_count: 2_100,
             irqs: BTreeMap::from([("virtio1-req.0".to_string(), 2_000)]),
             ipis_sent: BTreeMap::from([("reschedule".to_string(), 10)]),
+            cross_cpu_calls: BTreeMap::new(),
             vectors: BTreeMap::from([("local_timer".to_string(), 250)]),
             user_ns: Some(40_000_000),
             system_ns: Some(300_000_000),
@@ -523,6 +522,7 @@ mod tests {
                 queue: Some(hist(&[2_000, 2_100])),
                 device: Some(hist(&[399_000, 401_000])),
                 wakeup: None,
+                flush: None,
             },
             intervals: (0..2)
                 .map(|i| Interval {

@@ -3,14 +3,56 @@
 
 use std::io::{self, Write};
 
-use virtgap_probes::model::{BlockOp, BlockStage};
-use virtgap_probes::{Family, KernelHist};
+use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, IrqSnapshot};
+use virtgap_probes::{CapabilityReport, Family, KernelHist};
 use virtgap_workloads::units;
 
 use crate::pipeline::ProbeResults;
 
 fn opt_latency(v: Option<f64>) -> String {
     v.map(units::latency).unwrap_or_else(|| "-".into())
+}
+
+/// IPIs sent and cross-CPU calls queued per second, on one CPU or all, or why they are not
+/// measured (the ipi_send_* and csd tracepoints came in Linux 6.4 and 6.6).
+pub fn ipi_summary(
+    irq: &IrqSnapshot,
+    cpu: Option<u32>,
+    secs: f64,
+    report: &CapabilityReport,
+) -> Vec<String> {
+    let attached = |tp: &str| {
+        report
+            .families
+            .iter()
+            .filter(|f| f.family == Family::Irq)
+            .flat_map(|f| &f.tracepoints)
+            .any(|t| t.tracepoint == tp && t.attached.is_some())
+    };
+    let rate = |events: &[CpuEvents], kind: &str| {
+        let n: u64 = events
+            .iter()
+            .filter(|e| e.kind == kind && cpu.is_none_or(|c| e.cpu == c))
+            .map(|e| e.count)
+            .sum();
+        units::count(n as f64 / secs.max(1e-9))
+    };
+    if !attached("ipi_send_cpu") {
+        return vec!["IPIs sent: not measured (ipi_send_* tracepoints came in Linux 6.4)".into()];
+    }
+    vec![
+        format!(
+            "IPIs sent: {}/s reschedule, {}/s function call",
+            rate(&irq.ipis_sent, "reschedule"),
+            rate(&irq.ipis_sent, "function_call")
+        ),
+        format!(
+            "cross-CPU calls queued: {}/s block completion, {}/s wakeup, {}/s other",
+            rate(&irq.cross_cpu_calls, "block_completion"),
+            rate(&irq.cross_cpu_calls, "wakeup"),
+            rate(&irq.cross_cpu_calls, "other")
+        ),
+    ]
 }
 
 /// One block-stage table: queue and device rows under a title.
@@ -168,21 +210,9 @@ pub fn write(
                     busiest.join(", ")
                 )?;
             }
-            let sent = |kind: &str| {
-                irq.ipis_sent
-                    .iter()
-                    .filter(|e| e.kind == kind)
-                    .map(|e| e.count)
-                    .sum::<u64>() as f64
-                    / secs
-            };
-            writeln!(
-                out,
-                "    IPIs sent: {}/s block completion, {}/s reschedule, {}/s other",
-                units::count(sent("block_completion")),
-                units::count(sent("reschedule")),
-                units::count(sent("other"))
-            )?;
+            for line in ipi_summary(irq, None, secs, report) {
+                writeln!(out, "    {line}")?;
+            }
         }
         Some(_) => {}
         None => writeln!(out, "  interrupt load: unavailable ({})", why(Family::Irq))?,

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use virtgap_probes::model::{BlockOp, BlockStage, DevNum, ProbeSnapshot, ProgramStats};
+use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, DevNum, ProbeSnapshot, ProgramStats};
 use virtgap_probes::{CapabilityReport, KernelHist};
 use virtgap_workloads::stats::{IntervalSample, RunStats};
 use virtgap_workloads::LatencyHistogram;
@@ -174,8 +174,11 @@ pub struct CpuLoad {
     pub softirq_count: u64,
     /// Hard IRQs by name (e.g. "virtio1-req.0") -> count.
     pub irqs: BTreeMap<String, u64>,
-    /// IPIs sent from this CPU by purpose -> count.
+    /// IPIs sent from this CPU ("reschedule", "function_call") -> count, one per target CPU.
     pub ipis_sent: BTreeMap<String, u64>,
+    /// Cross-CPU calls queued from this CPU by purpose ("block_completion", "wakeup", "other").
+    #[serde(default)]
+    pub cross_cpu_calls: BTreeMap<String, u64>,
     /// System vectors received (local_timer, reschedule, ...) -> count.
     pub vectors: BTreeMap<String, u64>,
     /// Time in user, system, idle and steal, from /proc/stat (None when not read).
@@ -390,18 +393,18 @@ pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
         c.softirq_ns += s.time_ns;
         c.softirq_count += s.count;
     }
-    for v in irq.vectors.iter().filter(|v| v.count > 0) {
-        *load_of(&mut cpus, v.cpu)
-            .vectors
-            .entry(v.kind.clone())
-            .or_default() += v.count;
-    }
-    for i in irq.ipis_sent.iter().filter(|i| i.count > 0) {
-        *load_of(&mut cpus, i.cpu)
-            .ipis_sent
-            .entry(i.kind.clone())
-            .or_default() += i.count;
-    }
+    // Per-CPU counts by kind into one of the load's maps.
+    let mut tally = |events: &[CpuEvents],
+                     field: fn(&mut CpuLoad) -> &mut BTreeMap<String, u64>| {
+        for e in events.iter().filter(|e| e.count > 0) {
+            *field(load_of(&mut cpus, e.cpu))
+                .entry(e.kind.clone())
+                .or_default() += e.count;
+        }
+    };
+    tally(&irq.vectors, |c| &mut c.vectors);
+    tally(&irq.ipis_sent, |c| &mut c.ipis_sent);
+    tally(&irq.cross_cpu_calls, |c| &mut c.cross_cpu_calls);
     cpus.into_values().collect()
 }
 

@@ -112,14 +112,29 @@ enum vg_vector {
 	VG_NR_VECTORS = 5,
 };
 
-/* Why an IPI was sent, from the ipi tracepoints' callback. */
+/* IPIs actually sent (ipi_send_cpu / ipi_send_cpumask, one per target CPU), by kind. */
 enum vg_ipi_kind {
-	/* __blk_mq_complete_request_remote: a block completion redirected to the submitter. */
-	VG_IPI_BLOCK_COMPLETE = 0,
 	/* No callback: a reschedule. */
-	VG_IPI_RESCHEDULE = 1,
-	VG_IPI_OTHER = 2,
-	VG_NR_IPI_KINDS = 3,
+	VG_IPI_RESCHEDULE = 0,
+	/* The generic call-function handlers: one or more queued cross-CPU calls to run. */
+	VG_IPI_FUNCTION_CALL = 1,
+	VG_NR_IPI_KINDS = 2,
+};
+
+/* Cross-CPU calls queued (csd_queue_cpu; 6.4/6.5: ipi_send_* naming the call), by purpose. */
+enum vg_csd_kind {
+	/* __blk_mq_complete_request_remote: a block completion redirected to the submitter. */
+	VG_CSD_BLOCK_COMPLETE = 0,
+	/* sched_ttwu_pending: a wakeup queued to the woken task's CPU. */
+	VG_CSD_WAKEUP = 1,
+	VG_CSD_OTHER = 2,
+	VG_NR_CSD_KINDS = 3,
+};
+
+/* A softirq's start, and how much hard-IRQ time its CPU had had by then. */
+struct vg_softirq_start {
+	__u64 ts;
+	__u64 nested_base;
 };
 
 /* MSR accesses, per CPU (the per-CPU map copy) and MSR number. */

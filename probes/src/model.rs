@@ -209,7 +209,11 @@ pub struct IrqSnapshot {
     pub hardirqs: Vec<HardIrq>,
     pub softirqs: Vec<CpuEvents>,
     pub vectors: Vec<CpuEvents>,
+    /// IPIs actually sent, one per target CPU: "reschedule" or "function_call" (6.4+).
     pub ipis_sent: Vec<CpuEvents>,
+    /// Cross-CPU calls queued, by purpose: "block_completion", "wakeup", "other" (6.4+).
+    #[serde(default)]
+    pub cross_cpu_calls: Vec<CpuEvents>,
     pub dropped: u64,
 }
 
@@ -250,6 +254,7 @@ impl IrqSnapshot {
             softirqs: events_since(&self.softirqs, &earlier.softirqs),
             vectors: events_since(&self.vectors, &earlier.vectors),
             ipis_sent: events_since(&self.ipis_sent, &earlier.ipis_sent),
+            cross_cpu_calls: events_since(&self.cross_cpu_calls, &earlier.cross_cpu_calls),
             dropped: self.dropped.saturating_sub(earlier.dropped),
         }
     }

@@ -484,6 +484,108 @@ fn a_preempted_workload_thread_waits_and_virtgaps_own_threads_do_not_count() {
     );
 }
 
+/// Numbered-IRQ counts per CPU, summed over IRQs, from /proc/interrupts.
+fn irqs_per_cpu() -> Vec<u64> {
+    let text = std::fs::read_to_string("/proc/interrupts").unwrap();
+    let mut lines = text.lines();
+    let cpus = lines.next().unwrap().split_whitespace().count();
+    let mut per_cpu = vec![0u64; cpus];
+    for l in lines {
+        let Some((num, rest)) = l.trim_start().split_once(':') else {
+            continue;
+        };
+        if num.trim().parse::<u32>().is_err() {
+            continue;
+        }
+        for (cpu, n) in rest.split_whitespace().take(cpus).enumerate() {
+            per_cpu[cpu] += n.parse::<u64>().unwrap_or(0);
+        }
+    }
+    per_cpu
+}
+
+/// Restores a sysfs value when dropped.
+struct SysfsValue {
+    path: PathBuf,
+    old: String,
+}
+
+impl Drop for SysfsValue {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.path, &self.old);
+    }
+}
+
+/// With rq_affinity=2 every completion of a read submitted on another CPU than the disk's IRQ
+/// is sent back to the submitting CPU as a queued cross-CPU call: each is counted as a block
+/// completion (on 6.4+ they used to be "other" or double-counted).
+#[test]
+fn completions_sent_back_to_the_submitting_cpu_are_block_completion_calls() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    const BLOCKS: u64 = 400;
+    let path = data_file(dir.path(), BLOCKS);
+    let sys = disk_sysfs(dir.path());
+    // Which CPU takes the disk's interrupts: the one whose IRQ count grows with our reads.
+    let before = irqs_per_cpu();
+    direct_reads(&path, BLOCKS);
+    let grown: Vec<u64> = irqs_per_cpu()
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect();
+    let irq_cpu = (0..grown.len()).max_by_key(|&c| grown[c]).unwrap();
+    let Some(reader_cpu) = (0..grown.len()).find(|&c| c != irq_cpu) else {
+        eprintln!("skipping: one CPU, no cross-CPU completion possible");
+        return;
+    };
+    let mut storage = ProbeStorage::default();
+    let config = ProbeConfig::new(vec![Family::Irq], Some(std::process::id()));
+    let session = ProbeSession::load(&mut storage, &config);
+    if !family_ready(&session, Family::Irq) {
+        return;
+    }
+    let csd_traced = session
+        .report
+        .families
+        .iter()
+        .flat_map(|f| &f.tracepoints)
+        .any(|t| t.tracepoint == "csd_queue_cpu" && t.attached.is_some());
+    if !csd_traced {
+        eprintln!("skipping: no csd_queue_cpu tracepoint in this kernel (6.6+)");
+        return;
+    }
+    let affinity = sys.join("queue/rq_affinity");
+    let _restore = SysfsValue {
+        old: std::fs::read_to_string(&affinity).unwrap(),
+        path: affinity.clone(),
+    };
+    std::fs::write(&affinity, "2").unwrap();
+    let snap_before = session.snapshot();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to(reader_cpu);
+            direct_reads(&path, BLOCKS);
+        });
+    });
+    let snap_after = session.snapshot();
+    let irq = snap_after.irq.unwrap().since(&snap_before.irq.unwrap());
+    let calls: u64 = irq
+        .cross_cpu_calls
+        .iter()
+        .filter(|e| e.kind == "block_completion")
+        .map(|e| e.count)
+        .sum();
+    eprintln!("{calls} block-completion calls for {BLOCKS} reads on CPU {reader_cpu}, IRQ on CPU {irq_cpu}");
+    assert!(
+        (BLOCKS * 95 / 100..=BLOCKS + 5).contains(&calls),
+        "{calls} block-completion calls for {BLOCKS} reads completed across CPUs"
+    );
+}
+
 #[test]
 fn run_statistics_cover_our_programs() {
     if !bpf_allowed() {

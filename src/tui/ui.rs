@@ -373,20 +373,11 @@ fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
             if irqs.is_empty() {
                 lines.push(Line::from("  no device interrupts on this CPU"));
             }
-            let ipis = |kind: &str| {
-                irq.ipis_sent
-                    .iter()
-                    .filter(|e| e.cpu == cpu && e.kind == kind)
-                    .map(|e| e.count)
-                    .sum::<u64>() as f64
-                    / secs
+            let summary = match &app.report {
+                Some(report) => crate::probe_report::ipi_summary(irq, Some(cpu), secs, report),
+                None => vec!["IPIs sent: -".into()],
             };
-            lines.push(Line::from(format!(
-                "  IPIs sent: {}/s block completion, {}/s reschedule, {}/s other",
-                units::count(ipis("block_completion")),
-                units::count(ipis("reschedule")),
-                units::count(ipis("other"))
-            )));
+            lines.extend(summary.into_iter().map(|l| Line::from(format!("  {l}"))));
         }
         _ => lines.push(Line::from(format!(
             "  interrupts: unavailable ({})",
@@ -731,6 +722,7 @@ mod tests {
                 ],
                 dropped: 0,
                 unseen: 0,
+                requeued: 0,
             }),
             irq: Some(IrqSnapshot {
                 hardirqs: vec![HardIrq {
@@ -759,6 +751,7 @@ mod tests {
                     count: 5 * scale,
                     time_ns: 0,
                 }],
+                cross_cpu_calls: vec![],
                 dropped: 0,
             }),
             wakeups: Some(WakeupSnapshot {
@@ -858,6 +851,8 @@ mod tests {
                 {"family": "block", "unavailable": null, "tracepoints": [
                     {"tracepoint": "block_rq_issue", "attached": "tp_btf", "reason": null},
                     {"tracepoint": "block_rq_complete", "attached": "tp_btf", "reason": null}]},
+                {"family": "irq", "unavailable": null, "tracepoints": [
+                    {"tracepoint": "ipi_send_cpu", "attached": "tp_btf", "reason": null}]},
                 {"family": "nvme", "unavailable": "no NVMe on this host (nvme_core module not loaded)", "tracepoints": []}
             ],
             "run_stats_unavailable": null
