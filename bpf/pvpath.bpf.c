@@ -4,7 +4,8 @@
  * kernel uses (xen_send_IPI_one, kvm_send_ipi_mask, lapic_next_deadline, ...). The same pair of
  * programs is used two ways: as fentry/fexit, retargeted per symbol by user space before load,
  * or as kprobe/kretprobe attached to each symbol with the symbol's index as the attach cookie.
- * Hosts may block both (ftrace disabled, CONFIG_KPROBES off); user space reports which.
+ * Hosts may block both (ftrace disabled, CONFIG_KPROBES off); user space reports which. Starts
+ * are kept on a small per-CPU stack (see `stacks`).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -18,12 +19,31 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* For the fentry flavour: which symbol index this object's programs are bound to. */
 const volatile __u32 symbol_index = 0;
 
+/*
+ * The calls in progress on each CPU, innermost last. These callbacks run from idle (pid 0 on
+ * every CPU) and from hard-IRQ context nested in another call, so neither a thread id nor a
+ * single slot per CPU can hold their start: a small stack per CPU does.
+ */
+#define VG_PV_DEPTH 8
+
+struct pv_frame {
+	__u64 ts;
+	__u32 index;
+	__u32 pad;
+};
+
+struct pv_stack {
+	struct pv_frame frames[VG_PV_DEPTH];
+	__u32 depth;
+	__u32 pad;
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u64); /* thread id << 8 | symbol index */
-	__type(value, __u64);
-} entered SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct pv_stack);
+} stacks SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -41,28 +61,44 @@ struct {
 
 static __always_inline int enter(__u32 index)
 {
-	__u64 key = ((__u64)(__u32)bpf_get_current_pid_tgid() << 8) | (index & 0xff), now = bpf_ktime_get_ns();
+	__u32 zero = 0;
+	struct pv_stack *s = bpf_map_lookup_elem(&stacks, &zero);
+	__u32 d;
 
-	bpf_map_update_elem(&entered, &key, &now, BPF_ANY);
+	if (!s)
+		return 0;
+	d = s->depth;
+	/* Deeper than the stack: this call goes untimed (its exit finds another frame on top). */
+	if (d >= VG_PV_DEPTH)
+		return 0;
+	s->frames[d & (VG_PV_DEPTH - 1)].ts = bpf_ktime_get_ns();
+	s->frames[d & (VG_PV_DEPTH - 1)].index = index;
+	s->depth = d + 1;
 	return 0;
 }
 
 static __always_inline int leave(__u32 index)
 {
-	__u64 key = ((__u64)(__u32)bpf_get_current_pid_tgid() << 8) | (index & 0xff);
-	__u64 *ts = bpf_map_lookup_elem(&entered, &key), delta;
+	__u32 zero = 0, d;
+	struct pv_stack *s = bpf_map_lookup_elem(&stacks, &zero);
+	struct pv_frame *top;
 	struct vg_hist *h;
-	__u32 zero = 0;
 	void *init = bpf_map_lookup_elem(&zero_hist, &zero);
+	__u64 delta;
 
-	if (!ts || !init)
+	if (!s || !init || !s->depth)
 		return 0;
-	if (vg_elapsed(*ts, bpf_ktime_get_ns(), &delta)) {
+	d = (s->depth - 1) & (VG_PV_DEPTH - 1);
+	top = &s->frames[d];
+	/* A return whose entry was not seen (attached mid-call): leave the stack as it is. */
+	if (top->index != index)
+		return 0;
+	s->depth = d;
+	if (vg_elapsed(top->ts, bpf_ktime_get_ns(), &delta)) {
 		h = vg_lookup_or_init(&durations, &index, init);
 		if (h)
 			vg_hist_add(h, delta, true);
 	}
-	bpf_map_delete_elem(&entered, &key);
 	return 0;
 }
 

@@ -36,17 +36,30 @@ struct {
 	__type(value, __u64);
 } dropped SEC(".maps");
 
+/* When this CPU was last sampled: the msr object (sharing this map) counts the MSR writes of
+ * the sampler's own interrupt apart. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} sampler_stamp SEC(".maps");
+
 SEC("perf_event")
 int sample(struct bpf_perf_event_data *ctx)
 {
 	struct vg_sample_key key = { .cpu = bpf_get_smp_processor_id() };
 	void *map = fill_second ? (void *)&samples_second : (void *)&samples_first;
-	__u64 one = 1, *n;
+	__u64 one = 1, *n, *stamp;
+	__u32 zero = 0;
 
 	/*
 	 * User or kernel mode, from the interrupted address: kernel addresses have the top bit set.
 	 * (pt_regs' CS changed name and type in 6.9, so the IP is the portable test.)
 	 */
+	stamp = bpf_map_lookup_elem(&sampler_stamp, &zero);
+	if (stamp)
+		*stamp = bpf_ktime_get_ns();
 	key.ip = PT_REGS_IP(&ctx->regs);
 	key.user = (__s64)key.ip >= 0;
 	if (key.user)
@@ -55,7 +68,6 @@ int sample(struct bpf_perf_event_data *ctx)
 	if (n) {
 		__sync_fetch_and_add(n, 1);
 	} else if (bpf_map_update_elem(map, &key, &one, BPF_NOEXIST)) {
-		__u32 zero = 0;
 		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
 
 		if (d)

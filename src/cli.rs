@@ -191,6 +191,11 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "LIST")]
     pub probes: Option<String>,
 
+    /// Sampler rate per CPU; each sample interrupts its CPU and reprograms its timer (the
+    /// MSR writes this causes are counted apart). 0 turns the sampler off
+    #[arg(long, value_name = "HZ", default_value_t = 99, value_parser = clap::value_parser!(u64).range(0..=10_000))]
+    pub sample_hz: u64,
+
     /// kvm-host: count only this VMM process's exits (a pid as this shell sees it)
     /// [default: every process running a VM]
     #[arg(long, value_name = "PID")]

@@ -476,7 +476,11 @@ fn msr_rates(p: &Profile) -> String {
         return "not measured".into();
     };
     let mut by: BTreeMap<String, f64> = BTreeMap::new();
-    for w in writes {
+    // Only writes that exit, and not the recording tool's own.
+    let exiting = writes.iter().filter(|w| {
+        w["exits"].as_bool().unwrap_or(true) && !w["by_sampler"].as_bool().unwrap_or(false)
+    });
+    for w in exiting {
         let name = format!(
             "{} {}",
             w["msr"].as_str().unwrap_or("?"),

@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, IrqSnapshot};
+use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, IrqSnapshot, MsrSnapshot};
 use virtgap_probes::{CapabilityReport, Family, KernelHist};
 use virtgap_workloads::units;
 
@@ -53,6 +53,43 @@ pub fn ipi_summary(
             rate(&irq.cross_cpu_calls, "other")
         ),
     ]
+}
+
+/// MSR writes per second: those that exit to this host's hypervisor, the others, and those
+/// virtgap's own sampler caused (left out of both), `top` MSRs each.
+pub fn msr_lines(msr: &MsrSnapshot, secs: f64, top: usize) -> Vec<String> {
+    let rates = |v: Vec<(u32, u64)>| -> String {
+        if v.is_empty() {
+            return "none seen".into();
+        }
+        v.iter()
+            .take(top)
+            .map(|(m, n)| {
+                let name = virtgap_probes::virt::msr_name(*m);
+                format!("{m:#x} {name} {}/s", units::count(*n as f64 / secs))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut lines = vec![format!(
+        "exit-causing MSR writes: {}",
+        rates(msr.top_writes(|c| c.exits && !c.by_sampler))
+    )];
+    let other = msr.top_writes(|c| !c.exits && !c.by_sampler);
+    if !other.is_empty() {
+        lines.push(format!(
+            "other MSR writes (no exit known here): {}",
+            rates(other)
+        ));
+    }
+    let own = msr.sampler_writes();
+    if own > 0 {
+        lines.push(format!(
+            "virtgap's own sampler caused {}/s MSR writes (left out above)",
+            units::count(own as f64 / secs)
+        ));
+    }
+    lines
 }
 
 /// One block-stage table: queue and device rows under a title.
@@ -251,32 +288,9 @@ pub fn write(
     }
 
     if let (Some(msr), true) = (&snap.msr, secs > 0.0) {
-        let mut by_msr: std::collections::BTreeMap<u32, u64> = Default::default();
-        for c in msr.counts.iter().filter(|c| c.write) {
-            *by_msr.entry(c.msr).or_default() += c.count;
+        for line in msr_lines(msr, secs, 3) {
+            writeln!(out, "  {line}")?;
         }
-        let mut v: Vec<_> = by_msr.into_iter().collect();
-        v.sort_by_key(|x| std::cmp::Reverse(x.1));
-        let shown: Vec<String> = v
-            .iter()
-            .take(3)
-            .map(|(m, n)| {
-                format!(
-                    "{m:#x} {} {}/s",
-                    virtgap_probes::virt::msr_name(*m),
-                    units::count(*n as f64 / secs)
-                )
-            })
-            .collect();
-        writeln!(
-            out,
-            "  exit-causing MSR writes: {}",
-            if shown.is_empty() {
-                "none seen".into()
-            } else {
-                shown.join(", ")
-            }
-        )?;
     }
     if let Some(sampler) = &snap.sampler {
         writeln!(

@@ -47,11 +47,13 @@ impl Histogram {
             .into_iter()
             .map(|(l, hi, n)| [l, hi.min(u64::MAX / 2), n])
             .collect();
+        // The kernel keeps no extremes, only buckets: min and max are unknown, not the first
+        // bucket's low or the last one's high bound.
         Self {
             count: h.count,
             sum_ns: h.sum_ns as f64,
-            min_ns: buckets.first().map(|b| b[0]),
-            max_ns: buckets.last().map(|b| b[1]),
+            min_ns: None,
+            max_ns: None,
             buckets,
         }
     }
@@ -216,7 +218,8 @@ pub struct Interval {
     pub cpus: Vec<CpuLoad>,
     /// CPU time our BPF programs used in the interval, ns.
     pub probe_run_ns: Option<u64>,
-    /// MSR writes seen by msr:write_msr in the interval, all CPUs (None: probe not attached).
+    /// MSR writes that exit to this host's hypervisor in the interval, all CPUs, virtgap's own
+    /// sampler's left out (None: probe not attached).
     #[serde(default)]
     pub msr_writes: Option<u64>,
 }
@@ -463,7 +466,7 @@ pub fn interval(
             .map(|p| p.programs.iter().map(|q| q.run_time_ns).sum()),
         msr_writes: probes
             .and_then(|p| p.msr.as_ref())
-            .map(|m| m.counts.iter().filter(|c| c.write).map(|c| c.count).sum()),
+            .map(|m| m.exiting_writes()),
     }
 }
 
@@ -736,7 +739,7 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<serde_json::Value> {
     }
     let msr = |write: bool| -> Vec<serde_json::Value> {
         total.msr.iter().flat_map(|m| &m.counts).filter(|c| c.write == write).map(|c| {
-            json!({"cpu": c.cpu, "msr": format!("{:#x}", c.msr), "name": virtgap_probes::virt::msr_name(c.msr), "count": c.count})
+            json!({"cpu": c.cpu, "msr": format!("{:#x}", c.msr), "name": virtgap_probes::virt::msr_name(c.msr), "count": c.count, "exits": c.exits, "by_sampler": c.by_sampler})
         }).collect()
     };
     let sampler = total.sampler.as_ref().map(|s| {
@@ -797,6 +800,11 @@ mod tests {
         }
         let h = Histogram::from_kernel(&k);
         assert_eq!(h.count, 4);
+        assert_eq!(
+            (h.min_ns, h.max_ns),
+            (None, None),
+            "bucket bounds are not extremes"
+        );
         assert_eq!(h.mean_ns(), Some(2_650.0));
         assert_eq!(h.buckets.iter().map(|b| b[2]).sum::<u64>(), 4);
     }

@@ -515,7 +515,7 @@ pub fn probe_config(args: &ProbeArgs, interval: Duration) -> Result<Option<Probe
     if args.no_probes {
         return Ok(None);
     }
-    let families = match &args.probes {
+    let mut families = match &args.probes {
         None => Family::ALL.to_vec(),
         Some(list) => list
             .split(',')
@@ -536,8 +536,12 @@ pub fn probe_config(args: &ProbeArgs, interval: Duration) -> Result<Option<Probe
             bail!("--vmm-pid {pid}: no such process; give the pid of a running VMM (e.g. qemu)");
         }
     }
+    if args.sample_hz == 0 {
+        families.retain(|f| *f != Family::Sampler);
+    }
     Ok(Some(ProbeConfig {
         interval,
+        sample_hz: args.sample_hz.max(1),
         vmm_pid: args.vmm_pid,
         ..ProbeConfig::new(families, Some(std::process::id()))
     }))

@@ -137,10 +137,17 @@ struct vg_softirq_start {
 	__u64 nested_base;
 };
 
+enum vg_msr_access {
+	VG_MSR_READ = 0,
+	VG_MSR_WRITE = 1,
+	/* A write in the wake of virtgap's own sampler interrupt on that CPU. */
+	VG_MSR_WRITE_BY_SAMPLER = 2,
+};
+
 /* MSR accesses, per CPU (the per-CPU map copy) and MSR number. */
 struct vg_msr_key {
 	__u32 msr;
-	__u32 write; /* 1 write, 0 read */
+	__u32 access; /* enum vg_msr_access */
 };
 
 /* One CPU-clock sample: the interrupted kernel IP, or 0 for user mode. */

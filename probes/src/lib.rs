@@ -18,6 +18,7 @@ pub mod procfs;
 pub mod report;
 pub mod selftest;
 pub mod session;
+mod tsc;
 pub mod virt;
 
 pub use attach::AttachKind;

@@ -349,6 +349,13 @@ pub struct MsrCount {
     pub cpu: u32,
     pub msr: u32,
     pub write: bool,
+    /// A write in the wake of virtgap's own sampler interrupt on this CPU (the tool's cost).
+    #[serde(default)]
+    pub by_sampler: bool,
+    /// Whether writes to this MSR exit to the hypervisor this host runs on (see
+    /// `virt::msr_exits`); false on metal.
+    #[serde(default)]
+    pub exits: bool,
     pub count: u64,
 }
 
@@ -378,10 +385,40 @@ impl MsrSnapshot {
     }
 
     /// Writes of `msr` summed over CPUs.
+    /// Writes to `msr`, the sampler's own included.
     pub fn writes(&self, msr: u32) -> u64 {
         self.counts
             .iter()
             .filter(|c| c.write && c.msr == msr)
+            .map(|c| c.count)
+            .sum()
+    }
+
+    /// Writes that exit to the hypervisor, not counting virtgap's own sampler's.
+    pub fn exiting_writes(&self) -> u64 {
+        self.counts
+            .iter()
+            .filter(|c| c.write && c.exits && !c.by_sampler)
+            .map(|c| c.count)
+            .sum()
+    }
+
+    /// Write counts by MSR among the counts `pick` keeps, most written first.
+    pub fn top_writes(&self, pick: impl Fn(&MsrCount) -> bool) -> Vec<(u32, u64)> {
+        let mut by: std::collections::BTreeMap<u32, u64> = Default::default();
+        for c in self.counts.iter().filter(|c| c.write && pick(c)) {
+            *by.entry(c.msr).or_default() += c.count;
+        }
+        let mut v: Vec<_> = by.into_iter().collect();
+        v.sort_by_key(|x| std::cmp::Reverse(x.1));
+        v
+    }
+
+    /// Writes of any kind in the wake of virtgap's own sampler.
+    pub fn sampler_writes(&self) -> u64 {
+        self.counts
+            .iter()
+            .filter(|c| c.write && c.by_sampler)
             .map(|c| c.count)
             .sum()
     }

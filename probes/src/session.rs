@@ -12,7 +12,7 @@ use libbpf_rs::Object;
 
 use crate::attach::KernelTracepoints;
 use crate::families::{
-    HostShape, LoadContext, Loaded, ProbeConfig, ProbeStorage, ProcessFilter, TABLE,
+    HostShape, LoadContext, Loaded, ProbeConfig, ProbeStorage, ProcessFilter, SharedMaps, TABLE,
 };
 use crate::model::{ProbeSnapshot, ProgramStats};
 use crate::report::{CapabilityReport, Family, FamilyReport};
@@ -58,6 +58,7 @@ impl<'a> ProbeSession<'a> {
         let symbols = Arc::new(crate::virt::Symbols::load());
         let host = HostShape::read();
         let notes = RefCell::new(Vec::new());
+        let shared = RefCell::new(SharedMaps::default());
         let cx = LoadContext {
             config,
             kernel: &kernel,
@@ -65,6 +66,7 @@ impl<'a> ProbeSession<'a> {
             host: &host,
             filter: config.filter_tgid.map(ProcessFilter::of),
             notes: &notes,
+            shared: &shared,
         };
         let mut families = Vec::new();
         for (def, slots) in TABLE.iter().zip(storage.slots.iter_mut()) {

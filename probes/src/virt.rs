@@ -24,6 +24,23 @@ pub fn msr_name(msr: u32) -> &'static str {
     }
 }
 
+/// Whether a guest's write to `msr` exits to `hypervisor` ("kvm", "xen", "hyperv", "other";
+/// "none" on metal, where nothing exits). Only MSRs known to trap are labelled: the TSC-deadline
+/// timer, the x2APIC ICR (IPIs) and timer-count registers, and Hyper-V's synthetic MSRs. EOI
+/// is left out (APICv and AVIC complete it without an exit), as are MSRs modern KVM passes
+/// through (SPEC_CTRL, PRED_CMD, FS/GS base).
+pub fn msr_exits(hypervisor: &str, msr: u32) -> bool {
+    let timer_or_ipi = matches!(msr, 0x6e0 | 0x830 | 0x838);
+    let hyperv_synthetic = (0x4000_0000..=0x4000_00ff).contains(&msr);
+    match hypervisor {
+        "none" => false,
+        "hyperv" => timer_or_ipi || hyperv_synthetic,
+        // KVM also emulates Hyper-V's MSRs for Windows-enlightened guests.
+        "kvm" => timer_or_ipi || hyperv_synthetic || (0x4b56_4d00..=0x4b56_4dff).contains(&msr),
+        _ => timer_or_ipi,
+    }
+}
+
 /// KVM's `isa` field of kvm_exit: 1 = Intel VMX, 2 = AMD SVM.
 pub fn exit_reason_name(isa: u32, reason: u32) -> String {
     let name = match isa {
@@ -276,8 +293,10 @@ impl Symbols {
     }
 }
 
-/// Paravirt callbacks worth timing, per hypervisor (from the kernel sources' pv-op tables).
+/// Paravirt callbacks worth timing, per hypervisor (from the kernel sources' pv-op tables);
+/// "any" lists native paths that exit to every hypervisor (the TSC-deadline timer write).
 pub const PV_SYMBOLS: &[(&str, &[&str])] = &[
+    ("any", &["lapic_next_deadline"]),
     (
         "xen",
         &[
@@ -295,7 +314,6 @@ pub const PV_SYMBOLS: &[(&str, &[&str])] = &[
             "kvm_send_ipi_mask",
             "kvm_wait",
             "kvm_kick_cpu",
-            "lapic_next_deadline",
             "kvm_flush_tlb_multi",
         ],
     ),
@@ -309,11 +327,12 @@ pub const PV_SYMBOLS: &[(&str, &[&str])] = &[
     ),
 ];
 
-/// The paravirt symbols of `hypervisor` this kernel has (kallsyms), in table order.
+/// The paravirt symbols of guest `hypervisor` ("none" on metal) this kernel has (kallsyms),
+/// in table order.
 pub fn select_pv_symbols(hypervisor: &str, symbols: &Symbols) -> Vec<&'static str> {
     PV_SYMBOLS
         .iter()
-        .filter(|(hv, _)| *hv == hypervisor)
+        .filter(|(hv, _)| *hv == hypervisor || (*hv == "any" && hypervisor != "none"))
         .flat_map(|(_, list)| list.iter().copied())
         .filter(|s| symbols.contains(s))
         .collect()
@@ -362,9 +381,11 @@ ffffffff81108000 T schedule
         let kvm = Symbols::parse(KVM_GUEST);
         assert_eq!(
             select_pv_symbols("kvm", &kvm),
-            ["kvm_send_ipi_mask", "kvm_wait", "lapic_next_deadline"]
+            ["lapic_next_deadline", "kvm_send_ipi_mask", "kvm_wait"]
         );
-        assert!(select_pv_symbols("xen", &kvm).is_empty());
+        // The timer write exits under any hypervisor; other hypervisors' callbacks are absent.
+        assert_eq!(select_pv_symbols("xen", &kvm), ["lapic_next_deadline"]);
+        assert_eq!(select_pv_symbols("other", &kvm), ["lapic_next_deadline"]);
         assert!(select_pv_symbols("none", &kvm).is_empty());
     }
 

@@ -586,6 +586,69 @@ fn completions_sent_back_to_the_submitting_cpu_are_block_completion_calls() {
     );
 }
 
+/// Each of the sampler's interrupts ends in a timer reprogram for its next sample: those MSR
+/// writes are counted apart as the tool's own, so they do not inflate the host's.
+#[test]
+fn the_samplers_own_timer_writes_are_counted_apart() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    // (host TSC-deadline writes/s, the sampler's own writes/s, samples/s) at `hz`.
+    let rates = |hz: u64| -> Option<(f64, f64, f64)> {
+        let mut storage = ProbeStorage::default();
+        let config = ProbeConfig {
+            sample_hz: hz,
+            ..ProbeConfig::new(vec![Family::Msr, Family::Sampler], None)
+        };
+        let session = ProbeSession::load(&mut storage, &config);
+        if !family_ready(&session, Family::Msr) || !family_ready(&session, Family::Sampler) {
+            return None;
+        }
+        let before = session.snapshot();
+        std::thread::sleep(std::time::Duration::from_secs(2));
+        let after = session.snapshot();
+        let secs = (after.elapsed_ns - before.elapsed_ns) as f64 / 1e9;
+        let samples: u64 = after
+            .sampler
+            .unwrap()
+            .since(&before.sampler.unwrap())
+            .cpus
+            .iter()
+            .map(|c| c.total())
+            .sum();
+        let msr = after.msr.unwrap().since(&before.msr.unwrap());
+        let host: u64 = msr
+            .counts
+            .iter()
+            .filter(|c| c.write && c.msr == 0x6e0 && !c.by_sampler)
+            .map(|c| c.count)
+            .sum();
+        Some((
+            host as f64 / secs,
+            msr.sampler_writes() as f64 / secs,
+            samples as f64 / secs,
+        ))
+    };
+    let (Some((host_low, own_low, _)), Some((host_high, own_high, samples_high))) =
+        (rates(99), rates(999))
+    else {
+        return;
+    };
+    eprintln!(
+        "TSC-deadline writes/s: at 99 Hz host {host_low:.0}, sampler {own_low:.0}; \
+         at 999 Hz host {host_high:.0}, sampler {own_high:.0} for {samples_high:.0} samples/s"
+    );
+    assert!(
+        own_high > 4.0 * own_low.max(1.0),
+        "the sampler's own writes follow its rate"
+    );
+    assert!(
+        own_high >= 0.8 * samples_high,
+        "{own_high:.0}/s of the sampler's {samples_high:.0} interrupts/s were counted as its own"
+    );
+}
+
 #[test]
 fn run_statistics_cover_our_programs() {
     if !bpf_allowed() {
@@ -674,7 +737,11 @@ fn the_sampler_sees_a_busy_user_loop_and_an_idle_cpu() {
     // SAFETY: sysconf has no preconditions.
     let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) } as usize;
     let mut storage = ProbeStorage::default();
-    let session = ProbeSession::load(&mut storage, &ProbeConfig::new(vec![Family::Sampler], None));
+    let config = ProbeConfig {
+        sample_hz: 999,
+        ..ProbeConfig::new(vec![Family::Sampler], None)
+    };
+    let session = ProbeSession::load(&mut storage, &config);
     if !family_ready(&session, Family::Sampler) {
         return;
     }

@@ -410,12 +410,7 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
     let mut lines = vec![Line::from("exit-causing MSR writes per second".bold())];
     match iv.and_then(|s| s.msr.as_ref()) {
         Some(msr) if secs > 0.0 => {
-            let mut by: std::collections::BTreeMap<u32, u64> = Default::default();
-            for c in msr.counts.iter().filter(|c| c.write) {
-                *by.entry(c.msr).or_default() += c.count;
-            }
-            let mut v: Vec<_> = by.into_iter().collect();
-            v.sort_by_key(|x| std::cmp::Reverse(x.1));
+            let v = msr.top_writes(|c| c.exits && !c.by_sampler);
             for (m, n) in v.iter().take(6) {
                 lines.push(Line::from(format!(
                     "  {m:#07x} {:<26} {:>8}/s",
@@ -425,6 +420,13 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
             }
             if v.is_empty() {
                 lines.push(Line::from("  none seen"));
+            }
+            let own = msr.sampler_writes();
+            if own > 0 {
+                lines.push(Line::from(format!(
+                    "  virtgap's sampler: {}/s more (left out)",
+                    units::count(own as f64 / secs)
+                )));
             }
         }
         _ => lines.push(Line::from(format!(
@@ -765,12 +767,16 @@ mod tests {
                         cpu: 0,
                         msr: 0x6e0,
                         write: true,
+                        by_sampler: false,
+                        exits: true,
                         count: 2_000 * scale,
                     },
                     MsrCount {
                         cpu: 1,
                         msr: 0x830,
                         write: true,
+                        by_sampler: false,
+                        exits: true,
                         count: 150 * scale,
                     },
                 ],

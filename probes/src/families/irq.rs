@@ -166,7 +166,7 @@ mod tests {
     use libbpf_rs::skel::{OpenSkel, SkelBuilder};
     use libbpf_rs::OpenObject;
 
-    use super::super::test_run::{bpf_allowed, raw_only, run};
+    use super::super::test_run::{bpf_allowed, raw_only, run_on_cpu0 as run};
     use super::*;
 
     /// Any kallsyms symbol's address (data symbols included), 0 when hidden.

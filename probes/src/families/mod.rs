@@ -50,7 +50,9 @@ impl Default for ProbeConfig {
     fn default() -> Self {
         Self {
             families: Family::ALL.to_vec(),
-            sample_hz: 999,
+            // Low on purpose: every sample interrupts a CPU and reprograms its timer (an exit
+            // in a guest), which is what the msr probe measures.
+            sample_hz: 99,
             interval: Duration::from_secs(1),
             filter_tgid: None,
             vmm_pid: None,
@@ -225,6 +227,15 @@ pub(crate) struct LoadContext<'h> {
     pub filter: Option<ProcessFilter>,
     /// Things a loader did on the way (e.g. mounting tracefs), for the report.
     pub notes: &'h std::cell::RefCell<Vec<String>>,
+    /// Maps one family hands to a later one.
+    pub shared: &'h std::cell::RefCell<SharedMaps>,
+}
+
+/// Maps shared between families' objects, filled by the family that creates them.
+#[derive(Debug, Default)]
+pub(crate) struct SharedMaps {
+    /// The msr object's per-CPU "last sampled at" stamps, which the sampler writes.
+    pub sampler_stamp: Option<std::os::fd::OwnedFd>,
 }
 
 /// A loaded, attached family. Dropping it detaches its programs.
@@ -559,13 +570,23 @@ pub(crate) mod test_run {
         }
     }
 
-    /// Runs `prog` once on CPU 0 with `args` as its raw tracepoint arguments.
+    /// Runs `prog` once in this thread's context (the program sees this process as current).
     pub fn run(prog: &ProgramMut<'_>, args: &[u64]) {
+        run_with(prog, args, 0);
+    }
+
+    /// Runs `prog` once on CPU 0, from an IPI there (per-CPU state lands in CPU 0's slot; the
+    /// current task is whatever CPU 0 was running).
+    pub fn run_on_cpu0(prog: &ProgramMut<'_>, args: &[u64]) {
+        run_with(prog, args, libbpf_rs::libbpf_sys::BPF_F_TEST_RUN_ON_CPU);
+    }
+
+    fn run_with(prog: &ProgramMut<'_>, args: &[u64], flags: u32) {
         let mut ctx: Vec<u8> = args.iter().flat_map(|a| a.to_ne_bytes()).collect();
         let input = ProgramInput {
             context_in: Some(&mut ctx),
             cpu: 0,
-            flags: libbpf_rs::libbpf_sys::BPF_F_TEST_RUN_ON_CPU,
+            flags,
             ..Default::default()
         };
         prog.test_run(input).expect("BPF_PROG_TEST_RUN");

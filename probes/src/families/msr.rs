@@ -1,6 +1,8 @@
 //! MSR accesses by CPU and MSR (`bpf/msr.bpf.c`).
 
 use libbpf_rs::skel::Skel;
+use std::os::fd::AsFd;
+
 use libbpf_rs::{Link, MapCore, Object};
 
 use super::{copy, load_tracepoints, percpu_entry, LoadContext, LoadResult, LoadedFamily, Slots};
@@ -11,28 +13,71 @@ use crate::report::Family;
 struct MsrProbe<'obj> {
     skel: MsrSkel<'obj>,
     _links: Vec<Link>,
+    /// The hypervisor this guest runs on ("none" on metal): which writes exit.
+    hypervisor: &'static str,
 }
 
 pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+    let hypervisor = super::pv_paths::guest_hypervisor().unwrap_or("none");
+    let sampler_period_ns = cx
+        .config
+        .families
+        .contains(&Family::Sampler)
+        .then(|| super::sampler::period_ns(cx.config.sample_hz))
+        .unwrap_or(0);
+    let tsc_per_ns = if sampler_period_ns > 0 {
+        crate::tsc::ticks_per_ns_q24()
+    } else {
+        None
+    };
+    let setup = |open: &mut crate::bpf::msr::OpenMsrSkel<'_>, _kind| {
+        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+            ro.sampler_period_ns = sampler_period_ns;
+            ro.tsc_per_ns_q24 = tsc_per_ns.unwrap_or(0);
+        }
+    };
     let (skel, links, report) = load_tracepoints(
         Family::Msr,
         MsrSkelBuilder::default,
         slots,
         cx.kernel,
         &|_| false,
-        &|_: &mut crate::bpf::msr::OpenMsrSkel<'_>, _| {},
+        &setup,
     )?;
-    Ok((
-        Box::new(MsrProbe {
-            skel,
-            _links: links,
-        }),
-        report,
-    ))
+    // The sampler stamps this map so the writes its own interrupts cause are counted apart.
+    if let Ok(fd) = skel.maps.sampler_stamp.as_fd().try_clone_to_owned() {
+        cx.shared.borrow_mut().sampler_stamp = Some(fd);
+    }
+    let probe = MsrProbe {
+        skel,
+        _links: links,
+        hypervisor,
+    };
+    probe.refresh_tsc_base();
+    Ok((Box::new(probe), report))
+}
+
+impl MsrProbe<'_> {
+    /// A fresh (TSC, ktime) pair, so turning deadlines into times never drifts far.
+    fn refresh_tsc_base(&self) {
+        let Some(bss) = self.skel.maps.bss_data.as_deref() else {
+            return;
+        };
+        let (tsc, ns) = crate::tsc::pair();
+        // SAFETY: the bss map is mmap'd and shared with the program, which only reads these
+        // words; aligned 8-byte stores are atomic. A reader between the two stores misjudges
+        // at most the one write it is looking at.
+        unsafe {
+            std::ptr::write_volatile(std::ptr::addr_of!(bss.ns_base).cast_mut(), 0);
+            std::ptr::write_volatile(std::ptr::addr_of!(bss.tsc_base).cast_mut(), tsc);
+            std::ptr::write_volatile(std::ptr::addr_of!(bss.ns_base).cast_mut(), ns);
+        }
+    }
 }
 
 impl LoadedFamily for MsrProbe<'_> {
     fn read(&self, snap: &mut ProbeSnapshot) {
+        self.refresh_tsc_base();
         let map = &self.skel.maps.msrs;
         let mut counts = Vec::new();
         for key in map.keys() {
@@ -41,16 +86,19 @@ impl LoadedFamily for MsrProbe<'_> {
             };
             for (cpu, n) in percpu_entry::<u64>(map, &key).into_iter().enumerate() {
                 if n > 0 {
+                    let write = k.access != types::vg_msr_access::VG_MSR_READ.0;
                     counts.push(MsrCount {
                         cpu: cpu as u32,
                         msr: k.msr,
-                        write: k.write == 1,
+                        write,
+                        by_sampler: k.access == types::vg_msr_access::VG_MSR_WRITE_BY_SAMPLER.0,
+                        exits: write && crate::virt::msr_exits(self.hypervisor, k.msr),
                         count: n,
                     });
                 }
             }
         }
-        counts.sort_by_key(|c| (c.cpu, c.msr, c.write));
+        counts.sort_by_key(|c| (c.cpu, c.msr, c.write, c.by_sampler));
         snap.msr = Some(MsrSnapshot { counts });
     }
 

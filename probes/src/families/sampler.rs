@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::os::fd::AsFd;
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, Object};
@@ -17,7 +18,14 @@ use crate::model::{CpuSamples, ProbeSnapshot, SamplerSnapshot};
 use crate::report::{Family, FamilyReport};
 use crate::virt::Symbols;
 
-/// Opens a cpu-clock sampling event on `cpu` at `hz`.
+/// The sampling period at `hz`, in ns of CPU clock.
+pub(super) fn period_ns(hz: u64) -> u64 {
+    1_000_000_000 / hz.max(1)
+}
+
+/// Opens a cpu-clock sampling event on `cpu`, one sample every `period_ns(hz)`. A fixed period
+/// (not perf's adaptive frequency) makes the sampler's timer expiries predictable, which is how
+/// the msr probe tells the timer writes made for it apart.
 fn open_cpu_clock(cpu: u32, hz: u64) -> Result<i32, std::io::Error> {
     use libbpf_rs::libbpf_sys as sys;
     let mut attr = sys::perf_event_attr {
@@ -26,8 +34,7 @@ fn open_cpu_clock(cpu: u32, hz: u64) -> Result<i32, std::io::Error> {
         config: u64::from(sys::PERF_COUNT_SW_CPU_CLOCK),
         ..Default::default()
     };
-    attr.__bindgen_anon_1.sample_freq = hz;
-    attr.set_freq(1);
+    attr.__bindgen_anon_1.sample_period = period_ns(hz);
     // SAFETY: perf_event_open with a fully initialised attr; pid -1 and a CPU number means
     // "every task on that CPU". A non-negative result is a new fd we own.
     let fd = unsafe {
@@ -68,6 +75,13 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
             .map_err(|e| format!("open: {e}"))?;
         let _ = open.maps.samples_first.set_max_entries(keys);
         let _ = open.maps.samples_second.set_max_entries(keys);
+        // The msr object counts the writes this sampler's interrupts cause apart.
+        if let Some(fd) = &cx.shared.borrow().sampler_stamp {
+            open.maps
+                .sampler_stamp
+                .reuse_fd(fd.as_fd())
+                .map_err(|e| format!("sharing sampler_stamp with the msr object: {e}"))?;
+        }
         open.load().map_err(|e| format!("load: {e}"))
     });
     let skel = loaded.map_err(|e| match libbpf_log::why(&log, 4) {
