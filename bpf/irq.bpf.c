@@ -398,9 +398,16 @@ int BPF_PROG(ipi_send_cpumask_raw, const struct cpumask *mask, unsigned long cal
 	return ipi_event(callback, cpumask_weight(mask, false));
 }
 
+/*
+ * csd_queue_cpu's third argument is a function pointer, which tp_btf's typed context refuses
+ * to load ("not a struct"): copy the raw argument word instead.
+ */
 SEC("tp_btf/csd_queue_cpu")
-int BPF_PROG(csd_queue_cpu_btf, const unsigned int cpu, unsigned long callsite, void *func, void *csd)
+int csd_queue_cpu_btf(unsigned long long *ctx)
 {
+	void *func = 0;
+
+	bpf_probe_read_kernel(&func, sizeof(func), &ctx[2]);
 	csd_queued(func);
 	return 0;
 }

@@ -59,6 +59,7 @@ INTRODUCED = {
     "block_io_start": (6, 5),
     "ipi_send_cpu": (6, 4),
     "ipi_send_cpumask": (6, 4),
+    "csd_queue_cpu": (6, 6),
 }
 
 # Families that must attach in every guest. kvm-host and pv-paths watch things a TCG guest
@@ -261,6 +262,10 @@ for d in $NVME $VIRTIO $R1 $R2; do
 done
 RECORD="/bin/virtgap record -w rand4k --qd 8 --workers @VCPUS@ --duration @SECONDS@s --quiet"
 step doctor /bin/virtgap doctor --json
+# With a CPU taken offline the online set has a hole: the sampler must cover the CPUs online.
+echo 0 > /sys/devices/system/cpu/cpu2/online
+step offline /bin/virtgap doctor --json
+echo 1 > /sys/devices/system/cpu/cpu2/online
 step nvme $RECORD --target /dev/$NVME -o /out/nvme.json
 # Another process reads the same disk meanwhile: the process filter must not count its requests.
 (while :; do dd if=/dev/$VIRTIO of=/dev/null bs=64k iflag=direct 2>/dev/null; done) &
@@ -607,6 +612,35 @@ def cpu_list(text):
     return cpus
 
 
+def check_sampler_cpus(c, doctor):
+    """CPU 2 offline: the sampler's events are on CPUs 0, 1 and 3, and none failed."""
+    if not doctor:
+        return c.check(False, "offline: doctor --json parses")
+    sampler = next((f for f in doctor["capabilities"]["families"] if f["family"] == "sampler"), {})
+    on = sorted(int(t["tracepoint"].rsplit("cpu", 1)[1]) for t in sampler.get("tracepoints", [])
+                if t.get("attached"))
+    failed = [t["tracepoint"] for t in sampler.get("tracepoints", []) if not t.get("attached")]
+    c.check(on == [0, 1, 3] and not failed, f"offline CPU 2: sampler on CPUs {on}, failed {failed}")
+
+
+def check_pv_timer(c, profile):
+    """The timer reprogram path, timed by fentry from idle and IRQ context on every CPU: many
+    calls, each a few µs (a start overwritten by another CPU or a nested call would show as a
+    lost call or an absurd duration)."""
+    v = profile.get("virtualization") or {}
+    paths = {p["symbol"]: p for p in (v.get("pv_paths") or [])}
+    # TCG's APIC has no TSC-deadline mode: the timer is reprogrammed through lapic_next_event.
+    timer = max(paths.values(), key=lambda p: p["count"], default=None)
+    if not c.check(timer is not None and timer["count"] > 100,
+                   f"pv-paths timed the APIC timer reprogram ({paths})"):
+        return
+    # Functional, not timing: under TCG a vCPU thread can lose its host CPU mid-call for ms,
+    # but a start taken from another CPU or a lost outer call shows as ~2^64 ns or hours.
+    c.check(timer["p99_ns"] is not None and timer["p99_ns"] < 1e8 and timer["mean_ns"] < 1e7,
+            f"pv-paths: {timer['symbol']} {timer['count']} calls, p99 {timer['p99_ns']:.0f} ns, "
+            f"mean {timer['mean_ns']:.0f} ns: no impossible durations")
+
+
 def check_sampler(c, profile):
     sampler = ((profile.get("virtualization") or {}).get("sampler")) or {}
     cpus = {s["cpu"]: s["samples"] for s in sampler.get("cpus", [])}
@@ -623,14 +657,16 @@ def check_guest(c, console, results):
     devices = read_text(results, "devices").split()
     names = dict(kv.split("=", 1) for kv in devices if "=" in kv)
     check_doctor(c, read_json(results, "doctor.out"), read_text(results, "uname").strip())
-    for step in ["doctor", "nvme", "virtio", "mdadm", "md"]:
+    for step in ["doctor", "offline", "nvme", "virtio", "mdadm", "md"]:
         step_ok(c, results, step)
+    check_sampler_cpus(c, read_json(results, "offline.out"))
     nvme = read_json(results, "nvme.json")
     found = check_rand4k(c, results, "nvme", nvme, [names.get("nvme", "?")])
     if found and names.get("nvme") in found:
         check_nvme_queues(c, nvme, found[names["nvme"]])
     if nvme:
         check_sampler(c, nvme)
+        check_pv_timer(c, nvme)
     virtio = read_json(results, "virtio.json")
     check_rand4k(c, results, "virtio", virtio, [names.get("virtio", "?")])
     # The disk served another process's reads too (field 0 of the stat file: reads completed).

@@ -294,9 +294,10 @@ impl Symbols {
 }
 
 /// Paravirt callbacks worth timing, per hypervisor (from the kernel sources' pv-op tables);
-/// "any" lists native paths that exit to every hypervisor (the TSC-deadline timer write).
+/// "any" lists native paths that exit to every hypervisor: the local APIC timer's reprogram,
+/// as a TSC-deadline MSR write or as a timer-count register write.
 pub const PV_SYMBOLS: &[(&str, &[&str])] = &[
-    ("any", &["lapic_next_deadline"]),
+    ("any", &["lapic_next_deadline", "lapic_next_event"]),
     (
         "xen",
         &[
