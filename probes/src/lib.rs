@@ -18,7 +18,6 @@ pub mod procfs;
 pub mod report;
 pub mod selftest;
 pub mod session;
-mod tsc;
 pub mod virt;
 
 pub use attach::AttachKind;

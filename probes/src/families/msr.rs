@@ -19,30 +19,13 @@ struct MsrProbe<'obj> {
 
 pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let hypervisor = super::pv_paths::guest_hypervisor().unwrap_or("none");
-    let sampler_period_ns = cx
-        .config
-        .families
-        .contains(&Family::Sampler)
-        .then(|| super::sampler::period_ns(cx.config.sample_hz))
-        .unwrap_or(0);
-    let tsc_per_ns = if sampler_period_ns > 0 {
-        crate::tsc::ticks_per_ns_q24()
-    } else {
-        None
-    };
-    let setup = |open: &mut crate::bpf::msr::OpenMsrSkel<'_>, _kind| {
-        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
-            ro.sampler_period_ns = sampler_period_ns;
-            ro.tsc_per_ns_q24 = tsc_per_ns.unwrap_or(0);
-        }
-    };
     let (skel, links, report) = load_tracepoints(
         Family::Msr,
         MsrSkelBuilder::default,
         slots,
         cx.kernel,
         &|_| false,
-        &setup,
+        &|_: &mut crate::bpf::msr::OpenMsrSkel<'_>, _| {},
     )?;
     // The sampler stamps this map so the writes its own interrupts cause are counted apart.
     if let Ok(fd) = skel.maps.sampler_stamp.as_fd().try_clone_to_owned() {
@@ -53,31 +36,11 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         _links: links,
         hypervisor,
     };
-    probe.refresh_tsc_base();
     Ok((Box::new(probe), report))
-}
-
-impl MsrProbe<'_> {
-    /// A fresh (TSC, ktime) pair, so turning deadlines into times never drifts far.
-    fn refresh_tsc_base(&self) {
-        let Some(bss) = self.skel.maps.bss_data.as_deref() else {
-            return;
-        };
-        let (tsc, ns) = crate::tsc::pair();
-        // SAFETY: the bss map is mmap'd and shared with the program, which only reads these
-        // words; aligned 8-byte stores are atomic. A reader between the two stores misjudges
-        // at most the one write it is looking at.
-        unsafe {
-            std::ptr::write_volatile(std::ptr::addr_of!(bss.ns_base).cast_mut(), 0);
-            std::ptr::write_volatile(std::ptr::addr_of!(bss.tsc_base).cast_mut(), tsc);
-            std::ptr::write_volatile(std::ptr::addr_of!(bss.ns_base).cast_mut(), ns);
-        }
-    }
 }
 
 impl LoadedFamily for MsrProbe<'_> {
     fn read(&self, snap: &mut ProbeSnapshot) {
-        self.refresh_tsc_base();
         let map = &self.skel.maps.msrs;
         let mut counts = Vec::new();
         for key in map.keys() {

@@ -19,13 +19,12 @@ use crate::report::{Family, FamilyReport};
 use crate::virt::Symbols;
 
 /// The sampling period at `hz`, in ns of CPU clock.
-pub(super) fn period_ns(hz: u64) -> u64 {
+fn period_ns(hz: u64) -> u64 {
     1_000_000_000 / hz.max(1)
 }
 
-/// Opens a cpu-clock sampling event on `cpu`, one sample every `period_ns(hz)`. A fixed period
-/// (not perf's adaptive frequency) makes the sampler's timer expiries predictable, which is how
-/// the msr probe tells the timer writes made for it apart.
+/// Opens a cpu-clock sampling event on `cpu`, one sample every `period_ns(hz)` (a fixed period
+/// rather than perf's adaptive frequency: the cost per second is then known in advance).
 fn open_cpu_clock(cpu: u32, hz: u64) -> Result<i32, std::io::Error> {
     use libbpf_rs::libbpf_sys as sys;
     let mut attr = sys::perf_event_attr {
