@@ -16,6 +16,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "virtgap.h"
+#include "vg_sampler_stamp.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -30,13 +31,6 @@ struct {
 	__type(value, __u64);
 } msrs SEC(".maps");
 
-/* When the sampler last ran on each CPU (written by the sampler object). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} sampler_stamp SEC(".maps");
 
 static __always_inline bool samplers_write(void)
 {

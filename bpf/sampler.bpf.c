@@ -12,6 +12,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "virtgap.h"
+#include "vg_sampler_stamp.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -36,14 +37,6 @@ struct {
 	__type(value, __u64);
 } dropped SEC(".maps");
 
-/* When this CPU was last sampled: the msr object (sharing this map) counts the MSR writes of
- * the sampler's own interrupt apart. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} sampler_stamp SEC(".maps");
 
 SEC("perf_event")
 int sample(struct bpf_perf_event_data *ctx)

@@ -399,6 +399,21 @@ pub struct TargetDisks {
 }
 
 impl TargetDisks {
+    /// A plain disk that is its own leaf.
+    #[cfg(test)]
+    pub fn plain(name: &str, major: u32, minor: u32) -> Self {
+        let disk = Disk {
+            name: name.into(),
+            major,
+            minor,
+        };
+        Self {
+            top: Some(disk.clone()),
+            leaves: vec![disk],
+            note: None,
+        }
+    }
+
     /// The leaves' device numbers, or None when unknown (then every device counts).
     pub fn devs(&self) -> Option<Vec<(u32, u32)>> {
         (!self.leaves.is_empty()).then(|| self.leaves.iter().map(Disk::dev).collect())

@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, IrqSnapshot, MsrSnapshot};
+use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, DevNum, IrqSnapshot, MsrSnapshot};
 use virtgap_probes::{CapabilityReport, Family, KernelHist};
 use virtgap_workloads::units;
 
@@ -145,16 +145,29 @@ pub fn write(
 
     match &snap.block {
         Some(block) => {
-            for gauge in &block.devices {
-                let dev = gauge.dev;
-                let name = p
-                    .device_names
-                    .get(&dev)
-                    .cloned()
-                    .unwrap_or_else(|| format!("{}:{}", dev.0, dev.1));
+            // Each disk on its own, then a stacked target's disks together.
+            let mut groups: Vec<(String, Vec<DevNum>)> = block
+                .devices
+                .iter()
+                .map(|g| {
+                    let name = p.device_names.get(&g.dev).cloned();
+                    (
+                        name.unwrap_or_else(|| format!("{}:{}", g.dev.0, g.dev.1)),
+                        vec![g.dev],
+                    )
+                })
+                .collect();
+            if let (Some(top), Some(devs)) = (&disks.top, disks.devs().filter(|d| d.len() > 1)) {
+                let members: Vec<&str> = disks.leaves.iter().map(|d| d.name.as_str()).collect();
+                groups.push((
+                    format!("{} ({}, summed)", top.name, members.join(" + ")),
+                    devs,
+                ));
+            }
+            for (name, devs) in &groups {
                 for op in [BlockOp::Read, BlockOp::Write, BlockOp::Flush] {
-                    let queue = block.stage(Some(&[dev]), BlockStage::Queue, &[op]);
-                    let device = block.stage(Some(&[dev]), BlockStage::Device, &[op]);
+                    let queue = block.stage(Some(devs), BlockStage::Queue, &[op]);
+                    let device = block.stage(Some(devs), BlockStage::Device, &[op]);
                     if device.is_empty() && queue.is_empty() {
                         continue;
                     }
@@ -168,24 +181,6 @@ pub fn write(
                         continue;
                     }
                     let title = format!("block stages of this process's {} on {name}", op.name());
-                    stage_table(out, &title, &queue, &device)?;
-                }
-            }
-            // A stacked target: its stages are its disks' together.
-            if let (Some(top), Some(devs)) = (&disks.top, disks.devs().filter(|d| d.len() > 1)) {
-                for op in [BlockOp::Read, BlockOp::Write] {
-                    let queue = block.stage(Some(&devs), BlockStage::Queue, &[op]);
-                    let device = block.stage(Some(&devs), BlockStage::Device, &[op]);
-                    if device.is_empty() && queue.is_empty() {
-                        continue;
-                    }
-                    let members: Vec<&str> = disks.leaves.iter().map(|d| d.name.as_str()).collect();
-                    let title = format!(
-                        "block stages of this process's {} on {} ({}, summed)",
-                        op.name(),
-                        top.name,
-                        members.join(" + ")
-                    );
                     stage_table(out, &title, &queue, &device)?;
                 }
             }

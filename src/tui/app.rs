@@ -296,19 +296,7 @@ mod tests {
         App::new(
             host,
             "rand4k".into(),
-            crate::host::TargetDisks {
-                top: Some(crate::host::Disk {
-                    name: "vda".into(),
-                    major: 254,
-                    minor: 0,
-                }),
-                leaves: vec![crate::host::Disk {
-                    name: "vda".into(),
-                    major: 254,
-                    minor: 0,
-                }],
-                note: None,
-            },
+            crate::host::TargetDisks::plain("vda", 254, 0),
         )
     }
 

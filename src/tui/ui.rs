@@ -838,19 +838,7 @@ mod tests {
         let mut app = App::new(
             profile.host.clone(),
             "random read, bs 4 KiB, qd 32 x 1 worker, io_uring, O_DIRECT".into(),
-            crate::host::TargetDisks {
-                top: Some(crate::host::Disk {
-                    name: "vda".into(),
-                    major: 254,
-                    minor: 0,
-                }),
-                leaves: vec![crate::host::Disk {
-                    name: "vda".into(),
-                    major: 254,
-                    minor: 0,
-                }],
-                note: None,
-            },
+            crate::host::TargetDisks::plain("vda", 254, 0),
         );
         let report: CapabilityReport = serde_json::from_value(serde_json::json!({
             "families": [
