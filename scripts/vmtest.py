@@ -89,6 +89,14 @@ GUEST_FAULTS = [
 ]
 
 
+def tool(name):
+    """A system tool's path: on PATH, or in the sbin directories a non-login shell may lack."""
+    for path in [shutil.which(name), f"/usr/sbin/{name}", f"/sbin/{name}"]:
+        if path and os.path.exists(path):
+            return path
+    return None
+
+
 def log(msg):
     print(f"vmtest: {msg}", flush=True)
 
@@ -154,7 +162,7 @@ def unpack_package(cache, package, opts):
     os.makedirs(dest)
     run(["dpkg-deb", "-x", deb, dest])
     version = os.listdir(os.path.join(dest, "lib", "modules"))[0]
-    run(["depmod", "-b", dest, version])
+    run([tool("depmod"), "-b", dest, version])
     open(os.path.join(dest, ".unpacked"), "w").close()
     return dest
 
@@ -182,7 +190,7 @@ def module_files(kernel):
     """Module files in load order (dependencies first), skipping built-in ones."""
     files = []
     for m in MODULES:
-        out = subprocess.run(["modprobe", "-d", kernel.modroot, "-S", kernel.version,
+        out = subprocess.run([tool("modprobe"), "-d", kernel.modroot, "-S", kernel.version,
                               "--show-depends", m], capture_output=True, text=True)
         if out.returncode != 0:
             sys.exit(f"vmtest: {kernel.label}: module {m}: {out.stderr.strip()}")
@@ -291,7 +299,7 @@ def build_initramfs(kernel, virtgap, work):
         os.makedirs(os.path.join(root, d), exist_ok=True)
     shutil.copy2("/bin/busybox", os.path.join(root, "bin", "busybox"))
     copy_with_libs(virtgap, root)
-    copy_with_libs(shutil.which("mdadm") or "/sbin/mdadm", root)
+    copy_with_libs(tool("mdadm"), root)
     order = []
     for path in module_files(kernel):
         name = os.path.basename(path)
@@ -733,9 +741,9 @@ def main():
     args = p.parse_args()
     if not os.access(args.virtgap, os.X_OK):
         sys.exit(f"vmtest: no virtgap binary at {args.virtgap}; run `just build` first")
-    for tool in ["qemu-system-x86_64", "cpio", "mdadm", "modprobe", "dpkg-deb"]:
-        if not shutil.which(tool) and not os.path.exists(f"/sbin/{tool}"):
-            sys.exit(f"vmtest: {tool} not found; `./setup.sh vmtest` installs what the tier needs")
+    for name in ["qemu-system-x86_64", "cpio", "mdadm", "modprobe", "depmod", "dpkg-deb", "xz"]:
+        if not tool(name):
+            sys.exit(f"vmtest: {name} not found; `./setup.sh vmtest` installs what the tier needs")
     if not os.path.exists("/bin/busybox"):
         sys.exit("vmtest: /bin/busybox not found; install busybox-static")
     os.makedirs(os.path.join(args.cache, "runs"), exist_ok=True)
