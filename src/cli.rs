@@ -236,10 +236,10 @@ pub struct WorkloadOverrides {
     #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
     pub bs: Option<ByteSize>,
     /// I/Os in flight per worker
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clamp_u32)]
     pub qd: Option<u32>,
     /// Worker threads, each with its own ring
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clamp_u32)]
     pub workers: Option<u32>,
     /// read, write or mix
     #[arg(long, value_name = "RW")]
@@ -340,4 +340,13 @@ impl WorkloadOverrides {
             },
         }
     }
+}
+
+/// A count that the workload spec range-checks (with the real range in its message): values
+/// past u32 become u32::MAX here so they reach that check instead of clap's "0..=4294967295".
+fn clamp_u32(s: &str) -> Result<u32, String> {
+    s.trim()
+        .parse::<u64>()
+        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        .map_err(|_| format!("{s:?} is not a whole number"))
 }

@@ -15,6 +15,7 @@ mod probe_report;
 mod profile;
 mod record;
 mod report;
+mod signals;
 mod tui;
 
 use std::process::ExitCode;
@@ -35,7 +36,10 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("virtgap: error: {e:#}");
+            eprintln!(
+                "virtgap: error: {}",
+                virtgap_workloads::units::printable(&format!("{e:#}"))
+            );
             ExitCode::FAILURE
         }
     }
@@ -61,11 +65,18 @@ fn run_diff(args: &cli::DiffArgs) -> anyhow::Result<ExitCode> {
         );
     }
     if let Some(path) = &args.csv {
-        output::check_output(path, true)?;
+        output::check_output(path, true, "--csv")?;
     }
     if let Some(dir) = &args.svg {
         if dir.exists() && !dir.is_dir() {
             anyhow::bail!("--svg {} is a file, not a directory", dir.display());
+        }
+        if dir.is_dir() {
+            for name in ["waterfall.svg", "stages.svg"] {
+                output::check_output(&dir.join(name), true, "--svg")?;
+            }
+        } else {
+            output::check_output(dir, false, "--svg")?;
         }
     }
     let d = diff::diff(&a, &b);
@@ -73,27 +84,31 @@ fn run_diff(args: &cli::DiffArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         serde_json::to_writer_pretty(&mut out, &d)?;
         writeln!(out)?;
-    } else if args.markdown {
-        out.write_all(diff_render::markdown(&d).as_bytes())?;
     } else {
-        out.write_all(diff_render::terminal(&d).as_bytes())?;
+        // Host names, workload names and labels come from other hosts' profiles: shown, never
+        // obeyed by the terminal.
+        let text = if args.markdown {
+            diff_render::markdown(&d)
+        } else {
+            diff_render::terminal(&d)
+        };
+        out.write_all(virtgap_workloads::units::printable(&text).as_bytes())?;
     }
     if let Some(path) = &args.csv {
-        output::write_atomic(path, diff_render::csv(&d).as_bytes())?;
+        output::write_atomic(path, diff_render::csv(&d).as_bytes(), true, "--csv")?;
     }
     if let Some(dir) = &args.svg {
         if !dir.exists() {
             std::fs::create_dir(dir)
                 .map_err(|e| anyhow::anyhow!("--svg: cannot create {}: {e}", dir.display()))?;
         }
-        output::write_atomic(
-            &dir.join("waterfall.svg"),
-            diff_render::waterfall_svg(&d).as_bytes(),
-        )?;
-        output::write_atomic(
-            &dir.join("stages.svg"),
-            diff_render::stages_svg(&a, &b, &d).as_bytes(),
-        )?;
+        let charts = [
+            ("waterfall.svg", diff_render::waterfall_svg(&d)),
+            ("stages.svg", diff_render::stages_svg(&a, &b, &d)),
+        ];
+        for (name, svg) in charts {
+            output::write_atomic(&dir.join(name), svg.as_bytes(), true, "--svg")?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

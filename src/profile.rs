@@ -490,36 +490,65 @@ pub enum ProfileError {
     NotProfile { path: String, err: String },
     #[error("{path}: schema version {found} is newer than this virtgap understands ({SCHEMA_VERSION}); upgrade virtgap")]
     Newer { path: String, found: u64 },
+    #[error(
+        "{path} is {size} bytes, over the {MAX_PROFILE_BYTES}-byte limit for a profile; is it one?"
+    )]
+    TooLarge { path: String, size: u64 },
 }
 
-/// Reads a profile, refusing files that are not profiles or come from a newer virtgap.
+/// The largest profile virtgap reads: far above a day-long run's, far below what would exhaust
+/// memory when a wrong file is named.
+pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
+
+/// Reads a profile, refusing files that are not profiles, are implausibly large or come from a
+/// newer virtgap; a value that does not fit says where it is (`stages.device.count: …`).
 pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
+    use std::io::Read;
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|err| ProfileError::Read {
+    let read_err = |err| ProfileError::Read {
         path: shown.clone(),
         err,
-    })?;
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    let meta = file.metadata().map_err(read_err)?;
+    if !meta.is_file() {
+        return Err(ProfileError::NotProfile {
+            path: shown,
+            err: "not a regular file".into(),
+        });
+    }
+    if meta.len() > MAX_PROFILE_BYTES {
+        return Err(ProfileError::TooLarge {
+            path: shown,
+            size: meta.len(),
+        });
+    }
+    let mut text = String::new();
+    // The file may grow after the size check: never read past the limit.
+    file.take(MAX_PROFILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(read_err)?;
+    let not_profile = |err: String| ProfileError::NotProfile {
+        path: shown.clone(),
+        err,
+    };
     let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| ProfileError::NotProfile {
-            path: shown.clone(),
-            err: format!("not JSON: {e}"),
-        })?;
-    let version = value
-        .get("schema_version")
-        .and_then(|v| v.as_u64())
-        .ok_or_else(|| ProfileError::NotProfile {
-            path: shown.clone(),
-            err: "no schema_version".into(),
-        })?;
+        serde_json::from_str(&text).map_err(|e| not_profile(format!("not JSON: {e}")))?;
+    let version = match value.get("schema_version") {
+        None => return Err(not_profile("no schema_version".into())),
+        Some(v) => v
+            .as_u64()
+            .ok_or_else(|| not_profile(format!("schema_version is {v}, not a version number")))?,
+    };
     if version > u64::from(SCHEMA_VERSION) {
         return Err(ProfileError::Newer {
             path: shown,
             found: version,
         });
     }
-    serde_json::from_value(value).map_err(|e| ProfileError::NotProfile {
-        path: shown,
-        err: e.to_string(),
+    serde_path_to_error::deserialize(&value).map_err(|e| {
+        let at = e.path().to_string();
+        not_profile(format!("{at}: {}", e.into_inner()))
     })
 }
 
@@ -828,5 +857,18 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("no schema_version"));
+        std::fs::write(&p, r#"{"schema_version": "1"}"#).unwrap();
+        let err = load(&p).unwrap_err().to_string();
+        assert!(
+            err.contains(r#"schema_version is "1", not a version number"#),
+            "{err}"
+        );
+        std::fs::write(&p, r#"{"schema_version": 1, "complete": "yes"}"#).unwrap();
+        let err = load(&p).unwrap_err().to_string();
+        assert!(err.contains("complete:"), "the field path is named: {err}");
+        let err = load(std::path::Path::new("/dev/zero"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a regular file"), "{err}");
     }
 }

@@ -22,9 +22,7 @@ use crate::cli::{ProbeArgs, RecordArgs, WorkloadsArgs};
 use crate::host::TargetDisks;
 use crate::pipeline::{Event, ProbeResults};
 use crate::report::{self, Report};
-
-/// Exit status after Ctrl-C or SIGTERM, as a shell reports a SIGINT death.
-const EXIT_INTERRUPTED: u8 = 130;
+use crate::signals::StopSignals;
 
 pub fn workloads(args: &WorkloadsArgs) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
@@ -77,7 +75,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 
     // Output paths are checked before anything runs, so a bad one costs nothing.
     if let Some(path) = &args.output {
-        crate::output::check_output(path, args.force)?;
+        crate::output::check_output(path, args.force, "--output")?;
     }
     if let Some(dir) = &args.csv {
         crate::output::check_csv_dir(dir, args.force)?;
@@ -91,11 +89,18 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         bail!("--verify is for rand/seq workloads; kv checks every read against its index anyway");
     }
     if let Some(path) = &args.act_log {
-        crate::output::check_output(path, args.force)?;
+        crate::output::check_output(path, args.force, "--act-log")?;
     }
-    let Some(prepared) = prepare(&spec, overrides.size.is_some(), &args.target, verbose, true)?
+    let signals = StopSignals::install(true)?;
+    let Some(prepared) = prepare(
+        &spec,
+        overrides.size.is_some(),
+        &args.target,
+        verbose,
+        &signals,
+    )?
     else {
-        return Ok(ExitCode::from(EXIT_INTERRUPTED));
+        return Ok(signals.exit_code());
     };
     let (target, disks, stop) = (&prepared.target, &prepared.disks, &prepared.stop);
     if args.verify && !target.needs_fill() {
@@ -249,7 +254,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         if let Some(path) = &args.output {
             let mut bytes = serde_json::to_vec_pretty(&profile)?;
             bytes.push(b'\n');
-            crate::output::write_atomic(path, &bytes)?;
+            crate::output::write_atomic(path, &bytes, args.force, "--output")?;
             if !args.quiet && !args.json {
                 eprintln!(
                     "wrote profile {} ({})",
@@ -264,7 +269,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                     .with_context(|| format!("creating --csv {}", dir.display()))?;
             }
             for (name, text) in crate::csv_export::export(&profile) {
-                crate::output::write_atomic(&dir.join(name), text.as_bytes())?;
+                crate::output::write_atomic(&dir.join(name), text.as_bytes(), args.force, "--csv")?;
             }
             if !args.quiet && !args.json {
                 eprintln!(
@@ -276,7 +281,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         }
     }
     if let (Some(path), Some(kv)) = (&args.act_log, &stats.kv) {
-        crate::output::write_atomic(path, kv.act_log.as_bytes())?;
+        crate::output::write_atomic(path, kv.act_log.as_bytes(), args.force, "--act-log")?;
         if !args.quiet && !args.json {
             eprintln!("wrote ACT log {}", path.display());
         }
@@ -286,7 +291,10 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         serde_json::to_writer_pretty(&mut out, &report::json(&report))?;
         writeln!(out)?;
     } else {
-        report::write_summary(&mut out, &report)?;
+        // Names in the summary come from workload files: shown, never obeyed by the terminal.
+        let mut text = Vec::new();
+        report::write_summary(&mut text, &report)?;
+        out.write_all(units::printable(&String::from_utf8_lossy(&text)).as_bytes())?;
     }
     out.flush()?;
     if interrupted {
@@ -294,7 +302,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             "virtgap: interrupted after {:.1} s of measurement",
             stats.seconds()
         );
-        return Ok(ExitCode::from(EXIT_INTERRUPTED));
+        return Ok(signals.exit_code());
     }
     if let Some((who, by)) = stats.kv.as_ref().and_then(|k| k.behind.as_ref()) {
         eprintln!(
@@ -336,33 +344,16 @@ impl Prepared {
     }
 }
 
-/// Installs the stop signals, opens the target with every safety check, and fills a temp
-/// file (with a progress line on a terminal when `verbose`). None: interrupted while filling.
+/// Opens the target with every safety check, and fills a temp file (with a progress line on a
+/// terminal when `verbose`). None: interrupted while filling.
 pub fn prepare(
     spec: &virtgap_workloads::WorkloadSpec,
     size_explicit: bool,
     target_args: &crate::cli::TargetArgs,
     verbose: bool,
-    handle_sigint: bool,
+    signals: &StopSignals,
 ) -> Result<Option<Prepared>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let signals: &[i32] = if handle_sigint {
-        &[signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM]
-    } else {
-        &[signal_hook::consts::SIGTERM]
-    };
-    for &sig in signals {
-        // A second signal while stopping exits at once (temp files are already unlinked).
-        signal_hook::flag::register_conditional_shutdown(
-            sig,
-            i32::from(EXIT_INTERRUPTED),
-            Arc::clone(&stop),
-        )
-        .context("installing signal handlers")?;
-        signal_hook::flag::register(sig, Arc::clone(&stop))
-            .context("installing signal handlers")?;
-    }
-
+    let stop = Arc::clone(&signals.stop);
     let choice = match &target_args.target {
         Some(p) => TargetChoice::Path(p.clone()),
         None => TargetChoice::TempFile {

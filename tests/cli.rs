@@ -550,6 +550,61 @@ fn probes_follow_the_workload_inside_a_pid_namespace() {
     );
 }
 
+/// Outputs are regular files: a device node, FIFO or directory is refused whatever --force
+/// says, in one line naming the flag that named it.
+#[test]
+fn outputs_that_are_not_regular_files_are_refused_naming_their_flag() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = scratch();
+    fails_with(
+        &mut quick_with(dir.path(), &["-o", "/dev/null", "--force"]),
+        "--output /dev/null is a device node",
+    );
+    assert!(std::fs::metadata("/dev/null")
+        .unwrap()
+        .file_type()
+        .is_char_device());
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).unwrap();
+    fails_with(kv_quick(dir.path(), &["--act-log"]).arg(&sub), "--act-log");
+    fails_with(
+        vg().args(["tui", "--save", "/nonexistent-dir/x.json"]),
+        "--save: directory /nonexistent-dir does not exist",
+    );
+    let profile = dir.path().join("p.json");
+    quick_with(
+        dir.path(),
+        &["--no-probes", "-o", profile.to_str().unwrap()],
+    )
+    .assert()
+    .success();
+    fails_with(
+        vg().arg("diff")
+            .arg(&profile)
+            .arg(&profile)
+            .arg("--csv")
+            .arg(&sub),
+        "--csv",
+    );
+    fails_with(
+        vg().arg("diff").arg(&profile).arg("/dev/zero"),
+        "not a regular file",
+    );
+    fails_with(
+        &mut quick_with(dir.path(), &["--qd", "4294967296"]),
+        "queue depth must be 1..=4096",
+    );
+}
+
+/// Without a terminal the live view says so in one line and points at the headless command.
+#[test]
+fn the_live_view_without_a_terminal_points_at_record() {
+    fails_with(
+        vg().args(["tui", "--duration", "1s"]).write_stdin(""),
+        "use `virtgap record`",
+    );
+}
+
 /// A short kv run on a small temp file in `dir`, without probes.
 fn kv_quick(dir: &Path, args: &[&str]) -> Command {
     let mut c = vg();

@@ -290,6 +290,62 @@ fn read_only_and_full_filesystems_leave_nothing_behind() {
 
 #[test]
 fn ctrl_c_writes_an_incomplete_but_valid_profile() {
+    // SIGINT (Ctrl-C), SIGTERM and SIGHUP (a closed terminal) all keep what ran, and the exit
+    // status is 128 + the signal, as a shell reports such a death.
+    for (signal, status) in [
+        (libc::SIGINT, 130),
+        (libc::SIGTERM, 143),
+        (libc::SIGHUP, 129),
+    ] {
+        let dir = scratch();
+        let out = dir.path().join("partial.json");
+        let child = StdCommand::new(env!("CARGO_BIN_EXE_virtgap"))
+            .args([
+                "record",
+                "--engine",
+                "null",
+                "--rate-iops",
+                "20000",
+                "--size",
+                "4MiB",
+                "--duration",
+                "60s",
+                "--quiet",
+                "--no-probes",
+                "--dir",
+            ])
+            .arg(dir.path())
+            .args(["-o", out.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(2500));
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let res = child.wait_with_output().unwrap();
+        assert_eq!(
+            res.status.code(),
+            Some(status),
+            "signal {signal}: {}",
+            String::from_utf8_lossy(&res.stderr)
+        );
+        let doc = validate(&out);
+        assert_eq!(doc["complete"], false);
+        assert_eq!(doc["run"]["complete"], false);
+        assert!(!doc["intervals"].as_array().unwrap().is_empty());
+        assert_eq!(names_in(dir.path()), ["partial.json"], "no temp files");
+    }
+}
+
+/// A second Ctrl-C while stopping exits at once and says what it dropped.
+#[test]
+fn a_second_ctrl_c_says_the_partial_profile_is_dropped() {
+    // With probes attached, stopping takes long enough (the collector's last snapshot and the
+    // detach) for a second signal to land in it.
+    if !common::root_allowed("second Ctrl-C test") {
+        return;
+    }
     let dir = scratch();
     let out = dir.path().join("partial.json");
     let child = StdCommand::new(env!("CARGO_BIN_EXE_virtgap"))
@@ -297,37 +353,35 @@ fn ctrl_c_writes_an_incomplete_but_valid_profile() {
             "record",
             "--engine",
             "null",
-            "--rate-iops",
-            "20000",
             "--size",
             "4MiB",
             "--duration",
             "60s",
-            "--quiet",
-            "--no-probes",
-            "--dir",
         ])
+        .args(["--quiet", "--probes", "block,irq,wakeup,msr", "--dir"])
         .arg(dir.path())
         .args(["-o", out.to_str().unwrap()])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(2500));
-    // SAFETY: plain kill(2) on our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    std::thread::sleep(Duration::from_millis(1500));
+    for _ in 0..2 {
+        // SAFETY: plain kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let res = child.wait_with_output().unwrap();
-    assert_eq!(
-        res.status.code(),
-        Some(130),
-        "{}",
-        String::from_utf8_lossy(&res.stderr)
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert_eq!(res.status.code(), Some(130), "{stderr}");
+    assert!(
+        stderr.contains("second signal") && stderr.contains("not written"),
+        "{stderr}"
     );
-    let doc = validate(&out);
-    assert_eq!(doc["complete"], false);
-    assert_eq!(doc["run"]["complete"], false);
-    assert!(!doc["intervals"].as_array().unwrap().is_empty());
-    assert_eq!(names_in(dir.path()), ["partial.json"], "no temp files");
+    assert!(
+        names_in(dir.path()).iter().all(|n| !n.contains(".tmp")),
+        "no temp files"
+    );
 }
 
 fn diff_cmd(a: &Path, b: &Path) -> Command {

@@ -142,3 +142,66 @@ fn the_tui_runs_under_tmux_switches_views_and_quits_cleanly() {
         );
     }
 }
+
+/// With --duration the run ends on its own: the screen says finished, its clock stops, and the
+/// view stays until a key; SIGTERM then exits 143 (128 + SIGTERM), as a shell reports it.
+#[test]
+fn a_timed_run_finishes_on_screen_and_sigterm_exits_143() {
+    if Command::new("tmux").arg("-V").output().is_err() {
+        assert!(std::env::var_os("CI").is_none(), "tmux is needed in CI");
+        eprintln!("skipping: no tmux");
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("vg-tui-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let (exit_file, pid_file) = (dir.path().join("exit-status"), dir.path().join("pid"));
+    let session = format!("vg-tui-timed-{}", std::process::id());
+    let cmd = format!(
+        "{} --size 16MiB --duration 2s --no-probes --dir {} </dev/tty & echo $! > {}; wait $!; echo $? > {}",
+        env!("CARGO_BIN_EXE_virtgap"),
+        dir.path().display(),
+        pid_file.display(),
+        exit_file.display()
+    );
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        &session,
+        "-x",
+        "120",
+        "-y",
+        "40",
+        &cmd,
+    ]);
+    let kill = || tmux(&["kill-session", "-t", &session]);
+    let first = wait_for(&session, "run finished · q quit", Duration::from_secs(30));
+    assert!(
+        first.contains("run finished · q quit"),
+        "never finished:\n{first}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    let later = tmux(&["capture-pane", "-p", "-t", &session]);
+    let header = |s: &str| s.lines().nth(1).unwrap_or("").to_string();
+    assert_eq!(
+        header(&first),
+        header(&later),
+        "the clock kept running after the end"
+    );
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: plain kill(2) on the TUI process this test started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !exit_file.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = std::fs::read_to_string(&exit_file).unwrap_or_default();
+    kill();
+    assert_eq!(status.trim(), "143", "virtgap exited with {status:?}");
+}

@@ -44,17 +44,24 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         None => None,
     };
     if let Some(path) = &args.save {
-        crate::output::check_output(path, true)?;
+        crate::output::check_output(path, true, "--save")?;
     }
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        anyhow::bail!(
+            "the live view needs a terminal (stdin and stdout are not both one); for a headless run use `virtgap record`"
+        );
+    }
+    let signals = crate::signals::StopSignals::install(true)?;
     let Some(prepared) = prepare(
         &spec,
         args.overrides.size.is_some(),
         &args.target,
         true,
-        true,
+        &signals,
     )?
     else {
-        return Ok(ExitCode::from(130));
+        return Ok(signals.exit_code());
     };
     let (target, stop) = (&prepared.target, &prepared.stop);
     let host = crate::host::Fingerprint::this_host();
@@ -62,7 +69,8 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     let (tx, rx) = mpsc::channel::<Event>();
     let collector = crate::record::probe_config(&args.probe, args.interval.0)?
         .map(|config| ProbeHandle::start(config, args.interval.0, tx.clone()));
-    let mut app = App::new(host, spec.describe(), prepared.disks.clone());
+    let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
+    let mut app = App::new(host, workload, prepared.disks.clone());
     app.baseline = baseline;
     // Wait for the probes to attach so the workload's first I/Os are traced.
     if collector.is_some() {
@@ -137,6 +145,9 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     if let RunState::Failed(e) = &app.state {
         anyhow::bail!("the workload failed: {e}");
     }
+    if signals.received().is_some() {
+        return Ok(signals.exit_code());
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -159,7 +170,8 @@ fn event_loop(
     let mut next_tick = Instant::now();
     loop {
         if redraw || Instant::now() >= next_tick {
-            if app.paused.is_none() {
+            // A finished run's clock stops with it.
+            if app.paused.is_none() && app.state == RunState::Running {
                 app.set_elapsed(started.elapsed());
             }
             terminal
@@ -279,7 +291,7 @@ fn save(
     });
     let result = serde_json::to_vec_pretty(&profile)
         .map_err(anyhow::Error::from)
-        .and_then(|bytes| crate::output::write_atomic(&path, &bytes));
+        .and_then(|bytes| crate::output::write_atomic(&path, &bytes, true, "--save"));
     app.message = Some(match result {
         Ok(()) => format!("saved profile {}", path.display()),
         Err(e) => format!("save failed: {e:#}"),

@@ -64,6 +64,9 @@ pub fn render(f: &mut Frame<'_>, app: &App) {
     if app.paused.is_some() {
         hint = format!("PAUSED · {hint}");
     }
+    if app.state == RunState::Finished {
+        hint = format!("run finished · {hint}");
+    }
     if let Some(m) = &app.message {
         hint = format!("{m} · {hint}");
     }

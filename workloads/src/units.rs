@@ -88,3 +88,37 @@ mod tests {
         assert_eq!(count(950.0), "950");
     }
 }
+
+/// `text` made safe to print on a terminal: control characters other than newline and tab
+/// (escape sequences above all) become visible `\u{…}` escapes, so a workload or profile from
+/// elsewhere cannot move the cursor, recolour or retitle the user's terminal.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() && c != '\n' && c != '\t' {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
+#[cfg(test)]
+mod printable_tests {
+    #[test]
+    fn escape_sequences_are_shown_not_obeyed() {
+        assert_eq!(super::printable("plain\tname\n"), "plain\tname\n");
+        assert_eq!(
+            super::printable("a\u{1b}]0;pwned\u{7}b"),
+            "a\\u{1b}]0;pwned\\u{7}b"
+        );
+    }
+}
