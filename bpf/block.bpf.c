@@ -292,7 +292,23 @@ static __always_inline void complete_unissued(struct request *rq, bool btf, stru
 		record(&t->key, VG_STAGE_DEVICE, delta);
 }
 
-static __always_inline int on_complete(struct request *rq, unsigned int nr_bytes, bool btf)
+/*
+ * block_rq_complete's error argument is a negative errno before 5.17 (int) and a blk_status_t
+ * (u8) since: the two never overlap, so a timeout is -ETIMEDOUT or BLK_STS_TIMEOUT (2).
+ */
+static __always_inline void count_error(__u64 raw_error)
+{
+	__s32 err = (__s32)raw_error;
+
+	if (!err)
+		return;
+	bump(VG_BLOCK_ERRORS);
+	if (err == -110 || err == 2)
+		bump(VG_BLOCK_TIMEOUTS);
+}
+
+static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsigned int nr_bytes,
+				       bool btf)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta;
 	struct rq_track *t;
@@ -302,6 +318,7 @@ static __always_inline int on_complete(struct request *rq, unsigned int nr_bytes
 	t = bpf_map_lookup_elem(&requests, &key);
 	if (!t)
 		return 0;
+	count_error(raw_error);
 	if (!t->issue_ns) {
 		complete_unissued(rq, btf, t, now);
 		bpf_map_delete_elem(&requests, &key);
@@ -430,16 +447,17 @@ int BPF_PROG(block_rq_requeue_raw, struct request *rq)
 	return 0;
 }
 
+/* The error argument is taken as its whole word: its type changed (int errno, then blk_status_t). */
 SEC("tp_btf/block_rq_complete")
-int BPF_PROG(block_rq_complete_btf, struct request *rq, int error, unsigned int nr_bytes)
+int BPF_PROG(block_rq_complete_btf, struct request *rq, __u64 error, unsigned int nr_bytes)
 {
-	return on_complete(rq, nr_bytes, true);
+	return on_complete(rq, error, nr_bytes, true);
 }
 
 SEC("raw_tp/block_rq_complete")
-int BPF_PROG(block_rq_complete_raw, struct request *rq, int error, unsigned int nr_bytes)
+int BPF_PROG(block_rq_complete_raw, struct request *rq, __u64 error, unsigned int nr_bytes)
 {
-	return on_complete(rq, nr_bytes, false);
+	return on_complete(rq, error, nr_bytes, false);
 }
 
 /* Emit the shared types into BTF so the skeleton generates their Rust definitions. */

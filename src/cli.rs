@@ -1,6 +1,7 @@
 //! The command line (clap derive). Every flag says what it does and its unit.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use virtgap_workloads::kv::spec::{KvOverrides, Ratio, RecordBytes};
@@ -70,7 +71,7 @@ pub struct TuiArgs {
     #[command(flatten)]
     pub overrides: WorkloadOverrides,
 
-    /// Refresh period of the screen and the probes' interval
+    /// Refresh period of the screen and the probes' interval (100ms to 1h)
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub interval: Span,
 
@@ -138,7 +139,8 @@ pub struct RecordArgs {
     #[arg(long)]
     pub verify: bool,
 
-    /// Length of one interval sample
+    /// Length of one interval sample (100ms to 1h; a run longer than 2048 intervals keeps
+    /// 2048 coarser ones, each twice as long per halving, so memory stays flat)
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub interval: Span,
 
@@ -349,4 +351,21 @@ fn clamp_u32(s: &str) -> Result<u32, String> {
         .parse::<u64>()
         .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
         .map_err(|_| format!("{s:?} is not a whole number"))
+}
+
+/// The shortest interval: below it the per-interval bookkeeping (a histogram per worker, a probe
+/// snapshot) costs more than it shows, and the probes' own snapshot takes milliseconds.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// The longest: an interval is a sample of the run, not the run.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// `--interval` within [`MIN_INTERVAL`, `MAX_INTERVAL`], said in one line.
+pub fn check_interval(interval: &Span) -> anyhow::Result<()> {
+    if interval.0 < MIN_INTERVAL || interval.0 > MAX_INTERVAL {
+        anyhow::bail!(
+            "--interval {} is outside 100ms..=1h; pick e.g. --interval 1s",
+            humantime::format_duration(interval.0)
+        );
+    }
+    Ok(())
 }

@@ -492,6 +492,7 @@ mod tests {
                 started_unix_ms: 1_700_000_000_000,
                 ended_unix_ms: 1_700_000_002_000,
                 interval_s: 1.0,
+                requested_interval_s: None,
                 complete: true,
             },
             host,
@@ -554,6 +555,7 @@ mod tests {
                 recorder_cpu_pct: Some(0.2),
             },
             devices: vec![],
+            stalls: None,
         }
     }
 

@@ -721,7 +721,7 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
                 format!("probes {v:.2}% of one CPU")
             })
     };
-    let evidence = vec![
+    let mut evidence = vec![
         Evidence {
             item: "busiest IRQ CPU".into(),
             a: saturation(a),
@@ -753,6 +753,19 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
             b: overhead(b),
         },
     ];
+    // Stalls are findings in their own right: shown whenever either side was checked for them.
+    if a.stalls.is_some() || b.stalls.is_some() {
+        let stalls = |p: &Profile| match &p.stalls {
+            None => "not checked".to_string(),
+            Some(s) if s.found() => s.describe(),
+            Some(_) => "none".to_string(),
+        };
+        evidence.push(Evidence {
+            item: "stalls".into(),
+            a: stalls(a),
+            b: stalls(b),
+        });
+    }
 
     let verdict = if waterfall[0].verdict == Verdict::Significant {
         waterfall[1..4]
@@ -774,6 +787,12 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
         if p.capabilities.is_none() {
             warnings.push(format!(
                 "profile {label} was recorded without probes: only app latency compares"
+            ));
+        }
+        if let Some(s) = p.stalls.as_ref().filter(|s| s.found()) {
+            warnings.push(format!(
+                "host {label} stalled during its run ({}): its figures are not steady state",
+                s.describe()
             ));
         }
     }

@@ -6,6 +6,8 @@ mod csv_export;
 mod diff;
 mod diff_render;
 mod doctor;
+#[cfg(test)]
+mod fuzz;
 mod host;
 mod kv_report;
 mod microvm;
@@ -15,7 +17,9 @@ mod probe_report;
 mod profile;
 mod record;
 mod report;
+mod series;
 mod signals;
+mod stalls;
 mod tui;
 
 use std::process::ExitCode;

@@ -29,16 +29,19 @@ pub struct ProbeResults {
     pub report: Option<CapabilityReport>,
     /// Totals since the probes attached, as of the last snapshot.
     pub cumulative: Option<ProbeSnapshot>,
-    /// One entry per collector interval.
-    pub intervals: Vec<ProbeSnapshot>,
     /// Kernel names of the block devices seen ("vda").
     pub device_names: std::collections::BTreeMap<(u32, u32), String>,
 }
 
 impl ProbeResults {
-    pub fn add(&mut self, event: ProbeEvent) {
+    /// Keeps the report and the latest totals; returns the interval's snapshot for the series
+    /// (only the latest totals are kept here, so memory does not grow with the run).
+    pub fn add(&mut self, event: ProbeEvent) -> Option<Box<ProbeSnapshot>> {
         match event {
-            ProbeEvent::Attached(report) => self.report = Some(report),
+            ProbeEvent::Attached(report) => {
+                self.report = Some(report);
+                None
+            }
             ProbeEvent::Snapshot {
                 cumulative,
                 interval,
@@ -51,7 +54,7 @@ impl ProbeResults {
                     }
                 }
                 self.cumulative = Some(*cumulative);
-                self.intervals.push(*interval);
+                Some(interval)
             }
         }
     }

@@ -222,6 +222,10 @@ pub struct Interval {
     /// sampler's left out (None: probe not attached).
     #[serde(default)]
     pub msr_writes: Option<u64>,
+    /// Age at the interval's end of the oldest I/O the workload still had in flight (0: none;
+    /// absent: not tracked, as for kv).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_in_flight_ns: Option<u64>,
 }
 
 /// The probes' own cost over the run.
@@ -279,7 +283,12 @@ pub struct RunInfo {
     pub command_line: Vec<String>,
     pub started_unix_ms: u64,
     pub ended_unix_ms: u64,
+    /// What each of `intervals` spans.
     pub interval_s: f64,
+    /// The interval asked for, when the run was long enough for its series to be coarsened
+    /// (each interval then spans a power-of-two multiple of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_interval_s: Option<f64>,
     /// False when the run was interrupted (Ctrl-C, SIGTERM) before its planned end.
     pub complete: bool,
 }
@@ -315,6 +324,9 @@ pub struct Profile {
     /// Per disk under the target (several for md/dm/multipath): stages per hardware queue.
     #[serde(default)]
     pub devices: Vec<DeviceProfile>,
+    /// Stalls in the measured window (absent in profiles from before they were detected).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalls: Option<crate::stalls::Stalls>,
 }
 
 fn direction(d: &virtgap_workloads::stats::DirStats, secs: f64) -> DirectionResult {
@@ -441,12 +453,31 @@ pub fn stage_samples(
     out
 }
 
-/// A workload interval joined with the probe interval that ended closest to it.
-pub fn interval(
-    sample: &IntervalSample,
-    probes: Option<&ProbeSnapshot>,
-    devs: Option<&[DevNum]>,
-) -> Interval {
+/// What one probe interval contributes to a profile interval, condensed as soon as it arrives
+/// so a run keeps no raw snapshots.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProbeInterval {
+    pub stages: BTreeMap<String, StageSample>,
+    pub cpus: Vec<CpuLoad>,
+    pub probe_run_ns: Option<u64>,
+    pub msr_writes: Option<u64>,
+}
+
+impl ProbeInterval {
+    pub fn of(probes: &ProbeSnapshot, devs: Option<&[DevNum]>) -> Self {
+        Self {
+            stages: stage_samples(probes, devs),
+            cpus: cpu_loads(probes),
+            probe_run_ns: (!probes.programs.is_empty())
+                .then(|| probes.programs.iter().map(|q| q.run_time_ns).sum()),
+            msr_writes: probes.msr.as_ref().map(|m| m.exiting_writes()),
+        }
+    }
+}
+
+/// A workload interval joined with its probe interval (None: no probes, or none arrived).
+pub fn interval(sample: &IntervalSample, probes: Option<&ProbeInterval>) -> Interval {
+    let probes = probes.cloned().unwrap_or_default();
     Interval {
         index: sample.index,
         start_s: sample.start_ns as f64 / 1e9,
@@ -459,14 +490,72 @@ pub fn interval(
         lat_sum_ns: sample.lat.sum_ns() as f64,
         lat_p50_ns: sample.lat.percentile_ns(50.0),
         lat_p99_ns: sample.lat.percentile_ns(99.0),
-        stages: probes.map(|p| stage_samples(p, devs)).unwrap_or_default(),
-        cpus: probes.map(cpu_loads).unwrap_or_default(),
-        probe_run_ns: probes
-            .filter(|p| !p.programs.is_empty())
-            .map(|p| p.programs.iter().map(|q| q.run_time_ns).sum()),
-        msr_writes: probes
-            .and_then(|p| p.msr.as_ref())
-            .map(|m| m.exiting_writes()),
+        stages: probes.stages,
+        cpus: probes.cpus,
+        probe_run_ns: probes.probe_run_ns,
+        msr_writes: probes.msr_writes,
+        oldest_in_flight_ns: sample.oldest_in_flight_ns,
+    }
+}
+
+impl Interval {
+    /// Adds the next interval `later` into this one: counts and times summed, the span extended;
+    /// percentiles are left to the caller, who holds the latency histograms.
+    pub fn absorb(&mut self, later: &Interval) {
+        self.end_s = later.end_s;
+        self.read_ios += later.read_ios;
+        self.write_ios += later.write_ios;
+        self.read_bytes += later.read_bytes;
+        self.write_bytes += later.write_bytes;
+        self.lat_count += later.lat_count;
+        self.lat_sum_ns += later.lat_sum_ns;
+        for (name, s) in &later.stages {
+            let mine = self.stages.entry(name.clone()).or_default();
+            mine.count += s.count;
+            mine.sum_ns += s.sum_ns;
+        }
+        for c in &later.cpus {
+            match self.cpus.iter_mut().find(|m| m.cpu == c.cpu) {
+                Some(mine) => mine.absorb(c),
+                None => self.cpus.push(c.clone()),
+            }
+        }
+        self.cpus.sort_by_key(|c| c.cpu);
+        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        self.probe_run_ns = add(self.probe_run_ns, later.probe_run_ns);
+        self.msr_writes = add(self.msr_writes, later.msr_writes);
+        // The coarse interval's end is the later one's.
+        self.oldest_in_flight_ns = later.oldest_in_flight_ns.or(self.oldest_in_flight_ns);
+    }
+}
+
+impl CpuLoad {
+    fn absorb(&mut self, later: &CpuLoad) {
+        self.hardirq_ns += later.hardirq_ns;
+        self.softirq_ns += later.softirq_ns;
+        self.hardirq_count += later.hardirq_count;
+        self.softirq_count += later.softirq_count;
+        for (mine, theirs) in [
+            (&mut self.irqs, &later.irqs),
+            (&mut self.ipis_sent, &later.ipis_sent),
+            (&mut self.cross_cpu_calls, &later.cross_cpu_calls),
+            (&mut self.vectors, &later.vectors),
+        ] {
+            for (k, v) in theirs {
+                *mine.entry(k.clone()).or_default() += v;
+            }
+        }
+        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        self.user_ns = add(self.user_ns, later.user_ns);
+        self.system_ns = add(self.system_ns, later.system_ns);
+        self.idle_ns = add(self.idle_ns, later.idle_ns);
+        self.steal_ns = add(self.steal_ns, later.steal_ns);
     }
 }
 
@@ -523,18 +612,36 @@ pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
             size: meta.len(),
         });
     }
-    let mut text = String::new();
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
     // The file may grow after the size check: never read past the limit.
     file.take(MAX_PROFILE_BYTES + 1)
-        .read_to_string(&mut text)
+        .read_to_end(&mut bytes)
         .map_err(read_err)?;
+    if bytes.len() as u64 > MAX_PROFILE_BYTES {
+        return Err(ProfileError::TooLarge {
+            path: shown,
+            size: bytes.len() as u64,
+        });
+    }
+    parse(&bytes, &shown)
+}
+
+/// Parses a profile's bytes (`shown` names it in errors): the schema version first, then the
+/// whole document straight into the typed model (no intermediate JSON tree), then the values
+/// serde cannot check (finite, in range, consistent).
+pub fn parse(bytes: &[u8], shown: &str) -> Result<Profile, ProfileError> {
     let not_profile = |err: String| ProfileError::NotProfile {
-        path: shown.clone(),
+        path: shown.to_string(),
         err,
     };
-    let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| not_profile(format!("not JSON: {e}")))?;
-    let version = match value.get("schema_version") {
+    /// Only the version: every other field is skipped without being kept.
+    #[derive(Deserialize)]
+    struct VersionOnly {
+        schema_version: Option<serde_json::Value>,
+    }
+    let head: VersionOnly =
+        serde_json::from_slice(bytes).map_err(|e| not_profile(format!("not JSON: {e}")))?;
+    let version = match head.schema_version {
         None => return Err(not_profile("no schema_version".into())),
         Some(v) => v
             .as_u64()
@@ -542,14 +649,45 @@ pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
     };
     if version > u64::from(SCHEMA_VERSION) {
         return Err(ProfileError::Newer {
-            path: shown,
+            path: shown.to_string(),
             found: version,
         });
     }
-    serde_path_to_error::deserialize(&value).map_err(|e| {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let profile: Profile = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = e.path().to_string();
         not_profile(format!("{at}: {}", e.into_inner()))
-    })
+    })?;
+    validate(&profile).map_err(not_profile)?;
+    Ok(profile)
+}
+
+/// Checks what the types cannot: times and rates finite and not negative, intervals that end
+/// after they start. The first problem found is named by its field path.
+fn validate(p: &Profile) -> Result<(), String> {
+    let non_negative = |at: &str, v: f64| {
+        if v.is_finite() && v >= 0.0 {
+            Ok(())
+        } else {
+            Err(format!("{at}: {v} is not a finite, non-negative number"))
+        }
+    };
+    non_negative("run.interval_s", p.run.interval_s)?;
+    if p.run.interval_s == 0.0 {
+        return Err("run.interval_s: 0 is not an interval length".into());
+    }
+    for (n, iv) in p.intervals.iter().enumerate() {
+        non_negative(&format!("intervals[{n}].start_s"), iv.start_s)?;
+        non_negative(&format!("intervals[{n}].end_s"), iv.end_s)?;
+        non_negative(&format!("intervals[{n}].lat_sum_ns"), iv.lat_sum_ns)?;
+        if iv.end_s < iv.start_s {
+            return Err(format!(
+                "intervals[{n}]: ends ({} s) before it starts ({} s)",
+                iv.end_s, iv.start_s
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl WorkloadInfo {
@@ -590,7 +728,7 @@ pub struct ProfileInputs<'a> {
     pub target: TargetInfo,
     pub paced: bool,
     pub stats: &'a RunStats,
-    /// The measured window's intervals, joined with the probes' (see [`join_intervals`]).
+    /// The measured window's intervals, joined with the probes' (see [`crate::series`]).
     pub intervals: Vec<Interval>,
     pub capabilities: Option<CapabilityReport>,
     pub probe_total: Option<&'a ProbeSnapshot>,
@@ -598,24 +736,7 @@ pub struct ProfileInputs<'a> {
     pub disks: &'a TargetDisks,
     pub recorder_cpu_pct: Option<f64>,
     pub calibration: Option<crate::calibrate::Calibration>,
-}
-
-/// Joins the workload's intervals with the collector's. Collector intervals start when the
-/// probes attach, just before the workload; the ones that fall in the ramp are not part of the
-/// measured window.
-pub fn join_intervals(
-    samples: &[IntervalSample],
-    probe_intervals: &[ProbeSnapshot],
-    ramp_s: f64,
-    interval_s: f64,
-    devs: Option<&[DevNum]>,
-) -> Vec<Interval> {
-    let skip = (ramp_s / interval_s.max(1e-9)).round() as usize;
-    samples
-        .iter()
-        .enumerate()
-        .map(|(n, s)| interval(s, probe_intervals.get(n + skip), devs))
-        .collect()
+    pub stalls: Option<crate::stalls::Stalls>,
 }
 
 /// Builds the profile (pure: no I/O).
@@ -689,6 +810,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
         devices: total
             .map(|t| device_profiles(t, i.disks))
             .unwrap_or_default(),
+        stalls: i.stalls,
         self_overhead: SelfOverhead {
             programs,
             probe_cpu_pct,

@@ -12,7 +12,7 @@ use anyhow::{bail, Context, Result};
 use virtgap_workloads::kv::{self, LoadedStore};
 use virtgap_workloads::safety::SysRoot;
 use virtgap_workloads::spec::{self, PRESETS};
-use virtgap_workloads::stats::{IntervalMerger, IntervalSample, RunStats};
+use virtgap_workloads::stats::{IntervalMerger, RunStats};
 use virtgap_workloads::target::{self, TargetChoice, TargetError, TargetRequest};
 use virtgap_workloads::{units, RunOptions, WorkloadEvent};
 
@@ -22,6 +22,7 @@ use crate::cli::{ProbeArgs, RecordArgs, WorkloadsArgs};
 use crate::host::TargetDisks;
 use crate::pipeline::{Event, ProbeResults};
 use crate::report::{self, Report};
+use crate::series::{IntervalSeries, SeriesPoint};
 use crate::signals::StopSignals;
 
 pub fn workloads(args: &WorkloadsArgs) -> Result<ExitCode> {
@@ -54,9 +55,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     let mut spec = loaded.spec.clone();
     let overrides = args.overrides.to_overrides();
     overrides.apply(&mut spec)?;
-    if args.interval.0.is_zero() {
-        bail!("--interval must be above zero");
-    }
+    crate::cli::check_interval(&args.interval)?;
 
     if args.fio_equivalent {
         let file = match &args.target.target {
@@ -146,7 +145,12 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 
     let total = spec.ramp.0 + spec.duration.0;
     let mut merger = IntervalMerger::new(handle.workers());
-    let mut intervals: Vec<IntervalSample> = Vec::new();
+    let mut series = IntervalSeries::new(
+        args.interval.0,
+        spec.ramp.0,
+        disks.devs(),
+        collector.is_some(),
+    );
     let mut stats = RunStats::default();
     let mut errors = Vec::new();
     let mut finished = 0;
@@ -157,7 +161,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             Ok(ev) => ev,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if progress {
-                    draw_progress(run_start.elapsed(), total, intervals.last());
+                    draw_progress(run_start.elapsed(), total, series.points().last());
                 }
                 continue;
             }
@@ -166,16 +170,24 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         let event = match event {
             Event::Workload(ev) => ev,
             Event::Probe(ev) => {
-                probes.add(ev);
+                if let Some(interval) = probes.add(ev) {
+                    series.add_probe(&interval);
+                }
                 continue;
             }
         };
         match event {
             WorkloadEvent::Started { engine_features } => features = engine_features,
-            WorkloadEvent::Interval(sample) => intervals.extend(merger.add(sample)),
+            WorkloadEvent::Interval(sample) => {
+                for s in merger.add(sample) {
+                    series.add_sample(s);
+                }
+            }
             WorkloadEvent::Finished { worker, result } => {
                 finished += 1;
-                intervals.extend(merger.worker_finished(worker));
+                for s in merger.worker_finished(worker) {
+                    series.add_sample(s);
+                }
                 match result {
                     Ok(s) => stats.merge(&s),
                     Err(e) => errors.push(e),
@@ -183,7 +195,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             }
         }
         if progress {
-            draw_progress(run_start.elapsed(), total, intervals.last());
+            draw_progress(run_start.elapsed(), total, series.points().last());
         }
     }
     handle.join();
@@ -192,10 +204,13 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         c.stop();
         for ev in rx.try_iter() {
             if let Event::Probe(ev) = ev {
-                probes.add(ev);
+                if let Some(interval) = probes.add(ev) {
+                    series.add_probe(&interval);
+                }
             }
         }
     }
+    series.finish();
     let run_wall = run_start.elapsed().as_secs_f64();
     let recorder_cpu_ns = virtgap_workloads::stats::CpuTime::of_this_process()
         .total_ns()
@@ -211,12 +226,17 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         stats.engine_features = features;
     }
     let interrupted = stop.load(Ordering::Relaxed);
+    let stalls = series.stall_log().stalls(
+        &stats,
+        probes.cumulative.as_ref().and_then(|c| c.block.as_ref()),
+    );
     let report = Report {
         spec: &spec,
         origin: &loaded.origin,
         target,
         stats: &stats,
-        intervals: &intervals,
+        series: &series,
+        stalls: &stalls,
         interrupted,
         started: wall_start,
         probes: &probes,
@@ -229,7 +249,9 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 command_line: std::env::args().collect(),
                 started_unix_ms: unix_ms(wall_start),
                 ended_unix_ms: unix_ms(std::time::SystemTime::now()),
-                interval_s: args.interval.0.as_secs_f64(),
+                interval_s: series.point_interval().as_secs_f64(),
+                requested_interval_s: (series.coarsening() > 1)
+                    .then_some(args.interval.0.as_secs_f64()),
                 complete: !interrupted,
             },
             host: crate::host::Fingerprint::this_host(),
@@ -237,19 +259,14 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             target: crate::profile::TargetInfo::of(target, disks),
             paced: spec.rate_iops.is_some(),
             stats: &stats,
-            intervals: crate::profile::join_intervals(
-                &intervals,
-                &probes.intervals,
-                spec.ramp.0.as_secs_f64(),
-                args.interval.0.as_secs_f64(),
-                disks.devs().as_deref(),
-            ),
+            intervals: series.intervals(),
             capabilities: probes.report.clone(),
             probe_total: probes.cumulative.as_ref(),
             disks,
             recorder_cpu_pct: (run_wall > 0.0)
                 .then(|| recorder_cpu_ns as f64 / 1e9 / run_wall * 100.0),
             calibration: calibration.clone(),
+            stalls: Some(stalls.clone()),
         });
         if let Some(path) = &args.output {
             let mut bytes = serde_json::to_vec_pretty(&profile)?;
@@ -346,6 +363,34 @@ impl Prepared {
 
 /// Opens the target with every safety check, and fills a temp file (with a progress line on a
 /// terminal when `verbose`). None: interrupted while filling.
+/// Refuses a workload whose buffers alone would take more than half the memory this host has
+/// available: such a run would swap or be killed mid-way rather than measure anything.
+fn check_memory(spec: &virtgap_workloads::WorkloadSpec) -> Result<()> {
+    let need = spec.worker_memory_bytes();
+    let Some(available) = mem_available() else {
+        return Ok(());
+    };
+    if need > available / 2 {
+        bail!(
+            "the workload's buffers need about {} ({} workers x qd {} x {} bs), over half of the {} this host has available; lower --workers, --qd or --bs",
+            units::bytes(need),
+            spec.workers,
+            spec.qd,
+            units::bytes(spec.bs.0),
+            units::bytes(available)
+        );
+    }
+    Ok(())
+}
+
+/// MemAvailable from /proc/meminfo, in bytes.
+fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 pub fn prepare(
     spec: &virtgap_workloads::WorkloadSpec,
     size_explicit: bool,
@@ -354,6 +399,7 @@ pub fn prepare(
     signals: &StopSignals,
 ) -> Result<Option<Prepared>> {
     let stop = Arc::clone(&signals.stop);
+    check_memory(spec)?;
     let choice = match &target_args.target {
         Some(p) => TargetChoice::Path(p.clone()),
         None => TargetChoice::TempFile {
@@ -578,15 +624,16 @@ fn report_problems(report: &CapabilityReport) -> Vec<String> {
     lines
 }
 
-fn draw_progress(elapsed: Duration, total: Duration, last: Option<&IntervalSample>) {
+fn draw_progress(elapsed: Duration, total: Duration, last: Option<&SeriesPoint>) {
     let mut line = format!(
         "[{:>4.0}/{:.0} s]",
         elapsed.as_secs_f64().min(total.as_secs_f64()),
         total.as_secs_f64()
     );
-    if let Some(s) = last {
-        line.push_str(&format!(" {} IOPS", units::count(s.iops())));
-        if let Some(p99) = s.lat.percentile_ns(99.0) {
+    if let Some(p) = last.filter(|p| p.secs() > 0.0) {
+        let ios = p.interval.read_ios + p.interval.write_ios;
+        line.push_str(&format!(" {} IOPS", units::count(ios as f64 / p.secs())));
+        if let Some(p99) = p.interval.lat_p99_ns {
             line.push_str(&format!(", p99 lat {}", units::latency(p99 as f64)));
         }
     }

@@ -6,12 +6,13 @@ use std::time::SystemTime;
 
 use serde_json::{json, Map, Value};
 use virtgap_workloads::histogram::{LatencyHistogram, FIO_PERCENTILES};
-use virtgap_workloads::stats::{DirStats, IntervalSample, RunStats};
+use virtgap_workloads::stats::{DirStats, RunStats};
 use virtgap_workloads::target::Target;
 use virtgap_workloads::units;
 use virtgap_workloads::WorkloadSpec;
 
 use crate::pipeline::ProbeResults;
+use crate::series::{IntervalSeries, SeriesPoint};
 
 /// Everything a report is made from.
 pub struct Report<'a> {
@@ -19,7 +20,8 @@ pub struct Report<'a> {
     pub origin: &'a str,
     pub target: &'a Target,
     pub stats: &'a RunStats,
-    pub intervals: &'a [IntervalSample],
+    pub series: &'a IntervalSeries,
+    pub stalls: &'a crate::stalls::Stalls,
     pub interrupted: bool,
     pub started: SystemTime,
     pub probes: &'a ProbeResults,
@@ -53,19 +55,15 @@ fn spread(values: impl Iterator<Item = f64>) -> Option<Spread> {
     })
 }
 
-fn interval_secs(s: &IntervalSample) -> f64 {
-    (s.end_ns - s.start_ns) as f64 / 1e9
-}
-
 /// Full-length intervals only: a short last interval would skew the spread.
-fn full_intervals<'a>(r: &'a Report<'_>) -> impl Iterator<Item = &'a IntervalSample> {
-    let longest = r
-        .intervals
+fn full_intervals<'a>(r: &'a Report<'_>) -> impl Iterator<Item = &'a SeriesPoint> {
+    let points = r.series.points();
+    let longest = points
         .iter()
         .map(|s| s.end_ns - s.start_ns)
         .max()
         .unwrap_or(0);
-    r.intervals
+    points
         .iter()
         .filter(move |s| s.end_ns - s.start_ns == longest && longest > 0)
 }
@@ -117,22 +115,49 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
         for (name, h) in rows {
             write_latency_row(out, name, h)?;
         }
-        let ios = |s: &IntervalSample| if write { s.write_ios } else { s.read_ios };
-        if let Some(sp) = spread(full_intervals(r).map(|s| ios(s) as f64 / interval_secs(s))) {
+        let ios = |s: &SeriesPoint| {
+            if write {
+                s.interval.write_ios
+            } else {
+                s.interval.read_ios
+            }
+        };
+        if let Some(sp) = spread(full_intervals(r).map(|s| ios(s) as f64 / s.secs())) {
             writeln!(
                 out,
-                "    IOPS per {:.0} s interval: min {}, mean {}, max {}, stddev {:.1}% ({} samples)",
-                r.intervals.first().map(interval_secs).unwrap_or(1.0),
+                "    IOPS per {} s interval: min {}, mean {}, max {}, stddev {:.1}% ({} samples)",
+                r.series.point_interval().as_secs_f64(),
                 units::count(sp.min),
                 units::count(sp.mean),
                 units::count(sp.max),
-                if sp.mean > 0.0 { sp.stddev / sp.mean * 100.0 } else { 0.0 },
+                if sp.mean > 0.0 {
+                    sp.stddev / sp.mean * 100.0
+                } else {
+                    0.0
+                },
                 sp.samples
             )?;
         }
     }
     if r.stats.total_ios() == 0 {
         writeln!(out, "  no I/O completed in the measured window")?;
+    }
+    if r.stalls.found() {
+        writeln!(out, "  STALLED: {}", r.stalls.describe())?;
+        writeln!(
+            out,
+            "    the figures above mix the stall with steady state; see the profile's stalls section"
+        )?;
+    }
+    if r.series.coarsening() > 1 {
+        writeln!(
+            out,
+            "  intervals: {} of {} s each ({}x the interval asked for: a run keeps at most {} intervals)",
+            r.series.points().len(),
+            r.series.point_interval().as_secs_f64(),
+            r.series.coarsening(),
+            crate::series::MAX_POINTS
+        )?;
     }
     if r.spec.rate_iops.is_some() {
         writeln!(
@@ -221,10 +246,22 @@ fn latency_json(h: &LatencyHistogram, percentiles: bool) -> Value {
 fn direction_json(r: &Report<'_>, d: &DirStats, write: bool) -> Value {
     let secs = r.stats.seconds();
     let rate = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };
-    let ios = |s: &IntervalSample| if write { s.write_ios } else { s.read_ios };
-    let bytes = |s: &IntervalSample| if write { s.write_bytes } else { s.read_bytes };
-    let iops = spread(full_intervals(r).map(|s| ios(s) as f64 / interval_secs(s)));
-    let bw_kib = spread(full_intervals(r).map(|s| bytes(s) as f64 / 1024.0 / interval_secs(s)));
+    let ios = |s: &SeriesPoint| {
+        if write {
+            s.interval.write_ios
+        } else {
+            s.interval.read_ios
+        }
+    };
+    let bytes = |s: &SeriesPoint| {
+        if write {
+            s.interval.write_bytes
+        } else {
+            s.interval.read_bytes
+        }
+    };
+    let iops = spread(full_intervals(r).map(|s| ios(s) as f64 / s.secs()));
+    let bw_kib = spread(full_intervals(r).map(|s| bytes(s) as f64 / 1024.0 / s.secs()));
     let mut m = Map::new();
     m.insert("io_bytes".into(), json!(d.bytes));
     m.insert("io_kbytes".into(), json!(d.bytes / 1024));
@@ -275,20 +312,22 @@ pub fn json(r: &Report<'_>) -> Value {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let intervals: Vec<Value> = r
-        .intervals
+        .series
+        .points()
         .iter()
         .map(|s| {
+            let iv = &s.interval;
             json!({
                 "start_ms": s.start_ns / 1_000_000,
                 "end_ms": s.end_ns / 1_000_000,
-                "read_ios": s.read_ios,
-                "write_ios": s.write_ios,
-                "read_bytes": s.read_bytes,
-                "write_bytes": s.write_bytes,
-                "iops": s.iops(),
-                "lat_p50_ns": s.lat.percentile_ns(50.0),
-                "lat_p99_ns": s.lat.percentile_ns(99.0),
-                "lat_mean_ns": s.lat.mean_ns(),
+                "read_ios": iv.read_ios,
+                "write_ios": iv.write_ios,
+                "read_bytes": iv.read_bytes,
+                "write_bytes": iv.write_bytes,
+                "iops": if s.secs() > 0.0 { (iv.read_ios + iv.write_ios) as f64 / s.secs() } else { 0.0 },
+                "lat_p50_ns": iv.lat_p50_ns,
+                "lat_p99_ns": iv.lat_p99_ns,
+                "lat_mean_ns": s.lat_mean_ns(),
             })
         })
         .collect();
@@ -329,6 +368,7 @@ pub fn json(r: &Report<'_>) -> Value {
             "intervals": intervals,
         }],
         "probes": probes_json(r.probes),
+        "stalls": r.stalls,
         "kv": r.stats.kv.as_deref().map(crate::kv_report::json),
     })
 }

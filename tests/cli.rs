@@ -9,7 +9,7 @@ use assert_cmd::Command;
 use predicates::prelude::*;
 
 mod common;
-use common::{is_root, root_allowed};
+use common::{is_root, names_in, root_allowed};
 
 fn scratch() -> tempfile::TempDir {
     common::scratch("vg-cli-")
@@ -594,6 +594,26 @@ fn outputs_that_are_not_regular_files_are_refused_naming_their_flag() {
         &mut quick_with(dir.path(), &["--qd", "4294967296"]),
         "queue depth must be 1..=4096",
     );
+}
+
+/// Flags that would make memory grow without bound are refused before anything runs: an
+/// interval too short to be worth its bookkeeping, and buffers beyond half the host's memory.
+#[test]
+fn flags_that_would_exhaust_memory_are_refused_up_front() {
+    let dir = scratch();
+    fails_with(
+        &mut quick_with(dir.path(), &["--interval", "1ns", "--duration", "3s"]),
+        "--interval 1ns is outside 100ms..=1h",
+    );
+    fails_with(
+        vg().args(["tui", "--interval", "2h"]),
+        "--interval 2h is outside 100ms..=1h",
+    );
+    fails_with(
+        &mut quick_with(dir.path(), &["--workers", "1024", "--qd", "4096"]),
+        "(1024 workers x qd 4096 x 4 KiB bs), over half of the",
+    );
+    assert!(names_in(dir.path()).is_empty(), "nothing left behind");
 }
 
 /// Without a terminal the live view says so in one line and points at the headless command.

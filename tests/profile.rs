@@ -524,3 +524,120 @@ fn kv_profile_carries_the_verdict_and_matches_the_schema() {
     // The store's device I/O: record and defrag reads, large-block writes.
     assert!(doc["results"]["write"]["ios"].as_u64().unwrap() > 0);
 }
+
+/// A device that stops answering for 3.5 s mid-run: the summary, the profile and the diff say
+/// the run stalled — intervals without a completion while I/Os were stuck, the I/Os over 1 s —
+/// instead of averaging the stall into steady state.
+#[test]
+fn a_device_that_stops_answering_is_reported_as_a_stall() {
+    use common::slow_device::{slow_fuse, SlowDevice};
+    if !root_allowed("stall test") {
+        return;
+    }
+    let dir = scratch();
+    let stall = slow_fuse::Stall {
+        after: Duration::from_secs(2),
+        len: Duration::from_millis(3500),
+    };
+    let dev = match SlowDevice::new(
+        &dir.path().join("mnt"),
+        slow_fuse::SlowDisk::stalling(stall),
+    ) {
+        Ok(d) => d,
+        Err(why) => {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "the stall test needs FUSE and loop devices: {why}"
+            );
+            eprintln!("skipping: {why}");
+            return;
+        }
+    };
+    let (stalled, steady) = (
+        dir.path().join("stalled.json"),
+        dir.path().join("steady.json"),
+    );
+    let out = vg()
+        .args([
+            "record",
+            "-w",
+            "rand4k",
+            "--qd",
+            "4",
+            "--duration",
+            "8s",
+            "--target",
+        ])
+        .arg(&dev.loop_dev)
+        .args(["--size", "64MiB", "-o"])
+        .arg(&stalled)
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{summary}");
+    assert!(
+        summary.contains("STALLED: no I/O completed in"),
+        "{summary}"
+    );
+    let doc = validate(&stalled);
+    let stalls = &doc["stalls"];
+    let n = stalls["stalled_intervals"].as_u64().unwrap();
+    assert!((2..=4).contains(&n), "{stalls}");
+    assert!(stalls["slow_ios"].as_u64().unwrap() >= 1, "{stalls}");
+    assert!(
+        stalls["max_lat_ns"].as_u64().unwrap() >= 3_000_000_000,
+        "{stalls}"
+    );
+    let oldest = stalls["spans"][0]["oldest_in_flight_ns"].as_u64().unwrap();
+    assert!(oldest >= 2_000_000_000, "{stalls}");
+    // Each completion is counted in the interval it happened in: the stall's intervals are
+    // empty, and the one where the device came back holds the stuck I/Os.
+    let intervals = doc["intervals"].as_array().unwrap();
+    let empty = intervals.iter().filter(|i| i["lat_count"] == 0).count() as u64;
+    assert_eq!(empty, n, "{intervals:?}");
+
+    // A run of the same workload with no stall, and the diff between them.
+    drop(dev);
+    let fine = SlowDevice::new(
+        &dir.path().join("mnt2"),
+        slow_fuse::SlowDisk::delaying(Duration::ZERO),
+    )
+    .unwrap();
+    let out = vg()
+        .args([
+            "record",
+            "-w",
+            "rand4k",
+            "--qd",
+            "4",
+            "--duration",
+            "3s",
+            "--quiet",
+            "--target",
+        ])
+        .arg(&fine.loop_dev)
+        .args(["--size", "64MiB", "-o"])
+        .arg(&steady)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(validate(&steady)["stalls"]["stalled_intervals"], 0);
+    let d = vg()
+        .args(["diff", "--force"])
+        .arg(&steady)
+        .arg(&stalled)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&d.stdout);
+    eprintln!("{text}");
+    assert!(text.contains("host B stalled during its run"), "{text}");
+}

@@ -74,7 +74,11 @@ enum vg_block_counter {
 	VG_BLOCK_UNSEEN = 1,
 	/* The driver handed a tracked request back to be issued again. */
 	VG_BLOCK_REQUEUED = 2,
-	VG_BLOCK_COUNTERS = 3,
+	/* A tracked request completed with an error (its status was not OK). */
+	VG_BLOCK_ERRORS = 3,
+	/* ... of which the block layer's timeout ended it. */
+	VG_BLOCK_TIMEOUTS = 4,
+	VG_BLOCK_COUNTERS = 5,
 };
 
 /* NVMe command latency key. qid = hardware queue index + 1; 0 is the admin queue. */

@@ -101,6 +101,12 @@ pub struct BlockSnapshot {
     /// Requests the driver handed back to be issued again.
     #[serde(default)]
     pub requeued: u64,
+    /// Requests that completed with an error status.
+    #[serde(default)]
+    pub errors: u64,
+    /// ... of which the block layer's timeout ended them.
+    #[serde(default)]
+    pub timeouts: u64,
 }
 
 impl BlockSnapshot {
@@ -177,6 +183,8 @@ impl BlockSnapshot {
             dropped: self.dropped.saturating_sub(earlier.dropped),
             unseen: self.unseen.saturating_sub(earlier.unseen),
             requeued: self.requeued.saturating_sub(earlier.requeued),
+            errors: self.errors.saturating_sub(earlier.errors),
+            timeouts: self.timeouts.saturating_sub(earlier.timeouts),
         }
     }
 }

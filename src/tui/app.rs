@@ -10,7 +10,8 @@ use virtgap_workloads::stats::IntervalSample;
 use virtgap_workloads::LatencyHistogram;
 
 use crate::host::Fingerprint;
-use crate::profile::{Interval, Profile};
+use crate::profile::Profile;
+use crate::series::IntervalSeries;
 
 /// Intervals kept for the sparklines (five minutes at the default 1 s).
 const HISTORY: usize = 300;
@@ -78,8 +79,6 @@ pub struct Data {
     pub probes: Option<ProbeSnapshot>,
     /// The most recent probe interval.
     pub probe_interval: Option<ProbeSnapshot>,
-    /// Intervals joined with probe data, kept for saving a profile.
-    pub intervals: Vec<Interval>,
 }
 
 /// Everything the TUI shows.
@@ -107,6 +106,9 @@ pub struct App {
     disks: crate::host::TargetDisks,
     /// The disks whose stages are the target's (None: unknown, every device counts).
     target_devs: Option<Vec<(u32, u32)>>,
+    /// Intervals joined with probe data since start or the last reset, kept for saving a
+    /// profile; bounded however long the TUI runs.
+    pub series: IntervalSeries,
 }
 
 impl App {
@@ -128,6 +130,12 @@ impl App {
             probe_total: None,
             device_names: Default::default(),
             target_devs: disks.devs(),
+            series: IntervalSeries::new(
+                Duration::from_secs(1),
+                Duration::ZERO,
+                disks.devs(),
+                false,
+            ),
             disks,
         }
     }
@@ -211,6 +219,7 @@ impl App {
             elapsed: self.live.elapsed,
             ..Data::default()
         };
+        self.series.clear();
         self.message = Some("counters reset".into());
     }
 
@@ -224,6 +233,7 @@ impl App {
             None => cumulative.clone(),
         });
         self.probe_total = Some(cumulative);
+        self.series.add_probe(&interval);
         self.live.probe_interval = Some(interval);
     }
 
@@ -245,11 +255,7 @@ impl App {
         d.write_ios += sample.write_ios;
         d.read_bytes += sample.read_bytes;
         d.write_bytes += sample.write_bytes;
-        d.intervals.push(crate::profile::interval(
-            sample,
-            d.probe_interval.as_ref(),
-            self.target_devs.as_deref(),
-        ));
+        self.series.add_sample(sample.clone());
     }
 
     pub fn set_elapsed(&mut self, elapsed: Duration) {

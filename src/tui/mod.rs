@@ -39,6 +39,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         overrides.duration = Some(Span(UNTIL_QUIT));
     }
     overrides.apply(&mut spec)?;
+    crate::cli::check_interval(&args.interval)?;
     let baseline = match &args.baseline {
         Some(path) => Some(crate::profile::load(path)?),
         None => None,
@@ -72,6 +73,12 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
     let mut app = App::new(host, workload, prepared.disks.clone());
     app.baseline = baseline;
+    app.series = crate::series::IntervalSeries::new(
+        args.interval.0,
+        spec.ramp.0,
+        prepared.disks.devs(),
+        collector.is_some(),
+    );
     // Wait for the probes to attach so the workload's first I/Os are traced.
     if collector.is_some() {
         match rx.recv_timeout(Duration::from_secs(60)) {
@@ -261,7 +268,7 @@ fn save(
     stats.read.bytes = d.read_bytes;
     stats.write.ios = d.write_ios;
     stats.write.bytes = d.write_bytes;
-    stats.measured_ns = d.intervals.last().map_or(0, |i| (i.end_s * 1e9) as u64);
+    stats.measured_ns = app.series.points().last().map_or(0, |p| p.end_ns);
     let now = std::time::SystemTime::now();
     let mut profile = crate::profile::assemble(crate::profile::ProfileInputs {
         run: crate::profile::RunInfo {
@@ -269,7 +276,9 @@ fn save(
             command_line: std::env::args().collect(),
             started_unix_ms: crate::record::unix_ms(now - d.elapsed),
             ended_unix_ms: crate::record::unix_ms(now),
-            interval_s: args.interval.0.as_secs_f64(),
+            interval_s: app.series.point_interval().as_secs_f64(),
+            requested_interval_s: (app.series.coarsening() > 1)
+                .then_some(args.interval.0.as_secs_f64()),
             complete: false,
         },
         host: app.host.clone(),
@@ -277,12 +286,17 @@ fn save(
         target: crate::profile::TargetInfo::of(target, app.disks()),
         paced: spec.rate_iops.is_some(),
         stats: &stats,
-        intervals: d.intervals.clone(),
+        intervals: app.series.intervals(),
         capabilities: app.report.clone(),
         probe_total: d.probes.as_ref(),
         disks: app.disks(),
         recorder_cpu_pct: None,
         calibration: None,
+        stalls: Some(
+            app.series
+                .stall_log()
+                .stalls(&stats, d.probes.as_ref().and_then(|p| p.block.as_ref())),
+        ),
     });
     profile.stages.app = crate::profile::Histogram::from_latency(&d.app);
     let path = args.save.clone().unwrap_or_else(|| {

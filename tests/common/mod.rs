@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+pub mod slow_device;
+
 /// A scratch directory on the build tree's disk-backed filesystem (O_DIRECT works there).
 pub fn scratch(prefix: &str) -> tempfile::TempDir {
     tempfile::Builder::new()

@@ -123,6 +123,18 @@ impl LatencyHistogram {
         Some(v.clamp(self.min_ns, self.max_ns))
     }
 
+    /// How many values exceed `ns` (to bucket precision: a bucket counts when its low end does).
+    pub fn count_above(&self, ns: u64) -> u64 {
+        if self.count == 0 || self.max_ns <= ns {
+            return 0;
+        }
+        self.buckets()
+            .into_iter()
+            .filter(|&(low, _, _)| low > ns)
+            .map(|(_, _, n)| n)
+            .sum()
+    }
+
     /// Non-empty buckets as (low ns inclusive, high ns inclusive, count), ascending.
     pub fn buckets(&self) -> Vec<(u64, u64, u64)> {
         self.buckets
@@ -133,6 +145,66 @@ impl LatencyHistogram {
                 (low, high, v.count_since_last_iteration())
             })
             .collect()
+    }
+}
+
+/// A latency histogram kept for later: only its non-empty buckets, so a series of thousands of
+/// intervals costs kilobytes each rather than the full bucket array. Expanding it gives back a
+/// histogram with exactly the same buckets and statistics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CompactHistogram {
+    /// (highest value of the bucket, count), ascending.
+    buckets: Vec<(u64, u64)>,
+    count: u64,
+    sum_ns: u128,
+    sum_sq_ns: u128,
+    min_ns: u64,
+    max_ns: u64,
+}
+
+impl LatencyHistogram {
+    pub fn compact(&self) -> CompactHistogram {
+        let mut buckets: Vec<(u64, u64)> = self
+            .buckets
+            .iter_recorded()
+            .map(|v| (v.value_iterated_to(), v.count_since_last_iteration()))
+            .collect();
+        buckets.shrink_to_fit();
+        CompactHistogram {
+            buckets,
+            count: self.count,
+            sum_ns: self.sum_ns,
+            sum_sq_ns: self.sum_sq_ns,
+            min_ns: self.min_ns,
+            max_ns: self.max_ns,
+        }
+    }
+}
+
+impl CompactHistogram {
+    pub fn expand(&self) -> LatencyHistogram {
+        let mut h = LatencyHistogram::new();
+        for &(value, n) in &self.buckets {
+            // A bucket's highest value falls in that same bucket.
+            h.buckets.saturating_record_n(value, n);
+        }
+        h.count = self.count;
+        h.sum_ns = self.sum_ns;
+        h.sum_sq_ns = self.sum_sq_ns;
+        h.min_ns = self.min_ns;
+        h.max_ns = self.max_ns;
+        h
+    }
+
+    pub fn merge(&mut self, other: &Self) {
+        let mut h = self.expand();
+        h.merge(&other.expand());
+        *self = h.compact();
+    }
+
+    /// Heap bytes held (for memory accounting in tests).
+    pub fn heap_bytes(&self) -> usize {
+        self.buckets.capacity() * std::mem::size_of::<(u64, u64)>()
     }
 }
 
@@ -234,5 +306,27 @@ mod tests {
         h.record(u64::MAX / 2);
         assert_eq!(h.count(), 1);
         assert!(h.percentile_ns(100.0).is_some());
+    }
+
+    #[test]
+    fn a_compacted_histogram_expands_to_the_same_one() {
+        let mut h = LatencyHistogram::new();
+        for v in 0..20_000u64 {
+            h.record(5_000 + v * 7919 % 2_000_000);
+        }
+        let c = h.compact();
+        assert!(c.heap_bytes() < 16 * 1024, "{} bytes", c.heap_bytes());
+        let back = c.expand();
+        assert_eq!(back.buckets(), h.buckets());
+        for p in [50.0, 99.0, 99.9] {
+            assert_eq!(back.percentile_ns(p), h.percentile_ns(p));
+        }
+        assert_eq!(back.stddev_ns(), h.stddev_ns());
+        let mut twice = c.clone();
+        twice.merge(&c);
+        let mut hh = h.clone();
+        hh.merge(&h);
+        assert_eq!(twice.expand().buckets(), hh.buckets());
+        assert_eq!(LatencyHistogram::new().compact().expand().count(), 0);
     }
 }

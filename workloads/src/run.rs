@@ -354,6 +354,24 @@ impl WorkerContext {
                 .map_err(|error| WorkloadError::Engine { worker, error })?;
             now = now_ns();
 
+            // Close every interval boundary crossed while waiting, before the completions are
+            // counted: they land in the interval they completed in, and an I/O stuck through
+            // whole intervals shows as in flight at each of their ends.
+            if measuring {
+                let window_now = now.min(end_ns) - ramp_ns;
+                while window_now >= interval.start_ns + interval_ns {
+                    let next_start = interval.start_ns + interval_ns;
+                    interval.end_ns = next_start;
+                    interval.oldest_in_flight_ns =
+                        Some(oldest_in_flight(&slots, &free, ramp_ns + next_start));
+                    let next = IntervalSample::empty(worker, interval.index + 1, next_start);
+                    send(WorkloadEvent::Interval(std::mem::replace(
+                        &mut interval,
+                        next,
+                    )));
+                }
+            }
+
             for c in &completions {
                 let s = slots[c.slot as usize];
                 free.push(c.slot);
@@ -400,20 +418,6 @@ impl WorkerContext {
             if let Some(s) = schedule.as_ref() {
                 stats.max_lag_ns = stats.max_lag_ns.max(s.lag_ns(now));
             }
-
-            // Close every interval boundary crossed (measured window only).
-            if measuring {
-                let window_now = now.min(end_ns) - ramp_ns;
-                while window_now >= interval.start_ns + interval_ns {
-                    let next_start = interval.start_ns + interval_ns;
-                    interval.end_ns = next_start;
-                    let next = IntervalSample::empty(worker, interval.index + 1, next_start);
-                    send(WorkloadEvent::Interval(std::mem::replace(
-                        &mut interval,
-                        next,
-                    )));
-                }
-            }
         }
 
         // Measured window over (or stopped): account CPU, then let in-flight I/Os finish so no
@@ -423,6 +427,7 @@ impl WorkerContext {
         stats.measured_ns = end.saturating_sub(ramp_ns);
         if measuring && end > ramp_ns + interval.start_ns {
             interval.end_ns = end - ramp_ns;
+            interval.oldest_in_flight_ns = Some(oldest_in_flight(&slots, &free, end));
             send(WorkloadEvent::Interval(interval));
         }
         stats.engine_features = engine.features();
@@ -465,4 +470,20 @@ fn check_completion(worker: u32, s: &Slot, c: &Completion, bs: u32) -> Result<()
         });
     }
     Ok(())
+}
+
+/// Age at `at_ns` of the oldest I/O in flight then (issued at or before it, not yet reaped):
+/// 0 when none was.
+fn oldest_in_flight(slots: &[Slot], free: &[u32], at_ns: u64) -> u64 {
+    let mut idle = vec![false; slots.len()];
+    for &f in free {
+        idle[f as usize] = true;
+    }
+    slots
+        .iter()
+        .zip(idle)
+        .filter(|(s, idle)| !idle && s.created_ns <= at_ns)
+        .map(|(s, _)| at_ns - s.created_ns)
+        .max()
+        .unwrap_or(0)
 }

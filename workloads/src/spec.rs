@@ -593,6 +593,15 @@ impl WorkloadSpec {
         toml::to_string(self).expect("a workload spec always serializes")
     }
 
+    /// Memory the run's workers hold whatever the target: an I/O buffer per queue slot, and a
+    /// few latency histograms each (about 40 KiB apiece). A kv store's index and write buffers
+    /// come on top and depend on the target's size.
+    pub fn worker_memory_bytes(&self) -> u64 {
+        const PER_WORKER_BOOKKEEPING: u64 = 512 << 10;
+        u64::from(self.workers)
+            .saturating_mul(u64::from(self.qd).saturating_mul(self.bs.0) + PER_WORKER_BOOKKEEPING)
+    }
+
     /// Whether the workload never writes the target (a kv store always does: it loads itself).
     pub fn is_read_only(&self) -> bool {
         self.rw == ReadWrite::Read && self.pattern != Pattern::Kv

@@ -150,6 +150,9 @@ pub struct IntervalSample {
     pub write_bytes: u64,
     /// Latency (`lat`) of the I/Os completed in the interval, both directions.
     pub lat: LatencyHistogram,
+    /// Age at the interval's end of the oldest I/O still in flight (0: none was; None: the
+    /// workload does not track it).
+    pub oldest_in_flight_ns: Option<u64>,
 }
 
 impl IntervalSample {
@@ -164,6 +167,7 @@ impl IntervalSample {
             read_bytes: 0,
             write_bytes: 0,
             lat: LatencyHistogram::new(),
+            oldest_in_flight_ns: None,
         }
     }
 
@@ -188,6 +192,10 @@ impl IntervalSample {
         self.read_bytes += other.read_bytes;
         self.write_bytes += other.write_bytes;
         self.lat.merge(&other.lat);
+        self.oldest_in_flight_ns = match (self.oldest_in_flight_ns, other.oldest_in_flight_ns) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
     }
 }
 

@@ -127,6 +127,8 @@ impl LoadedFamily for BlockProbe<'_> {
         block.dropped = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_DROPPED.0);
         block.unseen = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_UNSEEN.0);
         block.requeued = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_REQUEUED.0);
+        block.errors = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_ERRORS.0);
+        block.timeouts = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_TIMEOUTS.0);
         block.devices.sort_by_key(|d| d.dev);
         snap.block = Some(block);
     }
