@@ -427,14 +427,18 @@ fn points(p: &Profile) -> Points {
             })
             .flatten(),
         msr_per_io: {
-            let n: Vec<u64> = p.intervals.iter().filter_map(|i| i.msr_writes).collect();
-            let ios: u64 = p
+            let n: Vec<f64> = p
+                .intervals
+                .iter()
+                .filter_map(|i| i.msr_writes.map(|v| v as f64))
+                .collect();
+            let ios: f64 = p
                 .intervals
                 .iter()
                 .filter(|i| i.msr_writes.is_some())
-                .map(|i| i.lat_count)
+                .map(|i| i.lat_count as f64)
                 .sum();
-            (!n.is_empty() && ios > 0).then(|| n.iter().sum::<u64>() as f64 / ios as f64)
+            (!n.is_empty() && ios > 0.0).then(|| n.iter().sum::<f64>() / ios)
         },
         iops: (p.results.measured_s > 0.0).then(|| ios / p.results.measured_s),
     }
@@ -521,41 +525,40 @@ fn hv_share(p: &Profile) -> String {
 }
 
 fn steal(p: &Profile) -> String {
-    let steal: Option<u64> = p.cpus.iter().map(|c| c.steal_ns).sum();
-    let total: u64 = p
+    // In f64: the figures come from a profile file and must not overflow a sum.
+    let steal: Option<f64> = p.cpus.iter().map(|c| c.steal_ns.map(|v| v as f64)).sum();
+    let total: f64 = p
         .cpus
         .iter()
         .map(|c| {
-            c.user_ns.unwrap_or(0)
-                + c.system_ns.unwrap_or(0)
-                + c.idle_ns.unwrap_or(0)
-                + c.steal_ns.unwrap_or(0)
-                + c.hardirq_ns
-                + c.softirq_ns
+            [c.user_ns, c.system_ns, c.idle_ns, c.steal_ns]
+                .iter()
+                .map(|v| v.unwrap_or(0) as f64)
+                .sum::<f64>()
+                + c.hardirq_ns as f64
+                + c.softirq_ns as f64
         })
         .sum();
     match steal {
-        Some(s) if total > 0 => format!(
-            "{:.2}% of CPU time ({} ms)",
-            s as f64 / total as f64 * 100.0,
-            s / 1_000_000
-        ),
+        Some(s) if total > 0.0 => {
+            format!("{:.2}% of CPU time ({:.0} ms)", s / total * 100.0, s / 1e6)
+        }
         _ => "not measured".into(),
     }
 }
 
 fn cross_cpu(p: &Profile) -> String {
-    let total: u64 = p.cpu_pairs.iter().map(|x| x[2]).sum();
-    if total == 0 {
+    let total: f64 = p.cpu_pairs.iter().map(|x| x[2] as f64).sum();
+    if total == 0.0 {
         return "not measured".into();
     }
-    let cross: u64 = p
+    let cross: f64 = p
         .cpu_pairs
         .iter()
         .filter(|x| x[0] != x[1])
-        .map(|x| x[2])
+        .map(|x| x[2] as f64)
         .sum();
-    format!("{:.1}% of {total}", cross as f64 / total as f64 * 100.0)
+    format!("{:.1}% of {total:.0}", cross / total * 100.0)
 }
 
 /// Compares two profiles: A is the reference, B the host being explained.

@@ -430,12 +430,13 @@ pub fn stages_svg(a: &Profile, b: &Profile, d: &ProfileDiff) -> String {
         // Density per log10 decade so buckets of different widths compare.
         let series = |h: Option<&Histogram>| -> Vec<(f64, f64)> {
             let Some(h) = h else { return vec![] };
-            let total: u64 = h.buckets.iter().map(|b| b[2]).sum();
+            let total = h.buckets.iter().fold(0u64, |t, b| t.saturating_add(b[2]));
             h.buckets
                 .iter()
                 .map(|b| {
-                    let width = ((b[1] + 1) as f64).log10() - (b[0].max(1) as f64).log10();
-                    let mid = ((b[0].max(1) as f64) * (b[1] + 1) as f64).sqrt();
+                    let high = b[1] as f64 + 1.0;
+                    let width = high.log10() - (b[0].max(1) as f64).log10();
+                    let mid = ((b[0].max(1) as f64) * high).sqrt();
                     (mid, b[2] as f64 / total.max(1) as f64 / width.max(1e-9))
                 })
                 .collect()

@@ -64,7 +64,10 @@ impl Histogram {
 
     /// Percentile `p` (0–100), interpolated inside the bucket that holds it.
     pub fn percentile_ns(&self, p: f64) -> Option<f64> {
-        let total: u64 = self.buckets.iter().map(|b| b[2]).sum();
+        let total = self
+            .buckets
+            .iter()
+            .fold(0u64, |t, b| t.saturating_add(b[2]));
         if total == 0 {
             return None;
         }
@@ -77,11 +80,11 @@ impl Histogram {
         };
         let mut seen = 0u64;
         for &[low, high, n] in &self.buckets {
-            if (seen + n) as f64 >= rank {
+            if seen.saturating_add(n) as f64 >= rank {
                 let frac = ((rank - seen as f64) / n as f64).clamp(0.0, 1.0);
-                return Some(clamp(low as f64 + frac * (high - low) as f64));
+                return Some(clamp(low as f64 + frac * high.saturating_sub(low) as f64));
             }
-            seen += n;
+            seen = seen.saturating_add(n);
         }
         self.buckets.last().map(|b| clamp(b[1] as f64))
     }
@@ -759,7 +762,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
         .map(|t| program_costs(&t.programs));
     let probe_cpu_pct = match (&programs, secs) {
         (Some(p), Some(s)) if s > 0.0 => {
-            Some(p.iter().map(|c| c.run_time_ns).sum::<u64>() as f64 / 1e9 / s * 100.0)
+            Some(p.iter().map(|c| c.run_time_ns as f64).sum::<f64>() / 1e9 / s * 100.0)
         }
         _ => None,
     };

@@ -156,7 +156,7 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
             r.series.points().len(),
             r.series.point_interval().as_secs_f64(),
             r.series.coarsening(),
-            crate::series::MAX_POINTS
+            r.series.max_points()
         )?;
     }
     if r.spec.rate_iops.is_some() {

@@ -17,6 +17,10 @@ use crate::stalls::StallLog;
 
 /// Points kept at most: an hour at 1 s intervals coarsens to 2 s, a day to 64 s.
 pub const MAX_POINTS: usize = 2048;
+/// Fewer on a host whose intervals are large (per-CPU loads of dozens of CPUs): the series'
+/// share of a profile stays under this many bytes of JSON, but keeps at least `MIN_POINTS`.
+const SERIES_JSON_BUDGET: usize = 40 << 20;
+const MIN_POINTS: usize = 256;
 
 /// Workload intervals held while their probe interval has not arrived; past this the probes
 /// are taken to have stopped reporting and the interval is kept without them.
@@ -73,6 +77,8 @@ pub struct IntervalSeries {
     waiting_samples: VecDeque<IntervalSample>,
     /// Stalls seen in the whole-run intervals, before coarsening could hide them.
     stall_log: StallLog,
+    /// The most points kept, set from the first point's size (see [`SERIES_JSON_BUDGET`]).
+    max_points: Option<usize>,
 }
 
 impl IntervalSeries {
@@ -97,6 +103,7 @@ impl IntervalSeries {
             waiting_probes: VecDeque::new(),
             waiting_samples: VecDeque::new(),
             stall_log: StallLog::default(),
+            max_points: None,
         }
     }
 
@@ -107,6 +114,11 @@ impl IntervalSeries {
     /// The length each point spans.
     pub fn point_interval(&self) -> Duration {
         self.interval * self.span as u32
+    }
+
+    /// The most points this series keeps.
+    pub fn max_points(&self) -> usize {
+        self.max_points.unwrap_or(MAX_POINTS)
     }
 
     /// How many times longer each point is than the interval asked for (1: not coarsened).
@@ -153,6 +165,7 @@ impl IntervalSeries {
         self.span = 1;
         self.origin = None;
         self.stall_log = StallLog::default();
+        self.max_points = None;
     }
 
     fn join_waiting(&mut self) {
@@ -174,16 +187,21 @@ impl IntervalSeries {
     fn push(&mut self, sample: &IntervalSample, probe: Option<&ProbeInterval>) {
         let origin = *self.origin.get_or_insert(sample.index);
         let raw = sample.index.saturating_sub(origin);
-        while raw / self.span >= MAX_POINTS as u64 {
-            self.coarsen();
-        }
-        let slot = raw / self.span;
         let mut point = SeriesPoint {
             interval: crate::profile::interval(sample, probe),
             start_ns: sample.start_ns,
             end_ns: sample.end_ns,
             lat: sample.lat.compact(),
         };
+        let max_points = *self.max_points.get_or_insert_with(|| {
+            // As the profile prints it, plus the deeper indentation inside its intervals array.
+            let bytes = serde_json::to_vec_pretty(&point.interval).map_or(1, |v| v.len() * 5 / 4);
+            (SERIES_JSON_BUDGET / bytes.max(1)).clamp(MIN_POINTS, MAX_POINTS)
+        });
+        while raw / self.span >= max_points as u64 {
+            self.coarsen();
+        }
+        let slot = raw / self.span;
         point.interval.index = slot;
         match self.points.last_mut() {
             Some(last) if last.interval.index == slot => last.absorb(point),
@@ -309,6 +327,27 @@ mod tests {
         );
         let held: usize = points.iter().map(|p| p.lat.heap_bytes()).sum();
         assert!(held < 64 << 20, "{held} bytes of histograms");
+    }
+
+    #[test]
+    fn intervals_of_a_host_with_many_cpus_keep_the_series_within_its_byte_budget() {
+        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::ZERO, None, true);
+        let mut snap = probe(0);
+        snap.cpu_times = (0..192)
+            .map(|cpu| virtgap_probes::procfs::CpuTimes {
+                cpu,
+                ..Default::default()
+            })
+            .collect();
+        for i in 0..6000 {
+            s.add_probe(&snap);
+            s.add_sample(sample(i, 1));
+        }
+        s.finish();
+        let json = serde_json::to_vec_pretty(&s.intervals()).unwrap().len();
+        assert!(json <= SERIES_JSON_BUDGET, "{json} bytes");
+        assert!(s.points().len() >= MIN_POINTS / 2, "{}", s.points().len());
+        assert_eq!(s.points()[0].interval.cpus.len(), 192);
     }
 
     #[test]

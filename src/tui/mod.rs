@@ -26,6 +26,8 @@ use app::{Action, App, RunState};
 const UNTIL_QUIT: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Events the TUI loop handles: the pipeline's, plus the terminal's.
+// Events pass one at a time through the channel: boxing each would allocate per interval.
+#[allow(clippy::large_enum_variant)]
 enum Input {
     Pipeline(Event),
     Terminal(TermEvent),

@@ -728,6 +728,8 @@ mod tests {
                 dropped: 0,
                 unseen: 0,
                 requeued: 0,
+                errors: 0,
+                timeouts: 0,
             }),
             irq: Some(IrqSnapshot {
                 hardirqs: vec![HardIrq {

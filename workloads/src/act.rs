@@ -54,7 +54,7 @@ impl ActLoad {
     }
 
     pub fn validate(&self) -> Result<(), ActError> {
-        if self.read_rps + self.write_rps == 0 {
+        if self.read_rps == 0 && self.write_rps == 0 {
             return Err(ActError::NoLoad);
         }
         if !(1..=99).contains(&self.defrag_lwm_pct) {
@@ -79,7 +79,7 @@ impl ActLoad {
 
 /// Records are stored in 16-byte units ("RBLOCK").
 pub fn roundup16(n: u64) -> u64 {
-    n.div_ceil(16) * 16
+    n.div_ceil(16).saturating_mul(16)
 }
 
 /// What ACT derives from a load.

@@ -585,7 +585,8 @@ impl WorkloadSpec {
         } else {
             ReadWrite::Mix
         };
-        self.rwmix_read = (reads * 100 / (reads + writes).max(1)) as u8;
+        self.rwmix_read =
+            (u128::from(reads) * 100 / (u128::from(reads) + u128::from(writes)).max(1)) as u8;
     }
 
     /// Serializes the spec back to TOML (the effective spec, after overrides).

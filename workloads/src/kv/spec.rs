@@ -115,14 +115,14 @@ impl KvSpec {
     /// Client reads and writes per second.
     pub fn rates(&self) -> (u64, u64) {
         let x = self.x.unwrap_or(0);
+        // Saturating: validate() bounds the load, but a spec is described before it is checked.
         let (mut reads, mut writes) = if self.ratio.reads == 0 {
-            (0, x * WRITES_PER_X)
+            (0, x.saturating_mul(WRITES_PER_X))
         } else {
-            let reads = x * READS_PER_X;
-            (
-                reads,
-                reads * u64::from(self.ratio.writes) / u64::from(self.ratio.reads),
-            )
+            let reads = x.saturating_mul(READS_PER_X);
+            let writes =
+                u128::from(reads) * u128::from(self.ratio.writes) / u128::from(self.ratio.reads);
+            (reads, u64::try_from(writes).unwrap_or(u64::MAX))
         };
         if let Some(r) = self.read_rps {
             reads = r;
@@ -153,6 +153,17 @@ impl KvSpec {
     }
 
     pub fn validate(&self, lb_bytes: u64) -> Result<(), Invalid> {
+        // Far past any device (x 100000 is 200M reads/s): beyond it the arithmetic of a load
+        // means nothing.
+        const MAX_RATE: u64 = 1_000_000_000;
+        let (reads, writes) = self.rates();
+        if self.x.is_some_and(|x| x > 100_000) || reads > MAX_RATE || writes > MAX_RATE {
+            return Err((
+                "x",
+                self.x.unwrap_or(0).to_string(),
+                "the load is beyond any device: x must be at most 100000 and read_rps/write_rps at most 1000000000".into(),
+            ));
+        }
         // ACT's own rules (a load, the low-water mark, the block and record sizes), named by
         // the key at fault.
         if let Err(e) = self.act_load(lb_bytes).validate() {
