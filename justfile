@@ -65,3 +65,13 @@ kv-ladder DURATION="60s" +RATINGS="1 4 8 16 20": build
             | grep -E "^  (PASS|FAIL|no verdict|schedule:|can't keep up)" | tr -s ' ' | paste -sd'|' -)
         echo "x=$x: $line"
     done
+
+# Panics fail the run; their inputs land in target/fuzz-failures/ (the normal test run does 20 s).
+# Fuzz the profile and workload-file readers and their consumers for DURATION seconds
+fuzz DURATION="600":
+    VIRTGAP_FUZZ_SECONDS={{DURATION}} cargo test --locked -p virtgap --bin virtgap fuzz -- --nocapture --test-threads=1
+
+# Root; ARGS go to scripts/soak.py (--every 10s, --dir DIR, --csv FILE).
+# Soak: rand4k with every probe for DURATION (90s, 10m, 1h): RSS growth, BPF map use, profile size
+soak DURATION="1h" *ARGS: build
+    python3 scripts/soak.py --virtgap target/release/virtgap --duration {{DURATION}} {{ARGS}}

@@ -287,8 +287,13 @@ pub fn csv(d: &ProfileDiff) -> String {
 // embedded font file) to lay out text even for SVG output, while these two charts are a few
 // rectangles and polylines whose text the viewer renders.
 
+/// Text for an SVG element: markup escaped, and control characters (which XML 1.0 cannot hold
+/// at all) shown as U+FFFD.
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
+    s.chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect::<String>()
+        .replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
 }

@@ -679,13 +679,100 @@ fn validate(p: &Profile) -> Result<(), String> {
     if p.run.interval_s == 0.0 {
         return Err("run.interval_s: 0 is not an interval length".into());
     }
+    // Beyond these no run of any length gets: rates and sums of such figures would overflow
+    // into inf rather than say anything.
+    const MAX_SECONDS: f64 = 1e9;
+    const MAX_NS_SUM: f64 = 1e24;
+    const MAX_PCT: f64 = 1e6;
+    let at_most = |at: &str, v: f64, max: f64| {
+        non_negative(at, v)?;
+        if v > max {
+            return Err(format!("{at}: {v} is beyond any real run (at most {max})"));
+        }
+        Ok(())
+    };
+    at_most("run.interval_s", p.run.interval_s, MAX_SECONDS)?;
+    at_most("results.measured_s", p.results.measured_s, MAX_SECONDS)?;
+    if let Some(s) = p.probe_seconds {
+        at_most("probe_seconds", s, MAX_SECONDS)?;
+    }
+    for (at, v) in [
+        ("self_overhead.probe_cpu_pct", p.self_overhead.probe_cpu_pct),
+        (
+            "self_overhead.recorder_cpu_pct",
+            p.self_overhead.recorder_cpu_pct,
+        ),
+    ] {
+        if let Some(v) = v {
+            at_most(at, v, MAX_PCT)?;
+        }
+    }
+    // Per-CPU times and counts are added up across CPUs and intervals: bounded far above a
+    // real run (3 years of nanoseconds) so those sums cannot overflow.
+    const MAX_U64: u64 = 100_000_000_000_000_000;
+    let cpu_ok = |at: &str, c: &CpuLoad| -> Result<(), String> {
+        let fields = [
+            ("hardirq_ns", Some(c.hardirq_ns)),
+            ("softirq_ns", Some(c.softirq_ns)),
+            ("hardirq_count", Some(c.hardirq_count)),
+            ("softirq_count", Some(c.softirq_count)),
+            ("user_ns", c.user_ns),
+            ("system_ns", c.system_ns),
+            ("idle_ns", c.idle_ns),
+            ("steal_ns", c.steal_ns),
+        ];
+        let maps = [&c.irqs, &c.ipis_sent, &c.cross_cpu_calls, &c.vectors];
+        let too_big = fields
+            .iter()
+            .filter_map(|(name, v)| v.filter(|v| *v > MAX_U64).map(|v| (name.to_string(), v)))
+            .chain(
+                maps.iter()
+                    .flat_map(|m| m.iter())
+                    .filter(|(_, v)| **v > MAX_U64)
+                    .map(|(k, v)| (k.clone(), *v)),
+            )
+            .next();
+        match too_big {
+            Some((name, v)) => Err(format!("{at}.{name}: {v} is beyond any real run")),
+            None => Ok(()),
+        }
+    };
+    for (n, c) in p.cpus.iter().enumerate() {
+        cpu_ok(&format!("cpus[{n}]"), c)?;
+    }
+    if let Some(n) = p.cpu_pairs.iter().position(|x| x[2] > MAX_U64) {
+        return Err(format!("cpu_pairs[{n}]: a count beyond any real run"));
+    }
     for (n, iv) in p.intervals.iter().enumerate() {
-        non_negative(&format!("intervals[{n}].start_s"), iv.start_s)?;
-        non_negative(&format!("intervals[{n}].end_s"), iv.end_s)?;
-        non_negative(&format!("intervals[{n}].lat_sum_ns"), iv.lat_sum_ns)?;
-        if iv.end_s < iv.start_s {
+        for (m, c) in iv.cpus.iter().enumerate() {
+            cpu_ok(&format!("intervals[{n}].cpus[{m}]"), c)?;
+        }
+        for (name, st) in &iv.stages {
+            if st.count > MAX_U64 || st.sum_ns > MAX_U64 {
+                return Err(format!("intervals[{n}].stages.{name}: beyond any real run"));
+            }
+        }
+        for (name, v) in [
+            ("read_ios", iv.read_ios),
+            ("write_ios", iv.write_ios),
+            ("read_bytes", iv.read_bytes),
+            ("write_bytes", iv.write_bytes),
+            ("lat_count", iv.lat_count),
+        ] {
+            if v > MAX_U64 {
+                return Err(format!("intervals[{n}].{name}: {v} is beyond any real run"));
+            }
+        }
+        at_most(&format!("intervals[{n}].start_s"), iv.start_s, MAX_SECONDS)?;
+        at_most(&format!("intervals[{n}].end_s"), iv.end_s, MAX_SECONDS)?;
+        at_most(
+            &format!("intervals[{n}].lat_sum_ns"),
+            iv.lat_sum_ns,
+            MAX_NS_SUM,
+        )?;
+        if iv.end_s <= iv.start_s {
             return Err(format!(
-                "intervals[{n}]: ends ({} s) before it starts ({} s)",
+                "intervals[{n}]: ends ({} s) no later than it starts ({} s)",
                 iv.end_s, iv.start_s
             ));
         }

@@ -509,6 +509,13 @@ impl WorkloadSpec {
                 "longer than a year; pick a shorter run",
             ));
         }
+        if self.ramp.0 > Duration::from_secs(366 * 24 * 3600) {
+            return Err(Self::invalid(
+                "ramp",
+                humantime::format_duration(self.ramp.0),
+                "longer than a year; pick a shorter warm-up",
+            ));
+        }
         if self.submit_batch == 0 || self.submit_batch > self.qd {
             return Err(Self::invalid(
                 "submit_batch",
