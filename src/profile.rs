@@ -524,12 +524,8 @@ impl Interval {
             }
         }
         self.cpus.sort_by_key(|c| c.cpu);
-        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-        };
-        self.probe_run_ns = add(self.probe_run_ns, later.probe_run_ns);
-        self.msr_writes = add(self.msr_writes, later.msr_writes);
+        self.probe_run_ns = add_measured(self.probe_run_ns, later.probe_run_ns);
+        self.msr_writes = add_measured(self.msr_writes, later.msr_writes);
         // The coarse interval's end is the later one's.
         self.oldest_in_flight_ns = later.oldest_in_flight_ns.or(self.oldest_in_flight_ns);
     }
@@ -551,14 +547,18 @@ impl CpuLoad {
                 *mine.entry(k.clone()).or_default() += v;
             }
         }
-        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-        };
-        self.user_ns = add(self.user_ns, later.user_ns);
-        self.system_ns = add(self.system_ns, later.system_ns);
-        self.idle_ns = add(self.idle_ns, later.idle_ns);
-        self.steal_ns = add(self.steal_ns, later.steal_ns);
+        self.user_ns = add_measured(self.user_ns, later.user_ns);
+        self.system_ns = add_measured(self.system_ns, later.system_ns);
+        self.idle_ns = add_measured(self.idle_ns, later.idle_ns);
+        self.steal_ns = add_measured(self.steal_ns, later.steal_ns);
+    }
+}
+
+/// The sum of two figures that may not have been measured: measured if either was.
+fn add_measured(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
     }
 }
 

@@ -433,6 +433,20 @@ impl WorkloadSpec {
 
     /// Checks every value is usable; the error names the first key at fault.
     pub fn validate(&self) -> Result<(), SpecError> {
+        // Names and descriptions are labels: one short line of text (which also keeps them
+        // within what the TOML writer escapes correctly).
+        for (key, text, max) in [
+            ("name", &self.name, 64),
+            ("description", &self.description, 200),
+        ] {
+            if text.chars().count() > max || text.chars().any(char::is_control) {
+                return Err(Self::invalid(
+                    key,
+                    format!("{:?}", text.chars().take(40).collect::<String>()),
+                    format!("must be one line of at most {max} characters"),
+                ));
+            }
+        }
         if self.qd == 0 || self.qd > MAX_QD {
             return Err(Self::invalid(
                 "qd",
