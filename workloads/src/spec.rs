@@ -175,6 +175,10 @@ impl FromStr for ByteSize {
         if t.starts_with('-') {
             return Err(format!("'{s}' is negative"));
         }
+        // No size has more digits than u64::MAX; parse-size 1.1 overflows on some that do.
+        if t.bytes().filter(u8::is_ascii_digit).count() > 20 {
+            return Err(format!("'{s}' is larger than any size"));
+        }
         parse_size::Config::new()
             .with_binary()
             .parse_size(t)
