@@ -557,28 +557,22 @@ fn a_device_that_stops_answering_is_reported_as_a_stall() {
         dir.path().join("stalled.json"),
         dir.path().join("steady.json"),
     );
-    let out = vg()
-        .args([
-            "record",
-            "-w",
-            "rand4k",
-            "--qd",
-            "4",
-            "--duration",
-            "8s",
-            "--target",
-        ])
-        .arg(&dev.loop_dev)
-        .args(["--size", "64MiB", "-o"])
-        .arg(&stalled)
-        .output()
-        .unwrap();
-    let summary = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // rand4k at QD 4 on `dev` for `duration`, its profile to `out`; the summary returned.
+    let record = |dev: &str, duration: &str, out: &Path| -> String {
+        let res = vg()
+            .args(["record", "-w", "rand4k", "--qd", "4", "--size", "64MiB"])
+            .args(["--duration", duration, "--target", dev, "-o"])
+            .arg(out)
+            .output()
+            .unwrap();
+        assert!(
+            res.status.success(),
+            "{}",
+            String::from_utf8_lossy(&res.stderr)
+        );
+        String::from_utf8_lossy(&res.stdout).into_owned()
+    };
+    let summary = record(&dev.loop_dev, "8s", &stalled);
     eprintln!("{summary}");
     assert!(
         summary.contains("STALLED: no I/O completed in"),
@@ -608,28 +602,7 @@ fn a_device_that_stops_answering_is_reported_as_a_stall() {
         slow_fuse::SlowDisk::delaying(Duration::ZERO),
     )
     .unwrap();
-    let out = vg()
-        .args([
-            "record",
-            "-w",
-            "rand4k",
-            "--qd",
-            "4",
-            "--duration",
-            "3s",
-            "--quiet",
-            "--target",
-        ])
-        .arg(&fine.loop_dev)
-        .args(["--size", "64MiB", "-o"])
-        .arg(&steady)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    record(&fine.loop_dev, "3s", &steady);
     assert_eq!(validate(&steady)["stalls"]["stalled_intervals"], 0);
     let d = vg()
         .args(["diff", "--force"])
