@@ -479,8 +479,8 @@ impl ProbeInterval {
 }
 
 /// A workload interval joined with its probe interval (None: no probes, or none arrived).
-pub fn interval(sample: &IntervalSample, probes: Option<&ProbeInterval>) -> Interval {
-    let probes = probes.cloned().unwrap_or_default();
+pub fn interval(sample: &IntervalSample, probes: Option<ProbeInterval>) -> Interval {
+    let probes = probes.unwrap_or_default();
     Interval {
         index: sample.index,
         start_s: sample.start_ns as f64 / 1e9,

@@ -49,10 +49,11 @@ impl SeriesPoint {
     fn absorb(&mut self, later: SeriesPoint) {
         self.interval.absorb(&later.interval);
         self.end_ns = later.end_ns;
-        self.lat.merge(&later.lat);
-        let h = self.lat.expand();
+        let mut h = self.lat.expand();
+        h.merge(&later.lat.expand());
         self.interval.lat_p50_ns = h.percentile_ns(50.0);
         self.interval.lat_p99_ns = h.percentile_ns(99.0);
+        self.lat = h.compact();
     }
 }
 
@@ -180,11 +181,11 @@ impl IntervalSeries {
                 _ => None,
             };
             let sample = self.waiting_samples.pop_front().expect("front exists");
-            self.push(&sample, probe.as_ref());
+            self.push(&sample, probe);
         }
     }
 
-    fn push(&mut self, sample: &IntervalSample, probe: Option<&ProbeInterval>) {
+    fn push(&mut self, sample: &IntervalSample, probe: Option<ProbeInterval>) {
         let origin = *self.origin.get_or_insert(sample.index);
         let raw = sample.index.saturating_sub(origin);
         let mut point = SeriesPoint {

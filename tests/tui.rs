@@ -24,6 +24,30 @@ fn wait_for(session: &str, what: &str, timeout: Duration) -> String {
     }
 }
 
+/// A detached 120x40 tmux session running `cmd`.
+fn start_session(session: &str, cmd: &str) {
+    tmux(&[
+        "new-session",
+        "-d",
+        "-s",
+        session,
+        "-x",
+        "120",
+        "-y",
+        "40",
+        cmd,
+    ]);
+}
+
+/// What the session's shell wrote to `file` as virtgap's exit status (empty after 20 s).
+fn exit_status(file: &std::path::Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !file.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::fs::read_to_string(file).unwrap_or_default()
+}
+
 /// Names (as the kernel truncates them) of programs only virtgap loads.
 const OUR_PROGRAMS: [&str; 4] = [
     "block_io_start_",
@@ -79,17 +103,7 @@ fn the_tui_runs_under_tmux_switches_views_and_quits_cleanly() {
         work.display(),
         exit_file.display()
     );
-    tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &session,
-        "-x",
-        "120",
-        "-y",
-        "40",
-        &cmd,
-    ]);
+    start_session(&session, &cmd);
     let kill = || tmux(&["kill-session", "-t", &session]);
 
     let screen = wait_for(&session, "IOPS ·", Duration::from_secs(30));
@@ -125,11 +139,7 @@ fn the_tui_runs_under_tmux_switches_views_and_quits_cleanly() {
         );
     }
     tmux(&["send-keys", "-t", &session, "q"]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !exit_file.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let status = std::fs::read_to_string(&exit_file).unwrap_or_default();
+    let status = exit_status(&exit_file);
     kill();
     assert_eq!(status.trim(), "0", "virtgap exited with {status:?}");
     let left: Vec<_> = std::fs::read_dir(&work).unwrap().collect();
@@ -165,17 +175,7 @@ fn a_timed_run_finishes_on_screen_and_sigterm_exits_143() {
         pid_file.display(),
         exit_file.display()
     );
-    tmux(&[
-        "new-session",
-        "-d",
-        "-s",
-        &session,
-        "-x",
-        "120",
-        "-y",
-        "40",
-        &cmd,
-    ]);
+    start_session(&session, &cmd);
     let kill = || tmux(&["kill-session", "-t", &session]);
     let first = wait_for(&session, "run finished · q quit", Duration::from_secs(30));
     assert!(
@@ -197,11 +197,7 @@ fn a_timed_run_finishes_on_screen_and_sigterm_exits_143() {
         .unwrap();
     // SAFETY: plain kill(2) on the TUI process this test started.
     unsafe { libc::kill(pid, libc::SIGTERM) };
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !exit_file.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let status = std::fs::read_to_string(&exit_file).unwrap_or_default();
+    let status = exit_status(&exit_file);
     kill();
     assert_eq!(status.trim(), "143", "virtgap exited with {status:?}");
 }
