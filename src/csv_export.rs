@@ -300,6 +300,13 @@ pub fn summary(p: &Profile) -> String {
             kv["verdict"].as_bool().map(|b| f64::from(u8::from(b))),
         );
         row("kv_mismatches".into(), kv["mismatches"].as_f64());
+        // Shares of the scheduled load done (a pass needs 0.99 of both).
+        for (name, key) in [
+            ("kv_delivered_client", "client_fraction"),
+            ("kv_delivered_large_blocks", "large_block_fraction"),
+        ] {
+            row(name.into(), kv["delivered"][key].as_f64());
+        }
         for side in ["target", "achieved"] {
             for stream in ["client_reads", "client_writes", "lb_reads", "lb_writes"] {
                 row(

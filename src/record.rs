@@ -161,7 +161,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             Ok(ev) => ev,
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 if progress {
-                    draw_progress(run_start.elapsed(), total, series.points().last());
+                    draw_progress(run_start.elapsed(), total, series.last_point());
                 }
                 continue;
             }
@@ -195,7 +195,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             }
         }
         if progress {
-            draw_progress(run_start.elapsed(), total, series.points().last());
+            draw_progress(run_start.elapsed(), total, series.last_point());
         }
     }
     handle.join();
@@ -211,6 +211,12 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         }
     }
     series.finish();
+    let points = series
+        .points()
+        .context("reading back the run's interval series")?;
+    if let Some(problem) = series.spool_problem() {
+        eprintln!("warning: the interval series was held in memory: {problem}");
+    }
     let run_wall = run_start.elapsed().as_secs_f64();
     let recorder_cpu_ns = virtgap_workloads::stats::CpuTime::of_this_process()
         .total_ns()
@@ -236,6 +242,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         target,
         stats: &stats,
         series: &series,
+        points: &points,
         stalls: &stalls,
         interrupted,
         started: wall_start,
@@ -259,7 +266,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             target: crate::profile::TargetInfo::of(target, disks),
             paced: spec.rate_iops.is_some(),
             stats: &stats,
-            intervals: series.intervals(),
+            intervals: points.iter().map(|p| p.interval.clone()).collect(),
             capabilities: probes.report.clone(),
             probe_total: probes.cumulative.as_ref(),
             disks,
@@ -321,13 +328,19 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         );
         return Ok(signals.exit_code());
     }
-    if let Some((who, by)) = stats.kv.as_ref().and_then(|k| k.behind.as_ref()) {
-        eprintln!(
-            "virtgap: {}; stopped after {:.1} s",
-            crate::kv_report::behind_text(who, *by),
-            stats.seconds()
-        );
-        return Ok(ExitCode::FAILURE);
+    if let Some(kv) = stats.kv.as_deref() {
+        if let Some((who, by)) = &kv.behind {
+            eprintln!(
+                "virtgap: {}; stopped after {:.1} s",
+                crate::kv_report::behind_text(who, *by),
+                stats.seconds()
+            );
+        }
+        use virtgap_workloads::kv::KvVerdict;
+        if let KvVerdict::NotDelivered { .. } | KvVerdict::Mismatches(_) = kv.verdict() {
+            eprintln!("virtgap: {}", crate::kv_report::verdict_text(kv));
+            return Ok(ExitCode::FAILURE);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -21,6 +21,8 @@ pub struct Report<'a> {
     pub target: &'a Target,
     pub stats: &'a RunStats,
     pub series: &'a IntervalSeries,
+    /// The series' points, read back.
+    pub points: &'a [SeriesPoint],
     pub stalls: &'a crate::stalls::Stalls,
     pub interrupted: bool,
     pub started: SystemTime,
@@ -57,7 +59,7 @@ fn spread(values: impl Iterator<Item = f64>) -> Option<Spread> {
 
 /// Full-length intervals only: a short last interval would skew the spread.
 fn full_intervals<'a>(r: &'a Report<'_>) -> impl Iterator<Item = &'a SeriesPoint> {
-    let points = r.series.points();
+    let points = r.points;
     let longest = points
         .iter()
         .map(|s| s.end_ns - s.start_ns)
@@ -153,7 +155,7 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
         writeln!(
             out,
             "  intervals: {} of {} s each ({}x the interval asked for: a run keeps at most {} intervals)",
-            r.series.points().len(),
+            r.points.len(),
             r.series.point_interval().as_secs_f64(),
             r.series.coarsening(),
             r.series.max_points()
@@ -312,8 +314,7 @@ pub fn json(r: &Report<'_>) -> Value {
         .map(|d| d.as_secs())
         .unwrap_or(0);
     let intervals: Vec<Value> = r
-        .series
-        .points()
+        .points
         .iter()
         .map(|s| {
             let iv = &s.interval;

@@ -1,13 +1,18 @@
 //! The run's interval series, joined and bounded: each workload interval is paired with the
 //! probe interval of the same measured second as both arrive, and the series never holds more
-//! than [`MAX_POINTS`] points. A run longer than that many intervals is coarsened in place —
-//! neighbouring points merge pairwise and each point then spans twice as long — so memory and
-//! profile size stay flat in run length while every point still covers the whole run. Sums and
-//! counts stay exact; each point's percentiles come from its merged latency histogram.
+//! than [`MAX_POINTS`] points. A run longer than that many intervals is coarsened — neighbouring
+//! points merge pairwise and each point then spans twice as long — so the profile's size stays
+//! flat in run length while every point still covers the whole run. Sums and counts stay exact;
+//! each point's percentiles come from its merged latency histogram. Settled points wait in an
+//! unlinked temporary file (see [`Spool`]), so the recorder's memory stays flat too.
 
 use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, BufReader, Read};
+use std::os::unix::fs::FileExt;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use virtgap_probes::model::{DevNum, ProbeSnapshot};
 use virtgap_workloads::histogram::CompactHistogram;
 use virtgap_workloads::stats::IntervalSample;
@@ -27,7 +32,7 @@ const MIN_POINTS: usize = 256;
 const MAX_WAITING: usize = 8;
 
 /// One point of the series.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SeriesPoint {
     pub interval: Interval,
     pub start_ns: u64,
@@ -63,7 +68,10 @@ pub struct IntervalSeries {
     interval: Duration,
     /// Raw intervals per point: a power of two, 1 until the series first fills.
     span: u64,
-    points: Vec<SeriesPoint>,
+    /// Points that take no more intervals, in order.
+    settled: Spool,
+    /// The last point, which may still absorb intervals.
+    tail: Option<SeriesPoint>,
     /// The workload interval index point 0 starts at: the first one pushed (after a reset, the
     /// first one after it).
     origin: Option<u64>,
@@ -95,7 +103,8 @@ impl IntervalSeries {
         Self {
             interval,
             span: 1,
-            points: Vec::new(),
+            settled: Spool::new(),
+            tail: None,
             origin: None,
             devs,
             probes_expected: probes,
@@ -108,8 +117,26 @@ impl IntervalSeries {
         }
     }
 
-    pub fn points(&self) -> &[SeriesPoint] {
-        &self.points
+    /// The points so far, read back from where they wait.
+    pub fn points(&self) -> io::Result<Vec<SeriesPoint>> {
+        let mut points = Vec::with_capacity(self.len());
+        self.settled.read(|p| points.push(p))?;
+        points.extend(self.tail.clone());
+        Ok(points)
+    }
+
+    /// The latest point.
+    pub fn last_point(&self) -> Option<&SeriesPoint> {
+        self.tail.as_ref()
+    }
+
+    pub fn len(&self) -> usize {
+        self.settled.len() + usize::from(self.tail.is_some())
+    }
+
+    /// Why settled points are held in memory rather than in a temporary file, if they are.
+    pub fn spool_problem(&self) -> Option<&str> {
+        self.settled.problem.as_deref()
     }
 
     /// The length each point spans.
@@ -125,10 +152,6 @@ impl IntervalSeries {
     /// How many times longer each point is than the interval asked for (1: not coarsened).
     pub fn coarsening(&self) -> u64 {
         self.span
-    }
-
-    pub fn intervals(&self) -> Vec<Interval> {
-        self.points.iter().map(|p| p.interval.clone()).collect()
     }
 
     /// A probe collector interval, in arrival order.
@@ -162,7 +185,8 @@ impl IntervalSeries {
 
     /// Drops the points so far (the TUI's reset); what comes next starts a new series.
     pub fn clear(&mut self) {
-        self.points.clear();
+        self.settled = Spool::new();
+        self.tail = None;
         self.span = 1;
         self.origin = None;
         self.stall_log = StallLog::default();
@@ -204,23 +228,166 @@ impl IntervalSeries {
         }
         let slot = raw / self.span;
         point.interval.index = slot;
-        match self.points.last_mut() {
+        match &mut self.tail {
             Some(last) if last.interval.index == slot => last.absorb(point),
-            _ => self.points.push(point),
+            _ => {
+                if let Some(done) = self.tail.replace(point) {
+                    self.settled.push(done);
+                }
+            }
         }
     }
 
     /// Halves the resolution: points 2k and 2k+1 become point k.
     fn coarsen(&mut self) {
         self.span *= 2;
-        let old = std::mem::take(&mut self.points);
-        for mut p in old {
+        let old = std::mem::replace(&mut self.settled, Spool::new());
+        let mut merged: Option<SeriesPoint> = None;
+        let mut add = |mut p: SeriesPoint, settled: &mut Spool| {
             p.interval.index /= 2;
-            match self.points.last_mut() {
+            match &mut merged {
                 Some(last) if last.interval.index == p.interval.index => last.absorb(p),
-                _ => self.points.push(p),
+                _ => {
+                    if let Some(done) = merged.replace(p) {
+                        settled.push(done);
+                    }
+                }
+            }
+        };
+        let settled = &mut self.settled;
+        if let Err(e) = old.read(|p| add(p, settled)) {
+            settled.lost = Some(e.to_string());
+        }
+        if let Some(p) = self.tail.take() {
+            add(p, settled);
+        }
+        self.tail = merged;
+        release_free_heap();
+    }
+}
+
+/// Hands the allocator's free pages back to the kernel. Merging points expands their latency
+/// histograms to full size for a moment; glibc keeps such freed blocks in its heap, so each
+/// coarsening (rare: once per doubling of the run) would otherwise leave the recorder's
+/// resident memory a megabyte or so higher for the rest of a long run.
+fn release_free_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free memory to the kernel; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Settled points, one JSON line each in an unlinked temporary file (`$TMPDIR`, gone with the
+/// process however it ends): a point of a many-CPU host is tens of KB, and a day-long run
+/// would otherwise hold its whole series in memory. Points are read back only to coarsen and
+/// when the profile is assembled. Without a temporary file, or after a write to it failed (a
+/// full disk), points are held in memory instead and the run goes on.
+#[derive(Debug)]
+struct Spool {
+    file: Option<File>,
+    /// Bytes of complete lines in the file; what follows (a failed write's part) is ignored.
+    bytes: u64,
+    on_disk: usize,
+    in_memory: Vec<SeriesPoint>,
+    problem: Option<String>,
+    /// Points could not be read back while coarsening: the series has lost them.
+    lost: Option<String>,
+}
+
+impl Spool {
+    fn new() -> Self {
+        let (file, problem) = match tempfile::tempfile() {
+            Ok(f) => (Some(f), None),
+            Err(e) => (
+                None,
+                Some(format!(
+                    "no temporary file in {} ({e})",
+                    std::env::temp_dir().display()
+                )),
+            ),
+        };
+        Self {
+            file,
+            bytes: 0,
+            on_disk: 0,
+            in_memory: Vec::new(),
+            problem,
+            lost: None,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.on_disk + self.in_memory.len()
+    }
+
+    fn push(&mut self, point: SeriesPoint) {
+        if let (Some(file), true) = (&self.file, self.in_memory.is_empty()) {
+            let mut line = serde_json::to_vec(&point).expect("a series point serializes");
+            line.push(b'\n');
+            match file.write_all_at(&line, self.bytes) {
+                Ok(()) => {
+                    self.bytes += line.len() as u64;
+                    self.on_disk += 1;
+                    return;
+                }
+                Err(e) => self.problem = Some(format!("writing its temporary file failed ({e})")),
             }
         }
+        self.in_memory.push(point);
+    }
+
+    /// Calls `each` with every point, in order.
+    fn read(&self, mut each: impl FnMut(SeriesPoint)) -> io::Result<()> {
+        if let Some(lost) = &self.lost {
+            return Err(io::Error::other(format!(
+                "the interval series could not be read back: {lost}"
+            )));
+        }
+        if let Some(file) = &self.file {
+            let lines = BufReader::with_capacity(
+                1 << 16,
+                FileAt {
+                    file,
+                    pos: 0,
+                    end: self.bytes,
+                },
+            );
+            let mut n = 0;
+            for point in serde_json::Deserializer::from_reader(lines).into_iter() {
+                each(point.map_err(io::Error::other)?);
+                n += 1;
+            }
+            if n != self.on_disk {
+                return Err(io::Error::other(format!(
+                    "the interval series' temporary file holds {n} of its {} points",
+                    self.on_disk
+                )));
+            }
+        }
+        for p in &self.in_memory {
+            each(p.clone());
+        }
+        Ok(())
+    }
+}
+
+/// Reads `file` from `pos` to `end` by offset, leaving its file position alone.
+struct FileAt<'a> {
+    file: &'a File,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for FileAt<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = buf.len().min(self.end.saturating_sub(self.pos) as usize);
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
     }
 }
 
@@ -267,14 +434,19 @@ mod tests {
         s.add_sample(sample(1, 10));
         // Interval 2's probe interval has not come yet: it waits.
         s.add_sample(sample(2, 10));
-        assert_eq!(s.points().len(), 2);
+        assert_eq!(s.points().unwrap().len(), 2);
         s.add_probe(&probe(4));
-        let runs: Vec<_> = s.points().iter().map(|p| p.interval.probe_run_ns).collect();
+        let runs: Vec<_> = s
+            .points()
+            .unwrap()
+            .iter()
+            .map(|p| p.interval.probe_run_ns)
+            .collect();
         assert_eq!(runs, [Some(1002), Some(1003), Some(1004)]);
         // Once the run is over nothing waits any more.
         s.add_sample(sample(3, 10));
         s.finish();
-        assert_eq!(s.points()[3].interval.probe_run_ns, None);
+        assert_eq!(s.points().unwrap()[3].interval.probe_run_ns, None);
     }
 
     #[test]
@@ -283,7 +455,11 @@ mod tests {
         for i in 0..20 {
             s.add_sample(sample(i, 1));
         }
-        assert!(s.points().len() >= 20 - MAX_WAITING, "{}", s.points().len());
+        assert!(
+            s.points().unwrap().len() >= 20 - MAX_WAITING,
+            "{}",
+            s.points().unwrap().len()
+        );
     }
 
     #[test]
@@ -303,7 +479,7 @@ mod tests {
             s.add_sample(x);
         }
         s.finish();
-        let points = s.points();
+        let points = s.points().unwrap();
         assert!(points.len() <= MAX_POINTS);
         assert_eq!(s.coarsening(), 8, "5x the cap needs points of 8 intervals");
         assert_eq!(s.point_interval(), Duration::from_secs(8));
@@ -326,8 +502,9 @@ mod tests {
             points[0].interval.lat_p99_ns,
             first_eight.percentile_ns(99.0)
         );
-        let held: usize = points.iter().map(|p| p.lat.heap_bytes()).sum();
-        assert!(held < 64 << 20, "{held} bytes of histograms");
+        // Only the last point is held in memory; the rest wait in the spool's file.
+        assert_eq!(s.settled.on_disk, points.len() - 1);
+        assert!(s.settled.in_memory.is_empty());
     }
 
     #[test]
@@ -345,10 +522,63 @@ mod tests {
             s.add_sample(sample(i, 1));
         }
         s.finish();
-        let json = serde_json::to_vec_pretty(&s.intervals()).unwrap().len();
+        let json = serde_json::to_vec_pretty(
+            &s.points()
+                .unwrap()
+                .into_iter()
+                .map(|p| p.interval)
+                .collect::<Vec<_>>(),
+        )
+        .unwrap()
+        .len();
         assert!(json <= SERIES_JSON_BUDGET, "{json} bytes");
-        assert!(s.points().len() >= MIN_POINTS / 2, "{}", s.points().len());
-        assert_eq!(s.points()[0].interval.cpus.len(), 192);
+        assert!(
+            s.points().unwrap().len() >= MIN_POINTS / 2,
+            "{}",
+            s.points().unwrap().len()
+        );
+        assert_eq!(s.points().unwrap()[0].interval.cpus.len(), 192);
+    }
+
+    #[test]
+    fn points_stay_in_memory_when_their_file_cannot_be_written() {
+        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::ZERO, None, false);
+        let path = tempfile::NamedTempFile::new().unwrap();
+        // Opened read-only: every write fails as a full disk's would.
+        s.settled.file = Some(File::open(path.path()).unwrap());
+        let n = 100;
+        for i in 0..n {
+            s.add_sample(sample(i, 2));
+        }
+        s.finish();
+        assert!(s.spool_problem().unwrap().contains("failed"));
+        assert_eq!(s.settled.in_memory.len(), n as usize - 1);
+        let points = s.points().unwrap();
+        assert_eq!(points.len(), n as usize);
+        assert_eq!(
+            points.iter().map(|p| p.interval.read_ios).sum::<u64>(),
+            2 * n
+        );
+    }
+
+    #[test]
+    fn a_point_read_back_is_the_point_written() {
+        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::ZERO, None, false);
+        for i in 0..3 {
+            s.add_sample(sample(i, 5 + i));
+        }
+        let points = s.points().unwrap();
+        assert!(s.settled.on_disk == 2 && s.settled.in_memory.is_empty());
+        let again: Vec<_> = (0..3)
+            .map(|i| {
+                let x = sample(i, 5 + i);
+                (x.read_ios, x.lat.compact())
+            })
+            .collect();
+        for (p, (ios, lat)) in points.iter().zip(again) {
+            assert_eq!((p.interval.read_ios, &p.lat), (ios, &lat));
+        }
+        assert_eq!(points[1].interval, s.points().unwrap()[1].interval);
     }
 
     #[test]
@@ -359,8 +589,8 @@ mod tests {
         }
         s.clear();
         s.add_sample(sample(5, 3));
-        assert_eq!(s.points().len(), 1);
-        assert_eq!(s.points()[0].interval.index, 0);
-        assert_eq!(s.points()[0].interval.read_ios, 3);
+        assert_eq!(s.points().unwrap().len(), 1);
+        assert_eq!(s.points().unwrap()[0].interval.index, 0);
+        assert_eq!(s.points().unwrap()[0].interval.read_ios, 3);
     }
 }

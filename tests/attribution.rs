@@ -192,11 +192,7 @@ fn blkio_throttling_shows_up_as_queueing_not_device_time() {
     let dir = scratch();
     let disk = disk_of(dir.path());
     let Some(group) = BlkioGroup::new(500, &disk) else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "cgroup v1 blkio throttling is needed in CI"
-        );
-        eprintln!("skipping: no cgroup v1 blkio controller");
+        virtgap_testkit::require("the blkio experiment", Err("no cgroup v1 blkio controller"));
         return;
     };
     // Paced at 1000 IOPS, throttled to 500: requests wait in the throttle, the device does not.
@@ -368,11 +364,10 @@ fn a_slower_device_shows_up_as_device_time_of_the_injected_size() {
     };
     let (a, b) = (dir.path().join("fast.json"), dir.path().join("slow.json"));
     if let Err(why) = run(Duration::ZERO, &a).and_then(|_| run(DELAY, &b)) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "the slow-device experiment needs FUSE and loop devices: {why}"
+        virtgap_testkit::require(
+            "the slow-device experiment (FUSE and loop devices)",
+            Err(why),
         );
-        eprintln!("skipping: {why}");
         return;
     }
     let d = diff(

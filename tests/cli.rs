@@ -214,14 +214,20 @@ fn writes_to_a_mounted_disk_are_refused() {
         match std::fs::canonicalize(link) {
             Ok(p) => p.file_name().unwrap().to_string_lossy().to_string(),
             Err(_) => {
-                eprintln!("skipping: / is not on a block device here");
+                virtgap_testkit::skip(
+                    "the mounted-disk refusal",
+                    "/ is not on a block device here",
+                );
                 return;
             }
         }
     };
     let dev = format!("/dev/{root_dev}");
     if !Path::new(&dev).exists() {
-        eprintln!("skipping: {dev} has no device node here");
+        virtgap_testkit::skip(
+            "the mounted-disk refusal",
+            format!("{dev} has no device node here"),
+        );
         return;
     }
     for extra in [&[][..], &["--destroy-data", "whatever"][..]] {
@@ -683,6 +689,43 @@ fn bad_kv_input_is_refused_with_one_line_and_leaves_nothing() {
 }
 
 #[test]
+fn a_kv_run_that_did_not_deliver_its_load_never_passes() {
+    let dir = scratch();
+    // 2 M client reads/s from one service thread: no machine delivers it. A lag limit longer
+    // than the run keeps it going to the end, so only the delivered share can tell.
+    let out = kv_quick(
+        dir.path(),
+        &["--x", "1000", "--workers", "1", "--max-lag", "1h", "--json"],
+    )
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("did not deliver the load"), "{stderr}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["kv"]["verdict"], false, "{}", v["kv"]);
+    assert_eq!(v["kv"]["outcome"], "not_delivered");
+    let done = v["kv"]["delivered"]["client_fraction"].as_f64().unwrap();
+    assert!(done < 0.5, "{done}");
+    // The slice judged a schedule that slipped by seconds on the reads' scheduled start.
+    assert_eq!(v["kv"]["slices"][0]["judged_on"], "intended", "{}", v["kv"]);
+
+    let out = kv_quick(
+        dir.path(),
+        &["--x", "1000", "--workers", "1", "--max-lag", "1h"],
+    )
+    .output()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("PASS"), "{stdout}");
+    assert!(
+        stdout.contains("NO VERDICT: did not deliver the load of 2000000 reads/s"),
+        "{stdout}"
+    );
+    assert!(entries(dir.path()).is_empty(), "the temp file is gone");
+}
+
+#[test]
 fn kv_run_prints_the_verdict_and_writes_acts_log() {
     let dir = scratch();
     let out_dir = scratch();
@@ -751,7 +794,11 @@ fn kv_load_beyond_the_generator_stops_with_cant_keep_up() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("can't keep up"), "{stderr}");
-    assert!(stdout.contains("FAIL"), "{stdout}");
+    assert!(
+        stdout.contains("NO VERDICT: did not deliver the load"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("PASS"), "{stdout}");
     assert!(entries(dir.path()).is_empty());
 }
 

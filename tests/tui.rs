@@ -84,9 +84,10 @@ fn header_iops(screen: &str) -> Option<f64> {
 
 #[test]
 fn the_tui_runs_under_tmux_switches_views_and_quits_cleanly() {
-    if Command::new("tmux").arg("-V").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "tmux is needed in CI");
-        eprintln!("skipping: no tmux");
+    if !virtgap_testkit::require(
+        "the TUI under tmux",
+        Command::new("tmux").arg("-V").output().map(drop),
+    ) {
         return;
     }
     let dir = tempfile::Builder::new()
@@ -157,9 +158,10 @@ fn the_tui_runs_under_tmux_switches_views_and_quits_cleanly() {
 /// view stays until a key; SIGTERM then exits 143 (128 + SIGTERM), as a shell reports it.
 #[test]
 fn a_timed_run_finishes_on_screen_and_sigterm_exits_143() {
-    if Command::new("tmux").arg("-V").output().is_err() {
-        assert!(std::env::var_os("CI").is_none(), "tmux is needed in CI");
-        eprintln!("skipping: no tmux");
+    if !virtgap_testkit::require(
+        "the TUI under tmux",
+        Command::new("tmux").arg("-V").output().map(drop),
+    ) {
         return;
     }
     let dir = tempfile::Builder::new()

@@ -21,19 +21,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn in_ci() -> bool {
-    std::env::var_os("CI").is_some()
-}
-
 fn bpf_allowed() -> bool {
-    match virtgap_probes::bpf_permission() {
-        Ok(()) => true,
-        Err(reason) if in_ci() => panic!("BPF tests must run in CI, but: {reason}"),
-        Err(reason) => {
-            eprintln!("skipping BPF test: {reason}");
-            false
-        }
-    }
+    virtgap_testkit::require("BPF test", virtgap_probes::bpf_permission())
 }
 
 /// Fails (CI) or skips (elsewhere) when `family` did not load and attach fully.
@@ -53,14 +42,10 @@ fn family_ready(session: &ProbeSession<'_>, family: Family) -> bool {
             .collect();
         (!failed.is_empty()).then(|| failed.join("; "))
     });
-    match problem {
-        None => true,
-        Some(p) if in_ci() => panic!("{} probe did not attach: {p}", family.name()),
-        Some(p) => {
-            eprintln!("skipping {} checks: {p}", family.name());
-            false
-        }
-    }
+    virtgap_testkit::require(
+        &format!("the {} probe checks", family.name()),
+        problem.map_or(Ok(()), Err),
+    )
 }
 
 /// The whole-disk sysfs directory holding `path`'s filesystem.
@@ -284,7 +269,10 @@ fn disk_irq_count_matches_proc_interrupts() {
         .map(|(i, _)| *i)
         .collect();
     if disk_irqs.is_empty() {
-        eprintln!("skipping: no IRQ named after the disk's device {driver:?}");
+        virtgap_testkit::skip(
+            "disk IRQ checks",
+            format!("no IRQ named after the disk's device {driver:?}"),
+        );
         return;
     }
 
@@ -539,7 +527,10 @@ fn completions_sent_back_to_the_submitting_cpu_are_block_completion_calls() {
         .collect();
     let irq_cpu = (0..grown.len()).max_by_key(|&c| grown[c]).unwrap();
     let Some(reader_cpu) = (0..grown.len()).find(|&c| c != irq_cpu) else {
-        eprintln!("skipping: one CPU, no cross-CPU completion possible");
+        virtgap_testkit::skip(
+            "cross-CPU completion checks",
+            "one CPU, no cross-CPU completion possible",
+        );
         return;
     };
     let mut storage = ProbeStorage::default();
@@ -555,7 +546,10 @@ fn completions_sent_back_to_the_submitting_cpu_are_block_completion_calls() {
         .flat_map(|f| &f.tracepoints)
         .any(|t| t.tracepoint == "csd_queue_cpu" && t.attached.is_some());
     if !csd_traced {
-        eprintln!("skipping: no csd_queue_cpu tracepoint in this kernel (6.6+)");
+        virtgap_testkit::skip(
+            "cross-CPU completion checks",
+            "no csd_queue_cpu tracepoint in this kernel (6.6+)",
+        );
         return;
     }
     let affinity = sys.join("queue/rq_affinity");
@@ -661,8 +655,7 @@ fn run_statistics_cover_our_programs() {
         return;
     }
     if let Some(reason) = &session.report.run_stats_unavailable {
-        assert!(!in_ci(), "BPF run statistics unavailable: {reason}");
-        eprintln!("skipping: {reason}");
+        virtgap_testkit::require("BPF run statistics", Err(reason));
         return;
     }
     std::thread::sleep(std::time::Duration::from_millis(200));

@@ -81,13 +81,60 @@ pub struct Data {
     pub probe_interval: Option<ProbeSnapshot>,
 }
 
+/// What the TUI says of a kv run: ACT's verdict needs whole slices, so it comes when the run
+/// ends.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct KvPanel {
+    /// "4000 reads/s + 2000 writes/s, 60 s slices".
+    pub load: String,
+    /// The verdict line, once the run ended.
+    pub verdict: Option<String>,
+    /// Shares of the load delivered, once the run ended.
+    pub delivered: Option<String>,
+    /// One line per verdict slice, once the run ended.
+    pub slices: Vec<String>,
+}
+
+impl KvPanel {
+    /// The panel filled in from the run's outcome.
+    pub fn finish(&mut self, k: &virtgap_workloads::kv::KvOutcome) {
+        self.verdict = Some(crate::kv_report::verdict_text(k));
+        self.delivered = Some(format!(
+            "delivered {:.1}% of the client operations and {:.1}% of the large-block operations; worst lag {}",
+            k.achieved_fraction() * 100.0,
+            k.large_block_fraction() * 100.0,
+            virtgap_workloads::units::latency(k.worst_lag.as_nanos() as f64)
+        ));
+        self.slices = k
+            .slices
+            .iter()
+            .map(|s| {
+                let r = &s.reads;
+                format!(
+                    "slice {:.0}-{:.0} s: {} reads, {:.2}% >= 1 ms, {:.2}% >= 8 ms, {:.2}% >= 64 ms (judged on {}) {}",
+                    s.start_s,
+                    s.end_s,
+                    r.reads,
+                    r.over_1ms_pct,
+                    r.over_8ms_pct,
+                    r.over_64ms_pct,
+                    s.judged_on.label(),
+                    crate::kv_report::slice_word(k, s)
+                )
+            })
+            .collect();
+    }
+}
+
 /// Everything the TUI shows.
 #[derive(Debug)]
 pub struct App {
     pub view: View,
     pub help: bool,
     pub paused: Option<Data>,
-    pub selected_cpu: usize,
+    /// The CPU picked with the arrows; until then the CPU panels follow the busiest CPU
+    /// (see [`App::focus_cpu`]).
+    pub selected_cpu: Option<usize>,
     pub selected_device: usize,
     pub host: Fingerprint,
     pub workload: String,
@@ -106,6 +153,8 @@ pub struct App {
     disks: crate::host::TargetDisks,
     /// The disks whose stages are the target's (None: unknown, every device counts).
     target_devs: Option<Vec<(u32, u32)>>,
+    /// A kv run's load and, once it ended, ACT's verdict.
+    pub kv: Option<KvPanel>,
     /// Intervals joined with probe data since start or the last reset, kept for saving a
     /// profile; bounded however long the TUI runs.
     pub series: IntervalSeries,
@@ -117,7 +166,7 @@ impl App {
             view: View::Time,
             help: false,
             paused: None,
-            selected_cpu: 0,
+            selected_cpu: None,
             selected_device: 0,
             host,
             workload,
@@ -130,6 +179,7 @@ impl App {
             probe_total: None,
             device_names: Default::default(),
             target_devs: disks.devs(),
+            kv: None,
             series: IntervalSeries::new(
                 Duration::from_secs(1),
                 Duration::ZERO,
@@ -143,6 +193,14 @@ impl App {
     /// The data to draw: the frozen copy while paused.
     pub fn shown(&self) -> &Data {
         self.paused.as_ref().unwrap_or(&self.live)
+    }
+
+    /// The CPU the CPU panels show: the one picked with the arrows, else the busiest in the
+    /// latest interval — where the workload and its interrupts run, not an idle cpu0.
+    pub fn focus_cpu(&self) -> usize {
+        self.selected_cpu
+            .or_else(|| busiest_cpu(self.shown().probe_interval.as_ref()?))
+            .unwrap_or(0)
     }
 
     /// The disks whose stages are the target's, for filtering snapshots.
@@ -205,7 +263,13 @@ impl App {
                 &mut self.selected_device,
                 self.host.block_devices.len().max(1),
             ),
-            _ => (&mut self.selected_cpu, self.host.cpus.max(1) as usize),
+            _ => {
+                let from = self.focus_cpu();
+                (
+                    self.selected_cpu.insert(from),
+                    self.host.cpus.max(1) as usize,
+                )
+            }
         };
         *slot = ((*slot as isize + step).rem_euclid(len as isize)) as usize;
     }
@@ -285,6 +349,34 @@ impl App {
     }
 }
 
+/// The CPU with the most non-idle sampler samples; without the sampler, the most interrupt
+/// time, then the most user and system time.
+fn busiest_cpu(iv: &ProbeSnapshot) -> Option<usize> {
+    use virtgap_probes::virt::SampleCategory;
+    if let Some(sampler) = &iv.sampler {
+        let busy = |c: &virtgap_probes::model::CpuSamples| {
+            c.total()
+                - c.categories()
+                    .get(&SampleCategory::Idle)
+                    .copied()
+                    .unwrap_or(0)
+        };
+        if let Some(c) = sampler
+            .cpus
+            .iter()
+            .filter(|c| busy(c) > 0)
+            .max_by_key(|c| busy(c))
+        {
+            return Some(c.cpu as usize);
+        }
+    }
+    iv.cpu_times
+        .iter()
+        .filter(|t| t.irq_ns + t.softirq_ns + t.user_ns + t.system_ns > 0)
+        .max_by_key(|t| (t.irq_ns + t.softirq_ns, t.user_ns + t.system_ns))
+        .map(|t| t.cpu as usize)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -352,10 +444,34 @@ mod tests {
         let mut a = app();
         a.handle_key(key(KeyCode::Char('2')));
         a.handle_key(key(KeyCode::Down));
-        assert_eq!(a.selected_cpu, 1);
+        assert_eq!(a.focus_cpu(), 1);
         a.handle_key(key(KeyCode::Down));
-        assert_eq!(a.selected_cpu, 0, "wraps over 2 CPUs");
+        assert_eq!(a.focus_cpu(), 0, "wraps over 2 CPUs");
         a.handle_key(key(KeyCode::Up));
-        assert_eq!(a.selected_cpu, 1);
+        assert_eq!(a.focus_cpu(), 1);
+    }
+
+    #[test]
+    fn cpu_panels_follow_the_busiest_cpu_until_one_is_picked() {
+        use virtgap_probes::model::{CpuSamples, SamplerSnapshot};
+        let mut a = app();
+        let cpu = |cpu, idle, work| CpuSamples {
+            cpu,
+            user: work,
+            kernel: [("pv_native_safe_halt".to_string(), idle)].into(),
+        };
+        a.live.probe_interval = Some(ProbeSnapshot {
+            sampler: Some(SamplerSnapshot {
+                cpus: vec![cpu(0, 990, 9), cpu(1, 200, 799)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        assert_eq!(a.focus_cpu(), 1, "cpu1 does the work; cpu0 idles");
+        // Picking starts from the CPU shown.
+        a.handle_key(key(KeyCode::Char('2')));
+        a.handle_key(key(KeyCode::Down));
+        assert_eq!(a.selected_cpu, Some(0));
+        assert_eq!(a.focus_cpu(), 0, "a picked CPU stays picked");
     }
 }

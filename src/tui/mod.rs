@@ -75,6 +75,16 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
     let mut app = App::new(host, workload, prepared.disks.clone());
     app.baseline = baseline;
+    app.kv = spec.kv.as_ref().map(|kv| {
+        let (reads, writes) = kv.rates();
+        crate::tui::app::KvPanel {
+            load: format!(
+                "{reads} reads/s + {writes} writes/s, {} s slices",
+                kv.slice_for(spec.duration.0).as_secs()
+            ),
+            ..Default::default()
+        }
+    });
     app.series = crate::series::IntervalSeries::new(
         args.interval.0,
         spec.ramp.0,
@@ -238,6 +248,11 @@ fn event_loop(
                         app.on_interval(&s, started.elapsed());
                     }
                     finished += 1;
+                    if let (Ok(stats), Some(panel)) = (&result, app.kv.as_mut()) {
+                        if let Some(kv) = &stats.kv {
+                            panel.finish(kv);
+                        }
+                    }
                     match result {
                         Err(e) => app.state = RunState::Failed(e.to_string()),
                         Ok(_)
@@ -262,6 +277,15 @@ fn save(
     target: &virtgap_workloads::Target,
     args: &TuiArgs,
 ) {
+    let intervals: Vec<_> = match app.series.points() {
+        Ok(points) => points.into_iter().map(|p| p.interval).collect(),
+        Err(e) => {
+            app.message = Some(format!(
+                "save failed: reading back the interval series: {e}"
+            ));
+            return;
+        }
+    };
     let d = &app.live;
     // Mid-run, only the merged app latency is at hand: per-direction slat/clat/lat stay empty
     // rather than guessed, and the profile is marked incomplete.
@@ -270,7 +294,7 @@ fn save(
     stats.read.bytes = d.read_bytes;
     stats.write.ios = d.write_ios;
     stats.write.bytes = d.write_bytes;
-    stats.measured_ns = app.series.points().last().map_or(0, |p| p.end_ns);
+    stats.measured_ns = app.series.last_point().map_or(0, |p| p.end_ns);
     let now = std::time::SystemTime::now();
     let mut profile = crate::profile::assemble(crate::profile::ProfileInputs {
         run: crate::profile::RunInfo {
@@ -288,7 +312,7 @@ fn save(
         target: crate::profile::TargetInfo::of(target, app.disks()),
         paced: spec.rate_iops.is_some(),
         stats: &stats,
-        intervals: app.series.intervals(),
+        intervals,
         capabilities: app.report.clone(),
         probe_total: d.probes.as_ref(),
         disks: app.disks(),

@@ -123,6 +123,28 @@ fn stage_means(app: &App) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>
 }
 
 fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let area = match &app.kv {
+        Some(kv) => {
+            let lines = kv_lines(kv);
+            // As tall as its lines once wrapped, within half of the view.
+            let inner_w = area.width.saturating_sub(2).max(1) as usize;
+            let rows: usize = lines
+                .iter()
+                .map(|l| l.width().div_ceil(inner_w).max(1))
+                .sum();
+            let height = (rows as u16 + 2).min(area.height / 2).max(3);
+            let [panel, rest] =
+                Layout::vertical([Constraint::Length(height), Constraint::Min(0)]).areas(area);
+            f.render_widget(
+                Paragraph::new(lines)
+                    .wrap(Wrap { trim: false })
+                    .block(Block::bordered().title(" kv: ACT verdict ")),
+                panel,
+            );
+            rest
+        }
+        None => area,
+    };
     let [bar, table, sparks] = Layout::vertical([
         Constraint::Length(4),
         Constraint::Length(8),
@@ -271,6 +293,27 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
     );
 }
 
+/// ACT's verdict on a kv run: the load while it runs, the verdict once it ended.
+fn kv_lines(kv: &crate::tui::app::KvPanel) -> Vec<Line<'static>> {
+    let mut lines = vec![Line::from(format!("load: {}", kv.load))];
+    match (&kv.verdict, &kv.delivered) {
+        (Some(verdict), Some(delivered)) => {
+            let style = if verdict.starts_with("PASS") {
+                Style::new().fg(Color::Green).add_modifier(Modifier::BOLD)
+            } else {
+                Style::new().fg(Color::Red).add_modifier(Modifier::BOLD)
+            };
+            lines.push(Line::from(verdict.clone()).style(style));
+            lines.push(Line::from(delivered.clone()));
+            lines.extend(kv.slices.iter().map(|s| Line::from(s.clone())));
+        }
+        _ => lines.push(Line::from(
+            "verdict when the run ends (ACT judges whole slices; set --duration)",
+        )),
+    }
+    lines
+}
+
 fn unavailable_reason(app: &App, family: Family) -> String {
     app.report
         .as_ref()
@@ -310,7 +353,7 @@ fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
             ""
         };
         let bar_len = (busy / 100.0 * 8.0).round().clamp(0.0, 8.0) as usize;
-        let marker = if cpu as usize == app.selected_cpu {
+        let marker = if cpu as usize == app.focus_cpu() {
             ">"
         } else {
             " "
@@ -356,7 +399,7 @@ fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
     );
     let secs = iv.map_or(0.0, |s| s.elapsed_ns as f64 / 1e9);
     let mut lines = Vec::new();
-    let cpu = app.selected_cpu as u32;
+    let cpu = app.focus_cpu() as u32;
     match iv.and_then(|s| s.irq.as_ref()) {
         Some(irq) if secs > 0.0 => {
             let mut irqs: Vec<_> = irq
@@ -488,7 +531,7 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
         left,
     );
 
-    let cpu = app.selected_cpu as u32;
+    let cpu = app.focus_cpu() as u32;
     let mut lines = Vec::new();
     match iv.and_then(|s| s.sampler.as_ref()) {
         Some(sampler) => match sampler.cpus.iter().find(|c| c.cpu == cpu) {
@@ -520,8 +563,15 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
         ))),
     }
     f.render_widget(
-        Paragraph::new(lines)
-            .block(Block::bordered().title(format!(" cpu{cpu} sampled (perf top -C {cpu}) "))),
+        Paragraph::new(lines).block(Block::bordered().title(format!(
+            " cpu{cpu} sampled{} (perf top -C {cpu}) ",
+            // Until a CPU is picked with the arrows, the busiest one is shown.
+            if app.selected_cpu.is_none() {
+                ", busiest"
+            } else {
+                ""
+            }
+        ))),
         right,
     );
 }
@@ -605,15 +655,17 @@ fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
             }
         }
         let max = by_pow.iter().map(|x| x.1).max().unwrap_or(1).max(1);
-        let bar_w = hist.width.saturating_sub(30) as u64;
+        // The count comes before its bar, in a column as wide as the widest count, so no
+        // count is cut at the border; the bar takes what is left.
+        let count_w = max.to_string().len();
+        let label_w = 9 + 3 + 9 + 1 + count_w + 1;
+        let bar_w = (hist.width.saturating_sub(2) as usize).saturating_sub(label_w) as u64;
         for (p, n) in by_pow {
             rows.push(Line::from(format!(
-                "{:>9} - {:<9} {:<w$} {}",
+                "{:>9} - {:<9} {n:>count_w$} {}",
                 units::latency((1u64 << p) as f64),
                 units::latency((1u64 << (p + 1)) as f64),
                 "#".repeat((n * bar_w / max) as usize),
-                n,
-                w = bar_w as usize
             )));
         }
     }
@@ -643,7 +695,8 @@ fn render_help(f: &mut Frame<'_>, area: Rect) {
         Line::from("  q, Esc, Ctrl-C   quit (probes detach, temp file goes)"),
         Line::from("  Tab, Shift-Tab   next / previous view"),
         Line::from("  1 2 3 4          Time · CPUs · Hypervisor · Devices"),
-        Line::from("  arrows           select a CPU (CPUs) or a device (Devices)"),
+        Line::from("  arrows           select a CPU (CPUs, Hypervisor) or a device"),
+        Line::from("                   (Devices); until picked, the busiest CPU"),
         Line::from("  p                pause / resume the display"),
         Line::from("  r                reset the cumulative counters"),
         Line::from("  s                save a profile of what has run so far"),
@@ -901,6 +954,63 @@ mod tests {
             }
             press(&mut app, KeyCode::Char('?'));
             insta::assert_snapshot!(format!("help_{w}x{h}"), draw(&app, w, h));
+        }
+    }
+
+    #[test]
+    fn device_histogram_bars_are_proportional_and_counts_whole() {
+        let mut app = fixture_app(false);
+        let mut snap = probe_snapshot(1);
+        let block = snap.block.as_mut().unwrap();
+        block.stages[1].hist = hist(&[(300_000, 243_690), (600_000, 90_115)]);
+        app.on_probe_snapshot(snap.clone(), snap);
+        press(&mut app, KeyCode::Char('4'));
+        for (w, h) in [(160, 50), (80, 24)] {
+            let screen = draw(&app, w, h);
+            let bar = |count: &str| {
+                let line = screen
+                    .lines()
+                    .find(|l| l.contains(&format!(" {count} ")))
+                    .unwrap_or_else(|| panic!("no whole count {count} at {w}x{h}:\n{screen}"));
+                line.matches('#').count() as f64
+            };
+            let (big, small) = (bar("243690"), bar("90115"));
+            assert!(
+                big >= 5.0,
+                "{w}x{h}: {big} characters for the largest row\n{screen}"
+            );
+            let expected = big * 90_115.0 / 243_690.0;
+            assert!(
+                (small - expected).abs() <= 1.0,
+                "{w}x{h}: bars {big} and {small}, expected {expected:.1}\n{screen}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_kv_run_shows_its_load_then_its_verdict() {
+        let mut app = fixture_app(false);
+        app.kv = Some(crate::tui::app::KvPanel {
+            load: "60000 reads/s + 30000 writes/s, 30 s slices".into(),
+            ..Default::default()
+        });
+        let running = draw(&app, 80, 24);
+        assert!(running.contains("verdict when the run ends"), "{running}");
+        assert!(running.contains("60000 reads/s"), "{running}");
+        let panel = app.kv.as_mut().unwrap();
+        panel.verdict = Some(
+            "NO VERDICT: did not deliver the load of 60000 reads/s + 30000 writes/s (81.7% of client operations, 100.0% of large-block operations done; client operations fell behind their schedule)".into(),
+        );
+        panel.delivered = Some("delivered 81.7% of the client operations".into());
+        panel.slices =
+            vec!["slice 0-30 s: 1470000 reads, 0.38% >= 1 ms (judged on intended) FAIL".into()];
+        for (w, h) in [(80, 24), (160, 50)] {
+            let screen = draw(&app, w, h);
+            assert!(screen.contains("NO VERDICT"), "{screen}");
+            assert!(screen.contains("delivered 81.7%"), "{w}x{h}:\n{screen}");
+            assert!(screen.contains("slice 0-30 s"), "{w}x{h}:\n{screen}");
+            assert!(!screen.contains("PASS"), "{screen}");
+            assert!(screen.contains("mean latency of the workload"), "{screen}");
         }
     }
 

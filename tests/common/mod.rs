@@ -18,17 +18,9 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// Root-only tests: in CI (`CI` set) not being root is a failure, elsewhere a printed skip.
+/// Root-only tests: in CI (`CI` set) not being root is a failure, elsewhere a recorded skip.
 pub fn root_allowed(what: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "{what} must run as root in CI"
-    );
-    eprintln!("skipping {what}: needs root");
-    false
+    virtgap_testkit::require(what, if is_root() { Ok(()) } else { Err("needs root") })
 }
 
 /// The file names in `dir`, sorted.

@@ -151,7 +151,7 @@ impl LatencyHistogram {
 /// A latency histogram kept for later: only its non-empty buckets, so a series of thousands of
 /// intervals costs kilobytes each rather than the full bucket array. Expanding it gives back a
 /// histogram with exactly the same buckets and statistics.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CompactHistogram {
     /// (highest value of the bucket, count), ascending.
     buckets: Vec<(u64, u64)>,

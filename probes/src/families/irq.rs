@@ -247,7 +247,7 @@ mod tests {
         }
         let online_mask = kallsym("__cpu_online_mask");
         if online_mask == 0 {
-            eprintln!("skipping: kallsyms hides __cpu_online_mask");
+            virtgap_testkit::skip("IPI count test", "kallsyms hides __cpu_online_mask");
             return;
         }
         let online = crate::families::parse_cpu_list(
@@ -276,7 +276,7 @@ mod tests {
             kallsym("sched_ttwu_pending"),
         );
         if blk == 0 || ttwu == 0 {
-            eprintln!("skipping: kallsyms hides the call functions");
+            virtgap_testkit::skip("IPI purpose test", "kallsyms hides the call functions");
             return;
         }
         let mut slot = MaybeUninit::uninit();

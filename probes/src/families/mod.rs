@@ -551,14 +551,7 @@ pub(crate) mod test_run {
 
     /// Root, or a printed skip; under CI not being root fails the test.
     pub fn bpf_allowed(what: &str) -> bool {
-        match crate::bpf_permission() {
-            Ok(()) => true,
-            Err(why) if std::env::var_os("CI").is_some() => panic!("{what} must run in CI: {why}"),
-            Err(why) => {
-                eprintln!("skipping {what}: {why}");
-                false
-            }
-        }
+        virtgap_testkit::require(what, crate::bpf_permission())
     }
 
     /// Loads only the raw_tp twins: test runs need no attach target.

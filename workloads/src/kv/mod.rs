@@ -5,5 +5,8 @@ mod runner;
 pub mod spec;
 pub mod store;
 
-pub use runner::{prepare, start, Behind, FillProgress, KvOutcome, LoadedStore, SliceResult};
+pub use runner::{
+    prepare, start, Behind, FillProgress, Judged, KvOutcome, KvVerdict, LoadedStore, SliceResult,
+    DELIVERED_MIN, SLIPPED_LAG,
+};
 pub use store::{KvConfig, KvCounters, KvError, KvStore};

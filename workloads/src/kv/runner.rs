@@ -8,7 +8,7 @@
 //! the kv outcome.
 
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -145,9 +145,61 @@ pub struct SliceResult {
     /// Slices shorter than `--slice` (the run's tail) are shown but not judged, as
     /// act_latency.py ignores them.
     pub complete: bool,
+    /// Client reads, as judged: their device service time, or from their scheduled start
+    /// when the schedule slipped in this slice (see `judged_on`).
     pub reads: SliceVerdict,
+    pub judged_on: Judged,
+    /// The slice's worst lag of client operations behind their schedule.
+    pub worst_lag: Duration,
     pub lb_reads: SliceVerdict,
     pub lb_writes: SliceVerdict,
+}
+
+/// What a slice's client reads are judged on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judged {
+    /// The device read's service time, as ACT measures it: the schedule held.
+    Service,
+    /// The time from each read's scheduled start (`lat_intended`): operations started late in
+    /// this slice, and a read that waits for its turn is as slow for the client as a slow
+    /// device.
+    Intended,
+}
+
+impl Judged {
+    pub fn label(self) -> &'static str {
+        match self {
+            Judged::Service => "service",
+            Judged::Intended => "intended",
+        }
+    }
+}
+
+/// A slice whose client operations fell this far behind their schedule is judged on
+/// `lat_intended`: ACT's smallest threshold, so a lag that alone could fail a read counts.
+pub const SLIPPED_LAG: Duration = Duration::from_millis(1);
+
+/// The least share of the scheduled load a passing run delivered.
+pub const DELIVERED_MIN: f64 = 0.99;
+
+/// ACT's verdict on a kv run, made honest about the load: PASS only when it was delivered.
+#[derive(Clone, Debug, PartialEq)]
+pub enum KvVerdict {
+    /// Every complete slice passed, at the load asked for.
+    Pass,
+    /// A complete slice's reads were too slow.
+    Fail,
+    /// Less than [`DELIVERED_MIN`] of the client or large-block operations were done, or a
+    /// stream fell behind by more than `--max-lag`: the figures are those of a lighter load.
+    NotDelivered {
+        client: f64,
+        large_blocks: f64,
+        behind: Option<Behind>,
+    },
+    /// Reads returned data other than what was written.
+    Mismatches(u64),
+    /// No slice ran to its end (a run shorter than `--slice`).
+    NoCompleteSlice,
 }
 
 /// Which stream fell behind.
@@ -175,6 +227,9 @@ pub struct KvOutcome {
     /// Large-block operations in the measured window.
     pub lb_reads: u64,
     pub lb_writes: u64,
+    /// Sealed blocks still waiting for the writer, and defrag candidates for the defragmenter,
+    /// when the run ended.
+    pub lb_pending: (u64, u64),
     /// Client reads in the measured window (each a device read unless the record was still in
     /// memory).
     pub client_read: crate::stats::DirStats,
@@ -191,14 +246,41 @@ pub struct KvOutcome {
 }
 
 impl KvOutcome {
-    /// ACT's verdict: every complete slice passes and no stream fell behind. None when the
-    /// run was too short to have a complete slice.
-    pub fn pass(&self) -> Option<bool> {
-        if self.behind.is_some() || self.counters.mismatches > 0 {
-            return Some(false);
+    /// ACT's verdict, given only when the load was delivered: every complete slice passes,
+    /// no stream fell behind, at least [`DELIVERED_MIN`] of the operations were done.
+    pub fn verdict(&self) -> KvVerdict {
+        if self.counters.mismatches > 0 {
+            return KvVerdict::Mismatches(self.counters.mismatches);
+        }
+        let (client, large_blocks) = (self.achieved_fraction(), self.large_block_fraction());
+        if self.behind.is_some() || client < DELIVERED_MIN || large_blocks < DELIVERED_MIN {
+            return KvVerdict::NotDelivered {
+                client,
+                large_blocks,
+                behind: self.behind.as_ref().map(|(who, _)| who.clone()),
+            };
         }
         let judged: Vec<&SliceResult> = self.slices.iter().filter(|s| s.complete).collect();
-        (!judged.is_empty()).then(|| judged.iter().all(|s| s.reads.pass))
+        if judged.is_empty() {
+            KvVerdict::NoCompleteSlice
+        } else if judged.iter().all(|s| s.reads.pass) {
+            KvVerdict::Pass
+        } else {
+            KvVerdict::Fail
+        }
+    }
+
+    /// Share of the large-block operations the store asked for that were done: the writer's
+    /// and the defragmenter's, against what was still queued for them at the end. One block
+    /// per stream may be in hand at any moment and is not counted as behind.
+    pub fn large_block_fraction(&self) -> f64 {
+        let done = self.lb_reads + self.lb_writes;
+        let behind = self.lb_pending.0.saturating_sub(1) + self.lb_pending.1.saturating_sub(1);
+        if done + behind == 0 {
+            1.0
+        } else {
+            done as f64 / (done + behind) as f64
+        }
     }
 
     /// Share of the target client operations done in the measured window.
@@ -238,6 +320,10 @@ struct Shared {
     /// Set by the coordinator (end, lag) or a failing thread.
     halt: AtomicBool,
     reads: AtomicActHistogram,
+    /// The same reads from their scheduled start.
+    reads_intended: AtomicActHistogram,
+    /// Worst lag of a client operation since the current slice began.
+    slice_lag_ns: AtomicU64,
     lb_reads: AtomicActHistogram,
     lb_writes: AtomicActHistogram,
     large_blocks: Mutex<LargeBlocks>,
@@ -373,6 +459,8 @@ fn coordinate(
         lb_bytes: spec.bs.0,
         halt: AtomicBool::new(false),
         reads: AtomicActHistogram::default(),
+        reads_intended: AtomicActHistogram::default(),
+        slice_lag_ns: AtomicU64::new(0),
         lb_reads: AtomicActHistogram::default(),
         lb_writes: AtomicActHistogram::default(),
         large_blocks: Mutex::new(LargeBlocks {
@@ -487,11 +575,14 @@ fn coordinate(
         let snap = Snapshot::of(&shared);
         let _ = write!(log, "after {seconds} sec:\n{}", snap.dump(device));
         if window_ns - slice_start.0 >= slice_ns {
-            slices.push(slice_result(&slice_start, window_ns, &snap, true));
+            let lag = Duration::from_nanos(shared.slice_lag_ns.swap(0, Ordering::Relaxed));
+            slices.push(slice_result(&slice_start, window_ns, &snap, true, lag));
             slice_start = (window_ns, snap);
         }
     }
 
+    // Before the stop: the writer then drains its queue, which is not the measured load.
+    let lb_pending = store.pending_blocks();
     shared.halt.store(true, Ordering::Relaxed);
     let service_results: Vec<Result<ServiceResult, WorkloadError>> = services
         .into_iter()
@@ -512,7 +603,14 @@ fn coordinate(
     let snap = Snapshot::of(&shared);
     if measured_ns > slice_start.0 {
         let complete = measured_ns - slice_start.0 >= slice_ns;
-        slices.push(slice_result(&slice_start, measured_ns, &snap, complete));
+        let lag = Duration::from_nanos(shared.slice_lag_ns.load(Ordering::Relaxed));
+        slices.push(slice_result(
+            &slice_start,
+            measured_ns,
+            &snap,
+            complete,
+            lag,
+        ));
     }
     let (mut client_read, mut client_write) = (DirStats::default(), DirStats::default());
     let mut worst_lag_ns = 0;
@@ -555,6 +653,7 @@ fn coordinate(
         measured_s: measured_ns as f64 / 1e9,
         lb_reads: large_blocks.read.ios,
         lb_writes: large_blocks.write.ios,
+        lb_pending,
         client_read,
         client_write,
         slices,
@@ -596,6 +695,7 @@ fn coordinate(
 #[derive(Clone, Debug, Default)]
 struct Snapshot {
     reads: ActHistogram,
+    reads_intended: ActHistogram,
     lb_reads: ActHistogram,
     lb_writes: ActHistogram,
 }
@@ -604,6 +704,7 @@ impl Snapshot {
     fn of(shared: &Shared) -> Self {
         Self {
             reads: shared.reads.snapshot(),
+            reads_intended: shared.reads_intended.snapshot(),
             lb_reads: shared.lb_reads.snapshot(),
             lb_writes: shared.lb_writes.snapshot(),
         }
@@ -624,12 +725,24 @@ fn slice_result(
     end_ns: u64,
     now: &Snapshot,
     complete: bool,
+    worst_lag: Duration,
 ) -> SliceResult {
+    let judged_on = if worst_lag >= SLIPPED_LAG {
+        Judged::Intended
+    } else {
+        Judged::Service
+    };
+    let reads = match judged_on {
+        Judged::Service => now.reads.since(&start.1.reads),
+        Judged::Intended => now.reads_intended.since(&start.1.reads_intended),
+    };
     SliceResult {
         start_s: start.0 as f64 / 1e9,
         end_s: end_ns as f64 / 1e9,
         complete,
-        reads: act::slice_verdict(&now.reads.since(&start.1.reads)),
+        reads: act::slice_verdict(&reads),
+        judged_on,
+        worst_lag,
         lb_reads: act::slice_verdict(&now.lb_reads.since(&start.1.lb_reads)),
         lb_writes: act::slice_verdict(&now.lb_writes.since(&start.1.lb_writes)),
     }
@@ -766,6 +879,10 @@ impl ServiceThread {
             }
             let due = schedule.take_due(now).expect("due");
             stats.max_lag_ns = stats.max_lag_ns.max(lag.as_nanos() as u64);
+            if measuring {
+                sh.slice_lag_ns
+                    .fetch_max(lag.as_nanos() as u64, Ordering::Relaxed);
+            }
             let write =
                 (op + 1) * self.writes_per_s / total_ops > op * self.writes_per_s / total_ops;
             op += 1;
@@ -816,6 +933,7 @@ impl ServiceThread {
                 interval.lat.record(lat);
                 // ACT's "reads" histogram: the device read's service time.
                 sh.reads.record_ns(service);
+                sh.reads_intended.record_ns(now - due);
             }
             let window_now = now - sh.ramp_ns;
             while window_now >= interval.start_ns + self.interval_ns {
@@ -890,9 +1008,35 @@ mod tests {
             now.reads.record_ns(100_000);
         }
         now.reads.record_ns(70_000_000);
-        let full = slice_result(&start, 60_000_000_000, &now, true);
+        let full = slice_result(&start, 60_000_000_000, &now, true, Duration::ZERO);
         assert!(!full.reads.pass, "1% of reads at 64 ms or more fails");
         assert_eq!(full.end_s, 60.0);
         assert_eq!(full.lb_writes.reads, 0);
+    }
+
+    #[test]
+    fn a_slice_whose_schedule_slipped_is_judged_from_the_scheduled_start() {
+        let start = (0, Snapshot::default());
+        let mut now = Snapshot::default();
+        for _ in 0..1000 {
+            // Fast on the device, but started 10 ms late.
+            now.reads.record_ns(100_000);
+            now.reads_intended.record_ns(10_100_000);
+        }
+        let held = slice_result(
+            &start,
+            1_000_000_000,
+            &now,
+            true,
+            Duration::from_micros(200),
+        );
+        assert_eq!(held.judged_on, Judged::Service);
+        assert!(held.reads.pass);
+        let slipped = slice_result(&start, 1_000_000_000, &now, true, Duration::from_millis(10));
+        assert_eq!(slipped.judged_on, Judged::Intended);
+        assert!(
+            !slipped.reads.pass,
+            "every read 10 ms from its schedule fails"
+        );
     }
 }

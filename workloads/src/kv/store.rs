@@ -712,6 +712,12 @@ impl KvStore {
         }
     }
 
+    /// Sealed blocks waiting for the writer, and blocks waiting for the defragmenter.
+    pub fn pending_blocks(&self) -> (u64, u64) {
+        let g = self.lock();
+        (g.writing.len() as u64, g.defrag_queue.len() as u64)
+    }
+
     /// Blocks free for new data.
     pub fn free_blocks(&self) -> u64 {
         self.lock().free.len() as u64
