@@ -80,6 +80,12 @@ kv-ladder DURATION="60s" +RATINGS="1 4 8 16 20": build
         echo "x=$x: $line"
     done
 
+# Root; ACT_SRC is a checkout of github.com/aerospike/act (built here, not vendored); ARGS go to
+# scripts/bench_kv_vs_act.py (--ratings 20 30 40 60, --duration 30, --size 2GiB, --dir DIR).
+# kv-act against ACT on one loop device: load delivered, verdict and CPU per read at each x-rating
+bench-kv-vs-act ACT_SRC *ARGS: build
+    python3 scripts/bench_kv_vs_act.py --act-src {{ACT_SRC}} --virtgap target/release/virtgap {{ARGS}}
+
 # Panics fail the run; their inputs land in target/fuzz-failures/ (the normal test run does 20 s).
 # Fuzz the profile and workload-file readers and their consumers for DURATION seconds
 fuzz DURATION="600":

@@ -135,18 +135,64 @@ const SHAPE_KEYS: [&str; 12] = [
     "submit_batch",
 ];
 
-/// Workload keys that differ between the two profiles' effective specs.
+/// Keys of a kv spec's `[kv]` table that change what is measured, besides the client load
+/// (compared as resolved rates, however they were written); the slice and `max_lag` change
+/// only how it is judged.
+const KV_SHAPE_KEYS: [&str; 5] = [
+    "record_bytes",
+    "record_bytes_max",
+    "defrag_lwm_pct",
+    "fill_pct",
+    "dsync",
+];
+
+/// Workload keys that differ between the two profiles' effective specs. For kv workloads the
+/// `[kv]` table's load and store shape count, and `workers` does not: it is resolved per host
+/// (one ring or five service threads per CPU) and only sets how much load the generator could
+/// give, not the load asked for.
 pub fn spec_differences(a: &Profile, b: &Profile) -> Vec<String> {
     let parse = |p: &Profile| -> BTreeMap<String, String> {
-        toml::from_str::<toml::Table>(&p.workload.effective_spec)
-            .map(|t| t.into_iter().map(|(k, v)| (k, v.to_string())).collect())
-            .unwrap_or_default()
+        let Ok(table) = toml::from_str::<toml::Table>(&p.workload.effective_spec) else {
+            return BTreeMap::new();
+        };
+        let mut keys: BTreeMap<String, String> = table
+            .iter()
+            .filter(|(k, _)| SHAPE_KEYS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect();
+        if let Some(kv) = table.get("kv").and_then(|v| v.as_table()) {
+            keys.remove("workers");
+            for k in KV_SHAPE_KEYS {
+                if let Some(v) = kv.get(k) {
+                    keys.insert(format!("kv.{k}"), v.to_string());
+                }
+            }
+            let load = kv
+                .clone()
+                .try_into::<virtgap_workloads::kv::spec::KvSpec>()
+                .map(|k| {
+                    let (r, w) = k.rates();
+                    format!("{r} reads/s + {w} writes/s")
+                })
+                .unwrap_or_else(|_| "(unreadable)".into());
+            keys.insert("kv load".into(), load);
+        }
+        keys
     };
     let (sa, sb) = (parse(a), parse(b));
-    SHAPE_KEYS
-        .iter()
+    let names: std::collections::BTreeSet<&String> = sa.keys().chain(sb.keys()).collect();
+    // The workload's own keys first, in their usual order, then the kv table's.
+    let mut names: Vec<&String> = names.into_iter().collect();
+    names.sort_by_key(|k| {
+        SHAPE_KEYS
+            .iter()
+            .position(|s| s == k)
+            .unwrap_or(SHAPE_KEYS.len())
+    });
+    names
+        .into_iter()
         .filter_map(|k| {
-            let (va, vb) = (sa.get(*k), sb.get(*k));
+            let (va, vb) = (sa.get(k), sb.get(k));
             (va != vb).then(|| {
                 let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
                 format!("{k}: {} vs {}", show(va), show(vb))
@@ -1011,6 +1057,48 @@ pub(crate) mod tests {
         b.workload.effective_spec = b.workload.effective_spec.replace("qd = 32", "qd = 1");
         assert_eq!(spec_differences(&a, &b), ["qd: 32 vs 1"]);
         assert!(spec_differences(&a, &a).is_empty());
+    }
+
+    /// A kv profile's effective spec as `record` writes it, after `edit`.
+    fn kv_profile(edit: impl FnOnce(&mut virtgap_workloads::spec::WorkloadSpec)) -> Profile {
+        let mut spec = virtgap_workloads::spec::load("kv-act").unwrap().spec;
+        spec.workers = 2;
+        edit(&mut spec);
+        let mut p = synthetic(1.0, 1.0, 1.0, 0.0, 3);
+        p.workload.effective_spec = spec.to_toml();
+        p
+    }
+
+    #[test]
+    fn kv_profiles_differ_by_their_load_not_by_their_hosts_thread_count() {
+        let one_x = kv_profile(|_| {});
+        let same_on_a_bigger_host = kv_profile(|s| s.workers = 64);
+        assert!(
+            spec_differences(&one_x, &same_on_a_bigger_host).is_empty(),
+            "workers is resolved per host"
+        );
+        let thirty_x = kv_profile(|s| s.kv.as_mut().unwrap().x = Some(30));
+        assert_eq!(
+            spec_differences(&one_x, &thirty_x),
+            ["kv load: 2000 reads/s + 1000 writes/s vs 60000 reads/s + 30000 writes/s"]
+        );
+        let written_as_rates = kv_profile(|s| {
+            let k = s.kv.as_mut().unwrap();
+            (k.x, k.read_rps, k.write_rps) = (None, Some(2000), Some(1000));
+        });
+        assert!(
+            spec_differences(&one_x, &written_as_rates).is_empty(),
+            "the same load however it was asked for"
+        );
+        let bigger_records = kv_profile(|s| {
+            s.kv.as_mut().unwrap().record_bytes = virtgap_workloads::spec::ByteSize(4096);
+        });
+        let differences = spec_differences(&one_x, &bigger_records);
+        assert_eq!(differences.len(), 1, "{differences:?}");
+        assert!(
+            differences[0].starts_with("kv.record_bytes: "),
+            "{differences:?}"
+        );
     }
 
     #[test]

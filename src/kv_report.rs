@@ -21,7 +21,7 @@ fn pct3(v: &SliceVerdict) -> String {
 pub fn behind_text(who: &Behind, by: std::time::Duration) -> String {
     match who {
         Behind::Generator => format!(
-            "can't keep up: client operations fell {:.1} s behind schedule (the generator: try more service threads with --workers)",
+            "can't keep up: client operations fell {:.1} s behind schedule (the generator: try more client threads with --workers, or more reads in flight per ring with --qd)",
             by.as_secs_f64()
         ),
         Behind::Device(stream) => format!(

@@ -457,6 +457,31 @@ impl CpuSamples {
         out
     }
 
+    /// Past `MAX_SYMBOLS_PER_CPU` distinct kernel symbols, keeps the `KEPT_SYMBOLS_PER_CPU`
+    /// most sampled and counts the rest under their category's folded key, so a long run's
+    /// tally stays bounded (rare symbols keep turning up for hours) while every category's
+    /// total stays exact. A folded symbol sampled again starts a new count.
+    pub fn fold(&mut self) {
+        if self.kernel.len() <= MAX_SYMBOLS_PER_CPU {
+            return;
+        }
+        let mut by_count: Vec<(String, u64)> =
+            std::mem::take(&mut self.kernel).into_iter().collect();
+        by_count.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let mut folded: std::collections::BTreeMap<String, u64> = Default::default();
+        for (i, (sym, n)) in by_count.into_iter().enumerate() {
+            let category = crate::virt::classify_symbol(&sym);
+            if i < KEPT_SYMBOLS_PER_CPU || sym == category.folded_key() {
+                *self.kernel.entry(sym).or_insert(0) += n;
+            } else {
+                *folded.entry(category.folded_key()).or_insert(0) += n;
+            }
+        }
+        for (key, n) in folded {
+            *self.kernel.entry(key).or_insert(0) += n;
+        }
+    }
+
     /// The `n` kernel symbols with the most samples.
     pub fn top(&self, n: usize) -> Vec<(&str, u64)> {
         let mut v: Vec<(&str, u64)> = self.kernel.iter().map(|(s, c)| (s.as_str(), *c)).collect();
@@ -465,6 +490,11 @@ impl CpuSamples {
         v
     }
 }
+
+/// Distinct kernel symbols a CPU's tally holds before `CpuSamples::fold` thins it.
+pub const MAX_SYMBOLS_PER_CPU: usize = 512;
+/// Symbols a fold keeps by name.
+pub const KEPT_SYMBOLS_PER_CPU: usize = 256;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SamplerSnapshot {
@@ -480,16 +510,22 @@ impl SamplerSnapshot {
             .iter()
             .map(|c| {
                 let prev = earlier.cpus.iter().find(|p| p.cpu == c.cpu);
+                // Symbols folded since `earlier` moved their counts into their category's
+                // folded key: that part of the key's growth is not this interval's.
+                let mut moved: std::collections::BTreeMap<String, u64> = Default::default();
+                for (sym, n) in prev.map(|p| &p.kernel).into_iter().flatten() {
+                    if !c.kernel.contains_key(sym) {
+                        let key = crate::virt::classify_symbol(sym).folded_key();
+                        *moved.entry(key).or_insert(0) += n;
+                    }
+                }
                 let kernel = c
                     .kernel
                     .iter()
                     .map(|(s, n)| {
-                        (
-                            s.clone(),
-                            n - prev
-                                .and_then(|p| p.kernel.get(s))
-                                .map_or(0, |p| (*p).min(*n)),
-                        )
+                        let before = prev.and_then(|p| p.kernel.get(s)).copied().unwrap_or(0)
+                            + moved.get(s).copied().unwrap_or(0);
+                        (s.clone(), n - before.min(*n))
                     })
                     .filter(|(_, n)| *n > 0)
                     .collect();
@@ -683,5 +719,78 @@ impl ProbeSnapshot {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::virt::SampleCategory;
+
+    fn tally(symbols: usize) -> CpuSamples {
+        CpuSamples {
+            cpu: 1,
+            user: 7,
+            kernel: (0..symbols)
+                .map(|i| (format!("fn_{i}"), i as u64 + 1))
+                .chain([("blk_mq_rare".to_string(), 1)])
+                .collect(),
+        }
+    }
+
+    fn snapshot(c: &CpuSamples) -> SamplerSnapshot {
+        SamplerSnapshot {
+            frequency_hz: 99,
+            cpus: vec![c.clone()],
+            dropped: 0,
+        }
+    }
+
+    #[test]
+    fn a_long_runs_symbol_tally_stays_bounded_with_exact_category_totals() {
+        let mut c = tally(MAX_SYMBOLS_PER_CPU + 100);
+        let before = c.categories();
+        c.fold();
+        assert!(c.kernel.len() <= KEPT_SYMBOLS_PER_CPU + SampleCategory::ALL.len());
+        assert_eq!(
+            c.categories(),
+            before,
+            "folding moves samples, never loses them"
+        );
+        assert_eq!(
+            c.top(1)[0].0,
+            "[other other kernel]",
+            "the long tail, together"
+        );
+        assert_eq!(c.kernel["[other block and driver]"], 1);
+        assert!(c
+            .kernel
+            .contains_key(&format!("fn_{}", MAX_SYMBOLS_PER_CPU + 99)));
+        assert!(!c.kernel.contains_key("fn_0"));
+        let small = tally(10);
+        let mut unchanged = small.clone();
+        unchanged.fold();
+        assert_eq!(unchanged, small, "a short tally is left alone");
+    }
+
+    #[test]
+    fn an_interval_across_a_fold_counts_only_its_own_samples() {
+        let earlier = tally(MAX_SYMBOLS_PER_CPU + 100);
+        let mut later = earlier.clone();
+        // Five more samples of a rare symbol and two of a common one, then the fold.
+        *later.kernel.get_mut("fn_0").unwrap() += 5;
+        *later.kernel.get_mut("fn_400").unwrap() += 2;
+        later.fold();
+        let interval = snapshot(&later).since(&snapshot(&earlier));
+        let cpu = &interval.cpus[0];
+        assert_eq!(cpu.total(), 7, "{:?}", cpu.kernel);
+        assert_eq!(cpu.kernel["[other other kernel]"], 5);
+        assert_eq!(cpu.kernel["fn_400"], 2);
+        // The next interval, with a folded symbol sampled again under its own name.
+        let mut next = later.clone();
+        next.kernel.insert("fn_0".into(), 3);
+        let interval = snapshot(&next).since(&snapshot(&later));
+        assert_eq!(interval.cpus[0].total(), 3);
+        assert_eq!(interval.cpus[0].kernel["fn_0"], 3);
     }
 }

@@ -128,12 +128,26 @@ impl SampleCategory {
             Self::User => "user",
         }
     }
+
+    /// The key under which a CPU's rarely sampled symbols of this category are counted
+    /// together once it has seen too many distinct ones (see `CpuSamples::fold`).
+    pub fn folded_key(self) -> String {
+        format!("[other {}]", self.name())
+    }
+
+    fn of_folded_key(sym: &str) -> Option<Self> {
+        let name = sym.strip_prefix("[other ")?.strip_suffix(']')?;
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
 }
 
 /// Sorts a kernel symbol into a category. Idle comes first: `pv_native_safe_halt` is a halt,
 /// not hypervisor work the guest asked for.
 pub fn classify_symbol(sym: &str) -> SampleCategory {
     use SampleCategory::*;
+    if let Some(folded) = SampleCategory::of_folded_key(sym) {
+        return folded;
+    }
     let s = sym.trim_start_matches('_');
     let starts = |p: &[&str]| p.iter().any(|x| s.starts_with(x));
     let contains = |p: &[&str]| p.iter().any(|x| s.contains(x));

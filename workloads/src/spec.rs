@@ -297,7 +297,8 @@ pub struct WorkloadSpec {
     pub bs: ByteSize,
     /// I/Os in flight per worker.
     pub qd: u32,
-    /// Worker threads (for kv: synchronous service threads; 0 = ACT's 5 per CPU).
+    /// Worker threads (for kv: client threads, each an io_uring ring or a psync service
+    /// thread; 0 = one ring per CPU, or ACT's 5 service threads per CPU).
     pub workers: u32,
     pub engine: EngineKind,
     #[serde(
@@ -571,11 +572,18 @@ impl WorkloadSpec {
                 "a [kv] table needs pattern = \"kv\"",
             ));
         }
-        if self.engine != EngineKind::Psync || self.qd != 1 {
+        if self.engine == EngineKind::Null {
             return Err(Self::invalid(
                 "engine",
                 self.engine.name(),
-                "kv service threads are synchronous like ACT's: engine = \"psync\", qd = 1 (set workers for concurrency)",
+                "a kv store does real I/O: engine = \"io_uring\" (rings) or \"psync\" (ACT's synchronous service threads)",
+            ));
+        }
+        if self.engine == EngineKind::Psync && self.qd != 1 {
+            return Err(Self::invalid(
+                "qd",
+                self.qd,
+                "kv psync service threads do one operation at a time like ACT's: qd = 1 (set workers for concurrency)",
             ));
         }
         if !self.direct {
@@ -596,13 +604,19 @@ impl WorkloadSpec {
             .map_err(|(key, value, reason)| Self::invalid(key, value, reason))
     }
 
-    /// Fills in what a kv spec leaves to the machine and its rates: the service-thread count
-    /// (ACT's 5 per CPU when 0) and the read/write mix.
+    /// Fills in what a kv spec leaves to the machine and its rates: the client-thread count
+    /// when 0 (one io_uring ring per CPU, or ACT's 5 psync service threads per CPU) and the
+    /// read/write mix.
     pub fn resolve(&mut self) {
         let Some(kv) = &self.kv else { return };
         if self.workers == 0 {
             let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-            self.workers = (5 * cpus).min(MAX_WORKERS);
+            let per_cpu = if self.engine == EngineKind::Psync {
+                5
+            } else {
+                1
+            };
+            self.workers = (per_cpu * cpus).min(MAX_WORKERS);
         }
         let (reads, writes) = kv.rates();
         self.rw = if writes == 0 {
@@ -804,6 +818,11 @@ impl Overrides {
         match (&mut next.kv, self.kv.first_given()) {
             (Some(kv), _) => {
                 self.kv.apply(kv);
+                // ACT's synchronous threads do one operation at a time: `--engine psync`
+                // alone switches a kv workload to them.
+                if self.engine == Some(EngineKind::Psync) && self.qd.is_none() {
+                    next.qd = 1;
+                }
                 if let Some(lb) = self.kv.lb_bytes {
                     next.bs = lb;
                 }
@@ -1032,7 +1051,18 @@ mod tests {
     fn kv_presets_resolve_threads_and_mix() {
         let spec = load("kv-act").unwrap().spec;
         let cpus = std::thread::available_parallelism().unwrap().get() as u32;
-        assert_eq!(spec.workers, 5 * cpus, "ACT's 5 service threads per CPU");
+        assert_eq!(spec.engine, EngineKind::IoUring);
+        assert_eq!(spec.workers, cpus, "one ring per CPU");
+        let mut psync = load("kv-act").unwrap().spec;
+        Overrides {
+            engine: Some(EngineKind::Psync),
+            workers: Some(0),
+            ..Default::default()
+        }
+        .apply(&mut psync)
+        .unwrap();
+        assert_eq!(psync.workers, 5 * cpus, "ACT's 5 service threads per CPU");
+        assert_eq!(psync.qd, 1, "--engine psync alone is enough for kv");
         assert_eq!(spec.rw, ReadWrite::Mix);
         assert_eq!(spec.rwmix_read, 66);
         assert!(!spec.is_read_only(), "the store loads itself");

@@ -57,7 +57,7 @@ struct SamplerProbe<'obj> {
     _links: Vec<Link>,
     hz: u64,
     symbols: Arc<Symbols>,
-    /// Samples drained so far, per CPU.
+    /// Samples drained so far, per CPU (each CPU's rare symbols folded by category).
     drained: RefCell<BTreeMap<u32, CpuSamples>>,
 }
 
@@ -186,6 +186,9 @@ impl SamplerProbe<'_> {
                     }
                 }
             }
+        }
+        for c in drained.values_mut() {
+            c.fold();
         }
     }
 }

@@ -15,6 +15,7 @@ pub(crate) use buffer::slot_buffers;
 pub use buffer::AlignedBuffer;
 pub use null::NullEngine;
 pub use psync::PsyncEngine;
+pub(crate) use uring::build_ring;
 pub use uring::UringEngine;
 
 /// Direction of one I/O.

@@ -92,7 +92,7 @@ impl std::fmt::Debug for UringEngine {
     }
 }
 
-fn build_ring(
+pub(crate) fn build_ring(
     entries: u32,
     features: &mut Vec<&'static str>,
 ) -> io::Result<IoUring<squeue::Entry, cqueue::Entry>> {

@@ -20,7 +20,7 @@ use crate::kv::store::{KvConfig, KvCounters, KvError, KvStore, OpDone};
 use crate::offsets::OffsetGenerator;
 use crate::run::{RunHandle, RunOptions, WorkloadError, WorkloadEvent};
 use crate::schedule::RateSchedule;
-use crate::spec::{Pattern, WorkloadSpec};
+use crate::spec::{EngineKind, Pattern, WorkloadSpec};
 use crate::stats::{CpuTime, DirStats, IntervalSample, RunStats};
 use crate::target::Target;
 
@@ -312,13 +312,13 @@ struct LargeBlocks {
 }
 
 /// State shared by the kv threads.
-struct Shared {
+pub(super) struct Shared {
     t0: Instant,
     ramp_ns: u64,
     end_ns: u64,
     lb_bytes: u64,
     /// Set by the coordinator (end, lag) or a failing thread.
-    halt: AtomicBool,
+    pub halt: AtomicBool,
     reads: AtomicActHistogram,
     /// The same reads from their scheduled start.
     reads_intended: AtomicActHistogram,
@@ -331,7 +331,7 @@ struct Shared {
 }
 
 impl Shared {
-    fn now_ns(&self) -> u64 {
+    pub fn now_ns(&self) -> u64 {
         self.t0.elapsed().as_nanos() as u64
     }
 
@@ -475,7 +475,7 @@ fn coordinate(
     let defrag = background("vg-kv-defrag", store, &shared, false);
     let services: Vec<_> = (0..threads)
         .map(|worker| {
-            let ctx = ServiceThread {
+            let ctx = ClientContext {
                 worker,
                 threads,
                 keys,
@@ -485,17 +485,28 @@ fn coordinate(
                 seed: options.seed,
                 interval_ns,
                 max_lag: kv.max_lag.0,
+                qd: spec.qd,
                 store: Arc::clone(store),
                 shared: Arc::clone(&shared),
                 stop: Arc::clone(stop),
             };
             let send = send.clone();
+            let asynchronous = spec.engine == EngineKind::IoUring;
+            let name = if asynchronous {
+                format!("vg-kv-ring-{worker}")
+            } else {
+                format!("vg-kv-svc-{worker}")
+            };
             std::thread::Builder::new()
-                .name(format!("vg-kv-svc-{worker}"))
+                .name(name)
                 .spawn(move || {
                     let send_interval = |s: IntervalSample| send(WorkloadEvent::Interval(s));
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        ctx.run(&send_interval)
+                        if asynchronous {
+                            super::ring::run_ring(&ctx, &send_interval)
+                        } else {
+                            run_service_thread(&ctx, &send_interval)
+                        }
                     }))
                     .unwrap_or(Err(WorkloadError::Panicked { worker }));
                     if r.is_err() {
@@ -506,9 +517,17 @@ fn coordinate(
                 .expect("spawning a kv service thread")
         })
         .collect();
+    let clients = match spec.engine {
+        EngineKind::IoUring => format!(
+            "io_uring, {threads} rings of up to {} reads in flight, sleeping at least {} µs",
+            spec.qd,
+            super::ring::TICK.as_micros()
+        ),
+        _ => format!("psync, {threads} service threads"),
+    };
     send(WorkloadEvent::Started {
         engine_features: format!(
-            "psync, {threads} service threads, large-block writes {}",
+            "{clients}, large-block writes {}",
             if kv.dsync {
                 "O_DIRECT|O_DSYNC"
             } else {
@@ -801,167 +820,291 @@ fn act_log_header(
     s
 }
 
-/// One synchronous service thread: client operations on its share of the schedule.
-struct ServiceThread {
-    worker: u32,
-    threads: u32,
-    keys: u64,
-    reads_per_s: u64,
-    writes_per_s: u64,
-    distribution: crate::spec::Distribution,
-    seed: u64,
-    interval_ns: u64,
-    max_lag: Duration,
-    store: Arc<KvStore>,
-    shared: Arc<Shared>,
-    stop: Arc<AtomicBool>,
+/// What a client thread needs to know of the run, whichever engine it drives.
+pub(super) struct ClientContext {
+    pub worker: u32,
+    /// Client threads (service threads or rings) sharing the schedule.
+    pub threads: u32,
+    pub keys: u64,
+    pub reads_per_s: u64,
+    pub writes_per_s: u64,
+    pub distribution: crate::spec::Distribution,
+    pub seed: u64,
+    pub interval_ns: u64,
+    pub max_lag: Duration,
+    /// Reads in flight per ring (the asynchronous engine only).
+    pub qd: u32,
+    pub store: Arc<KvStore>,
+    pub shared: Arc<Shared>,
+    pub stop: Arc<AtomicBool>,
 }
 
-impl ServiceThread {
-    fn run(&self, send_interval: &dyn Fn(IntervalSample)) -> Result<ServiceResult, WorkloadError> {
-        let worker = self.worker;
+impl ClientContext {
+    /// This thread's share of the schedule.
+    pub fn schedule(&self) -> RateSchedule {
         let total_ops = self.reads_per_s + self.writes_per_s;
-        let mut schedule = RateSchedule::new(total_ops as f64 / f64::from(self.threads));
-        let mut keys = OffsetGenerator::new(
+        RateSchedule::new(total_ops as f64 / f64::from(self.threads))
+    }
+
+    /// This thread's keys.
+    pub fn keys(&self) -> OffsetGenerator {
+        OffsetGenerator::new(
             Pattern::Random,
             self.distribution,
             self.keys,
             1,
-            worker,
+            self.worker,
             self.threads,
-            self.seed ^ (u64::from(worker) << 32),
-        );
-        let mut scratch = self
-            .store
-            .read_buffer()
-            .map_err(|error| WorkloadError::Kv { worker, error })?;
-        let sh = &self.shared;
-        let mut stats = RunStats::default();
-        let mut client_read = DirStats::default();
-        let mut client_write = DirStats::default();
-        let mut interval = IntervalSample::empty(worker, 0, 0);
-        let mut cpu_start = CpuTime::of_this_thread();
-        let mut measuring = sh.ramp_ns == 0;
-        // Writes are spread evenly among reads (Bresenham on the op count), each thread
-        // starting at its own phase so the mix holds over any short window.
-        let mut op: u64 = u64::from(worker) * total_ops / u64::from(self.threads).max(1);
-        let mut now = sh.now_ns();
-        loop {
-            if !measuring && now >= sh.ramp_ns {
-                measuring = true;
-                cpu_start = CpuTime::of_this_thread();
-            }
-            if now >= sh.end_ns
-                || sh.halt.load(Ordering::Relaxed)
-                || self.stop.load(Ordering::Relaxed)
-            {
-                break;
-            }
-            let due = schedule.next_due_ns();
-            if due > now {
-                let wait = (due - now).min(sh.end_ns - now).min(50_000_000);
-                std::thread::sleep(Duration::from_nanos(wait));
-                now = sh.now_ns();
-                continue;
-            }
-            let lag = Duration::from_nanos(schedule.lag_ns(now));
-            if lag > self.max_lag {
-                let (w, d) = self.store.backlog();
-                let who = if w >= Duration::from_secs(1) {
-                    Behind::Device("large-block writes")
-                } else if d >= Duration::from_secs(1) || self.store.free_blocks() <= 2 {
-                    Behind::Device("large-block reads (defrag)")
-                } else {
-                    Behind::Generator
-                };
-                sh.fall_behind(who, lag);
-                break;
-            }
-            let due = schedule.take_due(now).expect("due");
-            stats.max_lag_ns = stats.max_lag_ns.max(lag.as_nanos() as u64);
-            if measuring {
-                sh.slice_lag_ns
-                    .fetch_max(lag.as_nanos() as u64, Ordering::Relaxed);
-            }
-            let write =
-                (op + 1) * self.writes_per_s / total_ops > op * self.writes_per_s / total_ops;
-            op += 1;
-            let key = keys.next_offset();
-            let started = sh.now_ns();
-            let result = if write {
-                self.store.put(key).map(|bytes| OpDone {
-                    service_ns: None,
-                    bytes,
-                })
-            } else {
-                self.store.get(key, &mut scratch)
-            };
-            let OpDone { service_ns, bytes } = match result {
-                Ok(s) => s,
-                // Stopping while waiting for space is the end of the run, not a failure.
-                Err(KvError::Stopped) => break,
-                Err(error) => return Err(WorkloadError::Kv { worker, error }),
-            };
-            now = sh.now_ns();
-            if !measuring || due < sh.ramp_ns || now > sh.end_ns {
-                continue;
-            }
-            let lat = now - started;
-            let client = if write {
-                &mut client_write
-            } else {
-                &mut client_read
-            };
-            client.ios += 1;
-            client.bytes += bytes;
-            client.lat.record(lat);
-            client.lat_intended.record(now - due);
-            // Only reads that went to the device are device I/O (writes are appends to memory,
-            // and a read of a record still in the write cache is a copy).
-            if let Some(service) = service_ns {
-                client.slat.record(lat.saturating_sub(service));
-                client.clat.record(service);
-                let d = &mut stats.read;
-                d.ios += 1;
-                d.bytes += bytes;
-                d.slat.record(lat.saturating_sub(service));
-                d.clat.record(service);
-                d.lat.record(lat);
-                d.lat_intended.record(now - due);
-                interval.read_ios += 1;
-                interval.read_bytes += bytes;
-                interval.lat.record(lat);
-                // ACT's "reads" histogram: the device read's service time.
-                sh.reads.record_ns(service);
-                sh.reads_intended.record_ns(now - due);
-            }
-            let window_now = now - sh.ramp_ns;
-            while window_now >= interval.start_ns + self.interval_ns {
-                let next_start = interval.start_ns + self.interval_ns;
-                interval.end_ns = next_start;
-                let next = IntervalSample::empty(worker, interval.index + 1, next_start);
-                send_interval(std::mem::replace(&mut interval, next));
-            }
+            self.seed ^ (u64::from(self.worker) << 32),
+        )
+    }
+
+    /// Writes are spread evenly among reads (Bresenham on the op count), each thread starting
+    /// at its own phase so the mix holds over any short window.
+    pub fn mix(&self) -> OpMix {
+        let total = self.reads_per_s + self.writes_per_s;
+        OpMix {
+            op: u64::from(self.worker) * total / u64::from(self.threads).max(1),
+            writes: self.writes_per_s,
+            total,
         }
-        let end = now.min(sh.end_ns);
-        stats.cpu = CpuTime::of_this_thread().since(cpu_start);
-        stats.measured_ns = end.saturating_sub(sh.ramp_ns);
-        stats.engine_features = "psync".into();
-        if measuring && end > sh.ramp_ns + interval.start_ns {
-            interval.end_ns = end - sh.ramp_ns;
-            send_interval(interval);
+    }
+
+    /// When the measured window ends, in the run's clock.
+    pub fn end_ns(&self) -> u64 {
+        self.shared.end_ns
+    }
+
+    /// Whether the run should end now.
+    pub fn over(&self, now: u64) -> bool {
+        now >= self.shared.end_ns
+            || self.shared.halt.load(Ordering::Relaxed)
+            || self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Stops the run when the schedule slipped past `--max-lag`, naming who was behind.
+    /// Returns whether it did.
+    pub fn fell_behind(&self, lag: Duration) -> bool {
+        if lag <= self.max_lag {
+            return false;
         }
-        Ok(ServiceResult {
-            device: stats,
-            client_read,
-            client_write,
-        })
+        let (w, d) = self.store.backlog();
+        let who = if w >= Duration::from_secs(1) {
+            Behind::Device("large-block writes")
+        } else if d >= Duration::from_secs(1) || self.store.free_blocks() <= 2 {
+            Behind::Device("large-block reads (defrag)")
+        } else {
+            Behind::Generator
+        };
+        self.shared.fall_behind(who, lag);
+        true
     }
 }
 
-/// What one service thread measured: its device reads (reported as a worker) and all of its
+/// Which client operations are writes.
+pub(super) struct OpMix {
+    op: u64,
+    writes: u64,
+    total: u64,
+}
+
+impl OpMix {
+    /// Whether the next operation is a write.
+    pub fn next_is_write(&mut self) -> bool {
+        let (op, w, t) = (self.op, self.writes, self.total.max(1));
+        self.op += 1;
+        (op + 1) * w / t > op * w / t
+    }
+}
+
+/// When a client operation was due, started and done, in the run's clock.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct OpTimes {
+    pub due: u64,
+    pub started: u64,
+    pub now: u64,
+}
+
+/// One client thread's measurements: its device reads (reported as a worker's I/O and in
+/// ACT's histograms) and all of its client operations.
+pub(super) struct ClientTally<'a> {
+    worker: u32,
+    sh: &'a Shared,
+    interval_ns: u64,
+    stats: RunStats,
+    client_read: DirStats,
+    client_write: DirStats,
+    interval: IntervalSample,
+    cpu_start: CpuTime,
+    measuring: bool,
+    last_ns: u64,
+}
+
+impl<'a> ClientTally<'a> {
+    pub fn new(ctx: &'a ClientContext) -> Self {
+        Self {
+            worker: ctx.worker,
+            sh: &ctx.shared,
+            interval_ns: ctx.interval_ns,
+            stats: RunStats::default(),
+            client_read: DirStats::default(),
+            client_write: DirStats::default(),
+            interval: IntervalSample::empty(ctx.worker, 0, 0),
+            cpu_start: CpuTime::of_this_thread(),
+            measuring: ctx.shared.ramp_ns == 0,
+            last_ns: 0,
+        }
+    }
+
+    /// Starts measuring (and the thread's CPU clock) once the ramp is over.
+    pub fn at(&mut self, now: u64) {
+        self.last_ns = self.last_ns.max(now);
+        if !self.measuring && now >= self.sh.ramp_ns {
+            self.measuring = true;
+            self.cpu_start = CpuTime::of_this_thread();
+        }
+    }
+
+    /// An operation issued `lag_ns` after it was due.
+    pub fn issued_late_by(&mut self, lag_ns: u64) {
+        self.stats.max_lag_ns = self.stats.max_lag_ns.max(lag_ns);
+        if self.measuring {
+            self.sh.slice_lag_ns.fetch_max(lag_ns, Ordering::Relaxed);
+        }
+    }
+
+    /// One client operation, with the device read's service time when it went to the device.
+    pub fn done(
+        &mut self,
+        write: bool,
+        times: OpTimes,
+        OpDone { service_ns, bytes }: OpDone,
+        send_interval: &dyn Fn(IntervalSample),
+    ) {
+        let OpTimes { due, started, now } = times;
+        let sh = self.sh;
+        self.at(now);
+        if !self.measuring || due < sh.ramp_ns || now > sh.end_ns {
+            return;
+        }
+        let lat = now - started;
+        let client = if write {
+            &mut self.client_write
+        } else {
+            &mut self.client_read
+        };
+        client.ios += 1;
+        client.bytes += bytes;
+        client.lat.record(lat);
+        client.lat_intended.record(now - due);
+        // Only reads that went to the device are device I/O (writes are appends to memory,
+        // and a read of a record still in the write cache is a copy).
+        if let Some(service) = service_ns {
+            client.slat.record(lat.saturating_sub(service));
+            client.clat.record(service);
+            let d = &mut self.stats.read;
+            d.ios += 1;
+            d.bytes += bytes;
+            d.slat.record(lat.saturating_sub(service));
+            d.clat.record(service);
+            d.lat.record(lat);
+            d.lat_intended.record(now - due);
+            self.interval.read_ios += 1;
+            self.interval.read_bytes += bytes;
+            self.interval.lat.record(lat);
+            // ACT's "reads" histogram: the device read's service time.
+            sh.reads.record_ns(service);
+            sh.reads_intended.record_ns(now - due);
+        }
+        let window_now = now - sh.ramp_ns;
+        while window_now >= self.interval.start_ns + self.interval_ns {
+            let next_start = self.interval.start_ns + self.interval_ns;
+            self.interval.end_ns = next_start;
+            let next = IntervalSample::empty(self.worker, self.interval.index + 1, next_start);
+            send_interval(std::mem::replace(&mut self.interval, next));
+        }
+    }
+
+    /// The thread's results, its last interval sent.
+    pub fn finish(mut self, engine: &str, send_interval: &dyn Fn(IntervalSample)) -> ServiceResult {
+        let sh = self.sh;
+        let end = self.last_ns.min(sh.end_ns);
+        self.stats.cpu = CpuTime::of_this_thread().since(self.cpu_start);
+        self.stats.measured_ns = end.saturating_sub(sh.ramp_ns);
+        self.stats.engine_features = engine.into();
+        if self.measuring && end > sh.ramp_ns + self.interval.start_ns {
+            self.interval.end_ns = end - sh.ramp_ns;
+            send_interval(self.interval);
+        }
+        ServiceResult {
+            device: self.stats,
+            client_read: self.client_read,
+            client_write: self.client_write,
+        }
+    }
+}
+
+/// One synchronous service thread, as ACT's: client operations on its share of the schedule,
+/// one at a time, sleeping until each is due.
+fn run_service_thread(
+    ctx: &ClientContext,
+    send_interval: &dyn Fn(IntervalSample),
+) -> Result<ServiceResult, WorkloadError> {
+    let worker = ctx.worker;
+    let mut schedule = ctx.schedule();
+    let mut keys = ctx.keys();
+    let mut mix = ctx.mix();
+    let mut scratch = ctx
+        .store
+        .read_buffer()
+        .map_err(|error| WorkloadError::Kv { worker, error })?;
+    let sh = &ctx.shared;
+    let mut tally = ClientTally::new(ctx);
+    let mut now = sh.now_ns();
+    loop {
+        tally.at(now);
+        if ctx.over(now) {
+            break;
+        }
+        let due = schedule.next_due_ns();
+        if due > now {
+            let wait = (due - now).min(sh.end_ns - now).min(50_000_000);
+            std::thread::sleep(Duration::from_nanos(wait));
+            now = sh.now_ns();
+            continue;
+        }
+        let lag = Duration::from_nanos(schedule.lag_ns(now));
+        if ctx.fell_behind(lag) {
+            break;
+        }
+        let due = schedule.take_due(now).expect("due");
+        tally.issued_late_by(lag.as_nanos() as u64);
+        let write = mix.next_is_write();
+        let key = keys.next_offset();
+        let started = sh.now_ns();
+        let result = if write {
+            ctx.store.put(key).map(|bytes| OpDone {
+                service_ns: None,
+                bytes,
+            })
+        } else {
+            ctx.store.get(key, &mut scratch)
+        };
+        let done = match result {
+            Ok(s) => s,
+            // Stopping while waiting for space is the end of the run, not a failure.
+            Err(KvError::Stopped) => break,
+            Err(error) => return Err(WorkloadError::Kv { worker, error }),
+        };
+        now = sh.now_ns();
+        tally.done(write, OpTimes { due, started, now }, done, send_interval);
+    }
+    Ok(tally.finish("psync", send_interval))
+}
+
+/// What one client thread measured: its device reads (reported as a worker) and all of its
 /// client operations (for the kv outcome).
-struct ServiceResult {
+pub(super) struct ServiceResult {
     device: RunStats,
     client_read: DirStats,
     client_write: DirStats,

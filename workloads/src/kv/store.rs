@@ -3,9 +3,11 @@
 //! leave the older copy dead, and a defragmenter that rewrites the live records of blocks whose
 //! live fraction fell below a threshold and frees them. Every read is verified against the index.
 //!
-//! Concurrency: one mutex guards the index and block bookkeeping; no I/O happens under it.
-//! Client threads `put` (an in-memory append) and `get` (a lookup, then a device read outside the
-//! lock, checked afterwards). A full write buffer is sealed into the writer's queue, and one
+//! Concurrency: one mutex serializes the store's writers (appends, sealing, defrag) and guards
+//! the write buffers and block bookkeeping; no I/O happens under it. The index and block states
+//! are atomics (`index.rs`), so a client read of a record on the device takes no lock: it looks
+//! the key up, reads, and checks what it read against the index. Clients `put` (an in-memory
+//! append) and `get` (synchronous) or `plan_read` + `verify_read` (for asynchronous engines). A full write buffer is sealed into the writer's queue, and one
 //! writer thread (`run_writer`) writes sealed blocks in order. One defrag thread (`run_defrag`)
 //! reads candidate blocks, re-appends their live records and frees them. Blocks still queued
 //! for writing are served from memory.
@@ -17,8 +19,11 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::act::roundup16;
 use crate::engine::AlignedBuffer;
+use crate::kv::index::{BlockState, BlockStates, Entry, Index, MAX_BLOCKS};
 
 const MAGIC: u32 = u32::from_le_bytes(*b"VGKV");
 /// magic u32, generation u32, key u64, length u32, pad u32, checksum u64.
@@ -37,6 +42,8 @@ pub enum KvError {
         "the target holds {blocks} large blocks; the store needs at least 4 (use a larger --size)"
     )]
     TooSmall { blocks: u64 },
+    #[error("the target holds {blocks} large blocks; the store's index addresses at most {max} (use a smaller --size or a larger --lb-bytes)")]
+    TooLarge { blocks: u64, max: u64 },
     #[error(
         "the store is full: every block is live (lower --fill-pct, raise --defrag-lwm-pct or use a larger --size)"
     )]
@@ -84,27 +91,6 @@ impl KvConfig {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Entry {
-    block: u32,
-    offset: u32,
-    /// Stored bytes (header included, 16-byte units).
-    len: u32,
-    generation: u32,
-    checksum: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BlockState {
-    Free,
-    /// The write buffer fills it.
-    Open,
-    /// Sealed, queued for the writer; reads are served from its buffer.
-    Writing,
-    /// On the device.
-    Sealed,
-}
-
 /// What the store did, for rates and checks.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KvCounters {
@@ -121,6 +107,15 @@ pub struct KvCounters {
     pub mismatches: u64,
 }
 
+/// The read side's counters, kept outside the lock.
+#[derive(Default)]
+struct ReadCounters {
+    gets: AtomicU64,
+    buffered_gets: AtomicU64,
+    read_retries: AtomicU64,
+    mismatches: AtomicU64,
+}
+
 /// Who is sealing a block: clients leave a reserve of free blocks for the defragmenter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {
@@ -135,14 +130,12 @@ struct PendingWrite {
 }
 
 struct State {
-    states: Vec<BlockState>,
     /// Live bytes per block.
     live: Vec<u64>,
     free: VecDeque<u32>,
     /// Blocks below the low-water mark, with when they crossed it.
     defrag_queue: VecDeque<(u32, Instant)>,
     defragging: bool,
-    index: Vec<Option<Entry>>,
     buf: AlignedBuffer,
     buf_block: u32,
     buf_used: usize,
@@ -162,6 +155,9 @@ pub struct KvStore {
     stored_min: u64,
     stored_max: u64,
     align: usize,
+    index: Index,
+    states: BlockStates,
+    reads: ReadCounters,
     state: Mutex<State>,
     /// A block was freed or written, or the store is stopping.
     space: Condvar,
@@ -265,6 +261,28 @@ pub struct OpDone {
     pub bytes: u64,
 }
 
+/// A client read as an asynchronous engine sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PlannedRead {
+    /// Served and checked from memory: the record was not on the device yet.
+    Done { bytes: u64 },
+    /// To be read from the device and checked with `KvStore::verify_read`.
+    Device(DeviceRead),
+}
+
+/// One aligned device read covering a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceRead {
+    pub key: u64,
+    entry: Entry,
+    /// Where the aligned span starts on the target and how long it is.
+    pub offset: u64,
+    pub len: usize,
+    /// The record's place inside the span.
+    at: usize,
+    retries: u32,
+}
+
 /// Where a record's bytes are when a reader looks it up.
 enum Location {
     Memory(Vec<u8>),
@@ -293,6 +311,12 @@ impl KvStore {
         if blocks < 4 {
             return Err(KvError::TooSmall { blocks });
         }
+        if blocks > MAX_BLOCKS {
+            return Err(KvError::TooLarge {
+                blocks,
+                max: MAX_BLOCKS,
+            });
+        }
         let write_file = if cfg.dsync {
             // O_DSYNC cannot be added with fcntl; reopening the descriptor's own link works for
             // unlinked temp files and devices alike.
@@ -311,17 +335,13 @@ impl KvStore {
             len: 0,
             err,
         })?;
+        let states = BlockStates::new(blocks);
+        states.set(0, BlockState::Open);
         let state = State {
-            states: {
-                let mut s = vec![BlockState::Free; blocks as usize];
-                s[0] = BlockState::Open;
-                s
-            },
             live: vec![0; blocks as usize],
             free: (1..blocks as u32).collect(),
             defrag_queue: VecDeque::new(),
             defragging: false,
-            index: vec![None; keys as usize],
             buf: alloc(cfg.lb_bytes, align)?,
             buf_block: 0,
             buf_used: 0,
@@ -335,6 +355,9 @@ impl KvStore {
             stored_min,
             stored_max,
             align: align.max(512),
+            index: Index::new(keys),
+            states,
+            reads: ReadCounters::default(),
             state: Mutex::new(state),
             space: Condvar::new(),
             work: Condvar::new(),
@@ -368,11 +391,11 @@ impl KvStore {
     }
 
     pub fn blocks(&self) -> u64 {
-        self.lock().states.len() as u64
+        self.states.len() as u64
     }
 
     pub fn keys(&self) -> u64 {
-        self.lock().index.len() as u64
+        self.index.keys()
     }
 
     /// Bytes of a client read of a record stored at `abs` with `len` bytes: the smallest
@@ -391,7 +414,13 @@ impl KvStore {
     }
 
     pub fn counters(&self) -> KvCounters {
-        self.lock().counters.clone()
+        let mut c = self.lock().counters.clone();
+        let r = &self.reads;
+        c.gets = r.gets.load(Ordering::Relaxed);
+        c.buffered_gets = r.buffered_gets.load(Ordering::Relaxed);
+        c.read_retries = r.read_retries.load(Ordering::Relaxed);
+        c.mismatches = r.mismatches.load(Ordering::Relaxed);
+        c
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -408,10 +437,10 @@ impl KvStore {
     /// record's stored size.
     pub fn put(&self, key: u64) -> Result<u64, KvError> {
         let mut g = self.lock();
-        let generation = g
+        let generation = self
             .index
-            .get(key as usize)
-            .ok_or(KvError::Missing(key))?
+            .get(key)
+            .map_err(|()| KvError::Missing(key))?
             .map_or(1, |e| e.generation + 1);
         let len = self.record_len(key, generation);
         g = self.append(g, key, generation, len as usize, None, Role::Client)?;
@@ -453,10 +482,10 @@ impl KvStore {
             }
         };
         st.buf_used += stored;
-        if let Some(old) = st.index[key as usize] {
+        if let Ok(Some(old)) = self.index.get(key) {
             let b = old.block as usize;
             st.live[b] = st.live[b].saturating_sub(u64::from(old.len));
-            if st.states[b] == BlockState::Sealed
+            if self.states.get(old.block) == BlockState::Sealed
                 && self.below_lwm(st.live[b])
                 && !st.defrag_queue.iter().any(|(q, _)| *q == old.block)
             {
@@ -466,13 +495,16 @@ impl KvStore {
         }
         let open = st.buf_block;
         st.live[open as usize] += stored as u64;
-        st.index[key as usize] = Some(Entry {
-            block: open,
-            offset: at as u32,
-            len: stored as u32,
-            generation,
-            checksum,
-        });
+        self.index.set(
+            key,
+            Entry {
+                block: open,
+                offset: at as u32,
+                len: stored as u32,
+                generation,
+                checksum_low: checksum as u32,
+            },
+        );
         Ok(g)
     }
 
@@ -499,7 +531,7 @@ impl KvStore {
             }
             // At most a quarter of a small store waits in memory.
             let cache_blocks = (WRITE_CACHE_BYTES / self.cfg.lb_bytes)
-                .min(g.states.len() as u64 / 4)
+                .min(self.states.len() as u64 / 4)
                 .max(4) as usize;
             let writer_has_room = role == Role::Defrag || g.writing.len() < cache_blocks;
             if g.free.len() > reserve && writer_has_room {
@@ -524,7 +556,7 @@ impl KvStore {
         st.buf.as_mut_slice()[used..].fill(0);
         let full = std::mem::replace(&mut st.buf, fresh);
         let sealed = st.buf_block;
-        st.states[sealed as usize] = BlockState::Writing;
+        self.states.set(sealed, BlockState::Writing);
         st.writing.push_back(PendingWrite {
             block: sealed,
             data: Arc::new(full),
@@ -532,7 +564,7 @@ impl KvStore {
         });
         st.buf_block = next;
         st.buf_used = 0;
-        st.states[next as usize] = BlockState::Open;
+        self.states.set(next, BlockState::Open);
         self.work.notify_all();
         Ok(g)
     }
@@ -583,7 +615,7 @@ impl KvStore {
             observe(service_ns);
             let mut g = self.lock();
             g.writing.pop_front();
-            g.states[block as usize] = BlockState::Sealed;
+            self.states.set(block, BlockState::Sealed);
             g.counters.lb_writes += 1;
             if self.below_lwm(g.live[block as usize]) {
                 g.defrag_queue.push_back((block, Instant::now()));
@@ -607,7 +639,7 @@ impl KvStore {
                     }
                     // A queued block may have been refilled since: judge it as it is now.
                     if let Some((b, _)) = g.defrag_queue.pop_front() {
-                        if g.states[b as usize] == BlockState::Sealed
+                        if self.states.get(b) == BlockState::Sealed
                             && self.below_lwm(g.live[b as usize])
                         {
                             g.defragging = true;
@@ -650,7 +682,7 @@ impl KvStore {
                 let next = at + stored;
                 let generation = u32::from_le_bytes(word(rec, 4));
                 let key = u64::from_le_bytes(word(rec, 8));
-                let current = g.index.get(key as usize).copied().flatten();
+                let current = self.index.get(key).ok().flatten();
                 if current.is_some_and(|e| {
                     e.block == block && e.offset as usize == at && e.generation == generation
                 }) {
@@ -669,7 +701,7 @@ impl KvStore {
                 at = next;
             }
             g.live[block as usize] = 0;
-            g.states[block as usize] = BlockState::Free;
+            self.states.set(block, BlockState::Free);
             g.free.push_back(block);
             self.space.notify_all();
         }
@@ -737,22 +769,34 @@ impl KvStore {
         }
     }
 
-    /// Where `key`'s current record is, copied out when it is still in memory.
-    fn locate(&self, key: u64) -> Result<(Entry, Location), KvError> {
-        let mut g = self.lock();
-        let e = g
-            .index
-            .get(key as usize)
-            .copied()
+    /// The key's current entry, read without the lock.
+    fn entry(&self, key: u64) -> Result<Entry, KvError> {
+        self.index
+            .get(key)
+            .ok()
             .flatten()
-            .ok_or(KvError::Missing(key))?;
-        g.counters.gets += 1;
+            .ok_or(KvError::Missing(key))
+    }
+
+    /// Where `key`'s current record is, copied out when it is still in memory. A record on the
+    /// device is found without the lock; one in a write buffer (or in a block that is changing
+    /// state) is settled under it.
+    fn locate(&self, key: u64) -> Result<(Entry, Location), KvError> {
+        let e = self.entry(key)?;
+        self.reads.gets.fetch_add(1, Ordering::Relaxed);
+        let on_device =
+            |e: &Entry| Location::Device(u64::from(e.block) * self.cfg.lb_bytes + e.offset as u64);
+        if self.states.get(e.block) == BlockState::Sealed {
+            return Ok((e, on_device(&e)));
+        }
+        let g = self.lock();
+        let e = self.entry(key)?;
         let (at, stored) = (e.offset as usize, e.len as usize);
         // The block's state says where it is, so the writer's queue is searched only for
         // blocks actually in it.
         let location = if e.block == g.buf_block {
             Location::Memory(g.buf.as_slice()[at..at + stored].to_vec())
-        } else if g.states[e.block as usize] == BlockState::Writing {
+        } else if self.states.get(e.block) == BlockState::Writing {
             let p = g
                 .writing
                 .iter()
@@ -760,10 +804,10 @@ impl KvStore {
                 .expect("a Writing block is in the writer's queue");
             Location::Memory(p.data.as_slice()[at..at + stored].to_vec())
         } else {
-            Location::Device(u64::from(e.block) * self.cfg.lb_bytes + e.offset as u64)
+            on_device(&e)
         };
         if matches!(location, Location::Memory(_)) {
-            g.counters.buffered_gets += 1;
+            self.reads.buffered_gets.fetch_add(1, Ordering::Relaxed);
         }
         Ok((e, location))
     }
@@ -814,15 +858,14 @@ impl KvStore {
         if Self::matches(rec, key, &entry) {
             return Ok(true);
         }
-        let mut g = self.lock();
-        let now = g.index.get(key as usize).copied().flatten();
+        let now = self.index.get(key).ok().flatten();
         if now != Some(entry) && *retries < 16 {
-            g.counters.read_retries += 1;
-            g.counters.gets -= 1;
+            self.reads.read_retries.fetch_add(1, Ordering::Relaxed);
+            self.reads.gets.fetch_sub(1, Ordering::Relaxed);
             *retries += 1;
             return Ok(false);
         }
-        g.counters.mismatches += 1;
+        self.reads.mismatches.fetch_add(1, Ordering::Relaxed);
         Err(KvError::Mismatch {
             key,
             generation: entry.generation,
@@ -834,17 +877,79 @@ impl KvStore {
         })
     }
 
+    /// The header names this key and generation, and the payload is the one whose checksum
+    /// the header and the index hold.
     fn matches(rec: &[u8], key: u64, e: &Entry) -> bool {
+        if rec.len() < HEADER {
+            return false;
+        }
+        let checksum = u64::from_le_bytes(word(rec, 24));
         u32::from_le_bytes(word(rec, 0)) == MAGIC
             && u32::from_le_bytes(word(rec, 4)) == e.generation
             && u64::from_le_bytes(word(rec, 8)) == key
-            && u64::from_le_bytes(word(rec, 24)) == e.checksum
-            && checksum_of(&rec[HEADER..]) == e.checksum
+            && checksum as u32 == e.checksum_low
+            && checksum_of(&rec[HEADER..]) == checksum
+    }
+
+    /// Starts a client read of `key` for an asynchronous engine: either the record, copied
+    /// from memory (already checked, `PlannedRead::Done`), or the aligned span to read from the
+    /// device, to be checked with `verify_read` once read.
+    pub fn plan_read(&self, key: u64) -> Result<PlannedRead, KvError> {
+        let mut retries = 0;
+        loop {
+            let (entry, location) = self.locate(key)?;
+            match location {
+                Location::Memory(rec) => {
+                    if self.check(key, entry, &rec, &mut retries)? {
+                        return Ok(PlannedRead::Done {
+                            bytes: rec.len() as u64,
+                        });
+                    }
+                }
+                Location::Device(abs) => {
+                    let (start, end) = self.read_span(abs, u64::from(entry.len));
+                    return Ok(PlannedRead::Device(DeviceRead {
+                        key,
+                        entry,
+                        offset: start,
+                        len: (end - start) as usize,
+                        at: (abs - start) as usize,
+                        retries,
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Checks a device read planned by `plan_read` whose bytes are `data` (the whole span).
+    /// Ok(None): the record is good. Ok(Some(plan)): it moved while being read; issue `plan`
+    /// instead (a record now in memory is checked at once and comes back as `Done`).
+    pub fn verify_read(
+        &self,
+        read: &DeviceRead,
+        data: &[u8],
+    ) -> Result<Option<PlannedRead>, KvError> {
+        let stored = read.entry.len as usize;
+        let rec = data.get(read.at..read.at + stored).unwrap_or(&[]);
+        let mut retries = read.retries;
+        if self.check(read.key, read.entry, rec, &mut retries)? {
+            return Ok(None);
+        }
+        let mut next = self.plan_read(read.key)?;
+        if let PlannedRead::Device(d) = &mut next {
+            d.retries += retries;
+        }
+        Ok(Some(next))
     }
 
     /// A buffer large enough for any client read.
     pub fn read_buffer(&self) -> Result<AlignedBuffer, KvError> {
         alloc(self.read_bytes().1 + self.align as u64, self.align)
+    }
+
+    /// The descriptor client reads go to (O_DIRECT).
+    pub fn read_fd(&self) -> std::os::fd::RawFd {
+        self.file.as_raw_fd()
     }
 }
 
@@ -894,9 +999,9 @@ mod tests {
                 store.put(1 + i % 50).unwrap();
                 i += 1;
                 store.wait_caught_up(0, 0);
-                let g = store.lock();
-                let moved = g.index[0].is_some_and(|e| e.block != 0);
-                if moved && g.states[0] == BlockState::Sealed {
+                let _g = store.lock();
+                let moved = store.index.get(0).unwrap().is_some_and(|e| e.block != 0);
+                if moved && store.states.get(0) == BlockState::Sealed {
                     break;
                 }
                 assert!(i < 10_000, "block 0 was never reused");

@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""virtgap's kv workload against Aerospike's ACT (act_storage) on one loop device.
+
+Builds ACT from a source tree you give it (it is not vendored: `--act-src` is a checkout of
+github.com/aerospike/act), writes a backing file in full (so every read reaches the disk),
+attaches it as a loop device with direct I/O, and climbs a ladder of x-ratings. At each rating
+it runs ACT, then virtgap's kv-act with probes off and with every probe attached, each for the
+same duration on the same device, and prints per run:
+
+  delivered  share of the scheduled client reads done (ACT: its reads histogram's total;
+             virtgap: its delivered client share, reads and writes)
+  verdict    ACT's thresholds over the whole run (< 5% of reads >= 1 ms, < 1% >= 8 ms,
+             < 0.1% >= 64 ms); a run that did not deliver its load has no PASS
+  CPU/read   CPU time of every thread of the run per client read done (virtgap: its workload
+             threads in the measured window — service or ring threads, writer, defragmenter;
+             ACT: the whole process). virtgap's writes are real appends that ACT does not
+             model per operation, so the ratio counts them against virtgap.
+
+Then the ratios: highest rating delivered (ours / ACT) and CPU per client read (ours / ACT)
+at each rating both delivered. Root only (loop devices)."""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ACT_THRESHOLDS = ((1, 5.0), (8, 1.0), (64, 0.1))
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, check=True, text=True, capture_output=True, **kw)
+
+
+def build_act(src):
+    binary = os.path.join(src, "target", "bin", "act_storage")
+    r = subprocess.run(["make", "-C", src, "act_storage"], text=True, capture_output=True)
+    if r.returncode != 0 or not os.access(binary, os.X_OK):
+        sys.exit(f"bench: building ACT in {src} failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    return binary
+
+
+def timed(cmd):
+    """Runs cmd; returns (exit code, stdout, CPU seconds of the whole process tree)."""
+    with tempfile.TemporaryFile() as out:
+        pid = os.fork()
+        if pid == 0:
+            os.dup2(out.fileno(), 1)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 2)
+            try:
+                os.execvp(cmd[0], cmd)
+            finally:
+                os._exit(127)
+        _, status, usage = os.wait4(pid, 0)
+        out.seek(0)
+        text = out.read().decode(errors="replace")
+    return os.waitstatus_to_exitcode(status), text, usage.ru_utime + usage.ru_stime
+
+
+def act_verdict(buckets, total):
+    """ACT's pass rule on a histogram of power-of-two millisecond buckets: bucket 0 is under
+    1 ms, bucket k covers [2^(k-1), 2^k) ms."""
+    if total == 0:
+        return False, {}
+    pct = {}
+    for ms, limit in ACT_THRESHOLDS:
+        first = ms.bit_length()  # the first bucket whose range starts at >= ms
+        over = sum(n for b, n in buckets.items() if b >= first)
+        pct[ms] = 100.0 * over / total
+    return all(pct[ms] < limit for ms, limit in ACT_THRESHOLDS), pct
+
+
+def run_act(binary, device, x, duration, workdir):
+    conf = os.path.join(workdir, f"act-{x}x.conf")
+    with open(conf, "w") as f:
+        f.write(
+            f"device-names: {device}\n"
+            f"test-duration-sec: {duration}\n"
+            f"read-reqs-per-sec: {2000 * x}\n"
+            f"write-reqs-per-sec: {1000 * x}\n"
+        )
+    code, out, cpu = timed([binary, conf])
+    with open(os.path.join(workdir, f"act-{x}x.log"), "w") as f:
+        f.write(out)
+    # The last cumulative dump of the "reads" histogram.
+    reads_total, buckets = 0, {}
+    for block in re.finditer(r"^reads \((\d+) total\)\n((?: \(\d+: \d+\).*\n)*)", out, re.M):
+        reads_total = int(block.group(1))
+        buckets = {int(b): int(n) for b, n in re.findall(r"\((\d+): (\d+)\)", block.group(2))}
+    stopped = "can't keep up" in out
+    delivered = reads_total / (2000 * x * duration)
+    ok, pct = act_verdict(buckets, reads_total)
+    verdict = "PASS" if ok and not stopped and delivered >= 0.99 else "FAIL"
+    if stopped:
+        verdict = "stopped: " + next(
+            (l.strip() for l in out.splitlines() if "can't keep up" in l), "behind"
+        )
+    return {
+        "delivered": delivered,
+        "verdict": verdict,
+        "pct": pct,
+        "cpu_per_read_us": cpu / reads_total * 1e6 if reads_total else None,
+        "exit": code,
+    }
+
+
+def run_virtgap(binary, device, backing, size, x, duration, probes, workdir):
+    out_json = os.path.join(workdir, f"virtgap-{x}x-{'probes' if probes else 'noprobes'}.json")
+    cmd = [
+        binary, "record", "-w", "kv-act", "--x", str(x), "--duration", f"{duration}s",
+        "--target", device, "--destroy-data", backing, "--size", size,
+        "--json", "--force", "-o", out_json,
+    ]
+    if not probes:
+        cmd.append("--no-probes")
+    code, out, _ = timed(cmd)
+    try:
+        doc = json.loads(out)
+    except json.JSONDecodeError:
+        return {"delivered": 0.0, "verdict": f"error (exit {code})", "pct": {}, "cpu_per_read_us": None}
+    kv = doc["kv"]
+    measured_s = max(s["end_s"] for s in kv["slices"]) if kv["slices"] else duration
+    reads = kv["achieved"]["client_reads_per_s"] * measured_s
+    cpu_s = sum((j["usr_cpu"] + j["sys_cpu"]) / 100.0 for j in doc["jobs"]) * measured_s
+    complete = [s for s in kv["slices"] if s["complete"]] or kv["slices"]
+    worst = {
+        ms: max(s["reads"][f"pct_at_or_over_{ms}ms"] for s in complete) if complete else 0.0
+        for ms, _ in ACT_THRESHOLDS
+    }
+    verdict = {"pass": "PASS", "fail": "FAIL", "not_delivered": "NO VERDICT (load not delivered)"}.get(
+        kv["outcome"], kv["outcome"]
+    )
+    judged = ",".join(sorted({s["judged_on"] for s in complete}))
+    return {
+        "delivered": kv["delivered"]["client_fraction"],
+        "lb_delivered": kv["delivered"]["large_block_fraction"],
+        "verdict": f"{verdict} ({judged})" if judged else verdict,
+        "pct": worst,
+        "cpu_per_read_us": cpu_s / reads * 1e6 if reads else None,
+        "exit": code,
+    }
+
+
+def row(name, r):
+    pct = " ".join(f"{r['pct'].get(ms, 0.0):6.2f}%" for ms, _ in ACT_THRESHOLDS) if r["pct"] else " " * 23
+    cpu = f"{r['cpu_per_read_us']:8.2f} µs" if r.get("cpu_per_read_us") else "       - µs"
+    return f"  {name:<18} {100 * r['delivered']:7.2f}%  {pct}  {cpu}  {r['verdict']}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--act-src", required=True, help="an ACT source tree (github.com/aerospike/act)")
+    ap.add_argument("--virtgap", default="target/release/virtgap")
+    ap.add_argument("--ratings", type=int, nargs="+", default=[20, 30, 40, 60])
+    ap.add_argument("--duration", type=int, default=30, help="seconds per run")
+    ap.add_argument("--size", default="2GiB", help="loop device size")
+    ap.add_argument("--dir", default="target/bench-kv", help="where the backing file goes")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench: needs root (loop devices, BPF)")
+    if not os.path.isdir(args.act_src):
+        sys.exit(f"bench: --act-src {args.act_src} is not a directory (a checkout of github.com/aerospike/act)")
+    act = build_act(args.act_src)
+    os.makedirs(args.dir, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="run-", dir=args.dir)
+    backing = os.path.abspath(os.path.join(workdir, "loop.img"))
+    mib = int(run(["numfmt", "--from=iec-i", "--to-unit=1048576", args.size.replace("B", "")]).stdout)
+    print(f"bench: writing a {mib} MiB backing file in {workdir} (every block allocated) ...", flush=True)
+    run(["dd", "if=/dev/zero", f"of={backing}", "bs=1M", f"count={mib}", "oflag=direct", "status=none"])
+    device = run(["losetup", "--direct-io=on", "--find", "--show", backing]).stdout.strip()
+    print(f"bench: {device} over {backing}; {args.duration} s per run; logs in {workdir}\n", flush=True)
+    results = {}
+    try:
+        header = f"  {'':<18} {'delivered':>8}  {'>=1ms':>7} {'>=8ms':>7} {'>=64ms':>7}  {'CPU/read':>11}  verdict"
+        for x in args.ratings:
+            print(f"{x}x ({2000 * x} reads/s + {1000 * x} writes/s)")
+            print(header)
+            runs = {
+                "ACT 6.6": lambda: run_act(act, device, x, args.duration, workdir),
+                "virtgap, no probes": lambda: run_virtgap(args.virtgap, device, backing, args.size, x, args.duration, False, workdir),
+                "virtgap, probes": lambda: run_virtgap(args.virtgap, device, backing, args.size, x, args.duration, True, workdir),
+            }
+            for name, go in runs.items():
+                r = go()
+                results[(x, name)] = r
+                print(row(name, r), flush=True)
+            print()
+    finally:
+        subprocess.run(["losetup", "-d", device])
+        try:
+            os.unlink(backing)
+        except OSError:
+            pass
+
+    def highest(name, passed):
+        ok = [
+            x
+            for x in args.ratings
+            if results[(x, name)]["delivered"] >= 0.99
+            and (not passed or results[(x, name)]["verdict"].startswith("PASS"))
+        ]
+        return max(ok) if ok else None
+
+    def ratio(ours, act):
+        return f"{ours / act:.2f}" if ours and act else "-"
+
+    print("ratios (ours / ACT)")
+    for name in ("virtgap, no probes", "virtgap, probes"):
+        for what, passed in (("delivered (>= 99%)", False), ("passed at its full load", True)):
+            ours, act_x = highest(name, passed), highest("ACT 6.6", passed)
+            print(f"  {name}: highest rating {what} {ours or '-'}x vs ACT {act_x or '-'}x -> {ratio(ours, act_x)}")
+        for x in args.ratings:
+            a, v = results[(x, "ACT 6.6")], results[(x, name)]
+            a_reads = a["delivered"] * 2000 * x
+            v_reads = v["delivered"] * 2000 * x
+            print(
+                f"    {x}x: reads done {v_reads:,.0f}/s vs {a_reads:,.0f}/s -> {ratio(v_reads, a_reads)}; "
+                f"CPU per client read {v['cpu_per_read_us'] or 0:.2f} vs {a['cpu_per_read_us'] or 0:.2f} µs "
+                f"-> {ratio(v['cpu_per_read_us'], a['cpu_per_read_us'])}"
+            )
+
+
+if __name__ == "__main__":
+    main()
