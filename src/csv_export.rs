@@ -394,7 +394,6 @@ pub fn export(p: &Profile) -> [(&'static str, String); 4] {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
-    use std::path::PathBuf;
 
     use super::*;
     use crate::host::{BlockDeviceInfo, Cpuid, Fingerprint, HwQueue, QueueIrq};
@@ -567,17 +566,9 @@ mod tests {
     }
 
     #[test]
-    fn csv_files_match_their_golden_copies() {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/golden");
+    fn csv_files_match_their_snapshots() {
         for (name, text) in export(&fixture()) {
-            let path = dir.join(name);
-            if std::env::var_os("UPDATE_GOLDEN").is_some() {
-                std::fs::create_dir_all(&dir).unwrap();
-                std::fs::write(&path, &text).unwrap();
-            }
-            let golden = std::fs::read_to_string(&path)
-                .unwrap_or_else(|_| panic!("{} missing; run with UPDATE_GOLDEN=1", path.display()));
-            assert_eq!(text, golden, "{name} differs from its golden copy");
+            insta::assert_snapshot!(name.replace('.', "_"), text);
         }
     }
 

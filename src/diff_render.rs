@@ -469,7 +469,6 @@ pub fn stages_svg(a: &Profile, b: &Profile, d: &ProfileDiff) -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
 
     use super::*;
     use crate::diff::{diff, tests::synthetic};
@@ -481,24 +480,12 @@ mod tests {
         )
     }
 
-    fn golden(name: &str, text: &str) {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/data/golden")
-            .join(name);
-        if std::env::var_os("UPDATE_GOLDEN").is_some() {
-            std::fs::write(&path, text).unwrap();
-        }
-        let expected = std::fs::read_to_string(&path)
-            .unwrap_or_else(|_| panic!("{} missing; run with UPDATE_GOLDEN=1", path.display()));
-        assert_eq!(text, expected, "{name} differs from its golden copy");
-    }
-
     #[test]
-    fn markdown_and_csv_match_their_golden_copies() {
+    fn markdown_and_csv_match_their_snapshots() {
         let (a, b) = pair();
         let d = diff(&a, &b);
-        golden("diff.md", &markdown(&d));
-        golden("diff.csv", &csv(&d));
+        insta::assert_snapshot!("diff_md", markdown(&d));
+        insta::assert_snapshot!("diff_csv", csv(&d));
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use io_uring::{opcode, types};
 
-use super::runner::{ClientContext, ClientTally, OpTimes, ServiceResult};
+use super::runner::{ClientContext, ClientOp, ClientTally, OpTimes, ServiceResult};
 use super::store::{DeviceRead, KvError, OpDone, PlannedRead};
 use crate::engine::AlignedBuffer;
 use crate::run::WorkloadError;
@@ -79,9 +79,7 @@ pub(super) fn run_ring(
     let mut free: Vec<usize> = (0..qd).rev().collect();
     let fd = types::Fd(ctx.store.read_fd());
     let sh = &ctx.shared;
-    let mut schedule = ctx.schedule();
-    let mut keys = ctx.keys();
-    let mut mix = ctx.mix();
+    let mut ops = ctx.operations();
     let mut tally = ClientTally::new(ctx);
     let mut tick_pending = false;
     // The kernel copies the timeout when the SQE is submitted; it lives here until then.
@@ -94,8 +92,8 @@ pub(super) fn run_ring(
             break;
         }
         // Everything due by now, as far as there are free slots for its reads.
-        while schedule.next_due_ns() <= now {
-            let lag = Duration::from_nanos(schedule.lag_ns(now));
+        while ops.next_due_ns() <= now {
+            let lag = ops.lag(now);
             if ctx.fell_behind(lag) {
                 break 'run;
             }
@@ -103,10 +101,8 @@ pub(super) fn run_ring(
                 // Reads wait for a slot; a write would overtake them.
                 break;
             }
-            let due = schedule.take_due(now).expect("due");
+            let ClientOp { due, write, key } = ops.take(now);
             tally.issued_late_by(lag.as_nanos() as u64);
-            let write = mix.next_is_write();
-            let key = keys.next_offset();
             let started = sh.now_ns();
             let planned = if write {
                 match ctx.store.put(key) {
@@ -158,7 +154,7 @@ pub(super) fn run_ring(
         // Sleep until a read completes or the next operation is due (at least a tick). With
         // the next one already due, only a completion can help when every slot is busy; with a
         // slot free, it became due while this batch was issued: go round again.
-        let next_due = schedule.next_due_ns().min(ctx.end_ns());
+        let next_due = ops.next_due_ns().min(ctx.end_ns());
         let now = sh.now_ns();
         if !tick_pending && next_due > now {
             let sleep = (next_due - now).max(TICK.as_nanos() as u64);

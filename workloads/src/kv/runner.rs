@@ -840,30 +840,22 @@ pub(super) struct ClientContext {
 }
 
 impl ClientContext {
-    /// This thread's share of the schedule.
-    pub fn schedule(&self) -> RateSchedule {
-        let total_ops = self.reads_per_s + self.writes_per_s;
-        RateSchedule::new(total_ops as f64 / f64::from(self.threads))
-    }
-
-    /// This thread's keys.
-    pub fn keys(&self) -> OffsetGenerator {
-        OffsetGenerator::new(
-            Pattern::Random,
-            self.distribution,
-            self.keys,
-            1,
-            self.worker,
-            self.threads,
-            self.seed ^ (u64::from(self.worker) << 32),
-        )
-    }
-
-    /// Writes are spread evenly among reads (Bresenham on the op count), each thread starting
-    /// at its own phase so the mix holds over any short window.
-    pub fn mix(&self) -> OpMix {
+    /// This thread's operations: its share of the schedule, its keys, and which are writes
+    /// (spread evenly among reads, Bresenham on the op count, each thread at its own phase so
+    /// the mix holds over any short window).
+    pub fn operations(&self) -> ClientOps {
         let total = self.reads_per_s + self.writes_per_s;
-        OpMix {
+        ClientOps {
+            schedule: RateSchedule::new(total as f64 / f64::from(self.threads)),
+            keys: OffsetGenerator::new(
+                Pattern::Random,
+                self.distribution,
+                self.keys,
+                1,
+                self.worker,
+                self.threads,
+                self.seed ^ (u64::from(self.worker) << 32),
+            ),
             op: u64::from(self.worker) * total / u64::from(self.threads).max(1),
             writes: self.writes_per_s,
             total,
@@ -901,19 +893,43 @@ impl ClientContext {
     }
 }
 
-/// Which client operations are writes.
-pub(super) struct OpMix {
+/// One client thread's stream of operations.
+pub(super) struct ClientOps {
+    schedule: RateSchedule,
+    keys: OffsetGenerator,
     op: u64,
     writes: u64,
     total: u64,
 }
 
-impl OpMix {
-    /// Whether the next operation is a write.
-    pub fn next_is_write(&mut self) -> bool {
+/// An operation taken from the schedule.
+pub(super) struct ClientOp {
+    pub due: u64,
+    pub write: bool,
+    pub key: u64,
+}
+
+impl ClientOps {
+    /// When the next operation is due.
+    pub fn next_due_ns(&self) -> u64 {
+        self.schedule.next_due_ns()
+    }
+
+    /// How far behind its schedule the next operation is at `now`.
+    pub fn lag(&self, now: u64) -> Duration {
+        Duration::from_nanos(self.schedule.lag_ns(now))
+    }
+
+    /// Takes the next operation, due at or before `now`.
+    pub fn take(&mut self, now: u64) -> ClientOp {
+        let due = self.schedule.take_due(now).expect("an operation is due");
         let (op, w, t) = (self.op, self.writes, self.total.max(1));
         self.op += 1;
-        (op + 1) * w / t > op * w / t
+        ClientOp {
+            due,
+            write: (op + 1) * w / t > op * w / t,
+            key: self.keys.next_offset(),
+        }
     }
 }
 
@@ -1051,9 +1067,7 @@ fn run_service_thread(
     send_interval: &dyn Fn(IntervalSample),
 ) -> Result<ServiceResult, WorkloadError> {
     let worker = ctx.worker;
-    let mut schedule = ctx.schedule();
-    let mut keys = ctx.keys();
-    let mut mix = ctx.mix();
+    let mut ops = ctx.operations();
     let mut scratch = ctx
         .store
         .read_buffer()
@@ -1066,21 +1080,19 @@ fn run_service_thread(
         if ctx.over(now) {
             break;
         }
-        let due = schedule.next_due_ns();
+        let due = ops.next_due_ns();
         if due > now {
             let wait = (due - now).min(sh.end_ns - now).min(50_000_000);
             std::thread::sleep(Duration::from_nanos(wait));
             now = sh.now_ns();
             continue;
         }
-        let lag = Duration::from_nanos(schedule.lag_ns(now));
+        let lag = ops.lag(now);
         if ctx.fell_behind(lag) {
             break;
         }
-        let due = schedule.take_due(now).expect("due");
+        let ClientOp { due, write, key } = ops.take(now);
         tally.issued_late_by(lag.as_nanos() as u64);
-        let write = mix.next_is_write();
-        let key = keys.next_offset();
         let started = sh.now_ns();
         let result = if write {
             ctx.store.put(key).map(|bytes| OpDone {
@@ -1115,7 +1127,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn act_log_matches_its_golden_copy() {
+    fn act_log_matches_its_snapshot() {
         let mut spec = crate::spec::load("kv-act").unwrap().spec;
         spec.workers = 10;
         let kv = spec.kv.clone().unwrap();
@@ -1133,14 +1145,7 @@ mod tests {
             snap.lb_writes.record_ns(2_500_000);
         }
         let _ = write!(log, "after 1 sec:\n{}", snap.dump("/dev/vdb"));
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/act-log.golden");
-        if std::env::var_os("UPDATE_GOLDEN").is_some() {
-            std::fs::write(&path, &log).unwrap();
-        }
-        let expected = std::fs::read_to_string(&path)
-            .unwrap_or_else(|_| panic!("{} missing; run with UPDATE_GOLDEN=1", path.display()));
-        assert_eq!(log, expected, "the ACT log differs from its golden copy");
+        insta::assert_snapshot!("act_log", log);
     }
 
     #[test]
