@@ -1,13 +1,17 @@
 //! The asynchronous kv client: one io_uring ring per client thread. Operations are taken from
 //! the thread's share of the schedule in batches — every operation due by the time the thread
-//! wakes — so a busy thread arms one timer per tick, not one sleep per operation. Writes are
+//! wakes — so a busy thread arms one timer per batch, not one sleep per operation. Writes are
 //! appends to the store's write buffer, done at once; reads of records on the device go to the
 //! ring (up to `qd` in flight) and are checked against the index as they complete, as the
 //! synchronous engine checks them.
+//!
+//! Timing: a read's service time runs from just before the batch holding it is submitted to
+//! when the thread reaps its completion. A thread held up elsewhere (a write waiting for a free
+//! block) reaps late, so that figure can run long; the block probes time the device exactly.
 
 use std::time::Duration;
 
-use io_uring::{opcode, types};
+use io_uring::{opcode, types, IoUring};
 
 use super::runner::{ClientContext, ClientOp, ClientTally, OpTimes, ServiceResult};
 use super::store::{DeviceRead, KvError, OpDone, PlannedRead};
@@ -20,22 +24,21 @@ use crate::stats::IntervalSample;
 /// operation starts at most this late by design (ACT's smallest latency threshold is 1 ms).
 pub const TICK: Duration = Duration::from_micros(250);
 
+/// The longest sleep, so a stop or the end of the run is seen promptly at low rates.
+const LONGEST_SLEEP: Duration = Duration::from_millis(50);
+
 /// user_data of the tick's timeout; reads carry their slot number.
 const TICK_TAG: u64 = u64::MAX;
 
 /// A read in flight.
-struct Slot {
-    buf: AlignedBuffer,
-    read: Option<InFlight>,
-}
-
 struct InFlight {
     read: DeviceRead,
     due: u64,
     /// When the client operation started (its first submission).
     started: u64,
-    /// When this submission went out (a retried read is timed from its last one).
-    submitted: u64,
+    /// When this submission went out (a retried read is timed from its last one); set when the
+    /// batch is submitted.
+    submitted: Option<u64>,
 }
 
 impl InFlight {
@@ -48,8 +51,94 @@ impl InFlight {
     }
 }
 
-/// One ring thread: runs until the end of the run, then waits for its reads in flight (their
-/// buffers must outlive them).
+struct Slot {
+    buf: AlignedBuffer,
+    read: Option<InFlight>,
+}
+
+/// A thread's ring and the buffers its reads land in. Dropping it — at the end, on an error or
+/// in a panic — first waits for every read in flight; if the ring cannot be waited on, the
+/// buffers are leaked rather than freed under the kernel's feet.
+struct Reads {
+    ring: IoUring,
+    fd: types::Fd,
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    tick_pending: bool,
+}
+
+impl Reads {
+    fn in_flight(&self) -> bool {
+        self.free.len() < self.slots.len()
+    }
+
+    /// Queues a read into a free slot (the caller checked there is one).
+    fn queue(&mut self, read: DeviceRead, due: u64, started: u64) {
+        let index = self.free.pop().expect("a free slot");
+        self.requeue(index, read, due, started);
+    }
+
+    fn requeue(&mut self, index: usize, read: DeviceRead, due: u64, started: u64) {
+        let slot = &mut self.slots[index];
+        let sqe = opcode::Read::new(self.fd, slot.buf.as_mut_ptr(), read.len as u32)
+            .offset(read.offset)
+            .build()
+            .user_data(index as u64);
+        slot.read = Some(InFlight {
+            read,
+            due,
+            started,
+            submitted: None,
+        });
+        // The ring has room for every slot and the tick's timeout, and a slot is queued at
+        // most once before it completes, so the queue cannot be full.
+        // SAFETY: the slot's buffer stays alive and untouched until this read's completion is
+        // reaped: the slot is not free until then, and `Drop` waits for every slot.
+        let pushed = unsafe { self.ring.submission().push(&sqe) };
+        debug_assert!(pushed.is_ok(), "a slot's read always has room in the ring");
+    }
+
+    /// Hands queued reads to the kernel, stamping them with `now`.
+    fn submit(&mut self, now: u64) -> std::io::Result<()> {
+        for slot in &mut self.slots {
+            if let Some(f) = slot.read.as_mut() {
+                f.submitted.get_or_insert(now);
+            }
+        }
+        match self.ring.submit() {
+            Err(e) if !transient(&e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits for every read in flight, dropping their results.
+    fn drain(&mut self) -> std::io::Result<()> {
+        while self.in_flight() {
+            match self.ring.submit_and_wait(1) {
+                Err(e) if !transient(&e) => return Err(e),
+                _ => {}
+            }
+            for cqe in self.ring.completion() {
+                if cqe.user_data() != TICK_TAG {
+                    let index = cqe.user_data() as usize;
+                    self.slots[index].read = None;
+                    self.free.push(index);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Reads {
+    fn drop(&mut self) {
+        if self.drain().is_err() {
+            std::mem::forget(std::mem::take(&mut self.slots));
+        }
+    }
+}
+
+/// One ring thread: runs until the end of the run, then waits for its reads in flight.
 pub(super) fn run_ring(
     ctx: &ClientContext,
     send_interval: &dyn Fn(IntervalSample),
@@ -67,8 +156,13 @@ pub(super) fn run_ring(
     let qd = ctx.qd.max(1) as usize;
     let mut features = Vec::new();
     // Room for every read and the tick's timeout.
-    let mut ring = crate::engine::build_ring((qd as u32 + 1).next_power_of_two(), &mut features)
-        .map_err(|e| io_fail("io_uring setup", e))?;
+    let ring = crate::engine::build_ring((qd as u32 + 1).next_power_of_two(), &mut features)
+        .map_err(|e| {
+            io_fail(
+                "io_uring setup (where io_uring is disabled, use --engine psync)",
+                e,
+            )
+        })?;
     let mut slots = Vec::with_capacity(qd);
     for _ in 0..qd {
         slots.push(Slot {
@@ -76,17 +170,21 @@ pub(super) fn run_ring(
             read: None,
         });
     }
-    let mut free: Vec<usize> = (0..qd).rev().collect();
-    let fd = types::Fd(ctx.store.read_fd());
+    let mut reads = Reads {
+        ring,
+        fd: types::Fd(ctx.store.read_fd()),
+        slots,
+        free: (0..qd).rev().collect(),
+        tick_pending: false,
+    };
     let sh = &ctx.shared;
     let mut ops = ctx.operations();
     let mut tally = ClientTally::new(ctx);
-    let mut tick_pending = false;
     // The kernel copies the timeout when the SQE is submitted; it lives here until then.
     let mut tick_ts: types::Timespec;
     let mut result = Ok(());
     'run: loop {
-        let now = sh.now_ns();
+        let mut now = sh.now_ns();
         tally.at(now);
         if ctx.over(now) {
             break;
@@ -97,29 +195,23 @@ pub(super) fn run_ring(
             if ctx.fell_behind(lag) {
                 break 'run;
             }
-            if free.is_empty() {
+            if reads.free.is_empty() {
                 // Reads wait for a slot; a write would overtake them.
                 break;
             }
             let ClientOp { due, write, key } = ops.take(now);
             tally.issued_late_by(lag.as_nanos() as u64);
-            let started = sh.now_ns();
             let planned = if write {
-                match ctx.store.put(key) {
-                    Ok(bytes) => PlannedRead::Done { bytes },
-                    Err(KvError::Stopped) => break 'run,
-                    Err(e) => {
-                        result = Err(fail(e));
-                        break 'run;
-                    }
-                }
+                ctx.store.put(key).map(|bytes| PlannedRead::Done { bytes })
             } else {
-                match ctx.store.plan_read(key) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        result = Err(fail(e));
-                        break 'run;
-                    }
+                ctx.store.plan_read(key)
+            };
+            let planned = match planned {
+                Ok(p) => p,
+                Err(KvError::Stopped) => break 'run,
+                Err(e) => {
+                    result = Err(fail(e));
+                    break 'run;
                 }
             };
             match planned {
@@ -127,7 +219,7 @@ pub(super) fn run_ring(
                     let end = sh.now_ns();
                     let times = OpTimes {
                         due,
-                        started,
+                        started: now,
                         now: end,
                     };
                     let done = OpDone {
@@ -136,147 +228,86 @@ pub(super) fn run_ring(
                     };
                     tally.done(write, times, done, send_interval);
                 }
-                PlannedRead::Device(read) => {
-                    let slot = free.pop().expect("checked above");
-                    submit_read(
-                        &mut ring,
-                        fd,
-                        &mut slots[slot],
-                        slot,
-                        read,
-                        due,
-                        started,
-                        sh.now_ns(),
-                    );
-                }
+                PlannedRead::Device(read) => reads.queue(read, due, now),
             }
+            // A write can wait for a free block: the next operation's lag is from now.
+            now = sh.now_ns();
         }
-        // Sleep until a read completes or the next operation is due (at least a tick). With
-        // the next one already due, only a completion can help when every slot is busy; with a
-        // slot free, it became due while this batch was issued: go round again.
+        if let Err(e) = reads.submit(sh.now_ns()) {
+            result = Err(io_fail("io_uring submit", e));
+            break;
+        }
+        // Sleep until a read completes or the next operation is due (at least a tick, at most
+        // LONGEST_SLEEP). With the next one already due, only a completion can help when every
+        // slot is busy; with a slot free, it became due while this batch was issued: go round.
         let next_due = ops.next_due_ns().min(ctx.end_ns());
         let now = sh.now_ns();
-        if !tick_pending && next_due > now {
-            let sleep = (next_due - now).max(TICK.as_nanos() as u64);
-            tick_ts = types::Timespec::from(Duration::from_nanos(sleep));
+        if !reads.tick_pending && next_due > now {
+            let sleep = Duration::from_nanos(next_due - now).clamp(TICK, LONGEST_SLEEP);
+            tick_ts = types::Timespec::from(sleep);
             let timeout = opcode::Timeout::new(&tick_ts).build().user_data(TICK_TAG);
             // SAFETY: `tick_ts` outlives the submission below, which copies it.
-            if unsafe { ring.submission().push(&timeout) }.is_ok() {
-                tick_pending = true;
+            if unsafe { reads.ring.submission().push(&timeout) }.is_ok() {
+                reads.tick_pending = true;
             }
         }
-        let in_flight = free.len() < qd;
-        let wait_for = if tick_pending || (in_flight && free.is_empty()) {
-            1
-        } else {
-            0
-        };
-        if let Err(e) = ring.submit_and_wait(wait_for) {
+        let wait_for = usize::from(reads.tick_pending || reads.free.is_empty());
+        if let Err(e) = reads.ring.submit_and_wait(wait_for) {
             if !transient(&e) {
                 result = Err(io_fail("io_uring wait", e));
                 break;
             }
         }
-        if let Err(e) = reap(
-            ctx,
-            &mut ring,
-            fd,
-            &mut slots,
-            &mut free,
-            &mut tick_pending,
-            &mut tally,
-            send_interval,
-        ) {
+        if let Err(e) = reap(ctx, &mut reads, &mut tally, send_interval) {
             result = Err(e);
             break;
         }
     }
-    // Reads still in flight write into this thread's buffers: wait for every one.
-    while free.len() < qd {
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if transient(&e) => {}
-            Err(e) => return Err(io_fail("io_uring wait", e)),
-        }
-        for cqe in ring.completion() {
-            if cqe.user_data() != TICK_TAG {
-                let slot = cqe.user_data() as usize;
-                slots[slot].read = None;
-                free.push(slot);
-            }
-        }
-    }
+    reads
+        .drain()
+        .map_err(|e| io_fail("io_uring wait at the end", e))?;
     result?;
     let engine = features.join(", ");
     Ok(tally.finish(&engine, send_interval))
 }
 
-#[allow(clippy::too_many_arguments)]
-fn submit_read(
-    ring: &mut io_uring::IoUring,
-    fd: types::Fd,
-    slot: &mut Slot,
-    index: usize,
-    read: DeviceRead,
-    due: u64,
-    started: u64,
-    now: u64,
-) {
-    let sqe = opcode::Read::new(fd, slot.buf.as_mut_ptr(), read.len as u32)
-        .offset(read.offset)
-        .build()
-        .user_data(index as u64);
-    slot.read = Some(InFlight {
-        read,
-        due,
-        started,
-        submitted: now,
-    });
-    // The ring has room for every slot and the tick's timeout, and a slot is queued at most
-    // once before it completes, so the queue cannot be full.
-    // SAFETY: the slot's buffer stays alive and untouched until this read's completion is
-    // reaped (the slot is not free until then, and the thread waits for every slot at exit).
-    let pushed = unsafe { ring.submission().push(&sqe) };
-    debug_assert!(pushed.is_ok(), "a slot's read always has room in the ring");
-}
-
-/// Handles every completion waiting: records and checks finished reads (re-reading a
-/// record that moved while it was read), notes an expired tick.
-#[allow(clippy::too_many_arguments)]
+/// Handles every completion waiting: records and checks finished reads (re-reading a record
+/// that moved while it was read, or a read the device asked to retry), notes an expired tick.
 fn reap(
     ctx: &ClientContext,
-    ring: &mut io_uring::IoUring,
-    fd: types::Fd,
-    slots: &mut [Slot],
-    free: &mut Vec<usize>,
-    tick_pending: &mut bool,
+    reads: &mut Reads,
     tally: &mut ClientTally<'_>,
     send_interval: &dyn Fn(IntervalSample),
 ) -> Result<(), WorkloadError> {
     let sh = &ctx.shared;
-    let worker = ctx.worker;
-    let done: Vec<(u64, i32)> = ring
+    let done: Vec<(u64, i32)> = reads
+        .ring
         .completion()
         .map(|c| (c.user_data(), c.result()))
         .collect();
-    // After a failure the remaining completions only free their slots (the thread then waits
-    // for the rest before it returns).
+    // After a failure the remaining completions only free their slots.
     let mut failed = None;
     for (tag, res) in done {
         if tag == TICK_TAG {
-            *tick_pending = false;
+            reads.tick_pending = false;
             continue;
         }
         let now = sh.now_ns();
         let index = tag as usize;
-        let slot = &mut slots[index];
-        let flight = slot.read.take().expect("a completion for a slot in flight");
+        let flight = reads.slots[index]
+            .read
+            .take()
+            .expect("a completion for a slot in flight");
         if failed.is_some() {
-            free.push(index);
+            reads.free.push(index);
+            continue;
+        }
+        if res == -libc::EAGAIN || res == -libc::EINTR {
+            reads.requeue(index, flight.read, flight.due, flight.started);
             continue;
         }
         if res != flight.read.len as i32 {
-            free.push(index);
+            reads.free.push(index);
             let err = if res < 0 {
                 std::io::Error::from_raw_os_error(-res)
             } else {
@@ -290,18 +321,18 @@ fn reap(
             });
             continue;
         }
-        let data = &slot.buf.as_slice()[..flight.read.len];
+        let data = &reads.slots[index].buf.as_slice()[..flight.read.len];
         match ctx.store.verify_read(&flight.read, data) {
             Ok(None) => {
-                free.push(index);
+                reads.free.push(index);
                 let done = OpDone {
-                    service_ns: Some(now - flight.submitted),
+                    service_ns: Some(now - flight.submitted.unwrap_or(flight.started).min(now)),
                     bytes: flight.read.len as u64,
                 };
                 tally.done(false, flight.times(now), done, send_interval);
             }
             Ok(Some(PlannedRead::Done { bytes })) => {
-                free.push(index);
+                reads.free.push(index);
                 let done = OpDone {
                     service_ns: None,
                     bytes,
@@ -309,25 +340,19 @@ fn reap(
                 tally.done(false, flight.times(now), done, send_interval);
             }
             Ok(Some(PlannedRead::Device(again))) => {
-                submit_read(
-                    ring,
-                    fd,
-                    slot,
-                    index,
-                    again,
-                    flight.due,
-                    flight.started,
-                    now,
-                );
+                reads.requeue(index, again, flight.due, flight.started);
             }
             Err(error) => {
-                free.push(index);
+                reads.free.push(index);
                 failed = Some(error);
             }
         }
     }
     match failed {
-        Some(error) => Err(WorkloadError::Kv { worker, error }),
+        Some(error) => Err(WorkloadError::Kv {
+            worker: ctx.worker,
+            error,
+        }),
         None => Ok(()),
     }
 }

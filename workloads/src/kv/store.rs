@@ -858,7 +858,13 @@ impl KvStore {
         if Self::matches(rec, key, &entry) {
             return Ok(true);
         }
-        let now = self.index.get(key).ok().flatten();
+        let mut now = self.index.get(key).ok().flatten();
+        if now == Some(entry) {
+            // A writer may be between the entry's two words: read it again once the writer is
+            // done with it (writers hold the lock) before calling this data loss.
+            let _writers_done = self.lock();
+            now = self.index.get(key).ok().flatten();
+        }
         if now != Some(entry) && *retries < 16 {
             self.reads.read_retries.fetch_add(1, Ordering::Relaxed);
             self.reads.gets.fetch_sub(1, Ordering::Relaxed);
