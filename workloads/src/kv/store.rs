@@ -1028,6 +1028,49 @@ mod tests {
     }
 
     #[test]
+    fn a_reader_meeting_a_half_written_entry_retries_instead_of_calling_it_data_loss() {
+        with_store(100, |store| {
+            for key in 0..100 {
+                store.put(key).unwrap();
+            }
+            store.wait_caught_up(0, 0);
+            let (entry, location) = store.locate(7).unwrap();
+            assert!(matches!(location, Location::Device(_)));
+            let mut scratch = store.read_buffer().unwrap();
+            let (rec, _) = store
+                .fetch(location, entry.len as usize, &mut scratch)
+                .unwrap();
+            // A writer, holding the lock, has stored the entry's new version word but not yet
+            // its new location: a lock-free reader sees the old place with the new generation.
+            let torn = Entry {
+                generation: entry.generation + 1,
+                ..entry
+            };
+            let (stored, proceed) = (std::sync::Barrier::new(2), std::sync::Barrier::new(2));
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    let _writing = store.lock();
+                    store.index.set(7, torn);
+                    stored.wait();
+                    proceed.wait();
+                    std::thread::sleep(Duration::from_millis(50));
+                    store.index.set(7, entry);
+                });
+                stored.wait();
+                assert_eq!(store.index.get(7), Ok(Some(torn)));
+                proceed.wait();
+                let mut retries = 0;
+                assert!(
+                    !store.check(7, torn, &rec, &mut retries).unwrap(),
+                    "the entry changed once the writer was done: read again"
+                );
+            });
+            assert_eq!(store.counters().mismatches, 0);
+            store.get(7, &mut scratch).unwrap();
+        });
+    }
+
+    #[test]
     fn a_corrupted_record_the_index_still_points_at_is_data_loss() {
         with_store(100, |store| {
             for key in 0..100 {
