@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use io_uring::{opcode, types};
+
 use crate::act::roundup16;
 use crate::engine::AlignedBuffer;
 use crate::kv::index::{BlockState, BlockStates, Entry, Index, MAX_BLOCKS};
@@ -30,6 +32,8 @@ const MAGIC: u32 = u32::from_le_bytes(*b"VGKV");
 pub const HEADER: usize = 32;
 /// Free blocks kept back from clients so the defragmenter can always make progress.
 const DEFRAG_RESERVE: usize = 2;
+/// Large-block writes the writer keeps in flight.
+const WRITES_IN_FLIGHT: usize = 4;
 /// Bytes of sealed blocks allowed to wait for the writer before clients wait too (Aerospike's
 /// write cache is 64 MiB by default).
 const WRITE_CACHE_BYTES: u64 = 64 << 20;
@@ -127,6 +131,8 @@ struct PendingWrite {
     block: u32,
     data: Arc<AlignedBuffer>,
     sealed_at: Instant,
+    /// Handed to the device (the writer keeps several blocks in flight).
+    submitted: bool,
 }
 
 struct State {
@@ -561,6 +567,7 @@ impl KvStore {
             block: sealed,
             data: Arc::new(full),
             sealed_at: Instant::now(),
+            submitted: false,
         });
         st.buf_block = next;
         st.buf_used = 0;
@@ -569,24 +576,118 @@ impl KvStore {
         Ok(g)
     }
 
-    /// The writer: writes sealed blocks in order, one large-block write each, calling
-    /// `observe(service_ns)` per write, until `stop_background` and the queue is empty.
+    /// The writer: writes sealed blocks as they come, one large-block write each and up to
+    /// `WRITES_IN_FLIGHT` at once through an io_uring ring (synchronously, one at a time, where
+    /// io_uring is unavailable), calling `observe(service_ns)` per write, until
+    /// `stop_background` and the queue is empty. A block is on the device (and readable from
+    /// there) once its own write completed, whatever the order.
     pub fn run_writer(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
+        let Ok(mut ring) =
+            crate::engine::build_ring(WRITES_IN_FLIGHT.next_power_of_two() as u32, &mut Vec::new())
+        else {
+            return self.run_writer_sync(observe);
+        };
+        let fd = types::Fd(self.write_file.as_raw_fd());
+        let len = self.cfg.lb_bytes as usize;
+        // Blocks in flight: their buffers stay referenced here until their writes complete.
+        let mut in_flight: Vec<(u32, Arc<AlignedBuffer>, Instant)> = Vec::new();
+        let mut failed = None;
+        loop {
+            let next: Vec<(u32, Arc<AlignedBuffer>)> = {
+                let mut g = self.lock();
+                loop {
+                    let room = WRITES_IN_FLIGHT - in_flight.len();
+                    let next: Vec<_> = g
+                        .writing
+                        .iter_mut()
+                        .filter(|p| !p.submitted)
+                        .take(if failed.is_some() { 0 } else { room })
+                        .map(|p| {
+                            p.submitted = true;
+                            (p.block, Arc::clone(&p.data))
+                        })
+                        .collect();
+                    if !next.is_empty() || !in_flight.is_empty() {
+                        break next;
+                    }
+                    if let Some(e) = failed {
+                        return Err(e);
+                    }
+                    // A defragmenter between its read and its relocation may still seal a block.
+                    if g.stopping && g.writing.is_empty() && !g.defragging {
+                        return Ok(());
+                    }
+                    g = self.work.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            for (block, data) in next {
+                let offset = u64::from(block) * self.cfg.lb_bytes;
+                let sqe = opcode::Write::new(fd, data.as_slice().as_ptr(), len as u32)
+                    .offset(offset)
+                    .build()
+                    .user_data(u64::from(block));
+                // SAFETY: `data` holds lb_bytes bytes and is kept alive in `in_flight` until
+                // this write's completion is reaped (the loop returns only with nothing in
+                // flight); the ring has room for WRITES_IN_FLIGHT entries.
+                if unsafe { ring.submission().push(&sqe) }.is_err() {
+                    unreachable!("at most WRITES_IN_FLIGHT writes are queued");
+                }
+                in_flight.push((block, data, Instant::now()));
+            }
+            if let Err(e) = ring.submit_and_wait(1) {
+                if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) {
+                    // The ring cannot be waited on: keep the buffers (leaked) rather than free
+                    // memory the kernel may still be reading.
+                    std::mem::forget(std::mem::take(&mut in_flight));
+                    return Err(self.writer_failed(0, len, e));
+                }
+            }
+            let done: Vec<(u64, i32)> = ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
+            for (tag, res) in done {
+                let block = tag as u32;
+                let Some(at) = in_flight.iter().position(|(b, _, _)| *b == block) else {
+                    continue;
+                };
+                let (_, _, started) = in_flight.swap_remove(at);
+                let offset = u64::from(block) * self.cfg.lb_bytes;
+                if res != len as i32 {
+                    let err = if res < 0 {
+                        std::io::Error::from_raw_os_error(-res)
+                    } else {
+                        std::io::Error::other(format!("short write of {res} B"))
+                    };
+                    failed.get_or_insert(self.writer_failed(offset, len, err));
+                    continue;
+                }
+                if failed.is_none() {
+                    observe(started.elapsed().as_nanos() as u64);
+                    self.block_written(block);
+                }
+            }
+        }
+    }
+
+    /// The writer's fallback without io_uring: one synchronous write at a time, in order.
+    fn run_writer_sync(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
+        let len = self.cfg.lb_bytes as usize;
         loop {
             let (block, data) = {
                 let mut g = self.lock();
                 loop {
-                    if let Some(p) = g.writing.front() {
+                    if let Some(p) = g.writing.front_mut() {
+                        p.submitted = true;
                         break (p.block, Arc::clone(&p.data));
                     }
-                    if g.stopping {
+                    if g.stopping && !g.defragging {
                         return Ok(());
                     }
                     g = self.work.wait(g).unwrap_or_else(|e| e.into_inner());
                 }
             };
             let offset = u64::from(block) * self.cfg.lb_bytes;
-            let len = self.cfg.lb_bytes as usize;
             let started = Instant::now();
             // SAFETY: `data` holds lb_bytes bytes, is only read while shared, and lives until the
             // call returns.
@@ -600,28 +701,39 @@ impl KvStore {
             };
             let service_ns = started.elapsed().as_nanos() as u64;
             if n != len as isize {
-                let err = std::io::Error::last_os_error();
-                let mut g = self.lock();
-                g.stopping = true;
-                self.space.notify_all();
-                self.work.notify_all();
-                return Err(KvError::Io {
-                    op: "large-block write",
-                    offset,
-                    len,
-                    err,
-                });
+                return Err(self.writer_failed(offset, len, std::io::Error::last_os_error()));
             }
             observe(service_ns);
-            let mut g = self.lock();
-            g.writing.pop_front();
-            self.states.set(block, BlockState::Sealed);
-            g.counters.lb_writes += 1;
-            if self.below_lwm(g.live[block as usize]) {
-                g.defrag_queue.push_back((block, Instant::now()));
-            }
-            self.space.notify_all();
-            self.work.notify_all();
+            self.block_written(block);
+        }
+    }
+
+    /// A sealed block's write completed: it is read from the device from now on.
+    fn block_written(&self, block: u32) {
+        let mut g = self.lock();
+        if let Some(at) = g.writing.iter().position(|p| p.block == block) {
+            g.writing.remove(at);
+        }
+        self.states.set(block, BlockState::Sealed);
+        g.counters.lb_writes += 1;
+        if self.below_lwm(g.live[block as usize]) {
+            g.defrag_queue.push_back((block, Instant::now()));
+        }
+        self.space.notify_all();
+        self.work.notify_all();
+    }
+
+    /// A large-block write failed: the store stops (waiting clients give up).
+    fn writer_failed(&self, offset: u64, len: usize, err: std::io::Error) -> KvError {
+        let mut g = self.lock();
+        g.stopping = true;
+        self.space.notify_all();
+        self.work.notify_all();
+        KvError::Io {
+            op: "large-block write",
+            offset,
+            len,
+            err,
         }
     }
 
@@ -704,6 +816,8 @@ impl KvStore {
             self.states.set(block, BlockState::Free);
             g.free.push_back(block);
             self.space.notify_all();
+            // A stopping writer waits for this relocation's sealed blocks.
+            self.work.notify_all();
         }
     }
 
