@@ -34,6 +34,8 @@ pub const HEADER: usize = 32;
 const DEFRAG_RESERVE: usize = 2;
 /// Large-block writes the writer keeps in flight.
 const WRITES_IN_FLIGHT: usize = 4;
+/// Large-block reads the defragmenter keeps in flight.
+const DEFRAG_READS_IN_FLIGHT: usize = 4;
 /// Bytes of sealed blocks allowed to wait for the writer before clients wait too (Aerospike's
 /// write cache is 64 MiB by default).
 const WRITE_CACHE_BYTES: u64 = 64 << 20;
@@ -141,7 +143,8 @@ struct State {
     free: VecDeque<u32>,
     /// Blocks below the low-water mark, with when they crossed it.
     defrag_queue: VecDeque<(u32, Instant)>,
-    defragging: bool,
+    /// Blocks taken by the defragmenter and not yet freed (read in flight or relocating).
+    defragging: Vec<u32>,
     buf: AlignedBuffer,
     buf_block: u32,
     buf_used: usize,
@@ -347,7 +350,7 @@ impl KvStore {
             live: vec![0; blocks as usize],
             free: (1..blocks as u32).collect(),
             defrag_queue: VecDeque::new(),
-            defragging: false,
+            defragging: Vec::new(),
             buf: alloc(cfg.lb_bytes, align)?,
             buf_block: 0,
             buf_used: 0,
@@ -544,7 +547,7 @@ impl KvStore {
                 break;
             }
             let nothing_to_free =
-                g.defrag_queue.is_empty() && !g.defragging && g.writing.is_empty();
+                g.defrag_queue.is_empty() && g.defragging.is_empty() && g.writing.is_empty();
             if role == Role::Defrag || nothing_to_free {
                 return Err(KvError::Full);
             }
@@ -614,7 +617,7 @@ impl KvStore {
                         return Err(e);
                     }
                     // A defragmenter between its read and its relocation may still seal a block.
-                    if g.stopping && g.writing.is_empty() && !g.defragging {
+                    if g.stopping && g.writing.is_empty() && g.defragging.is_empty() {
                         return Ok(());
                     }
                     g = self.work.wait(g).unwrap_or_else(|e| e.into_inner());
@@ -681,7 +684,7 @@ impl KvStore {
                         p.submitted = true;
                         break (p.block, Arc::clone(&p.data));
                     }
-                    if g.stopping && !g.defragging {
+                    if g.stopping && g.defragging.is_empty() {
                         return Ok(());
                     }
                     g = self.work.wait(g).unwrap_or_else(|e| e.into_inner());
@@ -738,8 +741,132 @@ impl KvStore {
     }
 
     /// The defragmenter: takes blocks below the low-water mark, reads each with one large-block
-    /// read (`observe(service_ns)`), re-appends its live records and frees it.
+    /// read (`observe(service_ns)`), re-appends its live records and frees it. Up to
+    /// `DEFRAG_READS_IN_FLIGHT` reads are in flight through an io_uring ring (one at a time,
+    /// synchronously, where io_uring is unavailable), so a device queue shared with the clients'
+    /// reads does not hold the defragmenter — and the large-block writes it feeds — to one
+    /// queue wait per block. Relocations stay serial, under the store's lock.
     pub fn run_defrag(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
+        let Ok(mut ring) = crate::engine::build_ring(
+            DEFRAG_READS_IN_FLIGHT.next_power_of_two() as u32,
+            &mut Vec::new(),
+        ) else {
+            return self.run_defrag_sync(observe);
+        };
+        let fd = types::Fd(self.file.as_raw_fd());
+        let len = self.cfg.lb_bytes as usize;
+        let mut spare = (0..DEFRAG_READS_IN_FLIGHT)
+            .map(|_| alloc(self.cfg.lb_bytes, self.align))
+            .collect::<Result<Vec<_>, _>>()?;
+        // Reads in flight: each buffer stays here until its read completes.
+        let mut in_flight: Vec<(u32, AlignedBuffer, Instant)> = Vec::new();
+        let mut failed: Option<KvError> = None;
+        loop {
+            let next: Vec<u32> = {
+                let mut g = self.lock();
+                loop {
+                    let room = if failed.is_some() || g.stopping {
+                        0
+                    } else {
+                        spare.len()
+                    };
+                    let next: Vec<u32> = std::iter::from_fn(|| self.take_candidate(&mut g))
+                        .take(room)
+                        .collect();
+                    if !next.is_empty() || !in_flight.is_empty() {
+                        break next;
+                    }
+                    if let Some(e) = failed {
+                        return Err(self.defrag_failed(g, e));
+                    }
+                    if g.stopping {
+                        return Ok(());
+                    }
+                    g = self.work.wait(g).unwrap_or_else(|e| e.into_inner());
+                }
+            };
+            for block in next {
+                let mut buf = spare.pop().expect("one spare buffer per block taken");
+                let sqe = opcode::Read::new(fd, buf.as_mut_ptr(), len as u32)
+                    .offset(u64::from(block) * self.cfg.lb_bytes)
+                    .build()
+                    .user_data(u64::from(block));
+                // SAFETY: `buf` holds lb_bytes bytes and stays in `in_flight` (heap memory that
+                // does not move with the struct) until this read's completion is reaped; the
+                // ring has room for DEFRAG_READS_IN_FLIGHT entries.
+                if unsafe { ring.submission().push(&sqe) }.is_err() {
+                    unreachable!("at most DEFRAG_READS_IN_FLIGHT reads are queued");
+                }
+                in_flight.push((block, buf, Instant::now()));
+            }
+            if let Err(e) = ring.submit_and_wait(1) {
+                if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) {
+                    // The ring cannot be waited on: keep the buffers (leaked) rather than free
+                    // memory the kernel may still be writing.
+                    std::mem::forget(std::mem::take(&mut in_flight));
+                    let err = KvError::Io {
+                        op: "large-block read",
+                        offset: 0,
+                        len,
+                        err: e,
+                    };
+                    return Err(self.defrag_failed(self.lock(), err));
+                }
+            }
+            let done: Vec<(u64, i32)> = ring
+                .completion()
+                .map(|c| (c.user_data(), c.result()))
+                .collect();
+            for (tag, res) in done {
+                let block = tag as u32;
+                let Some(at) = in_flight.iter().position(|(b, _, _)| *b == block) else {
+                    continue;
+                };
+                let offset = u64::from(block) * self.cfg.lb_bytes;
+                if res == -libc::EAGAIN {
+                    let (_, buf, _) = &mut in_flight[at];
+                    let sqe = opcode::Read::new(fd, buf.as_mut_ptr(), len as u32)
+                        .offset(offset)
+                        .build()
+                        .user_data(tag);
+                    // SAFETY: as above; this read's own entry was just reaped, so there is room.
+                    if unsafe { ring.submission().push(&sqe) }.is_err() {
+                        unreachable!("a reaped read leaves room for its retry");
+                    }
+                    continue;
+                }
+                let (_, buf, started) = in_flight.swap_remove(at);
+                if res != len as i32 {
+                    let err = if res < 0 {
+                        std::io::Error::from_raw_os_error(-res)
+                    } else {
+                        std::io::Error::other(format!("short read of {res} B"))
+                    };
+                    self.lock().defragging.retain(|b| *b != block);
+                    failed.get_or_insert(KvError::Io {
+                        op: "large-block read",
+                        offset,
+                        len,
+                        err,
+                    });
+                    spare.push(buf);
+                    continue;
+                }
+                if failed.is_none() {
+                    observe(started.elapsed().as_nanos() as u64);
+                    if let Err(e) = self.relocate(block, buf.as_slice()) {
+                        failed.get_or_insert(e);
+                    }
+                } else {
+                    self.lock().defragging.retain(|b| *b != block);
+                }
+                spare.push(buf);
+            }
+        }
+    }
+
+    /// The defragmenter's fallback without io_uring: one synchronous read at a time.
+    fn run_defrag_sync(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
         let len = self.cfg.lb_bytes as usize;
         let mut scratch = alloc(self.cfg.lb_bytes, self.align)?;
         loop {
@@ -749,76 +876,90 @@ impl KvStore {
                     if g.stopping {
                         return Ok(());
                     }
-                    // A queued block may have been refilled since: judge it as it is now.
-                    if let Some((b, _)) = g.defrag_queue.pop_front() {
-                        if self.states.get(b) == BlockState::Sealed
-                            && self.below_lwm(g.live[b as usize])
-                        {
-                            g.defragging = true;
-                            break b;
-                        }
-                        continue;
+                    if let Some(b) = self.take_candidate(&mut g) {
+                        break b;
                     }
                     g = self.work.wait(g).unwrap_or_else(|e| e.into_inner());
                 }
             };
             let offset = u64::from(block) * self.cfg.lb_bytes;
             let started = Instant::now();
-            let read = pread_exact(&self.file, &mut scratch, offset, len);
-            if read.is_ok() {
-                observe(started.elapsed().as_nanos() as u64);
+            if let Err(e) = pread_exact(&self.file, &mut scratch, offset, len) {
+                let mut g = self.lock();
+                g.defragging.retain(|b| *b != block);
+                return Err(self.defrag_failed(g, e));
             }
-            let mut g = self.lock();
-            g.defragging = false;
-            if let Err(e) = read {
-                g.stopping = true;
-                self.space.notify_all();
-                self.work.notify_all();
-                return Err(e);
-            }
-            g.counters.lb_reads += 1;
-            let data = scratch.as_slice();
-            // Records lie back to back, each header giving its stored length; the zeroed tail
-            // has no magic.
-            let mut at = 0;
-            while at + HEADER <= len {
-                let head = &data[at..at + HEADER];
-                let stored = u32::from_le_bytes(word(head, 16)) as usize;
-                if u32::from_le_bytes(word(head, 0)) != MAGIC
-                    || stored < HEADER
-                    || at + stored > len
-                {
-                    break;
-                }
-                let rec = &data[at..at + stored];
-                let next = at + stored;
-                let generation = u32::from_le_bytes(word(rec, 4));
-                let key = u64::from_le_bytes(word(rec, 8));
-                let current = self.index.get(key).ok().flatten();
-                if current.is_some_and(|e| {
-                    e.block == block && e.offset as usize == at && e.generation == generation
-                }) {
-                    g = match self.append(g, key, generation, stored, Some(rec), Role::Defrag) {
-                        Ok(g) => g,
-                        Err(e) => {
-                            let mut g = self.lock();
-                            g.stopping = true;
-                            self.space.notify_all();
-                            self.work.notify_all();
-                            return Err(e);
-                        }
-                    };
-                    g.counters.relocated += 1;
-                }
-                at = next;
-            }
-            g.live[block as usize] = 0;
-            self.states.set(block, BlockState::Free);
-            g.free.push_back(block);
-            self.space.notify_all();
-            // A stopping writer waits for this relocation's sealed blocks.
-            self.work.notify_all();
+            observe(started.elapsed().as_nanos() as u64);
+            self.relocate(block, scratch.as_slice())?;
         }
+    }
+
+    /// The next block to defragment, marked as being defragmented. A queued block may have been
+    /// refilled, freed or taken already since it was queued: it is judged as it is now.
+    fn take_candidate(&self, g: &mut State) -> Option<u32> {
+        while let Some((b, _)) = g.defrag_queue.pop_front() {
+            if self.states.get(b) == BlockState::Sealed
+                && self.below_lwm(g.live[b as usize])
+                && !g.defragging.contains(&b)
+            {
+                g.defragging.push(b);
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    /// The defragmenter failed: the store stops (waiting clients give up).
+    fn defrag_failed(&self, mut g: MutexGuard<'_, State>, err: KvError) -> KvError {
+        g.stopping = true;
+        self.space.notify_all();
+        self.work.notify_all();
+        err
+    }
+
+    /// Re-appends the live records of `block` (its bytes as read from the device in `data`)
+    /// and frees it.
+    fn relocate(&self, block: u32, data: &[u8]) -> Result<(), KvError> {
+        let len = data.len();
+        let mut g = self.lock();
+        g.counters.lb_reads += 1;
+        // Records lie back to back, each header giving its stored length; the zeroed tail
+        // has no magic.
+        let mut at = 0;
+        while at + HEADER <= len {
+            let head = &data[at..at + HEADER];
+            let stored = u32::from_le_bytes(word(head, 16)) as usize;
+            if u32::from_le_bytes(word(head, 0)) != MAGIC || stored < HEADER || at + stored > len {
+                break;
+            }
+            let rec = &data[at..at + stored];
+            let next = at + stored;
+            let generation = u32::from_le_bytes(word(rec, 4));
+            let key = u64::from_le_bytes(word(rec, 8));
+            let current = self.index.get(key).ok().flatten();
+            if current.is_some_and(|e| {
+                e.block == block && e.offset as usize == at && e.generation == generation
+            }) {
+                g = match self.append(g, key, generation, stored, Some(rec), Role::Defrag) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        let mut g = self.lock();
+                        g.defragging.retain(|b| *b != block);
+                        return Err(self.defrag_failed(g, e));
+                    }
+                };
+                g.counters.relocated += 1;
+            }
+            at = next;
+        }
+        g.live[block as usize] = 0;
+        self.states.set(block, BlockState::Free);
+        g.free.push_back(block);
+        g.defragging.retain(|b| *b != block);
+        self.space.notify_all();
+        // A stopping writer waits for this relocation's sealed blocks.
+        self.work.notify_all();
+        Ok(())
     }
 
     /// Lets the background threads run (again) after `stop_background`.
@@ -844,12 +985,14 @@ impl KvStore {
         )
     }
 
-    /// Waits until at most `candidates` blocks wait for the defragmenter and at most `pending`
-    /// for the writer: the loader's pace, so defrag handles blocks as they cross the low-water
+    /// Waits until at most `candidates` blocks wait for the defragmenter or are being
+    /// defragmented and at most `pending` for the writer: the loader's pace, so defrag handles blocks as they cross the low-water
     /// mark, as it does at a sustainable load, instead of in a backlog.
     pub fn wait_caught_up(&self, candidates: usize, pending: usize) {
         let mut g = self.lock();
-        while !g.stopping && (g.defrag_queue.len() > candidates || g.writing.len() > pending) {
+        while !g.stopping
+            && (g.defrag_queue.len() + g.defragging.len() > candidates || g.writing.len() > pending)
+        {
             g = self
                 .space
                 .wait_timeout(g, Duration::from_millis(50))
@@ -1080,8 +1223,12 @@ mod tests {
     /// A store of 8 blocks of 1536-byte records on a plain temp file (the logic under test
     /// does not depend on O_DIRECT), with its writer and defragmenter running inside `body`.
     fn with_store(keys: u64, body: impl FnOnce(&KvStore)) {
+        with_store_of(1 << 20, keys, body)
+    }
+
+    fn with_store_of(size: u64, keys: u64, body: impl FnOnce(&KvStore)) {
         let file = tempfile::tempfile().unwrap();
-        file.set_len(1 << 20).unwrap();
+        file.set_len(size).unwrap();
         let cfg = KvConfig {
             record_bytes: 1536,
             record_bytes_max: 1536,
@@ -1089,7 +1236,7 @@ mod tests {
             defrag_lwm_pct: 50,
             dsync: false,
         };
-        let store = KvStore::new(Arc::new(file), 1 << 20, 512, cfg, keys).unwrap();
+        let store = KvStore::new(Arc::new(file), size, 512, cfg, keys).unwrap();
         std::thread::scope(|s| {
             store.start_background();
             let w = s.spawn(|| store.run_writer(|_| {}));
@@ -1198,6 +1345,55 @@ mod tests {
             let e = store.get(5, &mut scratch).unwrap_err();
             assert!(matches!(e, KvError::Mismatch { key: 5, .. }), "{e}");
             assert_eq!(store.counters().mismatches, 1);
+        });
+    }
+
+    #[test]
+    fn blocks_defragmented_together_are_each_freed_once_and_lose_no_record() {
+        // 32 blocks; ten filled, then half of every block's records rewritten so they all cross
+        // the low-water mark at about the same time and several reads are in flight at once.
+        let keys = 850;
+        with_store_of(32 * (128 << 10), keys, |store| {
+            for key in 0..keys {
+                store.put(key).unwrap();
+            }
+            store.wait_caught_up(0, 0);
+            for round in 0..4 {
+                for key in (round % 2..keys).step_by(2) {
+                    store.put(key).unwrap();
+                }
+                store.wait_caught_up(0, 0);
+            }
+            let g = store.lock();
+            let mut free: Vec<u32> = g.free.iter().copied().collect();
+            free.sort_unstable();
+            let listed = free.len();
+            free.dedup();
+            assert_eq!(free.len(), listed, "a block is on the free list twice");
+            for b in &free {
+                assert_eq!(store.states.get(*b), BlockState::Free);
+                assert_eq!(g.live[*b as usize], 0);
+            }
+            let in_use = (0..32)
+                .filter(|b| store.states.get(*b) != BlockState::Free)
+                .count();
+            assert_eq!(
+                in_use + free.len(),
+                32,
+                "every block is free or in use, once"
+            );
+            assert!(
+                g.counters.lb_reads >= 10,
+                "{} blocks defragmented",
+                g.counters.lb_reads
+            );
+            assert!(g.counters.relocated > 0);
+            drop(g);
+            let mut scratch = store.read_buffer().unwrap();
+            for key in 0..keys {
+                store.get(key, &mut scratch).unwrap();
+            }
+            assert_eq!(store.counters().mismatches, 0);
         });
     }
 
