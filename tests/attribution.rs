@@ -8,8 +8,9 @@
 //! | completion path | SCHED_FIFO hog on the CPU that takes the disk IRQ and runs the workload | software (wakeup up), not device |
 //! | nothing (A/A) | two plain runs | no significant difference on any row |
 //!
-//! Needs root (cgroups, mounts, loop devices, BPF). Run by hand with `just attribution-check`,
-//! which prints each experiment's table.
+//! Needs root (cgroups, mounts, loop devices, BPF). Minutes of recording each, so they are not
+//! part of `cargo test`'s default run: `just attribution-check` runs them (CI does too) and
+//! prints each experiment's table.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -119,6 +120,7 @@ fn disk_of(path: &Path) -> String {
 }
 
 #[test]
+#[ignore = "experiment: run by `just attribution-check`"]
 fn aa_two_plain_runs_differ_in_nothing_significant() {
     if !root_allowed("A/A attribution experiment") {
         return;
@@ -184,6 +186,7 @@ impl Drop for BlkioGroup {
 }
 
 #[test]
+#[ignore = "experiment: run by `just attribution-check`"]
 fn blkio_throttling_shows_up_as_queueing_not_device_time() {
     if !root_allowed("blkio attribution experiment") {
         return;
@@ -285,6 +288,7 @@ fn irq_cpu(path: &Path) -> Option<u32> {
 }
 
 #[test]
+#[ignore = "experiment: run by `just attribution-check`"]
 fn a_cpu_hog_on_the_irq_cpu_shows_up_in_the_completion_path() {
     if !root_allowed("CPU-hog attribution experiment") {
         return;
@@ -333,6 +337,7 @@ fn a_cpu_hog_on_the_irq_cpu_shows_up_in_the_completion_path() {
 }
 
 #[test]
+#[ignore = "experiment: run by `just attribution-check`"]
 fn a_slower_device_shows_up_as_device_time_of_the_injected_size() {
     if !root_allowed("slow-device attribution experiment") {
         return;
