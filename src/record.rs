@@ -142,6 +142,15 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     let wall_start = std::time::SystemTime::now();
     let cpu_start = virtgap_workloads::stats::CpuTime::of_this_process().total_ns();
     let handle = prepared.start(&spec, &options, tx);
+    if verbose {
+        // Where a log (or a script waiting to signal the run) sees measurement begin.
+        eprintln!(
+            "running {}: {:.1} s ramp, then {:.1} s measured",
+            spec.name,
+            spec.ramp.0.as_secs_f64(),
+            spec.duration.0.as_secs_f64()
+        );
+    }
 
     let total = spec.ramp.0 + spec.duration.0;
     let mut merger = IntervalMerger::new(handle.workers());
@@ -454,6 +463,10 @@ pub fn prepare(
         );
     }
     if target.needs_fill() {
+        if verbose && !progress {
+            // Without a terminal for the progress line, a log still sees the phase begin.
+            eprintln!("preparing {}…", target.describe());
+        }
         let started = Instant::now();
         let mut last_draw = Instant::now();
         let result = target::fill(&target, &stop, |done| {
@@ -504,6 +517,9 @@ fn load_kv_store(
     verbose: bool,
 ) -> Result<Option<LoadedStore>> {
     let progress = verbose && std::io::stderr().is_terminal();
+    if verbose && !progress {
+        eprintln!("loading the kv store on {}…", target.describe());
+    }
     let mut last_draw = Instant::now();
     let loaded = kv::prepare(spec, target, stop, |p| {
         if progress && last_draw.elapsed() >= Duration::from_millis(200) {

@@ -370,16 +370,45 @@ fn fio_equivalent_prints_the_command() {
         );
 }
 
-fn interrupt_after(dir: &Path, args: &[&str], after: Duration) -> (i32, String, String) {
-    let child = StdCommand::new(env!("CARGO_BIN_EXE_virtgap"))
-        .args(["record", "--quiet", "--dir"])
+/// Starts `record` in `dir`, waits until it says it reached a phase (a stderr line starting with
+/// `phase`; at most 60 s), then `extra`, then sends SIGINT: exit code, stdout and stderr.
+fn interrupt_at(dir: &Path, args: &[&str], phase: &str, extra: Duration) -> (i32, String, String) {
+    use std::io::BufRead;
+    let mut child = StdCommand::new(env!("CARGO_BIN_EXE_virtgap"))
+        .args(["record", "--dir"])
         .arg(dir)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    std::thread::sleep(after);
+    let (line_tx, lines) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            all.push_str(&line);
+            all.push('\n');
+            let _ = line_tx.send(line);
+        }
+        all
+    });
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let reached = loop {
+        let now = Instant::now();
+        if now >= deadline {
+            break false;
+        }
+        match lines.recv_timeout(deadline - now) {
+            Ok(line) if line.starts_with(phase) => break true,
+            Ok(_) => {}
+            Err(_) => break false,
+        }
+    };
+    std::thread::sleep(extra);
     // SAFETY: plain kill(2) on our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let started = Instant::now();
@@ -388,36 +417,48 @@ fn interrupt_after(dir: &Path, args: &[&str], after: Duration) -> (i32, String, 
         started.elapsed() < Duration::from_secs(20),
         "Ctrl-C took too long"
     );
+    let stderr = reader.join().unwrap();
+    assert!(
+        reached,
+        "the run never reached the phase to interrupt; stderr: {stderr}"
+    );
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
+        stderr,
     )
 }
 
 #[test]
 fn ctrl_c_mid_run_prints_what_ran_and_leaves_no_temp_file() {
     let dir = scratch();
-    let (code, stdout, stderr) = interrupt_after(
+    // Past the ramp (1 s here) and into the measured intervals.
+    let (code, stdout, stderr) = interrupt_at(
         dir.path(),
-        &["--size", "16MiB", "--duration", "60s"],
+        &["--size", "16MiB", "--duration", "60s", "--ramp", "1s"],
+        "running ",
         Duration::from_millis(2500),
     );
     assert_eq!(code, 130, "stderr: {stderr}");
     assert!(stdout.contains("interrupted"), "{stdout}");
-    assert!(stderr.contains("interrupted after"), "{stderr}");
+    assert!(
+        stderr.contains("interrupted after") && !stderr.contains("after 0.0 s"),
+        "{stderr}"
+    );
     assert!(entries(dir.path()).is_empty());
 }
 
 #[test]
 fn ctrl_c_while_preparing_leaves_no_temp_file() {
     let dir = scratch();
-    let (code, _, stderr) = interrupt_after(
+    let (code, _, stderr) = interrupt_at(
         dir.path(),
         &["--size", "4GiB", "--duration", "60s"],
-        Duration::from_millis(300),
+        "preparing ",
+        Duration::ZERO,
     );
     assert_eq!(code, 130, "stderr: {stderr}");
+    assert!(stderr.contains("interrupted while preparing"), "{stderr}");
     assert!(entries(dir.path()).is_empty());
 }
 
@@ -824,11 +865,16 @@ fn killing_a_kv_run_leaves_no_temp_file() {
         );
     }
     // Ctrl-C while loading the store.
-    let (code, _, stderr) = interrupt_after(
+    let (code, _, stderr) = interrupt_at(
         dir.path(),
         &["-w", "kv-act", "--no-probes", "--size", "1GiB"],
-        Duration::from_millis(1500),
+        "loading the kv store",
+        Duration::ZERO,
     );
     assert_eq!(code, 130, "{stderr}");
+    assert!(
+        stderr.contains("interrupted while loading the kv store"),
+        "{stderr}"
+    );
     assert!(entries(dir.path()).is_empty());
 }

@@ -107,10 +107,16 @@ fn the_tui_runs_under_tmux_switches_views_and_quits_cleanly() {
     start_session(&session, &cmd);
     let kill = || tmux(&["kill-session", "-t", &session]);
 
-    let screen = wait_for(&session, "IOPS ·", Duration::from_secs(30));
-    // The first interval takes a second to arrive.
-    std::thread::sleep(Duration::from_millis(2500));
-    let screen = tmux(&["capture-pane", "-p", "-t", &session]).to_string() + &screen;
+    wait_for(&session, "IOPS ·", Duration::from_secs(30));
+    // The first measured interval arrives a second or so after the header.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let screen = loop {
+        let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+        if header_iops(&screen).is_some_and(|v| v > 0.0) || Instant::now() > deadline {
+            break screen;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let iops = header_iops(&screen);
     assert!(
         iops.is_some_and(|v| v > 0.0),
