@@ -295,31 +295,32 @@ pub fn summary(p: &Profile) -> String {
     if let Some(kv) = &p.kv {
         // kv runs: the verdict (1 pass, 0 fail, absent without a complete slice) and the
         // target and achieved client and large-block rates.
-        row(
-            "kv_pass".into(),
-            kv["verdict"].as_bool().map(|b| f64::from(u8::from(b))),
-        );
-        row("kv_mismatches".into(), kv["mismatches"].as_f64());
+        row("kv_pass".into(), kv.verdict.map(|b| f64::from(u8::from(b))));
+        row("kv_mismatches".into(), Some(kv.mismatches as f64));
         // Shares of the scheduled load done (a pass needs 0.99 of both).
-        for (name, key) in [
-            ("kv_delivered_client", "client_fraction"),
-            ("kv_delivered_large_blocks", "large_block_fraction"),
-        ] {
-            row(name.into(), kv["delivered"][key].as_f64());
-        }
-        for side in ["target", "achieved"] {
-            for stream in ["client_reads", "client_writes", "lb_reads", "lb_writes"] {
-                row(
-                    format!("kv_{side}_{stream}_per_s"),
-                    kv[side][format!("{stream}_per_s")].as_f64(),
-                );
+        row(
+            "kv_delivered_client".into(),
+            Some(kv.delivered.client_fraction),
+        );
+        row(
+            "kv_delivered_large_blocks".into(),
+            Some(kv.delivered.large_block_fraction),
+        );
+        for (side, rates) in [("target", &kv.target), ("achieved", &kv.achieved)] {
+            for (stream, rate) in rates.streams() {
+                row(format!("kv_{side}_{stream}_per_s"), Some(rate));
             }
         }
-        for (i, slice) in kv["slices"].as_array().into_iter().flatten().enumerate() {
-            for over in ["1ms", "8ms", "64ms"] {
+        for (i, slice) in kv.slices.iter().enumerate() {
+            let r = &slice.reads;
+            for (over, pct) in [
+                ("1ms", r.pct_at_or_over_1ms),
+                ("8ms", r.pct_at_or_over_8ms),
+                ("64ms", r.pct_at_or_over_64ms),
+            ] {
                 row(
                     format!("kv_slice{i}_reads_pct_at_or_over_{over}"),
-                    slice["reads"][format!("pct_at_or_over_{over}")].as_f64(),
+                    Some(pct),
                 );
             }
         }

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use crate::profile::{Histogram, Interval, Profile};
+use crate::profile::{Histogram, Interval, Profile, Virtualization};
 
 /// Relative part of the significance floor: back-to-back runs of one workload on one (noisy,
 /// virtualized) host were seen to differ by up to 15% in device time, far more than their own
@@ -492,11 +492,12 @@ fn points(p: &Profile) -> Points {
 
 /// The calibrated cost of one exit (cpuid's median), when the profile was calibrated.
 fn exit_cost(p: &Profile) -> Option<f64> {
-    p.calibration.as_ref()?["figures"]
-        .as_array()?
+    p.calibration
+        .as_ref()?
+        .figures
         .iter()
-        .find(|f| f["name"] == "cpuid")?["median_ns"]
-        .as_f64()
+        .find(|f| f.name == "cpuid")
+        .map(|f| f.median_ns)
 }
 
 fn saturation(p: &Profile) -> String {
@@ -521,22 +522,13 @@ fn msr_rates(p: &Profile) -> String {
     let Some(v) = &p.virtualization else {
         return "not measured".into();
     };
-    let secs = v["seconds"].as_f64().unwrap_or(0.0);
-    let Some(writes) = v["msr_writes"].as_array().filter(|_| secs > 0.0) else {
+    let Some(writes) = v.msr_writes.as_ref().filter(|_| v.seconds > 0.0) else {
         return "not measured".into();
     };
     let mut by: BTreeMap<String, f64> = BTreeMap::new();
     // Only writes that exit, and not the recording tool's own.
-    let exiting = writes.iter().filter(|w| {
-        w["exits"].as_bool().unwrap_or(true) && !w["by_sampler"].as_bool().unwrap_or(false)
-    });
-    for w in exiting {
-        let name = format!(
-            "{} {}",
-            w["msr"].as_str().unwrap_or("?"),
-            w["name"].as_str().unwrap_or("")
-        );
-        *by.entry(name).or_default() += w["count"].as_f64().unwrap_or(0.0) / secs;
+    for w in writes.iter().filter(|w| w.exits && !w.by_sampler) {
+        *by.entry(format!("{} {}", w.msr, w.name)).or_default() += w.count as f64 / v.seconds;
     }
     let mut v: Vec<_> = by.into_iter().collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -551,20 +543,19 @@ fn msr_rates(p: &Profile) -> String {
 }
 
 fn hv_share(p: &Profile) -> String {
-    let Some(cpus) = p
-        .virtualization
-        .as_ref()
-        .and_then(|v| v["sampler"]["cpus"].as_array())
-    else {
+    let Some(sampler) = p.virtualization.as_ref().and_then(|v| v.sampler.as_ref()) else {
         return "not measured".into();
     };
-    cpus.iter()
+    sampler
+        .cpus
+        .iter()
         .map(|c| {
-            let total = c["samples"].as_f64().unwrap_or(0.0).max(1.0);
-            let hv = c["categories"]["hypervisor interface"]
-                .as_f64()
-                .unwrap_or(0.0);
-            format!("cpu{} {:.1}%", c["cpu"], hv / total * 100.0)
+            let hv = Virtualization::sampled(c, "hypervisor interface") as f64;
+            format!(
+                "cpu{} {:.1}%",
+                c.cpu,
+                hv / (c.samples.max(1)) as f64 * 100.0
+            )
         })
         .collect::<Vec<_>>()
         .join(", ")

@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use serde_json::{json, Value};
+use crate::profile::{KvDelivered, KvRates, KvSection, KvSlice, KvSliceShares};
 use virtgap_workloads::act::SliceVerdict;
 use virtgap_workloads::kv::{Behind, KvOutcome, KvVerdict, DELIVERED_MIN, SLIPPED_LAG};
 use virtgap_workloads::units;
@@ -215,66 +215,69 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
     writeln!(out, "  {}", verdict_text(k))
 }
 
-fn verdict_json(v: &SliceVerdict) -> Value {
-    json!({
-        "ops": v.reads,
-        "pct_at_or_over_1ms": v.over_1ms_pct,
-        "pct_at_or_over_8ms": v.over_8ms_pct,
-        "pct_at_or_over_64ms": v.over_64ms_pct,
-    })
+fn shares(v: &SliceVerdict) -> KvSliceShares {
+    KvSliceShares {
+        ops: v.reads,
+        pct_at_or_over_1ms: v.over_1ms_pct,
+        pct_at_or_over_8ms: v.over_8ms_pct,
+        pct_at_or_over_64ms: v.over_64ms_pct,
+    }
 }
 
-pub fn json(k: &KvOutcome) -> Value {
-    json!({
-        // true only for a pass at the delivered load; null without a complete slice.
-        "verdict": match k.verdict() {
+/// The profile's (and `--json`'s) kv section.
+pub fn section(k: &KvOutcome) -> KvSection {
+    KvSection {
+        verdict: match k.verdict() {
             KvVerdict::Pass => Some(true),
             KvVerdict::NoCompleteSlice => None,
             _ => Some(false),
         },
-        "outcome": outcome_word(&k.verdict()),
-        "delivered": {
-            "client_fraction": k.achieved_fraction(),
-            "large_block_fraction": k.large_block_fraction(),
+        outcome: outcome_word(&k.verdict()).to_string(),
+        delivered: KvDelivered {
+            client_fraction: k.achieved_fraction(),
+            large_block_fraction: k.large_block_fraction(),
         },
-        "behind": k.behind.as_ref().map(|(who, by)| behind_text(who, *by)),
-        "keys": k.keys,
-        "records_per_block": k.records_per_block,
-        "read_bytes_min": k.read_bytes.0,
-        "read_bytes_max": k.read_bytes.1,
-        "service_threads": k.service_threads,
-        "achieved_fraction": k.achieved_fraction(),
-        "worst_lag_ns": k.worst_lag.as_nanos() as u64,
-        "target": {
-            "client_reads_per_s": k.read_rps,
-            "client_writes_per_s": k.write_rps,
-            "lb_reads_per_s": k.derived.lb_reads_per_s,
-            "lb_writes_per_s": k.derived.lb_writes_per_s,
+        behind: k.behind.as_ref().map(|(who, by)| behind_text(who, *by)),
+        keys: k.keys,
+        records_per_block: k.records_per_block,
+        read_bytes_min: k.read_bytes.0,
+        read_bytes_max: k.read_bytes.1,
+        service_threads: k.service_threads,
+        achieved_fraction: k.achieved_fraction(),
+        worst_lag_ns: k.worst_lag.as_nanos() as u64,
+        target: KvRates {
+            client_reads_per_s: k.read_rps as f64,
+            client_writes_per_s: k.write_rps as f64,
+            lb_reads_per_s: k.derived.lb_reads_per_s,
+            lb_writes_per_s: k.derived.lb_writes_per_s,
         },
-        "achieved": {
-            "client_reads_per_s": k.rate(k.client_read.ios),
-            "client_writes_per_s": k.rate(k.client_write.ios),
-            "lb_reads_per_s": k.rate(k.lb_reads),
-            "lb_writes_per_s": k.rate(k.lb_writes),
+        achieved: KvRates {
+            client_reads_per_s: k.rate(k.client_read.ios),
+            client_writes_per_s: k.rate(k.client_write.ios),
+            lb_reads_per_s: k.rate(k.lb_reads),
+            lb_writes_per_s: k.rate(k.lb_writes),
         },
-        "relocated": k.counters.relocated,
-        "read_retries": k.counters.read_retries,
-        "mismatches": k.counters.mismatches,
-        "slices": k.slices.iter().map(|s| json!({
-            "start_s": s.start_s,
-            "end_s": s.end_s,
-            "complete": s.complete,
-            // null for a partial slice, and for one within limits at a load not delivered.
-            "pass": match slice_word(k, s) {
-                "PASS" => Some(true),
-                "FAIL" => Some(false),
-                _ => None,
-            },
-            "judged_on": s.judged_on.label(),
-            "worst_lag_ns": s.worst_lag.as_nanos() as u64,
-            "reads": verdict_json(&s.reads),
-            "lb_reads": verdict_json(&s.lb_reads),
-            "lb_writes": verdict_json(&s.lb_writes),
-        })).collect::<Vec<_>>(),
-    })
+        relocated: k.counters.relocated,
+        read_retries: k.counters.read_retries,
+        mismatches: k.counters.mismatches,
+        slices: k
+            .slices
+            .iter()
+            .map(|s| KvSlice {
+                start_s: s.start_s,
+                end_s: s.end_s,
+                complete: s.complete,
+                pass: match slice_word(k, s) {
+                    "PASS" => Some(true),
+                    "FAIL" => Some(false),
+                    _ => None,
+                },
+                judged_on: s.judged_on.label().to_string(),
+                worst_lag_ns: s.worst_lag.as_nanos() as u64,
+                reads: shares(&s.reads),
+                lb_reads: shares(&s.lb_reads),
+                lb_writes: shares(&s.lb_writes),
+            })
+            .collect(),
+    }
 }

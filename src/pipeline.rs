@@ -1,5 +1,5 @@
 //! The one channel of the pipeline: workload threads and the probe collector send owned events;
-//! a sink (the recorder now, the TUI later) consumes them.
+//! one sink (`record`'s recorder or the TUI) consumes them.
 
 use virtgap_probes::{CapabilityReport, ProbeEvent, ProbeSnapshot};
 use virtgap_workloads::WorkloadEvent;

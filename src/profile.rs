@@ -316,14 +316,15 @@ pub struct Profile {
     pub probe_seconds: Option<f64>,
     /// (submitting CPU, completing CPU, count) of the workload's block requests.
     pub cpu_pairs: Vec<[u64; 3]>,
-    /// Hypervisor signals (exits, PV paths, steal, sampler); not measured by this version.
-    pub virtualization: Option<serde_json::Value>,
-    /// Calibrated costs of exit-causing operations; not run by this version.
-    pub calibration: Option<serde_json::Value>,
+    /// Hypervisor signals: MSR accesses, the sampler's split of CPU time, host-side KVM events
+    /// and paravirt callback times; None when none of their probes attached.
+    pub virtualization: Option<Virtualization>,
+    /// Calibrated costs of exit-causing operations (`record --calibrate`); None when not run.
+    pub calibration: Option<crate::calibrate::Calibration>,
     pub self_overhead: SelfOverhead,
     /// The kv workload's rates, integrity figures and per-slice verdict (kv runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kv: Option<serde_json::Value>,
+    pub kv: Option<KvSection>,
     /// Per disk under the target (several for md/dm/multipath): stages per hardware queue.
     #[serde(default)]
     pub devices: Vec<DeviceProfile>,
@@ -895,8 +896,8 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             })
             .unwrap_or_default(),
         virtualization: total.and_then(virtualization),
-        calibration: i.calibration.and_then(|c| serde_json::to_value(c).ok()),
-        kv: i.stats.kv.as_deref().map(crate::kv_report::json),
+        calibration: i.calibration,
+        kv: i.stats.kv.as_deref().map(crate::kv_report::section),
         devices: total
             .map(|t| device_profiles(t, i.disks))
             .unwrap_or_default(),
@@ -966,11 +967,91 @@ pub fn device_profiles(total: &ProbeSnapshot, disks: &TargetDisks) -> Vec<Device
         .collect()
 }
 
-/// The hypervisor signals of a run as JSON: MSR accesses by CPU and MSR, the sampler's split
-/// of each CPU's time with its top symbols, and host-side KVM events. None when none of those
-/// probes attached.
-pub fn virtualization(total: &ProbeSnapshot) -> Option<serde_json::Value> {
-    use serde_json::json;
+/// Hypervisor signals of a run, as a profile keeps them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Virtualization {
+    /// Seconds the probes were attached: the denominator of every rate below.
+    pub seconds: f64,
+    /// None when the msr probe did not attach.
+    pub msr_writes: Option<Vec<MsrAccesses>>,
+    pub msr_reads: Option<Vec<MsrAccesses>>,
+    pub sampler: Option<SamplerSection>,
+    pub kvm_host: Option<KvmHostSection>,
+    pub pv_paths: Option<Vec<PvPathFigure>>,
+}
+
+/// Accesses to one MSR on one CPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MsrAccesses {
+    pub cpu: u32,
+    /// Hexadecimal, as `0x6e0`.
+    pub msr: String,
+    pub name: String,
+    pub count: u64,
+    /// Writes to this MSR exit to the detected hypervisor (profiles from before the label was
+    /// kept counted every write as exiting).
+    #[serde(default = "every_write_exited")]
+    pub exits: bool,
+    /// Writes in the wake of virtgap's own sampler interrupt (the tool's cost).
+    #[serde(default)]
+    pub by_sampler: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SamplerSection {
+    pub frequency_hz: u64,
+    /// Samples the kernel-side map had no room for.
+    pub dropped: u64,
+    pub cpus: Vec<SampledCpu>,
+}
+
+/// One CPU's samples: per category (hypervisor interface, idle, IRQ, ...) and its top symbols.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SampledCpu {
+    pub cpu: u32,
+    pub samples: u64,
+    pub categories: BTreeMap<String, u64>,
+    /// (kernel symbol, samples), most sampled first.
+    pub top: Vec<(String, u64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KvmHostSection {
+    pub events: Vec<virtgap_probes::model::KvmEventCount>,
+    pub exits: Vec<KvmExitFigure>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KvmExitFigure {
+    pub reason: String,
+    pub count: u64,
+    pub mean_ns: Option<f64>,
+}
+
+/// Entry-to-return time of one paravirt callback.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PvPathFigure {
+    pub symbol: String,
+    pub count: u64,
+    pub mean_ns: Option<f64>,
+    pub p99_ns: Option<f64>,
+}
+
+fn every_write_exited() -> bool {
+    true
+}
+
+impl Virtualization {
+    /// The sampler's samples on `cpu` in one category (0 when none).
+    pub fn sampled(cpu: &SampledCpu, category: &str) -> u64 {
+        cpu.categories.get(category).copied().unwrap_or(0)
+    }
+}
+
+/// The hypervisor signals of a run: MSR accesses by CPU and MSR, the sampler's split of each
+/// CPU's time with its top symbols, and host-side KVM events. None when none of those probes
+/// attached.
+pub fn virtualization(total: &ProbeSnapshot) -> Option<Virtualization> {
     if total.msr.is_none()
         && total.sampler.is_none()
         && total.kvm.is_none()
@@ -978,40 +1059,156 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<serde_json::Value> {
     {
         return None;
     }
-    let msr = |write: bool| -> Vec<serde_json::Value> {
-        total.msr.iter().flat_map(|m| &m.counts).filter(|c| c.write == write).map(|c| {
-            json!({"cpu": c.cpu, "msr": format!("{:#x}", c.msr), "name": virtgap_probes::virt::msr_name(c.msr), "count": c.count, "exits": c.exits, "by_sampler": c.by_sampler})
-        }).collect()
+    let msr = |write: bool| -> Option<Vec<MsrAccesses>> {
+        let m = total.msr.as_ref()?;
+        Some(
+            m.counts
+                .iter()
+                .filter(|c| c.write == write)
+                .map(|c| MsrAccesses {
+                    cpu: c.cpu,
+                    msr: format!("{:#x}", c.msr),
+                    name: virtgap_probes::virt::msr_name(c.msr).to_string(),
+                    count: c.count,
+                    exits: c.exits,
+                    by_sampler: c.by_sampler,
+                })
+                .collect(),
+        )
     };
-    let sampler = total.sampler.as_ref().map(|s| {
-        json!({
-            "frequency_hz": s.frequency_hz,
-            "dropped": s.dropped,
-            "cpus": s.cpus.iter().map(|c| json!({
-                "cpu": c.cpu,
-                "samples": c.total(),
-                "categories": c.categories().into_iter().map(|(k, v)| (k.name().to_string(), json!(v))).collect::<serde_json::Map<_, _>>(),
-                "top": c.top(10),
-            })).collect::<Vec<_>>(),
-        })
+    let sampler = total.sampler.as_ref().map(|s| SamplerSection {
+        frequency_hz: s.frequency_hz,
+        dropped: s.dropped,
+        cpus: s
+            .cpus
+            .iter()
+            .map(|c| SampledCpu {
+                cpu: c.cpu,
+                samples: c.total(),
+                categories: c
+                    .categories()
+                    .into_iter()
+                    .map(|(k, v)| (k.name().to_string(), v))
+                    .collect(),
+                top: c
+                    .top(10)
+                    .into_iter()
+                    .map(|(sym, n)| (sym.to_string(), n))
+                    .collect(),
+            })
+            .collect(),
     });
-    let kvm = total.kvm.as_ref().map(|k| {
-        json!({
-            "events": k.events,
-            "exits": k.exits.iter().map(|x| json!({"reason": x.name, "count": x.hist.count, "mean_ns": x.hist.mean_ns()})).collect::<Vec<_>>(),
-        })
+    let kvm_host = total.kvm.as_ref().map(|k| KvmHostSection {
+        events: k.events.clone(),
+        exits: k
+            .exits
+            .iter()
+            .map(|x| KvmExitFigure {
+                reason: x.name.clone(),
+                count: x.hist.count,
+                mean_ns: x.hist.mean_ns(),
+            })
+            .collect(),
     });
-    Some(json!({
-        "seconds": total.elapsed_ns as f64 / 1e9,
-        "msr_writes": if total.msr.is_some() { json!(msr(true)) } else { serde_json::Value::Null },
-        "msr_reads": if total.msr.is_some() { json!(msr(false)) } else { serde_json::Value::Null },
-        "sampler": sampler,
-        "kvm_host": kvm,
-        "pv_paths": total.pv_paths.as_ref().map(|p| p.paths.iter().map(|x| json!({
-            "symbol": x.symbol, "count": x.hist.count, "mean_ns": x.hist.mean_ns(),
-            "p99_ns": x.hist.percentile_ns(99.0),
-        })).collect::<Vec<_>>()),
-    }))
+    Some(Virtualization {
+        seconds: total.elapsed_ns as f64 / 1e9,
+        msr_writes: msr(true),
+        msr_reads: msr(false),
+        sampler,
+        kvm_host,
+        pv_paths: total.pv_paths.as_ref().map(|p| {
+            p.paths
+                .iter()
+                .map(|x| PvPathFigure {
+                    symbol: x.symbol.clone(),
+                    count: x.hist.count,
+                    mean_ns: x.hist.mean_ns(),
+                    p99_ns: x.hist.percentile_ns(99.0),
+                })
+                .collect()
+        }),
+    })
+}
+
+/// The kv workload's outcome, as a profile keeps it (and `--json` prints it).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KvSection {
+    /// True only for a pass at the delivered load; None without a complete slice.
+    pub verdict: Option<bool>,
+    /// "PASS", "FAIL", "NO VERDICT", ...
+    pub outcome: String,
+    pub delivered: KvDelivered,
+    /// Who fell behind and by how much, when the run stopped for it.
+    pub behind: Option<String>,
+    pub keys: u64,
+    pub records_per_block: u64,
+    pub read_bytes_min: u64,
+    pub read_bytes_max: u64,
+    pub service_threads: u32,
+    pub achieved_fraction: f64,
+    pub worst_lag_ns: u64,
+    pub target: KvRates,
+    pub achieved: KvRates,
+    pub relocated: u64,
+    pub read_retries: u64,
+    pub mismatches: u64,
+    pub slices: Vec<KvSlice>,
+}
+
+/// Shares of the scheduled load done (a pass needs 0.99 of both).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KvDelivered {
+    pub client_fraction: f64,
+    pub large_block_fraction: f64,
+}
+
+/// Operations per second of each of ACT's streams.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KvRates {
+    pub client_reads_per_s: f64,
+    pub client_writes_per_s: f64,
+    pub lb_reads_per_s: f64,
+    pub lb_writes_per_s: f64,
+}
+
+impl KvRates {
+    /// (stream name, rate) in a fixed order: client reads and writes, large-block reads and
+    /// writes.
+    pub fn streams(&self) -> [(&'static str, f64); 4] {
+        [
+            ("client_reads", self.client_reads_per_s),
+            ("client_writes", self.client_writes_per_s),
+            ("lb_reads", self.lb_reads_per_s),
+            ("lb_writes", self.lb_writes_per_s),
+        ]
+    }
+}
+
+/// One slice of ACT's verdict table.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KvSlice {
+    pub start_s: f64,
+    pub end_s: f64,
+    pub complete: bool,
+    /// None for a partial slice, and for one within limits at a load not delivered.
+    pub pass: Option<bool>,
+    /// "service" (from submission) or "intended" (from the scheduled start, when the schedule
+    /// slipped): which latency the slice was judged on.
+    pub judged_on: String,
+    pub worst_lag_ns: u64,
+    pub reads: KvSliceShares,
+    pub lb_reads: KvSliceShares,
+    pub lb_writes: KvSliceShares,
+}
+
+/// Operations in a slice and the percentages at or over ACT's limits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct KvSliceShares {
+    pub ops: u64,
+    pub pct_at_or_over_1ms: f64,
+    pub pct_at_or_over_8ms: f64,
+    pub pct_at_or_over_64ms: f64,
 }
 
 #[cfg(test)]

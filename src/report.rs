@@ -370,7 +370,7 @@ pub fn json(r: &Report<'_>) -> Value {
         }],
         "probes": probes_json(r.probes),
         "stalls": r.stalls,
-        "kv": r.stats.kv.as_deref().map(crate::kv_report::json),
+        "kv": r.stats.kv.as_deref().map(crate::kv_report::section),
     })
 }
 

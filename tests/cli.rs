@@ -804,7 +804,7 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
         .unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["kv"]["target"]["client_writes_per_s"], 0);
+    assert_eq!(v["kv"]["target"]["client_writes_per_s"].as_f64(), Some(0.0));
     assert_eq!(v["kv"]["mismatches"], 0);
     assert!(v["kv"]["verdict"].is_boolean(), "{}", v["kv"]);
     assert_eq!(v["workload"]["fio_equivalent"], serde_json::Value::Null);

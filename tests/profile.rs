@@ -518,7 +518,10 @@ fn kv_profile_carries_the_verdict_and_matches_the_schema() {
     }
     let doc = validate(&out);
     assert_eq!(doc["kv"]["mismatches"], 0);
-    assert_eq!(doc["kv"]["target"]["client_reads_per_s"], 2000);
+    assert_eq!(
+        doc["kv"]["target"]["client_reads_per_s"].as_f64(),
+        Some(2000.0)
+    );
     assert!(doc["kv"]["verdict"].is_boolean());
     assert_eq!(doc["workload"]["fio_equivalent"], serde_json::Value::Null);
     // The store's device I/O: record and defrag reads, large-block writes.
