@@ -2,7 +2,7 @@
 //! names, a schema version in every row) that open in a spreadsheet or pandas without cleanup.
 //! Pure: a profile in, file contents out.
 
-use crate::profile::{Histogram, Profile};
+use crate::profile::{Profile, Stage};
 
 /// Version of the CSV layout; bump when columns or metric names change.
 pub const CSV_SCHEMA_VERSION: u32 = 1;
@@ -122,7 +122,7 @@ pub fn intervals(p: &Profile) -> String {
             row("lat_p99_ns", String::new(), "", "app", "", p99 as f64);
         }
         for (stage, s) in &iv.stages {
-            let dev = if stage == "wakeup" {
+            let dev = if stage == Stage::Wakeup.name() {
                 ""
             } else {
                 device.as_str()
@@ -204,13 +204,7 @@ pub fn intervals(p: &Profile) -> String {
 pub fn histograms(p: &Profile) -> String {
     let mut w = writer(&HISTOGRAM_COLUMNS);
     let v = CSV_SCHEMA_VERSION.to_string();
-    let stages: [(&str, Option<&Histogram>); 4] = [
-        ("app", Some(&p.stages.app)),
-        ("queue", p.stages.queue.as_ref()),
-        ("device", p.stages.device.as_ref()),
-        ("wakeup", p.stages.wakeup.as_ref()),
-    ];
-    for (stage, h) in stages {
+    for (stage, h) in Stage::ALL.map(|s| (s.name(), p.stages.get(s))) {
         for [low, high, count] in h.map(|h| h.buckets.as_slice()).unwrap_or_default() {
             w.write_record([
                 v.as_str(),
@@ -260,11 +254,7 @@ pub fn summary(p: &Profile) -> String {
     row("usr_cpu_pct".into(), Some(r.usr_cpu_pct));
     row("sys_cpu_pct".into(), Some(r.sys_cpu_pct));
     row("cpu_ns_per_io".into(), r.cpu_ns_per_io);
-    for (stage, h) in [
-        ("queue", p.stages.queue.as_ref()),
-        ("device", p.stages.device.as_ref()),
-        ("wakeup", p.stages.wakeup.as_ref()),
-    ] {
+    for (stage, h) in Stage::PROBED.map(|s| (s.name(), p.stages.get(s))) {
         if let Some(h) = h {
             row(format!("{stage}_count"), Some(h.count as f64));
             row(format!("{stage}_mean_ns"), h.mean_ns());

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use crate::profile::{Histogram, Interval, Profile, Virtualization};
+use crate::profile::{Histogram, Interval, Profile, Stage, Virtualization};
 
 /// Relative part of the significance floor: back-to-back runs of one workload on one (noisy,
 /// virtualized) host were seen to differ by up to 15% in device time, far more than their own
@@ -352,9 +352,8 @@ struct Series {
     app_p99: Vec<f64>,
 }
 
-fn stage_mean(iv: &Interval, stage: &str) -> Option<f64> {
-    iv.stages
-        .get(stage)
+fn stage_mean(iv: &Interval, stage: Stage) -> Option<f64> {
+    iv.stage(stage)
         .filter(|s| s.count > 0)
         .map(|s| s.sum_ns as f64 / s.count as f64)
 }
@@ -382,22 +381,25 @@ fn series(p: &Profile) -> Series {
             .iter()
             .map(|i| i.lat_sum_ns / i.lat_count as f64)
             .collect(),
-        queue: full.iter().filter_map(|i| stage_mean(i, "queue")).collect(),
+        queue: full
+            .iter()
+            .filter_map(|i| stage_mean(i, Stage::Queue))
+            .collect(),
         device: full
             .iter()
-            .filter_map(|i| stage_mean(i, "device"))
+            .filter_map(|i| stage_mean(i, Stage::Device))
             .collect(),
         software: full
             .iter()
             .filter_map(|i| {
                 Some(
                     i.lat_sum_ns / i.lat_count as f64
-                        - stage_mean(i, "queue")?
-                        - stage_mean(i, "device")?,
+                        - stage_mean(i, Stage::Queue)?
+                        - stage_mean(i, Stage::Device)?,
                 )
             })
             .collect(),
-        wakeup_per_io: per_io(&|i| i.stages.get("wakeup").map(|s| s.sum_ns as f64)),
+        wakeup_per_io: per_io(&|i| i.stage(Stage::Wakeup).map(|s| s.sum_ns as f64)),
         hardirq_per_io: per_io(&|i| {
             measured_cpus(i).map(|_| i.cpus.iter().map(|c| c.hardirq_ns as f64).sum())
         }),
@@ -705,14 +707,8 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
         r.share = gap.zip(r.delta).map(|(g, d)| d / g);
     }
 
-    let stages: [(&str, Option<&Histogram>, Option<&Histogram>); 4] = [
-        ("app", Some(&a.stages.app), Some(&b.stages.app)),
-        ("queue", a.stages.queue.as_ref(), b.stages.queue.as_ref()),
-        ("device", a.stages.device.as_ref(), b.stages.device.as_ref()),
-        ("wakeup", a.stages.wakeup.as_ref(), b.stages.wakeup.as_ref()),
-    ];
     let mut tails = Vec::new();
-    for (stage, ha, hb) in stages {
+    for (stage, ha, hb) in Stage::ALL.map(|s| (s.name(), a.stages.get(s), b.stages.get(s))) {
         for pct in [50.0, 99.0, 99.9] {
             let (x, y) = (
                 ha.and_then(|h| h.percentile_ns(pct)),

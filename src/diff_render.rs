@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::diff::{ProfileDiff, Row, Unit, Verdict};
-use crate::profile::{Histogram, Profile};
+use crate::profile::{Histogram, Profile, Stage};
 use virtgap_workloads::units;
 
 fn value(v: Option<f64>, unit: Unit) -> String {
@@ -364,12 +364,9 @@ pub fn waterfall_svg(d: &ProfileDiff) -> String {
 
 /// Latency distributions of each stage, both hosts overlaid (log-scaled latency axis).
 pub fn stages_svg(a: &Profile, b: &Profile, d: &ProfileDiff) -> String {
-    let stages: Vec<(&str, Option<&Histogram>, Option<&Histogram>)> = vec![
-        ("app", Some(&a.stages.app), Some(&b.stages.app)),
-        ("queue", a.stages.queue.as_ref(), b.stages.queue.as_ref()),
-        ("device", a.stages.device.as_ref(), b.stages.device.as_ref()),
-        ("wakeup", a.stages.wakeup.as_ref(), b.stages.wakeup.as_ref()),
-    ];
+    let stages: Vec<(&str, Option<&Histogram>, Option<&Histogram>)> = Stage::ALL
+        .map(|s| (s.name(), a.stages.get(s), b.stages.get(s)))
+        .to_vec();
     let (pw, ph, left, top) = (790.0, 160.0, 60.0, 70.0);
     let h = top + stages.len() as f64 * (ph + 50.0);
     let mut s = format!(

@@ -118,6 +118,32 @@ pub struct WorkloadResult {
     pub max_schedule_lag_ns: Option<u64>,
 }
 
+/// A stage of an I/O's time that a profile keeps a histogram of (and, but for `App`, a
+/// per-interval count and sum under `Interval::stages`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    App,
+    Queue,
+    Device,
+    Wakeup,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 4] = [Stage::App, Stage::Queue, Stage::Device, Stage::Wakeup];
+    /// The block and scheduler stages the probes measure.
+    pub const PROBED: [Stage; 3] = [Stage::Queue, Stage::Device, Stage::Wakeup];
+
+    /// Its name in profiles, CSV files and the diff.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::App => "app",
+            Stage::Queue => BlockStage::Queue.name(),
+            Stage::Device => BlockStage::Device.name(),
+            Stage::Wakeup => "wakeup",
+        }
+    }
+}
+
 /// The stage histograms of the workload's own I/Os, cumulative over the run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stages {
@@ -132,6 +158,18 @@ pub struct Stages {
     /// The workload's cache flushes: request start -> completion (none counted before 6.5).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flush: Option<Histogram>,
+}
+
+impl Stages {
+    /// The whole-run histogram of `stage` (None when its probe did not attach).
+    pub fn get(&self, stage: Stage) -> Option<&Histogram> {
+        match stage {
+            Stage::App => Some(&self.app),
+            Stage::Queue => self.queue.as_ref(),
+            Stage::Device => self.device.as_ref(),
+            Stage::Wakeup => self.wakeup.as_ref(),
+        }
+    }
 }
 
 /// One request-based disk under the target: its read and write stages, per hardware queue,
@@ -216,7 +254,7 @@ pub struct Interval {
     pub lat_sum_ns: f64,
     pub lat_p50_ns: Option<u64>,
     pub lat_p99_ns: Option<u64>,
-    /// Stage name ("queue", "device", "wakeup") -> this interval's count and sum.
+    /// `Stage::name` of a probed stage -> this interval's count and sum.
     pub stages: BTreeMap<String, StageSample>,
     pub cpus: Vec<CpuLoad>,
     /// CPU time our BPF programs used in the interval, ns.
@@ -447,7 +485,7 @@ pub fn stage_samples(
     }
     if let Some(w) = &snap.wakeups {
         out.insert(
-            "wakeup".into(),
+            Stage::Wakeup.name().into(),
             StageSample {
                 count: w.latency.count,
                 sum_ns: w.latency.sum_ns,
@@ -503,6 +541,11 @@ pub fn interval(sample: &IntervalSample, probes: Option<ProbeInterval>) -> Inter
 }
 
 impl Interval {
+    /// This interval's count and sum of a probed stage (None when not measured).
+    pub fn stage(&self, stage: Stage) -> Option<&StageSample> {
+        self.stages.get(stage.name())
+    }
+
     /// Adds the next interval `later` into this one: counts and times summed, the span extended;
     /// percentiles are left to the caller, who holds the latency histograms.
     pub fn absorb(&mut self, later: &Interval) {
