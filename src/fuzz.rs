@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use virtgap_workloads::spec::{self, Pattern};
 
-use crate::profile::{self, Profile};
+use crate::model::profile::{self, Profile};
 
 /// Budget when `VIRTGAP_FUZZ_SECONDS` is not set: short enough for every `cargo test`.
 const DEFAULT_SECONDS: f64 = 20.0;
@@ -1559,9 +1559,9 @@ impl Target for ProfileTarget {
         let in_input = non_finite_words(&String::from_utf8_lossy(input));
         let r = &self.reference;
         let diffs = [
-            ("diff(p, p)", crate::diff::diff(&p, &p)),
-            ("diff(ref, p)", crate::diff::diff(r, &p)),
-            ("diff(p, ref)", crate::diff::diff(&p, r)),
+            ("diff(p, p)", crate::analysis::diff::diff(&p, &p)),
+            ("diff(ref, p)", crate::analysis::diff::diff(r, &p)),
+            ("diff(p, ref)", crate::analysis::diff::diff(&p, r)),
         ];
         for (label, d) in &diffs {
             check_diff_values(&mut out, label, d);
@@ -1575,11 +1575,17 @@ impl Target for ProfileTarget {
                 _ => (&p, r),
             };
             let texts = [
-                ("diff terminal", crate::diff_render::terminal(d)),
-                ("diff markdown", crate::diff_render::markdown(d)),
-                ("diff csv", crate::diff_render::csv(d)),
-                ("waterfall.svg", crate::diff_render::waterfall_svg(d)),
-                ("stages.svg", crate::diff_render::stages_svg(a, b, d)),
+                ("diff terminal", crate::render::diff_render::terminal(d)),
+                ("diff markdown", crate::render::diff_render::markdown(d)),
+                ("diff csv", crate::render::diff_render::csv(d)),
+                (
+                    "waterfall.svg",
+                    crate::render::diff_render::waterfall_svg(d),
+                ),
+                (
+                    "stages.svg",
+                    crate::render::diff_render::stages_svg(a, b, d),
+                ),
             ];
             for (consumer, text) in &texts {
                 // As `virtgap diff` prints it.
@@ -1598,7 +1604,7 @@ impl Target for ProfileTarget {
                 }
             }
         }
-        for (file, text) in crate::csv_export::export(&p) {
+        for (file, text) in crate::render::csv_export::export(&p) {
             scan_output(&mut out, file, &text, &in_input);
             check_csv_columns(&mut out, file, &text);
         }
@@ -1644,7 +1650,7 @@ impl Target for ProfileTarget {
 }
 
 /// Numbers in a diff that no output can show sensibly, and percentages no measurement gives.
-fn check_diff_values(out: &mut Outcome, label: &str, d: &crate::diff::ProfileDiff) {
+fn check_diff_values(out: &mut Outcome, label: &str, d: &crate::analysis::diff::ProfileDiff) {
     for r in d.waterfall.iter().chain(&d.throughput) {
         let fields = [
             ("a", r.a),

@@ -9,9 +9,9 @@ use virtgap_probes::{CapabilityReport, ProbeSnapshot};
 use virtgap_workloads::stats::IntervalSample;
 use virtgap_workloads::LatencyHistogram;
 
-use crate::host::Fingerprint;
-use crate::profile::Profile;
-use crate::series::IntervalSeries;
+use crate::model::host::Fingerprint;
+use crate::model::profile::Profile;
+use crate::run::series::IntervalSeries;
 
 /// Intervals kept for the sparklines (five minutes at the default 1 s).
 const HISTORY: usize = 300;
@@ -98,7 +98,7 @@ pub struct KvPanel {
 impl KvPanel {
     /// The panel filled in from the run's outcome.
     pub fn finish(&mut self, k: &virtgap_workloads::kv::KvOutcome) {
-        self.verdict = Some(crate::kv_report::verdict_text(k));
+        self.verdict = Some(crate::render::kv_report::verdict_text(k));
         self.delivered = Some(format!(
             "delivered {:.1}% of the client operations and {:.1}% of the large-block operations; worst lag {}",
             k.achieved_fraction() * 100.0,
@@ -119,7 +119,7 @@ impl KvPanel {
                     r.over_8ms_pct,
                     r.over_64ms_pct,
                     s.judged_on.label(),
-                    crate::kv_report::slice_word(k, s)
+                    crate::render::kv_report::slice_word(k, s)
                 )
             })
             .collect();
@@ -150,7 +150,7 @@ pub struct App {
     pub probe_total: Option<ProbeSnapshot>,
     /// Kernel names of the block devices the probes saw, resolved outside the render path.
     pub device_names: std::collections::BTreeMap<(u32, u32), String>,
-    disks: crate::host::TargetDisks,
+    disks: crate::model::host::TargetDisks,
     /// The disks whose stages are the target's (None: unknown, every device counts).
     target_devs: Option<Vec<(u32, u32)>>,
     /// A kv run's load and, once it ended, ACT's verdict.
@@ -161,7 +161,11 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(host: Fingerprint, workload: String, disks: crate::host::TargetDisks) -> Self {
+    pub fn new(
+        host: Fingerprint,
+        workload: String,
+        disks: crate::model::host::TargetDisks,
+    ) -> Self {
         Self {
             view: View::Time,
             help: false,
@@ -208,7 +212,7 @@ impl App {
         self.target_devs.as_deref()
     }
 
-    pub fn disks(&self) -> &crate::host::TargetDisks {
+    pub fn disks(&self) -> &crate::model::host::TargetDisks {
         &self.disks
     }
 
@@ -394,7 +398,7 @@ mod tests {
         App::new(
             host,
             "rand4k".into(),
-            crate::host::TargetDisks::plain("vda", 254, 0),
+            crate::model::host::TargetDisks::plain("vda", 254, 0),
         )
     }
 

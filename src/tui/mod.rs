@@ -18,8 +18,8 @@ use virtgap_workloads::stats::{IntervalMerger, RunStats};
 use virtgap_workloads::{RunOptions, WorkloadEvent};
 
 use crate::cli::TuiArgs;
-use crate::pipeline::Event;
-use crate::record::prepare;
+use crate::cmd::record::prepare;
+use crate::run::pipeline::Event;
 use app::{Action, App, RunState};
 
 /// Without --duration the workload runs until the user quits (up to this long).
@@ -43,11 +43,11 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     overrides.apply(&mut spec)?;
     crate::cli::check_interval(&args.interval)?;
     let baseline = match &args.baseline {
-        Some(path) => Some(crate::profile::load(path)?),
+        Some(path) => Some(crate::model::profile::load(path)?),
         None => None,
     };
     if let Some(path) = &args.save {
-        crate::output::check_output(path, true, "--save")?;
+        crate::run::output::check_output(path, true, "--save")?;
     }
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
@@ -55,7 +55,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
             "the live view needs a terminal (stdin and stdout are not both one); for a headless run use `virtgap record`"
         );
     }
-    let signals = crate::signals::StopSignals::install(true)?;
+    let signals = crate::run::signals::StopSignals::install(true)?;
     let Some(prepared) = prepare(
         &spec,
         args.overrides.size.is_some(),
@@ -67,10 +67,10 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         return Ok(signals.exit_code());
     };
     let (target, stop) = (&prepared.target, &prepared.stop);
-    let host = crate::host::Fingerprint::this_host();
+    let host = crate::model::host::Fingerprint::this_host();
 
     let (tx, rx) = mpsc::channel::<Event>();
-    let collector = crate::record::probe_config(&args.probe, args.interval.0)?
+    let collector = crate::cmd::record::probe_config(&args.probe, args.interval.0)?
         .map(|config| ProbeHandle::start(config, args.interval.0, tx.clone()));
     let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
     let mut app = App::new(host, workload, prepared.disks.clone());
@@ -85,7 +85,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
             ..Default::default()
         }
     });
-    app.series = crate::series::IntervalSeries::new(
+    app.series = crate::run::series::IntervalSeries::new(
         args.interval.0,
         spec.ramp.0,
         prepared.disks.devs(),
@@ -231,7 +231,7 @@ fn event_loop(
                     for d in &block.devices {
                         app.device_names
                             .entry(d.dev)
-                            .or_insert_with(|| crate::pipeline::device_name(d.dev));
+                            .or_insert_with(|| crate::run::pipeline::device_name(d.dev));
                     }
                 }
                 app.on_probe_snapshot(*cumulative, *interval)
@@ -296,20 +296,20 @@ fn save(
     stats.write.bytes = d.write_bytes;
     stats.measured_ns = app.series.last_point().map_or(0, |p| p.end_ns);
     let now = std::time::SystemTime::now();
-    let mut profile = crate::profile::assemble(crate::profile::ProfileInputs {
-        run: crate::profile::RunInfo {
+    let mut profile = crate::model::profile::assemble(crate::model::profile::ProfileInputs {
+        run: crate::model::profile::RunInfo {
             tool_version: env!("CARGO_PKG_VERSION").into(),
             command_line: std::env::args().collect(),
-            started_unix_ms: crate::record::unix_ms(now - d.elapsed),
-            ended_unix_ms: crate::record::unix_ms(now),
+            started_unix_ms: crate::cmd::record::unix_ms(now - d.elapsed),
+            ended_unix_ms: crate::cmd::record::unix_ms(now),
             interval_s: app.series.point_interval().as_secs_f64(),
             requested_interval_s: (app.series.coarsening() > 1)
                 .then_some(args.interval.0.as_secs_f64()),
             complete: false,
         },
         host: app.host.clone(),
-        workload: crate::profile::WorkloadInfo::of(spec, loaded, target),
-        target: crate::profile::TargetInfo::of(target, app.disks()),
+        workload: crate::model::profile::WorkloadInfo::of(spec, loaded, target),
+        target: crate::model::profile::TargetInfo::of(target, app.disks()),
         paced: spec.rate_iops.is_some(),
         stats: &stats,
         intervals,
@@ -324,14 +324,14 @@ fn save(
                 .stalls(&stats, d.probes.as_ref().and_then(|p| p.block.as_ref())),
         ),
     });
-    profile.stages.app = crate::profile::Histogram::from_latency(&d.app);
+    profile.stages.app = crate::model::profile::Histogram::from_latency(&d.app);
     let path = args.save.clone().unwrap_or_else(|| {
-        let stamp = crate::record::unix_ms(now) / 1000;
+        let stamp = crate::cmd::record::unix_ms(now) / 1000;
         std::path::PathBuf::from(format!("virtgap-{}-{stamp}.json", spec.name))
     });
     let result = serde_json::to_vec_pretty(&profile)
         .map_err(anyhow::Error::from)
-        .and_then(|bytes| crate::output::write_atomic(&path, &bytes, true, "--save"));
+        .and_then(|bytes| crate::run::output::write_atomic(&path, &bytes, true, "--save"));
     app.message = Some(match result {
         Ok(()) => format!("saved profile {}", path.display()),
         Err(e) => format!("save failed: {e:#}"),

@@ -207,7 +207,7 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         }
         Row::new(cells)
     };
-    let base = |h: Option<&crate::profile::Histogram>| {
+    let base = |h: Option<&crate::model::profile::Histogram>| {
         h.and_then(|h| Some((h.mean_ns()?, h.percentile_ns(99.0)?)))
     };
     let bl = app.baseline.as_ref();
@@ -420,7 +420,9 @@ fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
                 lines.push(Line::from("  no device interrupts on this CPU"));
             }
             let summary = match &app.report {
-                Some(report) => crate::probe_report::ipi_summary(irq, Some(cpu), secs, report),
+                Some(report) => {
+                    crate::render::probe_report::ipi_summary(irq, Some(cpu), secs, report)
+                }
                 None => vec!["IPIs sent: -".into()],
             };
             lines.extend(summary.into_iter().map(|l| Line::from(format!("  {l}"))));
@@ -722,7 +724,7 @@ mod tests {
     use virtgap_workloads::stats::IntervalSample;
 
     use super::*;
-    use crate::profile::Profile;
+    use crate::model::profile::Profile;
     use crate::tui::app::App;
 
     fn hist(values: &[(u64, u64)]) -> KernelHist {
@@ -896,7 +898,7 @@ mod tests {
         let mut app = App::new(
             profile.host.clone(),
             "random read, bs 4 KiB, qd 32 x 1 worker, io_uring, O_DIRECT".into(),
-            crate::host::TargetDisks::plain("vda", 254, 0),
+            crate::model::host::TargetDisks::plain("vda", 254, 0),
         );
         let report: CapabilityReport = serde_json::from_value(serde_json::json!({
             "families": [
@@ -920,7 +922,7 @@ mod tests {
         }
         if baseline {
             let mut b = profile;
-            b.stages.device = Some(crate::profile::Histogram::from_kernel(&hist(&[(
+            b.stages.device = Some(crate::model::profile::Histogram::from_kernel(&hist(&[(
                 200_000, 100,
             )])));
             app.baseline = Some(b);

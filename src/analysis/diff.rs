@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use crate::profile::{Histogram, Interval, Profile, Stage, Virtualization};
+use crate::model::profile::{Histogram, Interval, Profile, Stage, Virtualization};
 
 /// Relative part of the significance floor: back-to-back runs of one workload on one (noisy,
 /// virtualized) host were seen to differ by up to 15% in device time, far more than their own
@@ -235,7 +235,7 @@ fn confounders(a: &Profile, b: &Profile) -> Vec<String> {
                 da.rq_affinity.map_or("unknown".into(), |v| v.to_string()),
                 db.rq_affinity.map_or("unknown".into(), |v| v.to_string()),
             );
-            let irq_cpus = |d: &crate::host::BlockDeviceInfo| {
+            let irq_cpus = |d: &crate::model::host::BlockDeviceInfo| {
                 let v: Vec<String> = d
                     .queues
                     .iter()
@@ -876,7 +876,7 @@ fn median(xs: &[f64]) -> Option<f64> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::profile::{CpuLoad, StageSample};
+    use crate::model::profile::{CpuLoad, StageSample};
 
     /// A profile whose every interval has the given stage means (ns) plus deterministic jitter.
     pub(crate) fn synthetic(
@@ -887,9 +887,9 @@ pub(crate) mod tests {
         n: usize,
     ) -> Profile {
         let mut p: Profile =
-            serde_json::from_str(include_str!("../tests/data/minimal-profile.json")).unwrap();
+            serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
         let ios = 1000u64;
-        let mut app = crate::profile::Histogram::default();
+        let mut app = crate::model::profile::Histogram::default();
         let (mut qh, mut dh) = (Histogram::default(), Histogram::default());
         p.intervals = (0..n)
             .map(|i| {

@@ -17,8 +17,8 @@ use virtgap_probes::model::{DevNum, ProbeSnapshot};
 use virtgap_workloads::histogram::CompactHistogram;
 use virtgap_workloads::stats::IntervalSample;
 
-use crate::profile::{Interval, ProbeInterval};
-use crate::stalls::StallLog;
+use crate::model::profile::{Interval, ProbeInterval};
+use crate::model::stalls::StallLog;
 
 /// Points kept at most: an hour at 1 s intervals coarsens to 2 s, a day to 64 s.
 pub const MAX_POINTS: usize = 2048;
@@ -213,7 +213,7 @@ impl IntervalSeries {
         let origin = *self.origin.get_or_insert(sample.index);
         let raw = sample.index.saturating_sub(origin);
         let mut point = SeriesPoint {
-            interval: crate::profile::interval(sample, probe),
+            interval: crate::model::profile::interval(sample, probe),
             start_ns: sample.start_ns,
             end_ns: sample.end_ns,
             lat: sample.lat.compact(),

@@ -10,7 +10,7 @@ use virtgap_probes::{CapabilityReport, KernelHist};
 use virtgap_workloads::stats::{IntervalSample, RunStats};
 use virtgap_workloads::LatencyHistogram;
 
-use crate::host::{Fingerprint, TargetDisks};
+use crate::model::host::{Fingerprint, TargetDisks};
 
 /// Bump when a field changes meaning or disappears; readers refuse newer versions.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -358,7 +358,7 @@ pub struct Profile {
     /// and paravirt callback times; None when none of their probes attached.
     pub virtualization: Option<Virtualization>,
     /// Calibrated costs of exit-causing operations (`record --calibrate`); None when not run.
-    pub calibration: Option<crate::calibrate::Calibration>,
+    pub calibration: Option<crate::cmd::calibrate::Calibration>,
     pub self_overhead: SelfOverhead,
     /// The kv workload's rates, integrity figures and per-slice verdict (kv runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -368,7 +368,7 @@ pub struct Profile {
     pub devices: Vec<DeviceProfile>,
     /// Stalls in the measured window (absent in profiles from before they were detected).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stalls: Option<crate::stalls::Stalls>,
+    pub stalls: Option<crate::model::stalls::Stalls>,
 }
 
 fn direction(d: &virtgap_workloads::stats::DirStats, secs: f64) -> DirectionResult {
@@ -862,15 +862,15 @@ pub struct ProfileInputs<'a> {
     pub target: TargetInfo,
     pub paced: bool,
     pub stats: &'a RunStats,
-    /// The measured window's intervals, joined with the probes' (see [`crate::series`]).
+    /// The measured window's intervals, joined with the probes' (see [`crate::run::series`]).
     pub intervals: Vec<Interval>,
     pub capabilities: Option<CapabilityReport>,
     pub probe_total: Option<&'a ProbeSnapshot>,
     /// The disks whose block stages are the target's.
     pub disks: &'a TargetDisks,
     pub recorder_cpu_pct: Option<f64>,
-    pub calibration: Option<crate::calibrate::Calibration>,
-    pub stalls: Option<crate::stalls::Stalls>,
+    pub calibration: Option<crate::cmd::calibrate::Calibration>,
+    pub stalls: Option<crate::model::stalls::Stalls>,
 }
 
 /// Builds the profile (pure: no I/O).
@@ -940,7 +940,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             .unwrap_or_default(),
         virtualization: total.and_then(virtualization),
         calibration: i.calibration,
-        kv: i.stats.kv.as_deref().map(crate::kv_report::section),
+        kv: i.stats.kv.as_deref().map(crate::render::kv_report::section),
         devices: total
             .map(|t| device_profiles(t, i.disks))
             .unwrap_or_default(),

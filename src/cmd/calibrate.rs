@@ -227,7 +227,7 @@ pub fn calibrate(scale: f64) -> Calibration {
 pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
     let mut c = calibrate(1.0);
     if args.host {
-        match crate::microvm::exit_round_trip(2000) {
+        match crate::run::microvm::exit_round_trip(2000) {
             Ok(f) => c.figures.push(f),
             Err(e) => eprintln!("virtgap: --host: {e}"),
         }
@@ -296,7 +296,7 @@ mod tests {
             "a real syscall costs more than the vDSO"
         );
         #[cfg(target_arch = "x86_64")]
-        if crate::host::Cpuid::read().hypervisor_bit {
+        if crate::model::host::Cpuid::read().hypervisor_bit {
             let cpuid = c.figures.iter().find(|f| f.name == "cpuid").unwrap();
             assert!(
                 cpuid.median_ns > 1_000.0,

@@ -3,7 +3,7 @@
 
 use std::io::{self, Write};
 
-use crate::profile::{KvDelivered, KvRates, KvSection, KvSlice, KvSliceShares};
+use crate::model::profile::{KvDelivered, KvRates, KvSection, KvSlice, KvSliceShares};
 use virtgap_workloads::act::SliceVerdict;
 use virtgap_workloads::kv::{Behind, KvOutcome, KvVerdict, DELIVERED_MIN, SLIPPED_LAG};
 use virtgap_workloads::units;
@@ -118,13 +118,13 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
             out,
             "    {name}: {what}; lat_intended counts from the schedule"
         )?;
-        crate::report::write_latency_header(out)?;
+        crate::render::report::write_latency_header(out)?;
         let mut rows = vec![("lat", &d.lat), ("lat_intended", &d.lat_intended)];
         if name == "client reads" {
             rows.insert(0, ("service", &d.clat));
         }
         for (row, h) in rows {
-            crate::report::write_latency_row(out, row, h)?;
+            crate::render::report::write_latency_row(out, row, h)?;
         }
     }
     writeln!(

@@ -11,8 +11,8 @@ use virtgap_workloads::target::Target;
 use virtgap_workloads::units;
 use virtgap_workloads::WorkloadSpec;
 
-use crate::pipeline::ProbeResults;
-use crate::series::{IntervalSeries, SeriesPoint};
+use crate::run::pipeline::ProbeResults;
+use crate::run::series::{IntervalSeries, SeriesPoint};
 
 /// Everything a report is made from.
 pub struct Report<'a> {
@@ -23,12 +23,12 @@ pub struct Report<'a> {
     pub series: &'a IntervalSeries,
     /// The series' points, read back.
     pub points: &'a [SeriesPoint],
-    pub stalls: &'a crate::stalls::Stalls,
+    pub stalls: &'a crate::model::stalls::Stalls,
     pub interrupted: bool,
     pub started: SystemTime,
     pub probes: &'a ProbeResults,
     /// The disks whose block stages are the target's.
-    pub disks: &'a crate::host::TargetDisks,
+    pub disks: &'a crate::model::host::TargetDisks,
 }
 
 /// Per-interval IOPS and bandwidth spread of one direction.
@@ -183,9 +183,9 @@ pub fn write_summary(out: &mut impl Write, r: &Report<'_>) -> io::Result<()> {
         writeln!(out)?;
     }
     if let Some(kv) = &r.stats.kv {
-        crate::kv_report::write(out, kv)?;
+        crate::render::kv_report::write(out, kv)?;
     }
-    crate::probe_report::write(out, r.probes, r.disks)?;
+    crate::render::probe_report::write(out, r.probes, r.disks)?;
     if r.interrupted {
         writeln!(
             out,
@@ -370,7 +370,7 @@ pub fn json(r: &Report<'_>) -> Value {
         }],
         "probes": probes_json(r.probes),
         "stalls": r.stalls,
-        "kv": r.stats.kv.as_deref().map(crate::kv_report::section),
+        "kv": r.stats.kv.as_deref().map(crate::render::kv_report::section),
     })
 }
 

@@ -37,7 +37,7 @@ impl StopSignals {
             unsafe {
                 signal_hook::low_level::register(sig, move || {
                     if stopping.load(Ordering::SeqCst) {
-                        crate::output::remove_pending_tmp();
+                        crate::run::output::remove_pending_tmp();
                         const MSG: &[u8] = b"virtgap: second signal: exiting now; the partial profile and CSV files are not written\n";
                         libc::write(2, MSG.as_ptr().cast(), MSG.len());
                         libc::_exit(128 + sig);

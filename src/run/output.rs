@@ -83,7 +83,7 @@ pub fn check_csv_dir(dir: &Path, force: bool) -> Result<()> {
         if !dir.is_dir() {
             bail!("--csv {} is a file, not a directory", dir.display());
         }
-        for name in crate::csv_export::FILES {
+        for name in crate::render::csv_export::FILES {
             check_output(&dir.join(name), force, "--csv")?;
         }
         check_writable_dir(dir, "--csv")

@@ -7,7 +7,7 @@ use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, DevNum, IrqSnapshot,
 use virtgap_probes::{CapabilityReport, Family, KernelHist};
 use virtgap_workloads::units;
 
-use crate::pipeline::ProbeResults;
+use crate::run::pipeline::ProbeResults;
 
 fn opt_latency(v: Option<f64>) -> String {
     v.map(units::latency).unwrap_or_else(|| "-".into())
@@ -125,7 +125,7 @@ fn stage_row(out: &mut impl Write, name: &str, h: &KernelHist) -> io::Result<()>
 pub fn write(
     out: &mut impl Write,
     p: &ProbeResults,
-    disks: &crate::host::TargetDisks,
+    disks: &crate::model::host::TargetDisks,
 ) -> io::Result<()> {
     let Some(report) = &p.report else {
         return writeln!(out, "  probes: off (--no-probes)");

@@ -2,7 +2,7 @@
 //! names, a schema version in every row) that open in a spreadsheet or pandas without cleanup.
 //! Pure: a profile in, file contents out.
 
-use crate::profile::{Profile, Stage};
+use crate::model::profile::{Profile, Stage};
 
 /// Version of the CSV layout; bump when columns or metric names change.
 pub const CSV_SCHEMA_VERSION: u32 = 1;
@@ -387,8 +387,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::host::{BlockDeviceInfo, Cpuid, Fingerprint, HwQueue, QueueIrq};
-    use crate::profile::*;
+    use crate::model::host::{BlockDeviceInfo, Cpuid, Fingerprint, HwQueue, QueueIrq};
+    use crate::model::profile::*;
 
     fn hist(values: &[u64]) -> Histogram {
         let mut h = virtgap_workloads::LatencyHistogram::new();

@@ -19,11 +19,11 @@ use virtgap_workloads::{units, RunOptions, WorkloadEvent};
 use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeEvent, ProbeHandle};
 
 use crate::cli::{ProbeArgs, RecordArgs, WorkloadsArgs};
-use crate::host::TargetDisks;
-use crate::pipeline::{Event, ProbeResults};
-use crate::report::{self, Report};
-use crate::series::{IntervalSeries, SeriesPoint};
-use crate::signals::StopSignals;
+use crate::model::host::TargetDisks;
+use crate::render::report::{self, Report};
+use crate::run::pipeline::{Event, ProbeResults};
+use crate::run::series::{IntervalSeries, SeriesPoint};
+use crate::run::signals::StopSignals;
 
 pub fn workloads(args: &WorkloadsArgs) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
@@ -74,10 +74,10 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 
     // Output paths are checked before anything runs, so a bad one costs nothing.
     if let Some(path) = &args.output {
-        crate::output::check_output(path, args.force, "--output")?;
+        crate::run::output::check_output(path, args.force, "--output")?;
     }
     if let Some(dir) = &args.csv {
-        crate::output::check_csv_dir(dir, args.force)?;
+        crate::run::output::check_csv_dir(dir, args.force)?;
     }
 
     let verbose = !args.quiet && !args.json;
@@ -88,7 +88,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         bail!("--verify is for rand/seq workloads; kv checks every read against its index anyway");
     }
     if let Some(path) = &args.act_log {
-        crate::output::check_output(path, args.force, "--act-log")?;
+        crate::run::output::check_output(path, args.force, "--act-log")?;
     }
     let signals = StopSignals::install(true)?;
     let Some(prepared) = prepare(
@@ -111,7 +111,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         if verbose {
             eprintln!("calibrating exit-causing operations (a few seconds)…");
         }
-        crate::calibrate::calibrate(1.0)
+        crate::cmd::calibrate::calibrate(1.0)
     });
     let options = RunOptions {
         interval: args.interval.0,
@@ -259,8 +259,8 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         disks,
     };
     if args.output.is_some() || args.csv.is_some() {
-        let profile = crate::profile::assemble(crate::profile::ProfileInputs {
-            run: crate::profile::RunInfo {
+        let profile = crate::model::profile::assemble(crate::model::profile::ProfileInputs {
+            run: crate::model::profile::RunInfo {
                 tool_version: env!("CARGO_PKG_VERSION").into(),
                 command_line: std::env::args().collect(),
                 started_unix_ms: unix_ms(wall_start),
@@ -270,9 +270,9 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                     .then_some(args.interval.0.as_secs_f64()),
                 complete: !interrupted,
             },
-            host: crate::host::Fingerprint::this_host(),
-            workload: crate::profile::WorkloadInfo::of(&spec, &loaded, target),
-            target: crate::profile::TargetInfo::of(target, disks),
+            host: crate::model::host::Fingerprint::this_host(),
+            workload: crate::model::profile::WorkloadInfo::of(&spec, &loaded, target),
+            target: crate::model::profile::TargetInfo::of(target, disks),
             paced: spec.rate_iops.is_some(),
             stats: &stats,
             intervals: points.iter().map(|p| p.interval.clone()).collect(),
@@ -287,7 +287,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         if let Some(path) = &args.output {
             let mut bytes = serde_json::to_vec_pretty(&profile)?;
             bytes.push(b'\n');
-            crate::output::write_atomic(path, &bytes, args.force, "--output")?;
+            crate::run::output::write_atomic(path, &bytes, args.force, "--output")?;
             if !args.quiet && !args.json {
                 eprintln!(
                     "wrote profile {} ({})",
@@ -301,20 +301,25 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 std::fs::create_dir(dir)
                     .with_context(|| format!("creating --csv {}", dir.display()))?;
             }
-            for (name, text) in crate::csv_export::export(&profile) {
-                crate::output::write_atomic(&dir.join(name), text.as_bytes(), args.force, "--csv")?;
+            for (name, text) in crate::render::csv_export::export(&profile) {
+                crate::run::output::write_atomic(
+                    &dir.join(name),
+                    text.as_bytes(),
+                    args.force,
+                    "--csv",
+                )?;
             }
             if !args.quiet && !args.json {
                 eprintln!(
                     "wrote {} CSV files into {}",
-                    crate::csv_export::FILES.len(),
+                    crate::render::csv_export::FILES.len(),
                     dir.display()
                 );
             }
         }
     }
     if let (Some(path), Some(kv)) = (&args.act_log, &stats.kv) {
-        crate::output::write_atomic(path, kv.act_log.as_bytes(), args.force, "--act-log")?;
+        crate::run::output::write_atomic(path, kv.act_log.as_bytes(), args.force, "--act-log")?;
         if !args.quiet && !args.json {
             eprintln!("wrote ACT log {}", path.display());
         }
@@ -341,13 +346,13 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         if let Some((who, by)) = &kv.behind {
             eprintln!(
                 "virtgap: {}; stopped after {:.1} s",
-                crate::kv_report::behind_text(who, *by),
+                crate::render::kv_report::behind_text(who, *by),
                 stats.seconds()
             );
         }
         use virtgap_workloads::kv::KvVerdict;
         if let KvVerdict::NotDelivered { .. } | KvVerdict::Mismatches(_) = kv.verdict() {
-            eprintln!("virtgap: {}", crate::kv_report::verdict_text(kv));
+            eprintln!("virtgap: {}", crate::render::kv_report::verdict_text(kv));
             return Ok(ExitCode::FAILURE);
         }
     }

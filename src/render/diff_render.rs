@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
-use crate::diff::{ProfileDiff, Row, Unit, Verdict};
-use crate::profile::{Histogram, Profile, Stage};
+use crate::analysis::diff::{ProfileDiff, Row, Unit, Verdict};
+use crate::model::profile::{Histogram, Profile, Stage};
 use virtgap_workloads::units;
 
 fn value(v: Option<f64>, unit: Unit) -> String {
@@ -468,7 +468,7 @@ pub fn stages_svg(a: &Profile, b: &Profile, d: &ProfileDiff) -> String {
 mod tests {
 
     use super::*;
-    use crate::diff::{diff, tests::synthetic};
+    use crate::analysis::diff::{diff, tests::synthetic};
 
     fn pair() -> (Profile, Profile) {
         (

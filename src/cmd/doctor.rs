@@ -11,7 +11,7 @@ use virtgap_probes::FamilyReport;
 use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeSession, ProbeStorage};
 
 use crate::cli::DoctorArgs;
-use crate::host::Fingerprint;
+use crate::model::host::Fingerprint;
 
 /// What each tracepoint gives the user.
 const SIGNALS: &[(&str, &str)] = &[

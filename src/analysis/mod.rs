@@ -1,0 +1,3 @@
+//! Comparing profiles: the diff of two hosts (pure functions of two profiles).
+
+pub mod diff;

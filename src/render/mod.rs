@@ -1,0 +1,8 @@
+//! Pure renderers: the human summary (with its probe and kv parts), fio-style JSON, the CSV
+//! files, and the diff as text, Markdown and SVG.
+
+pub mod csv_export;
+pub mod diff_render;
+pub mod kv_report;
+pub mod probe_report;
+pub mod report;

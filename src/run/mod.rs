@@ -1,0 +1,9 @@
+//! What a run is made of, shared by `record` and the TUI: the one event channel, the interval
+//! series it fills, signals that stop it, safe output files, and the micro-guest that drives
+//! host-side KVM probes.
+
+pub mod microvm;
+pub mod output;
+pub mod pipeline;
+pub mod series;
+pub mod signals;
