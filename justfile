@@ -90,7 +90,7 @@ bench-kv-vs-act ACT_SRC *ARGS: build
 # Panics fail the run; their inputs land in target/fuzz-failures/ (the normal test run does 20 s).
 # Fuzz the profile and workload-file readers and their consumers for DURATION seconds
 fuzz DURATION="600":
-    VIRTGAP_FUZZ_SECONDS={{DURATION}} cargo test --locked -p virtgap --bin virtgap fuzz -- --nocapture --test-threads=1
+    VIRTGAP_FUZZ_SECONDS={{DURATION}} cargo test --locked -p virtgap --lib fuzz -- --nocapture --test-threads=1
 
 # Root; ARGS go to scripts/soak.py (--every 10s, --interval 1s, --dir DIR, --csv FILE).
 # Soak: rand4k with every probe for DURATION (90s, 10m, 1h): RSS growth, BPF map use, profile size

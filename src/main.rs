@@ -1,14 +1,6 @@
 //! virtgap: runs a storage workload, traces where each I/O's time goes, and compares hosts.
 
-mod analysis;
-mod cli;
-mod cmd;
-#[cfg(test)]
-mod fuzz;
-mod model;
-mod render;
-mod run;
-mod tui;
+use virtgap::{cli, cmd, tui};
 
 use std::process::ExitCode;
 

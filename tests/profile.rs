@@ -613,3 +613,30 @@ fn a_device_that_stops_answering_is_reported_as_a_stall() {
     eprintln!("{text}");
     assert!(text.contains("host B stalled during its run"), "{text}");
 }
+
+/// Through the library, no binary: the model reads a profile, the diff compares it with itself
+/// and finds nothing, and the schema's stage names are the model's.
+#[test]
+fn the_library_loads_a_profile_and_diffs_it_with_itself_to_nothing() {
+    use virtgap::analysis::diff::{diff, Verdict};
+    use virtgap::model::profile::{load, Stage};
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/minimal-profile.json");
+    let p = load(&path).unwrap();
+    let d = diff(&p, &p);
+    assert!(d.spec_differences.is_empty(), "{:?}", d.spec_differences);
+    assert_eq!(d.verdict, None);
+    for row in d.waterfall.iter().chain(&d.throughput) {
+        assert_ne!(row.verdict, Verdict::Significant, "{}", row.metric);
+        if let Some(delta) = row.delta {
+            assert_eq!(delta, 0.0, "{}", row.metric);
+        }
+    }
+    assert_eq!(p.stages.get(Stage::App), Some(&p.stages.app));
+    for stage in Stage::ALL {
+        assert!(
+            d.tails.iter().any(|t| t.stage == stage.name()) || p.stages.get(stage).is_none(),
+            "no tail row for {}",
+            stage.name()
+        );
+    }
+}

@@ -360,6 +360,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 }
 
 /// A target ready for the workload, and the flag that stops it.
+#[derive(Debug)]
 pub struct Prepared {
     pub target: virtgap_workloads::Target,
     /// The disks whose block stages are the target's.

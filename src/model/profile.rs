@@ -855,6 +855,7 @@ impl TargetInfo {
 }
 
 /// Everything a run produced, borrowed for assembling its profile.
+#[derive(Debug)]
 pub struct ProfileInputs<'a> {
     pub run: RunInfo,
     pub host: Fingerprint,

@@ -15,6 +15,7 @@ use crate::run::pipeline::ProbeResults;
 use crate::run::series::{IntervalSeries, SeriesPoint};
 
 /// Everything a report is made from.
+#[derive(Debug)]
 pub struct Report<'a> {
     pub spec: &'a WorkloadSpec,
     pub origin: &'a str,

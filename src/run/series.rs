@@ -130,8 +130,13 @@ impl IntervalSeries {
         self.tail.as_ref()
     }
 
+    /// Points in the series (settled ones and the latest).
     pub fn len(&self) -> usize {
         self.settled.len() + usize::from(self.tail.is_some())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Why settled points are held in memory rather than in a temporary file, if they are.
