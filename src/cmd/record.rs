@@ -16,13 +16,14 @@ use virtgap_workloads::stats::{IntervalMerger, RunStats};
 use virtgap_workloads::target::{self, TargetChoice, TargetError, TargetRequest};
 use virtgap_workloads::{units, RunOptions, WorkloadEvent};
 
-use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeEvent, ProbeHandle};
+use virtgap_probes::{CapabilityReport, Family};
 
-use crate::cli::{ProbeArgs, RecordArgs, WorkloadsArgs};
+use crate::cli::{RecordArgs, WorkloadsArgs};
 use crate::model::host::TargetDisks;
 use crate::render::report::{self, Report};
 use crate::run::pipeline::{Event, ProbeResults};
 use crate::run::series::{IntervalSeries, SeriesPoint};
+use crate::run::session::start_probes;
 use crate::run::signals::StopSignals;
 
 pub fn workloads(args: &WorkloadsArgs) -> Result<ExitCode> {
@@ -120,21 +121,14 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     };
     let (tx, rx) = mpsc::channel::<Event>();
     let mut probes = ProbeResults::default();
-    let collector = match probe_config(&args.probe, args.interval.0)? {
-        Some(config) => {
-            let handle = ProbeHandle::start(config, args.interval.0, tx.clone());
-            // Wait for the probes to attach before the workload starts.
-            match rx.recv_timeout(Duration::from_secs(60)) {
-                Ok(Event::Probe(ProbeEvent::Attached(report))) => {
-                    if !args.json {
-                        for line in report_problems(&report) {
-                            eprintln!("virtgap: {line}");
-                        }
-                    }
-                    probes.report = Some(report);
+    let collector = match start_probes(&args.probe, args.interval.0, &tx, &rx)? {
+        Some((handle, report)) => {
+            if !args.json {
+                for line in report_problems(&report) {
+                    eprintln!("virtgap: {line}");
                 }
-                _ => bail!("the probe collector did not start"),
             }
+            probes.report = Some(report);
             Some(handle)
         }
         None => None,
@@ -579,44 +573,6 @@ fn target_disks(target: &virtgap_workloads::Target) -> TargetDisks {
         std::path::Path::new("/"),
         (libc::major(dev), libc::minor(dev)),
     )
-}
-
-/// The probes to load, or None for a pure workload run. The workload runs in this process, so
-/// the block and wakeup probes follow it.
-pub fn probe_config(args: &ProbeArgs, interval: Duration) -> Result<Option<ProbeConfig>> {
-    if args.no_probes {
-        return Ok(None);
-    }
-    let mut families = match &args.probes {
-        None => Family::ALL.to_vec(),
-        Some(list) => list
-            .split(',')
-            .map(|name| {
-                Family::parse(name.trim()).with_context(|| {
-                    let known: Vec<&str> = Family::ALL.iter().map(|f| f.name()).collect();
-                    format!(
-                        "--probes: unknown probe family '{}'; known: {}",
-                        name.trim(),
-                        known.join(", ")
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>>>()?,
-    };
-    if let Some(pid) = args.vmm_pid {
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            bail!("--vmm-pid {pid}: no such process; give the pid of a running VMM (e.g. qemu)");
-        }
-    }
-    if args.sample_hz == 0 {
-        families.retain(|f| *f != Family::Sampler);
-    }
-    Ok(Some(ProbeConfig {
-        interval,
-        sample_hz: args.sample_hz.max(1),
-        vmm_pid: args.vmm_pid,
-        ..ProbeConfig::new(families, Some(std::process::id()))
-    }))
 }
 
 /// One line per probe family or tracepoint that did not attach.

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use ratatui::crossterm::event::{self, Event as TermEvent};
-use virtgap_probes::{ProbeEvent, ProbeHandle};
+use virtgap_probes::ProbeEvent;
 use virtgap_workloads::spec::{self, Span};
 use virtgap_workloads::stats::{IntervalMerger, RunStats};
 use virtgap_workloads::{RunOptions, WorkloadEvent};
@@ -70,8 +70,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     let host = crate::model::host::Fingerprint::this_host();
 
     let (tx, rx) = mpsc::channel::<Event>();
-    let collector = crate::cmd::record::probe_config(&args.probe, args.interval.0)?
-        .map(|config| ProbeHandle::start(config, args.interval.0, tx.clone()));
+    let probes = crate::run::session::start_probes(&args.probe, args.interval.0, &tx, &rx)?;
     let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
     let mut app = App::new(host, workload, prepared.disks.clone());
     app.baseline = baseline;
@@ -89,15 +88,12 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         args.interval.0,
         spec.ramp.0,
         prepared.disks.devs(),
-        collector.is_some(),
+        probes.is_some(),
     );
-    // Wait for the probes to attach so the workload's first I/Os are traced.
-    if collector.is_some() {
-        match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(Event::Probe(ProbeEvent::Attached(report))) => app.on_probe_report(report),
-            _ => anyhow::bail!("the probe collector did not start"),
-        }
-    }
+    let collector = probes.map(|(handle, report)| {
+        app.on_probe_report(report);
+        handle
+    });
     let options = RunOptions {
         interval: args.interval.0,
         ..RunOptions::default()

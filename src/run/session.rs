@@ -1,0 +1,68 @@
+//! The start of a run shared by `record` and the TUI: which probes to load, and the collector
+//! started and attached before the workload's first I/O.
+
+use std::sync::mpsc::{Receiver, Sender};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeEvent, ProbeHandle};
+
+use crate::cli::ProbeArgs;
+use crate::run::pipeline::Event;
+
+/// The probes to load, or None for a pure workload run. The workload runs in this process, so
+/// the block and wakeup probes follow it.
+pub fn probe_config(args: &ProbeArgs, interval: Duration) -> Result<Option<ProbeConfig>> {
+    if args.no_probes {
+        return Ok(None);
+    }
+    let mut families = match &args.probes {
+        None => Family::ALL.to_vec(),
+        Some(list) => list
+            .split(',')
+            .map(|name| {
+                Family::parse(name.trim()).with_context(|| {
+                    let known: Vec<&str> = Family::ALL.iter().map(|f| f.name()).collect();
+                    format!(
+                        "--probes: unknown probe family '{}'; known: {}",
+                        name.trim(),
+                        known.join(", ")
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+    };
+    if let Some(pid) = args.vmm_pid {
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            bail!("--vmm-pid {pid}: no such process; give the pid of a running VMM (e.g. qemu)");
+        }
+    }
+    if args.sample_hz == 0 {
+        families.retain(|f| *f != Family::Sampler);
+    }
+    Ok(Some(ProbeConfig {
+        interval,
+        sample_hz: args.sample_hz.max(1),
+        vmm_pid: args.vmm_pid,
+        ..ProbeConfig::new(families, Some(std::process::id()))
+    }))
+}
+
+/// Starts the probe collector for `args` (None with `--no-probes`) and waits for it to attach,
+/// so the workload's first I/Os are traced: the collector and what attached. Call before the
+/// workload starts, while `rx` carries nothing else.
+pub fn start_probes(
+    args: &ProbeArgs,
+    interval: Duration,
+    tx: &Sender<Event>,
+    rx: &Receiver<Event>,
+) -> Result<Option<(ProbeHandle, CapabilityReport)>> {
+    let Some(config) = probe_config(args, interval)? else {
+        return Ok(None);
+    };
+    let handle = ProbeHandle::start(config, interval, tx.clone());
+    match rx.recv_timeout(Duration::from_secs(60)) {
+        Ok(Event::Probe(ProbeEvent::Attached(report))) => Ok(Some((handle, report))),
+        _ => bail!("the probe collector did not start"),
+    }
+}
