@@ -1445,10 +1445,10 @@ impl ProfileTarget {
             let Ok(text) = std::fs::read(&path) else {
                 continue;
             };
-            // A seed the reader refuses (an older layout) would only test the refusal.
+            // Seeds are profiles earlier versions wrote: one the reader refuses is a profile
+            // users hold that no longer loads.
             if let Err(e) = profile::parse(&text, &name) {
-                println!("fuzz profile: seed {name} skipped: {e}");
-                continue;
+                panic!("fuzz seed {name} no longer loads: {e}");
             }
             seeds.extend(JsonSeed::new(name, text));
         }

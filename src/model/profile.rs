@@ -1238,12 +1238,19 @@ pub struct KvSlice {
     /// None for a partial slice, and for one within limits at a load not delivered.
     pub pass: Option<bool>,
     /// "service" (from submission) or "intended" (from the scheduled start, when the schedule
-    /// slipped): which latency the slice was judged on.
+    /// slipped): which latency the slice was judged on. Profiles from before the switch existed
+    /// were judged on service time.
+    #[serde(default = "judged_on_service")]
     pub judged_on: String,
+    #[serde(default)]
     pub worst_lag_ns: u64,
     pub reads: KvSliceShares,
     pub lb_reads: KvSliceShares,
     pub lb_writes: KvSliceShares,
+}
+
+fn judged_on_service() -> String {
+    "service".into()
 }
 
 /// Operations in a slice and the percentages at or over ACT's limits.
@@ -1258,6 +1265,16 @@ pub struct KvSliceShares {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kv_profile_from_before_slices_said_what_they_were_judged_on_still_loads() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/fuzz-seeds/kv-act-no-probes.json");
+        let p = load(&path).unwrap();
+        let kv = p.kv.expect("a kv profile");
+        assert!(!kv.slices.is_empty());
+        assert!(kv.slices.iter().all(|s| s.judged_on == "service"));
+    }
 
     #[test]
     fn histogram_percentiles_interpolate_within_buckets() {
