@@ -507,7 +507,7 @@ fn campaign(target: &dyn Target, seed: u64, budget: Duration) -> Summary {
         save(&min, &shrunk);
         let nearest = target.nearest_seed(&shrunk);
         let text = format!(
-            "{}\n{}\nseen in {} of {cases} cases (first: case {}, seed {seed})\ninput: {}\nshrunk: {}\n\n{nearest}\n\nreplay: VIRTGAP_FUZZ_REPLAY={} cargo test -p virtgap --bin virtgap fuzz -- --nocapture\n",
+            "{}\n{}\nseen in {} of {cases} cases (first: case {}, seed {seed})\ninput: {}\nshrunk: {}\n\n{nearest}\n\nreplay: VIRTGAP_FUZZ_REPLAY={} cargo test -p virtgap --lib fuzz -- --nocapture\n",
             f.key,
             f.detail,
             f.hits,

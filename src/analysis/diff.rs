@@ -418,7 +418,7 @@ fn series(p: &Profile) -> Series {
         msr_per_io: per_io(&|i| i.msr_writes.map(|n| n as f64)),
         iops: full
             .iter()
-            .map(|i| (i.read_ios + i.write_ios) as f64 / (i.end_s - i.start_s))
+            .map(|i| (i.read_ios as f64 + i.write_ios as f64) / (i.end_s - i.start_s))
             .collect(),
         app_p99: full
             .iter()
@@ -441,7 +441,8 @@ struct Points {
 }
 
 fn points(p: &Profile) -> Points {
-    let ios = (p.results.read.ios + p.results.write.ios) as f64;
+    // Counts from a profile file: summed as floats so no file can overflow them.
+    let ios = p.results.read.ios as f64 + p.results.write.ios as f64;
     // Probe totals span the probes' lifetime, a little longer than the measured window: scale
     // per-I/O figures by the I/Os completed over the same span (the device stage's count).
     let span_ios = p
@@ -955,6 +956,20 @@ pub(crate) mod tests {
         }];
         p.probe_seconds = Some(n as f64);
         p
+    }
+
+    #[test]
+    fn counts_near_the_top_of_u64_in_a_profile_do_not_overflow_the_diff() {
+        let mut p: Profile =
+            serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
+        p.results.read.ios = 2;
+        p.results.write.ios = u64::MAX - 1;
+        for i in &mut p.intervals {
+            i.read_ios = u64::MAX;
+            i.write_ios = u64::MAX;
+        }
+        let d = diff(&p, &p);
+        assert!(d.spec_differences.is_empty());
     }
 
     #[test]
