@@ -34,8 +34,10 @@ pub const HEADER: usize = 32;
 const DEFRAG_RESERVE: usize = 2;
 /// Large-block writes the writer keeps in flight.
 const WRITES_IN_FLIGHT: usize = 4;
-/// Large-block reads the defragmenter keeps in flight.
+/// Large-block reads the defragmenter keeps in flight at most: once more than `DEFRAG_BACKLOG`
+/// blocks wait for it; one at a time until then.
 const DEFRAG_READS_IN_FLIGHT: usize = 4;
+const DEFRAG_BACKLOG: usize = 2;
 /// Bytes of sealed blocks allowed to wait for the writer before clients wait too (Aerospike's
 /// write cache is 64 MiB by default).
 const WRITE_CACHE_BYTES: u64 = 64 << 20;
@@ -741,11 +743,12 @@ impl KvStore {
     }
 
     /// The defragmenter: takes blocks below the low-water mark, reads each with one large-block
-    /// read (`observe(service_ns)`), re-appends its live records and frees it. Up to
-    /// `DEFRAG_READS_IN_FLIGHT` reads are in flight through an io_uring ring (one at a time,
-    /// synchronously, where io_uring is unavailable), so a device queue shared with the clients'
-    /// reads does not hold the defragmenter — and the large-block writes it feeds — to one
-    /// queue wait per block. Relocations stay serial, under the store's lock.
+    /// read (`observe(service_ns)`), re-appends its live records and frees it. Reads go through
+    /// an io_uring ring (synchronously where io_uring is unavailable): one at a time while the
+    /// defragmenter keeps up, up to `DEFRAG_READS_IN_FLIGHT` once candidates back up, so a
+    /// saturated device queue shared with the clients' reads does not hold the defragmenter —
+    /// and the large-block writes it feeds — to one queue wait per block. Relocations stay
+    /// serial, under the store's lock.
     pub fn run_defrag(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
         let Ok(mut ring) = crate::engine::build_ring(
             DEFRAG_READS_IN_FLIGHT.next_power_of_two() as u32,
@@ -765,10 +768,18 @@ impl KvStore {
             let next: Vec<u32> = {
                 let mut g = self.lock();
                 loop {
+                    // One read at a time, as ACT's defragmenter, while it keeps up: a burst of
+                    // large reads would queue the clients' small ones behind it. More only
+                    // once candidates back up (a saturated device).
+                    let allowed = if g.defrag_queue.len() > DEFRAG_BACKLOG {
+                        DEFRAG_READS_IN_FLIGHT
+                    } else {
+                        1
+                    };
                     let room = if failed.is_some() || g.stopping {
                         0
                     } else {
-                        spare.len()
+                        allowed.saturating_sub(in_flight.len())
                     };
                     let next: Vec<u32> = std::iter::from_fn(|| self.take_candidate(&mut g))
                         .take(room)
