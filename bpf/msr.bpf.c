@@ -8,13 +8,17 @@
  *
  * virtgap's own sampler interrupts every CPU it samples, and each of its interrupts ends in a
  * timer reprogram (and, with x2APIC, an EOI): writes within VG_SAMPLER_WINDOW_NS after one of
- * its samples on the same CPU are counted apart, as the tool's own. (The sampler stamps
- * `sampler_stamp`, a map it shares with this object.) What the sampler costs beyond its own
- * interrupts -- idle CPUs reprogramming their timer around its expiries -- is not told apart.
+ * its timer's expiries on the same CPU are counted apart, as the tool's own. The expiry is
+ * stamped twice over in `sampler_stamp`, a map shared with the sampler object: by the sampler's
+ * program, and here when perf's cpu-clock hrtimer callback (`sampler_timer_fn`, resolved from
+ * kallsyms by user space; 0 when the sampler is off) expires -- some kernels expire the timer
+ * on a CPU without delivering the sample (seen on a PVM guest's second vCPU), and the wake and
+ * reprogram still happen there.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 #include "virtgap.h"
 #include "vg_sampler_stamp.bpf.h"
 
@@ -22,6 +26,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* How long after a sample a write on the same CPU is the sampler's interrupt's doing. */
 #define VG_SAMPLER_WINDOW_NS 100000
+
+/* perf_swevent_hrtimer's address while virtgap's sampler runs, else 0 (set before load). */
+const volatile __u64 sampler_timer_fn = 0;
 
 /* Distinct MSRs the kernel touches are a few dozen. */
 struct {
@@ -65,6 +72,31 @@ SEC("raw_tp/write_msr")
 int BPF_PROG(write_msr_raw, unsigned int msr, u64 val, int failed)
 {
 	return count(msr, VG_MSR_WRITE);
+}
+
+static __always_inline int stamp_sampler_timer(__u64 function)
+{
+	__u32 zero = 0;
+	__u64 *stamp;
+
+	if (!sampler_timer_fn || function != sampler_timer_fn)
+		return 0;
+	stamp = bpf_map_lookup_elem(&sampler_stamp, &zero);
+	if (stamp)
+		*stamp = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("tp_btf/hrtimer_expire_entry")
+int BPF_PROG(hrtimer_expire_btf, struct hrtimer *timer, ktime_t *now)
+{
+	return stamp_sampler_timer((__u64)timer->function);
+}
+
+SEC("raw_tp/hrtimer_expire_entry")
+int BPF_PROG(hrtimer_expire_raw, struct hrtimer *timer, ktime_t *now)
+{
+	return stamp_sampler_timer((__u64)BPF_CORE_READ(timer, function));
 }
 
 SEC("tp_btf/read_msr")

@@ -19,13 +19,24 @@ struct MsrProbe<'obj> {
 
 pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let hypervisor = super::pv_paths::guest_hypervisor().unwrap_or("none");
+    // The sampler's timer callback: its expiries stamp the sampler's writes even where the
+    // kernel delivers no sample. Without the sampler the timer is someone else's.
+    let sampler_timer_fn = if cx.config.families.contains(&Family::Sampler) {
+        cx.symbols.address("perf_swevent_hrtimer").unwrap_or(0)
+    } else {
+        0
+    };
     let (skel, links, report) = load_tracepoints(
         Family::Msr,
         MsrSkelBuilder::default,
         slots,
         cx.kernel,
-        &|_| false,
-        &|_: &mut crate::bpf::msr::OpenMsrSkel<'_>, _| {},
+        &|tracepoint| tracepoint == "hrtimer_expire_entry" && sampler_timer_fn == 0,
+        &|open: &mut crate::bpf::msr::OpenMsrSkel<'_>, _| {
+            if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+                ro.sampler_timer_fn = sampler_timer_fn;
+            }
+        },
     )?;
     // The sampler stamps this map so the writes its own interrupts cause are counted apart.
     if let Ok(fd) = skel.maps.sampler_stamp.as_fd().try_clone_to_owned() {
