@@ -546,13 +546,23 @@ fn msr_rates(p: &Profile) -> String {
 }
 
 fn hv_share(p: &Profile) -> String {
-    let Some(sampler) = p.virtualization.as_ref().and_then(|v| v.sampler.as_ref()) else {
+    let Some(v) = p.virtualization.as_ref() else {
         return "not measured".into();
     };
+    let Some(sampler) = v.sampler.as_ref() else {
+        return "not measured".into();
+    };
+    // As `CpuSamples::represents`: a CPU short of its expected samples is not measured.
+    let expected = sampler.frequency_hz as f64 * v.seconds;
     sampler
         .cpus
         .iter()
         .map(|c| {
+            if expected >= sampler.frequency_hz as f64
+                && (c.samples as f64) < virtgap_probes::model::MIN_DELIVERED_SHARE * expected
+            {
+                return format!("cpu{} not measured", c.cpu);
+            }
             let hv = Virtualization::sampled(c, "hypervisor interface") as f64;
             format!(
                 "cpu{} {:.1}%",

@@ -294,6 +294,16 @@ pub fn write(
             sampler.frequency_hz
         )?;
         for c in &sampler.cpus {
+            if !c.represents(sampler.frequency_hz, secs) {
+                writeln!(
+                    out,
+                    "    cpu{}: not measured ({} of ~{:.0} expected samples arrived: the kernel dropped the rest, so a split would be biased)",
+                    c.cpu,
+                    c.total(),
+                    sampler.frequency_hz as f64 * secs
+                )?;
+                continue;
+            }
             let total = c.total().max(1) as f64;
             let cats: Vec<String> = c
                 .categories()

@@ -537,6 +537,11 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
     let mut lines = Vec::new();
     match iv.and_then(|s| s.sampler.as_ref()) {
         Some(sampler) => match sampler.cpus.iter().find(|c| c.cpu == cpu) {
+            Some(c) if !c.represents(sampler.frequency_hz, secs) => lines.push(Line::from(format!(
+                "  not measured: {} of ~{:.0} expected samples arrived (the kernel dropped the rest)",
+                c.total(),
+                sampler.frequency_hz as f64 * secs
+            ))),
             Some(c) if c.total() > 0 => {
                 let total = c.total() as f64;
                 for (cat, n) in c.categories() {
