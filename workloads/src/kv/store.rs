@@ -220,6 +220,31 @@ fn alloc(len: u64, align: usize) -> Result<AlignedBuffer, KvError> {
     })
 }
 
+/// Submits what is queued on a large-block ring and waits for at least one completion:
+/// (user data, result) of every completion there is. An interrupted wait reaps what came.
+fn reap(ring: &mut io_uring::IoUring) -> std::io::Result<Vec<(u64, i32)>> {
+    if let Err(e) = ring.submit_and_wait(1) {
+        if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) {
+            return Err(e);
+        }
+    }
+    Ok(ring
+        .completion()
+        .map(|c| (c.user_data(), c.result()))
+        .collect())
+}
+
+/// The error of a large-block completion that did not move all `len` bytes.
+fn short(res: i32, len: usize, what: &str) -> Option<std::io::Error> {
+    if res == len as i32 {
+        None
+    } else if res < 0 {
+        Some(std::io::Error::from_raw_os_error(-res))
+    } else {
+        Some(std::io::Error::other(format!("short {what} of {res} B")))
+    }
+}
+
 fn pread_exact(
     file: &File,
     buf: &mut AlignedBuffer,
@@ -639,18 +664,15 @@ impl KvStore {
                 }
                 in_flight.push((block, data, Instant::now()));
             }
-            if let Err(e) = ring.submit_and_wait(1) {
-                if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) {
+            let done = match reap(&mut ring) {
+                Ok(done) => done,
+                Err(e) => {
                     // The ring cannot be waited on: keep the buffers (leaked) rather than free
                     // memory the kernel may still be reading.
                     std::mem::forget(std::mem::take(&mut in_flight));
                     return Err(self.writer_failed(0, len, e));
                 }
-            }
-            let done: Vec<(u64, i32)> = ring
-                .completion()
-                .map(|c| (c.user_data(), c.result()))
-                .collect();
+            };
             for (tag, res) in done {
                 let block = tag as u32;
                 let Some(at) = in_flight.iter().position(|(b, _, _)| *b == block) else {
@@ -658,12 +680,7 @@ impl KvStore {
                 };
                 let (_, _, started) = in_flight.swap_remove(at);
                 let offset = u64::from(block) * self.cfg.lb_bytes;
-                if res != len as i32 {
-                    let err = if res < 0 {
-                        std::io::Error::from_raw_os_error(-res)
-                    } else {
-                        std::io::Error::other(format!("short write of {res} B"))
-                    };
+                if let Some(err) = short(res, len, "write") {
                     failed.get_or_insert(self.writer_failed(offset, len, err));
                     continue;
                 }
@@ -810,8 +827,9 @@ impl KvStore {
                 }
                 in_flight.push((block, buf, Instant::now()));
             }
-            if let Err(e) = ring.submit_and_wait(1) {
-                if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EAGAIN)) {
+            let done = match reap(&mut ring) {
+                Ok(done) => done,
+                Err(e) => {
                     // The ring cannot be waited on: keep the buffers (leaked) rather than free
                     // memory the kernel may still be writing.
                     std::mem::forget(std::mem::take(&mut in_flight));
@@ -823,11 +841,7 @@ impl KvStore {
                     };
                     return Err(self.defrag_failed(self.lock(), err));
                 }
-            }
-            let done: Vec<(u64, i32)> = ring
-                .completion()
-                .map(|c| (c.user_data(), c.result()))
-                .collect();
+            };
             for (tag, res) in done {
                 let block = tag as u32;
                 let Some(at) = in_flight.iter().position(|(b, _, _)| *b == block) else {
@@ -847,12 +861,7 @@ impl KvStore {
                     continue;
                 }
                 let (_, buf, started) = in_flight.swap_remove(at);
-                if res != len as i32 {
-                    let err = if res < 0 {
-                        std::io::Error::from_raw_os_error(-res)
-                    } else {
-                        std::io::Error::other(format!("short read of {res} B"))
-                    };
+                if let Some(err) = short(res, len, "read") {
                     self.lock().defragging.retain(|b| *b != block);
                     failed.get_or_insert(KvError::Io {
                         op: "large-block read",
