@@ -1022,6 +1022,28 @@ mod tests {
     }
 
     #[test]
+    fn a_cpu_whose_samples_did_not_arrive_is_not_measured_not_split() {
+        let mut app = fixture_app(false);
+        let mut snap = probe_snapshot(1);
+        // One second at 999 Hz, 3 samples on each CPU: the kernel dropped the rest.
+        snap.sampler.as_mut().unwrap().cpus = (0..2)
+            .map(|cpu| CpuSamples {
+                cpu,
+                user: 0,
+                kernel: BTreeMap::from([("pv_native_safe_halt".to_string(), 3)]),
+            })
+            .collect();
+        app.on_probe_snapshot(snap.clone(), snap);
+        press(&mut app, KeyCode::Char('3'));
+        let screen = draw(&app, 160, 50);
+        assert!(screen.contains("not measured: 3 of ~999"), "{screen}");
+        assert!(
+            !screen.contains("idle/halt"),
+            "no split of 3 samples:\n{screen}"
+        );
+    }
+
+    #[test]
     fn baseline_values_sit_beside_the_live_ones() {
         let app = fixture_app(true);
         let screen = draw(&app, 160, 50);
