@@ -451,8 +451,7 @@ impl CpuSamples {
     /// guest's second vCPU while idle: 4 of 500), so the split of those that came is biased.
     /// True over less than a second.
     pub fn represents(&self, frequency_hz: u64, secs: f64) -> bool {
-        let expected = frequency_hz as f64 * secs;
-        expected < frequency_hz as f64 || self.total() as f64 >= MIN_DELIVERED_SHARE * expected
+        samples_represent(self.total(), frequency_hz, secs)
     }
 
     /// Samples per category.
@@ -504,6 +503,12 @@ impl CpuSamples {
 /// Share of a CPU's expected samples that must arrive for its split to be shown (the timer's
 /// count is exact; a shortfall is samples the kernel dropped).
 pub const MIN_DELIVERED_SHARE: f64 = 0.8;
+
+/// The rule of `CpuSamples::represents` for a CPU's sample count, wherever it is kept.
+pub fn samples_represent(samples: u64, frequency_hz: u64, secs: f64) -> bool {
+    let expected = frequency_hz as f64 * secs;
+    expected < frequency_hz as f64 || samples as f64 >= MIN_DELIVERED_SHARE * expected
+}
 
 /// Distinct kernel symbols a CPU's tally holds before `CpuSamples::fold` thins it.
 pub const MAX_SYMBOLS_PER_CPU: usize = 512;
@@ -761,7 +766,7 @@ mod tests {
     }
 
     #[test]
-    fn a_cpu_with_under_half_its_expected_samples_does_not_represent_its_time() {
+    fn a_cpu_short_of_its_expected_samples_does_not_represent_its_time() {
         let mut c = CpuSamples {
             cpu: 1,
             ..Default::default()

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use crate::model::profile::{Histogram, Interval, Profile, Stage, Virtualization};
+use crate::model::profile::{Histogram, Interval, Profile, Stage};
 
 /// Relative part of the significance floor: back-to-back runs of one workload on one (noisy,
 /// virtualized) host were seen to differ by up to 15% in device time, far more than their own
@@ -552,18 +552,14 @@ fn hv_share(p: &Profile) -> String {
     let Some(sampler) = v.sampler.as_ref() else {
         return "not measured".into();
     };
-    // As `CpuSamples::represents`: a CPU short of its expected samples is not measured.
-    let expected = sampler.frequency_hz as f64 * v.seconds;
     sampler
         .cpus
         .iter()
         .map(|c| {
-            if expected >= sampler.frequency_hz as f64
-                && (c.samples as f64) < virtgap_probes::model::MIN_DELIVERED_SHARE * expected
-            {
+            if !c.represents(sampler.frequency_hz, v.seconds) {
                 return format!("cpu{} not measured", c.cpu);
             }
-            let hv = Virtualization::sampled(c, "hypervisor interface") as f64;
+            let hv = c.in_category("hypervisor interface") as f64;
             format!(
                 "cpu{} {:.1}%",
                 c.cpu,

@@ -1085,10 +1085,15 @@ fn every_write_exited() -> bool {
     true
 }
 
-impl Virtualization {
-    /// The sampler's samples on `cpu` in one category (0 when none).
-    pub fn sampled(cpu: &SampledCpu, category: &str) -> u64 {
-        cpu.categories.get(category).copied().unwrap_or(0)
+impl SampledCpu {
+    /// Samples in one category (0 when none).
+    pub fn in_category(&self, category: &str) -> u64 {
+        self.categories.get(category).copied().unwrap_or(0)
+    }
+
+    /// Whether these samples stand for the CPU's time (`CpuSamples::represents`).
+    pub fn represents(&self, frequency_hz: u64, secs: f64) -> bool {
+        virtgap_probes::model::samples_represent(self.samples, frequency_hz, secs)
     }
 }
 

@@ -747,16 +747,13 @@ impl KvStore {
 
     /// A large-block write failed: the store stops (waiting clients give up).
     fn writer_failed(&self, offset: u64, len: usize, err: std::io::Error) -> KvError {
-        let mut g = self.lock();
-        g.stopping = true;
-        self.space.notify_all();
-        self.work.notify_all();
-        KvError::Io {
+        let err = KvError::Io {
             op: "large-block write",
             offset,
             len,
             err,
-        }
+        };
+        self.halt(self.lock(), err)
     }
 
     /// The defragmenter: takes blocks below the low-water mark, reads each with one large-block
@@ -778,6 +775,13 @@ impl KvStore {
         let mut spare = (0..DEFRAG_READS_IN_FLIGHT)
             .map(|_| alloc(self.cfg.lb_bytes, self.align))
             .collect::<Result<Vec<_>, _>>()?;
+        // One large-block read of `block` into `buf`, tagged with the block.
+        let read_block = |buf: &mut AlignedBuffer, block: u32| {
+            opcode::Read::new(fd, buf.as_mut_ptr(), len as u32)
+                .offset(u64::from(block) * self.cfg.lb_bytes)
+                .build()
+                .user_data(u64::from(block))
+        };
         // Reads in flight: each buffer stays here until its read completes.
         let mut in_flight: Vec<(u32, AlignedBuffer, Instant)> = Vec::new();
         let mut failed: Option<KvError> = None;
@@ -805,7 +809,7 @@ impl KvStore {
                         break next;
                     }
                     if let Some(e) = failed {
-                        return Err(self.defrag_failed(g, e));
+                        return Err(self.halt(g, e));
                     }
                     if g.stopping {
                         return Ok(());
@@ -815,10 +819,7 @@ impl KvStore {
             };
             for block in next {
                 let mut buf = spare.pop().expect("one spare buffer per block taken");
-                let sqe = opcode::Read::new(fd, buf.as_mut_ptr(), len as u32)
-                    .offset(u64::from(block) * self.cfg.lb_bytes)
-                    .build()
-                    .user_data(u64::from(block));
+                let sqe = read_block(&mut buf, block);
                 // SAFETY: `buf` holds lb_bytes bytes and stays in `in_flight` (heap memory that
                 // does not move with the struct) until this read's completion is reaped; the
                 // ring has room for DEFRAG_READS_IN_FLIGHT entries.
@@ -839,7 +840,7 @@ impl KvStore {
                         len,
                         err: e,
                     };
-                    return Err(self.defrag_failed(self.lock(), err));
+                    return Err(self.halt(self.lock(), err));
                 }
             };
             for (tag, res) in done {
@@ -849,11 +850,7 @@ impl KvStore {
                 };
                 let offset = u64::from(block) * self.cfg.lb_bytes;
                 if res == -libc::EAGAIN {
-                    let (_, buf, _) = &mut in_flight[at];
-                    let sqe = opcode::Read::new(fd, buf.as_mut_ptr(), len as u32)
-                        .offset(offset)
-                        .build()
-                        .user_data(tag);
+                    let sqe = read_block(&mut in_flight[at].1, block);
                     // SAFETY: as above; this read's own entry was just reaped, so there is room.
                     if unsafe { ring.submission().push(&sqe) }.is_err() {
                         unreachable!("a reaped read leaves room for its retry");
@@ -907,7 +904,7 @@ impl KvStore {
             if let Err(e) = pread_exact(&self.file, &mut scratch, offset, len) {
                 let mut g = self.lock();
                 g.defragging.retain(|b| *b != block);
-                return Err(self.defrag_failed(g, e));
+                return Err(self.halt(g, e));
             }
             observe(started.elapsed().as_nanos() as u64);
             self.relocate(block, scratch.as_slice())?;
@@ -929,8 +926,8 @@ impl KvStore {
         None
     }
 
-    /// The defragmenter failed: the store stops (waiting clients give up).
-    fn defrag_failed(&self, mut g: MutexGuard<'_, State>, err: KvError) -> KvError {
+    /// A background thread failed with `err`: the store stops (waiting clients give up).
+    fn halt(&self, mut g: MutexGuard<'_, State>, err: KvError) -> KvError {
         g.stopping = true;
         self.space.notify_all();
         self.work.notify_all();
@@ -965,7 +962,7 @@ impl KvStore {
                     Err(e) => {
                         let mut g = self.lock();
                         g.defragging.retain(|b| *b != block);
-                        return Err(self.defrag_failed(g, e));
+                        return Err(self.halt(g, e));
                     }
                 };
                 g.counters.relocated += 1;
