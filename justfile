@@ -71,6 +71,11 @@ bench-overhead ROUNDS="5" RUNTIME="10": build
 attribution-check:
     cargo test --locked --test attribution -- --ignored --nocapture --test-threads=1
 
+# The diff's false-positive rate here: REPEATS A/A pairs of RUNS interleaved runs per side,
+# counting the rows called significant (each one a false positive)
+aa-check REPEATS="10" RUNS="5": build
+    python3 scripts/aa_repeat.py --virtgap target/release/virtgap --repeats {{REPEATS}} --runs {{RUNS}}
+
 # ACT's ladder on a temp file: kv-act at each x-rating in turn, printing each run's verdict line
 kv-ladder DURATION="60s" +RATINGS="1 4 8 16 20": build
     #!/usr/bin/env bash

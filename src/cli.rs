@@ -93,6 +93,16 @@ pub struct DiffArgs {
     pub a: PathBuf,
     /// Profile to explain (e.g. the VM)
     pub b: PathBuf,
+    /// Another profile of host A (repeatable): its runs pool with A's as replicates
+    #[arg(long, value_name = "FILE")]
+    pub with_a: Vec<PathBuf>,
+    /// Another profile of host B (repeatable): its runs pool with B's as replicates
+    #[arg(long, value_name = "FILE")]
+    pub with_b: Vec<PathBuf>,
+    /// Smallest difference worth a verdict, in percent: rows whose 95% interval lies within
+    /// ±this are "equivalent", rows beyond it "significant", the rest "inconclusive"
+    #[arg(long, value_name = "PCT", default_value = "5%", value_parser = parse_min_effect)]
+    pub min_effect: f64,
     /// Compare even when the two profiles ran different workloads
     #[arg(long)]
     pub force: bool,
@@ -108,6 +118,18 @@ pub struct DiffArgs {
     /// Also write waterfall.svg and stages.svg into DIR
     #[arg(long, value_name = "DIR")]
     pub svg: Option<PathBuf>,
+}
+
+/// "5%" or "5" -> 0.05: a smallest effect between 0.1% and 100%.
+fn parse_min_effect(text: &str) -> Result<f64, String> {
+    let number = text.trim().trim_end_matches('%').trim();
+    let pct: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a percentage (e.g. 5%)"))?;
+    if !(0.1..=100.0).contains(&pct) {
+        return Err(format!("{text:?} is out of range: give 0.1% to 100%"));
+    }
+    Ok(pct / 100.0)
 }
 
 #[derive(Debug, Args)]
@@ -143,6 +165,11 @@ pub struct RecordArgs {
     /// 2048 coarser ones, each twice as long per halving, so memory stays flat)
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub interval: Span,
+
+    /// Record N runs back to back, each on a freshly prepared target with its own ramp; the
+    /// profile keeps every run, and `diff` compares runs (5 per host resolve gaps of ~5%)
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: u32,
 
     /// Write the profile (a JSON document `virtgap diff` compares) to this file
     #[arg(short, long, value_name = "FILE")]

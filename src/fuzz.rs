@@ -1651,13 +1651,21 @@ impl Target for ProfileTarget {
 
 /// Numbers in a diff that no output can show sensibly, and percentages no measurement gives.
 fn check_diff_values(out: &mut Outcome, label: &str, d: &crate::analysis::diff::ProfileDiff) {
-    for r in d.waterfall.iter().chain(&d.throughput) {
+    for r in d
+        .waterfall
+        .iter()
+        .chain(&d.throughput)
+        .chain(d.tails.iter().map(|t| &t.row))
+    {
         let fields = [
             ("a", r.a),
             ("b", r.b),
             ("delta", r.delta),
             ("ci_low", r.ci_low),
             ("ci_high", r.ci_high),
+            ("effect", r.effect),
+            ("effect_low", r.effect_low),
+            ("effect_high", r.effect_high),
             ("share", r.share),
         ];
         for (field, v) in fields {
@@ -1665,19 +1673,6 @@ fn check_diff_values(out: &mut Outcome, label: &str, d: &crate::analysis::diff::
                 let what = if x.is_nan() { "NaN" } else { "infinite" };
                 out.odd(
                     format!("diff row '{}' {field} is {what}", r.metric.trim()),
-                    format!("{label}: {x}"),
-                );
-            }
-        }
-    }
-    for t in &d.tails {
-        for (field, v) in [("a_ns", t.a_ns), ("b_ns", t.b_ns), ("delta_ns", t.delta_ns)] {
-            if let Some(x) = v.filter(|x| !x.is_finite()) {
-                out.odd(
-                    format!(
-                        "diff tail {} p{} {field} is not finite",
-                        t.stage, t.percentile
-                    ),
                     format!("{label}: {x}"),
                 );
             }

@@ -6,7 +6,8 @@
 //! | block-layer queueing | cgroup v1 blkio read-IOPS throttle below the workload's paced demand | queue or submit, not device |
 //! | slower device | loop device over a file on a FUSE filesystem that delays each read by 5 ms | device, ≈ the delay at QD 1 |
 //! | completion path | SCHED_FIFO hog on the CPU that takes the disk IRQ and runs the workload | software (wakeup up), not device |
-//! | nothing (A/A) | two plain runs | no significant difference on any row |
+//! | nothing (A/A) | 5 + 5 plain runs, interleaved | no significant difference on any row |
+//! | small gap | blkio throttle at 88% of the unthrottled IOPS, 5 + 5 runs, interleaved | IOPS and mean latency significant; the gap in queue + submit, not device |
 //!
 //! Needs root (cgroups, mounts, loop devices, BPF). Minutes of recording each, so they are not
 //! part of `cargo test`'s default run: `just attribution-check` runs them (CI does too) and
@@ -57,20 +58,30 @@ fn record(cmd_prefix: &[&str], args: &[&str], out: &Path) {
 
 /// `virtgap diff --json a b`, after printing the human table.
 fn diff(name: &str, a: &Path, b: &Path) -> Value {
+    diff_runs(name, &[a.to_path_buf()], &[b.to_path_buf()])
+}
+
+/// `virtgap diff --json` of host A's profiles against host B's (runs pooled per host).
+fn diff_runs(name: &str, a: &[PathBuf], b: &[PathBuf]) -> Value {
     let bin = env!("CARGO_BIN_EXE_virtgap");
-    let table = Command::new(bin)
-        .arg("diff")
-        .arg(a)
-        .arg(b)
-        .output()
-        .unwrap();
+    let args = |json: bool| {
+        let mut c = Command::new(bin);
+        c.arg("diff");
+        if json {
+            c.arg("--json");
+        }
+        c.arg(&a[0]).arg(&b[0]);
+        for p in &a[1..] {
+            c.arg("--with-a").arg(p);
+        }
+        for p in &b[1..] {
+            c.arg("--with-b").arg(p);
+        }
+        c
+    };
+    let table = args(false).output().unwrap();
     eprintln!("=== {name} ===\n{}", String::from_utf8_lossy(&table.stdout));
-    let out = Command::new(bin)
-        .args(["diff", "--json"])
-        .arg(a)
-        .arg(b)
-        .output()
-        .unwrap();
+    let out = args(true).output().unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -119,9 +130,40 @@ fn disk_of(path: &Path) -> String {
         .to_string()
 }
 
+/// Records `runs` single-run profiles per side, alternating A and B so a drift of the host
+/// over the experiment falls on both sides alike; returns each side's profile paths.
+fn record_interleaved(
+    dir: &Path,
+    runs: usize,
+    a: (&[&str], &[&str]),
+    b: (&[&str], &[&str]),
+) -> (Vec<PathBuf>, Vec<PathBuf>) {
+    let (mut pa, mut pb) = (Vec::new(), Vec::new());
+    for k in 0..runs {
+        let (fa, fb) = (
+            dir.join(format!("a{k}.json")),
+            dir.join(format!("b{k}.json")),
+        );
+        record(a.0, a.1, &fa);
+        record(b.0, b.1, &fb);
+        pa.push(fa);
+        pb.push(fb);
+    }
+    (pa, pb)
+}
+
+fn throughput<'a>(d: &'a Value, metric: &str) -> &'a Value {
+    d["throughput"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["metric"] == metric)
+        .unwrap_or_else(|| panic!("no row {metric}"))
+}
+
 #[test]
 #[ignore = "experiment: run by `just attribution-check`"]
-fn aa_two_plain_runs_differ_in_nothing_significant() {
+fn aa_five_plain_runs_a_side_differ_in_nothing_significant() {
     if !root_allowed("A/A attribution experiment") {
         return;
     }
@@ -133,19 +175,19 @@ fn aa_two_plain_runs_differ_in_nothing_significant() {
         "--size",
         "256MiB",
         "--duration",
-        "6s",
+        "4s",
         "--dir",
         dir.path().to_str().unwrap(),
     ];
-    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
-    record(&[], &args, &a);
-    record(&[], &args, &b);
-    let d = diff("A/A: two plain runs", &a, &b);
+    let (a, b) = record_interleaved(dir.path(), 5, (&[], &args), (&[], &args));
+    let d = diff_runs("A/A: 5 + 5 plain runs, interleaved", &a, &b);
+    assert_eq!(d["basis"], "runs");
     for r in d["waterfall"]
         .as_array()
         .unwrap()
         .iter()
         .chain(d["throughput"].as_array().unwrap())
+        .chain(d["tails"].as_array().unwrap().iter().map(|t| &t["row"]))
     {
         assert_ne!(
             r["verdict"], "significant",
@@ -153,6 +195,82 @@ fn aa_two_plain_runs_differ_in_nothing_significant() {
         );
     }
     assert_eq!(d["verdict"], Value::Null);
+}
+
+/// Mean IOPS of the runs in the profiles at `paths`.
+fn mean_iops(paths: &[PathBuf]) -> f64 {
+    let iops: Vec<f64> = paths
+        .iter()
+        .map(|p| {
+            let v: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+            let r = &v["results"];
+            (r["read"]["ios"].as_f64().unwrap() + r["write"]["ios"].as_f64().unwrap())
+                / r["measured_s"].as_f64().unwrap()
+        })
+        .collect();
+    iops.iter().sum::<f64>() / iops.len() as f64
+}
+
+#[test]
+#[ignore = "experiment: run by `just attribution-check`"]
+fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
+    if !root_allowed("small-gap attribution experiment") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let disk = disk_of(dir.path());
+    let args = [
+        "-w",
+        "rand4k",
+        "--qd",
+        "8",
+        "--size",
+        "256MiB",
+        "--duration",
+        "4s",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ];
+    // The unthrottled rate, from two runs, sets the throttle at 88% of it.
+    let probe: Vec<PathBuf> = (0..2)
+        .map(|k| dir.path().join(format!("probe{k}.json")))
+        .collect();
+    for p in &probe {
+        record(&[], &args, p);
+    }
+    let limit = (mean_iops(&probe) * 0.88) as u32;
+    let Some(group) = BlkioGroup::new(limit, &disk) else {
+        virtgap_testkit::require(
+            "the small-gap experiment",
+            Err("no cgroup v1 blkio controller"),
+        );
+        return;
+    };
+    let procs = group.0.join("cgroup.procs");
+    let script = format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display());
+    let (a, b) = record_interleaved(dir.path(), 5, (&[], &args), (&["sh", "-c", &script], &args));
+    let d = diff_runs(
+        &format!("small gap: blkio throttle at {limit} IOPS (88% of unthrottled), 5 + 5 runs"),
+        &a,
+        &b,
+    );
+    assert_eq!(d["basis"], "runs");
+    let iops = throughput(&d, "IOPS");
+    assert_eq!(iops["verdict"], "significant", "{iops}");
+    assert!(iops["effect"].as_f64().unwrap() < 0.0, "{iops}");
+    assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
+    let queue_or_submit = share(&d, "block queue") + share(&d, "software: submit + completion");
+    assert!(
+        queue_or_submit >= 0.8,
+        "only {:.0}% of the gap in queue + submit",
+        queue_or_submit * 100.0
+    );
+    assert!(
+        share(&d, "device") < 0.2,
+        "device took {:.0}%",
+        share(&d, "device") * 100.0
+    );
 }
 
 /// A cgroup v1 blkio group, removed on drop.

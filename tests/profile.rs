@@ -415,7 +415,7 @@ fn diff_refuses_bad_input_with_one_line() {
     let newer = dir.path().join("newer.json");
     let mut doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&good).unwrap()).unwrap();
-    doc["schema_version"] = 2.into();
+    doc["schema_version"] = 3.into();
     std::fs::write(&newer, doc.to_string()).unwrap();
     check(
         &mut diff_cmd(&good, &newer),
@@ -479,7 +479,9 @@ fn diff_writes_markdown_csv_json_and_svg() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&csv).unwrap();
-    assert!(text.starts_with("metric,unit,a,b,delta,ci_low,ci_high,share,verdict\n"));
+    assert!(text.starts_with(
+        "metric,unit,a,b,delta,ci_low,ci_high,effect,effect_low,effect_high,share,verdict,runs_needed\n"
+    ));
     for f in ["waterfall.svg", "stages.svg"] {
         let s = std::fs::read_to_string(svg.join(f)).unwrap();
         roxmltree::Document::parse(&s).unwrap_or_else(|e| panic!("{f} is not XML: {e}"));
@@ -611,7 +613,7 @@ fn a_device_that_stops_answering_is_reported_as_a_stall() {
         .unwrap();
     let text = String::from_utf8_lossy(&d.stdout);
     eprintln!("{text}");
-    assert!(text.contains("host B stalled during its run"), "{text}");
+    assert!(text.contains("host B stalled during a run"), "{text}");
 }
 
 /// Through the library, no binary: the model reads a profile, the diff compares it with itself
@@ -639,4 +641,109 @@ fn the_library_loads_a_profile_and_diffs_it_with_itself_to_nothing() {
             stage.name()
         );
     }
+}
+
+/// `record --runs 3`: one profile holding three runs, each with its own window of probed
+/// stages, its intervals after the previous run's, and a diff that compares runs.
+#[test]
+fn a_recording_of_three_runs_keeps_each_run_and_diffs_run_against_run() {
+    if !root_allowed("multi-run profile with probes") {
+        return;
+    }
+    let dir = scratch();
+    let out = dir.path().join("runs.json");
+    let res = vg()
+        .args([
+            "record", "--quiet", "-w", "rand4k", "--qd", "4", "--size", "16MiB",
+        ])
+        .args([
+            "--duration",
+            "2s",
+            "--ramp",
+            "1s",
+            "--runs",
+            "3",
+            "--probes",
+            "block",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let doc = validate(&out);
+    assert_eq!(doc["schema_version"], 2);
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    let intervals = doc["intervals"].as_array().unwrap();
+    let listed: u64 = runs.iter().map(|r| r["intervals"].as_u64().unwrap()).sum();
+    assert_eq!(listed, intervals.len() as u64);
+    for w in intervals.windows(2) {
+        assert_eq!(
+            w[1]["index"].as_u64(),
+            w[0]["index"].as_u64().map(|i| i + 1)
+        );
+        assert!(w[1]["start_s"].as_f64() >= w[0]["end_s"].as_f64().map(|e| e - 1e-9));
+    }
+    let mut ios = 0.0;
+    for (k, r) in runs.iter().enumerate() {
+        assert_eq!(r["run"], k as u64 + 1);
+        let reads = r["read_ios"].as_f64().unwrap();
+        ios += reads;
+        // The probed window leaves the ramp out: about the measured reads, not 1.5x them.
+        let device = r["stages"]["device"]["count"].as_f64().unwrap();
+        assert!(
+            device > reads * 0.8 && device < reads * 1.2,
+            "run {k}: {device} device requests for {reads} measured reads"
+        );
+    }
+    assert_eq!(doc["results"]["read"]["ios"].as_f64().unwrap(), ios);
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(stderr.is_empty(), "--quiet: {stderr}");
+
+    let d = vg()
+        .args(["diff", "--json", "--min-effect", "10%"])
+        .arg(&out)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&d.stdout).unwrap();
+    assert_eq!(
+        (d["runs_a"].as_u64(), d["runs_b"].as_u64()),
+        (Some(3), Some(3))
+    );
+    assert_eq!(d["basis"], "runs");
+    assert_eq!(d["min_effect"], 0.1);
+    // A profile against itself: no change, an interval centred on it, never a difference.
+    let app = &d["waterfall"][0];
+    assert_eq!(app["effect"], 0.0, "{app}");
+    let (lo, hi) = (
+        app["effect_low"].as_f64().unwrap(),
+        app["effect_high"].as_f64().unwrap(),
+    );
+    assert!(
+        lo < 0.0 && hi > 0.0 && (lo * (1.0 + hi) + hi).abs() < 1e-9,
+        "{app}"
+    );
+    assert!(
+        ["equivalent", "inconclusive"].contains(&app["verdict"].as_str().unwrap()),
+        "{app}"
+    );
+
+    let bad = vg()
+        .args(["diff", "--min-effect", "0%"])
+        .arg(&out)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains("give 0.1% to 100%"), "{stderr}");
 }

@@ -1,25 +1,50 @@
-//! `diff`: attributes the difference between two profiles to stages. A pure function of the two
-//! profiles; rendering lives in `diff_render`.
+//! `diff`: attributes the difference between two hosts' profiles to stages. A pure function of
+//! the profiles; rendering lives in `render::diff_render`.
 //!
 //! Means decompose exactly: app = queue + device + software, where software (app − queue −
 //! device) is everything outside the block layer and the device — submission and completion
-//! paths, interrupt handling, wakeups. So Δapp = Δqueue + Δdevice + Δsoftware, and each row's
-//! share of the gap is its Δ over Δapp. Every Δ carries a 95% confidence interval from the
-//! per-interval variation of both runs (Welch's t), and a row is called significant only when
-//! that interval excludes zero *and* the difference exceeds a floor (25% of host A's value, and an
-//! absolute minimum per unit), so run-to-run drift on a noisy host is not reported as a finding.
+//! paths, interrupt handling, wakeups. So Δapp = Δqueue + Δdevice + Δsoftware, and each stage's
+//! share of the gap is its Δ over Δapp.
+//!
+//! Verdicts compare replicates. With two or more runs per host (`record --runs N`) a replicate
+//! is a run, and each metric is compared as the ratio B/A on the log scale with a Welch 95%
+//! interval over runs. With one run on a side, between-run noise is unknown: replicates are
+//! then batches of consecutive intervals (batch means, so autocorrelated intervals do not pose
+//! as independent ones) and the verdicts say they are within-run only. A row is a difference
+//! only when its interval excludes no change *and* its estimate reaches the user's smallest
+//! effect of interest (`--min-effect`); it is equivalent when the whole interval lies inside
+//! ±that effect; otherwise inconclusive, with the runs per host that would resolve it. Every
+//! rule is symmetric: swapping A and B mirrors each row.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use crate::model::profile::{Histogram, Interval, Profile, Stage};
+use crate::model::profile::{Interval, Profile, RunRecord, Stage};
 
-/// Relative part of the significance floor: back-to-back runs of one workload on one (noisy,
-/// virtualized) host were seen to differ by up to 15% in device time, far more than their own
-/// interval spread shows.
-const REL_FLOOR: f64 = 0.25;
+/// The smallest effect `diff` calls a difference unless told otherwise: 5%, the size of gap the
+/// tool is for (a VM 8% short of bare metal) and about the run-to-run spread of a quiet host.
+pub const DEFAULT_MIN_EFFECT: f64 = 0.05;
+
+/// Power of the "runs that would resolve it" estimate: runs enough to tell an effect of the
+/// stated size from none 80% of the time at the 95% level.
+const Z_ALPHA: f64 = 1.959_964;
+const Z_POWER: f64 = 0.841_621;
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct DiffOptions {
+    /// Smallest effect of interest, as a fraction (0.05 = 5%).
+    pub min_effect: f64,
+}
+
+impl Default for DiffOptions {
+    fn default() -> Self {
+        Self {
+            min_effect: DEFAULT_MIN_EFFECT,
+        }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -29,25 +54,16 @@ pub enum Unit {
     Iops,
 }
 
-impl Unit {
-    /// The absolute part of the significance floor.
-    fn floor(self) -> f64 {
-        match self {
-            // Stage means here are tens of µs to ms; a few µs is scheduler noise (mq-deadline
-            // spikes moved an A/A queue mean from 1.4 to 5.7 µs).
-            Unit::Ns => 5_000.0,
-            Unit::PerIo => 0.02,
-            Unit::Iops => 0.0,
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
+    /// The interval excludes no change and the estimate reaches the smallest effect.
     Significant,
-    WithinNoise,
-    /// Fewer than two intervals on a side: no interval to judge by.
+    /// The whole interval lies within ±the smallest effect.
+    Equivalent,
+    /// Neither: more replicates would tell.
+    Inconclusive,
+    /// Fewer than two replicates on a side: no interval to judge by.
     InsufficientData,
     /// One of the hosts could not measure it.
     NotMeasured,
@@ -57,11 +73,33 @@ impl Verdict {
     pub fn words(self) -> &'static str {
         match self {
             Self::Significant => "significant",
-            Self::WithinNoise => "within noise",
-            Self::InsufficientData => "too few intervals",
+            Self::Equivalent => "equivalent",
+            Self::Inconclusive => "inconclusive",
+            Self::InsufficientData => "too few replicates",
             Self::NotMeasured => "not measured",
         }
     }
+}
+
+/// What the replicates behind the intervals are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// Runs: two or more per host.
+    Runs,
+    /// Batches of consecutive intervals within runs: a side has one run, so between-run noise
+    /// is unknown and a verdict holds for these runs only.
+    Batches,
+}
+
+/// How a metric is compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scale {
+    /// B/A on the log scale (positive figures).
+    Ratio,
+    /// B − A as a fraction of a reference (figures that can be zero or negative).
+    Difference,
 }
 
 /// One compared metric.
@@ -69,25 +107,34 @@ impl Verdict {
 pub struct Row {
     pub metric: String,
     pub unit: Unit,
+    /// Each host's value: the mean over its runs.
     pub a: Option<f64>,
     pub b: Option<f64>,
     pub delta: Option<f64>,
+    /// 95% interval of `delta`, in the row's unit.
     pub ci_low: Option<f64>,
     pub ci_high: Option<f64>,
+    pub scale: Scale,
+    /// B relative to A as a fraction (B/A − 1 on the ratio scale; B − A over the reference on
+    /// the difference scale), with its 95% interval.
+    pub effect: Option<f64>,
+    pub effect_low: Option<f64>,
+    pub effect_high: Option<f64>,
     pub verdict: Verdict,
-    /// Share of the app-latency gap (waterfall rows only), as a fraction.
+    /// Runs per host that would likely resolve an inconclusive row (runs basis only).
+    pub runs_needed: Option<u32>,
+    /// Share of the app-latency gap (the stage rows only), as a fraction.
     pub share: Option<f64>,
     /// True for estimates built from counts rather than measured times.
     pub estimated: bool,
 }
 
+/// A percentile of one stage, compared like the means.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Tail {
     pub stage: String,
     pub percentile: f64,
-    pub a_ns: Option<f64>,
-    pub b_ns: Option<f64>,
-    pub delta_ns: Option<f64>,
+    pub row: Row,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -102,15 +149,22 @@ pub struct ProfileDiff {
     pub host_a: String,
     pub host_b: String,
     pub workload: String,
+    /// Smallest effect of interest, as a fraction.
+    pub min_effect: f64,
+    /// Runs on each side, over all its profiles.
+    pub runs_a: usize,
+    pub runs_b: usize,
+    pub basis: Basis,
     /// Workload keys whose values differ (empty: same workload).
     pub spec_differences: Vec<String>,
     /// Host differences that can confound the comparison.
     pub confounders: Vec<String>,
     pub warnings: Vec<String>,
-    /// app, queue, device, software, then the software split.
+    /// app, queue, device, software, then host-wide figures per I/O (evidence: no share).
     pub waterfall: Vec<Row>,
+    /// p99 and p99.9 of app latency and of each probed stage.
     pub tails: Vec<Tail>,
-    /// The stage whose p99 moved most, with the move in ns.
+    /// The stage whose p99 moved most (by ratio), with the move in ns.
     pub tail_mover: Option<(String, f64)>,
     pub throughput: Vec<Row>,
     pub evidence: Vec<Evidence>,
@@ -260,7 +314,7 @@ fn confounders(a: &Profile, b: &Profile) -> Vec<String> {
     out
 }
 
-/// Mean, standard deviation and count of a per-interval series.
+/// Mean, standard deviation and count of a series of replicates.
 fn moments(xs: &[f64]) -> Option<(f64, f64, usize)> {
     let n = xs.len();
     if n == 0 {
@@ -294,203 +348,310 @@ pub fn welch_half_width(a: &[f64], b: &[f64]) -> Option<f64> {
     Some(t * se2.sqrt())
 }
 
-/// Builds a row from point values and per-interval series.
-fn row(
-    metric: &str,
-    unit: Unit,
-    a: Option<f64>,
-    b: Option<f64>,
-    sa: &[f64],
-    sb: &[f64],
-    estimated: bool,
-) -> Row {
-    let (delta, ci, verdict) = match (a, b) {
-        (Some(a), Some(b)) => {
-            let delta = b - a;
-            match welch_half_width(sa, sb) {
-                Some(hw) => {
-                    let floor = (REL_FLOOR * a.abs()).max(unit.floor());
-                    let excludes_zero = delta - hw > 0.0 || delta + hw < 0.0;
-                    let verdict = if excludes_zero && delta.abs() >= floor {
-                        Verdict::Significant
-                    } else {
-                        Verdict::WithinNoise
-                    };
-                    (Some(delta), Some((delta - hw, delta + hw)), verdict)
-                }
-                None => (Some(delta), None, Verdict::InsufficientData),
-            }
-        }
-        _ => (None, None, Verdict::NotMeasured),
-    };
-    Row {
-        metric: metric.into(),
-        unit,
-        a,
-        b,
-        delta,
-        ci_low: ci.map(|c| c.0),
-        ci_high: ci.map(|c| c.1),
-        verdict,
-        share: None,
-        estimated,
-    }
-}
+/// The percentiles compared as tails.
+const TAIL_PERCENTILES: [f64; 2] = [99.0, 99.9];
 
-/// Per-interval series of one profile.
-struct Series {
-    app: Vec<f64>,
-    queue: Vec<f64>,
-    device: Vec<f64>,
-    software: Vec<f64>,
-    wakeup_per_io: Vec<f64>,
-    hardirq_per_io: Vec<f64>,
-    softirq_per_io: Vec<f64>,
-    ipis_per_io: Vec<f64>,
-    msr_per_io: Vec<f64>,
-    iops: Vec<f64>,
-    app_p99: Vec<f64>,
-}
-
-fn stage_mean(iv: &Interval, stage: Stage) -> Option<f64> {
-    iv.stage(stage)
-        .filter(|s| s.count > 0)
-        .map(|s| s.sum_ns as f64 / s.count as f64)
-}
-
-fn series(p: &Profile) -> Series {
-    // Only full intervals: a short last one has few I/Os and would skew the spread.
-    let longest = p
-        .intervals
-        .iter()
-        .map(|i| i.end_s - i.start_s)
-        .fold(0.0, f64::max);
-    let full: Vec<&Interval> = p
-        .intervals
-        .iter()
-        .filter(|i| i.lat_count > 0 && (i.end_s - i.start_s) >= longest * 0.99)
-        .collect();
-    let per_io = |f: &dyn Fn(&Interval) -> Option<f64>| -> Vec<f64> {
-        full.iter()
-            .filter_map(|i| f(i).map(|v| v / i.lat_count as f64))
-            .collect()
-    };
-    let measured_cpus = |i: &Interval| (!i.cpus.is_empty()).then_some(());
-    Series {
-        app: full
-            .iter()
-            .map(|i| i.lat_sum_ns / i.lat_count as f64)
-            .collect(),
-        queue: full
-            .iter()
-            .filter_map(|i| stage_mean(i, Stage::Queue))
-            .collect(),
-        device: full
-            .iter()
-            .filter_map(|i| stage_mean(i, Stage::Device))
-            .collect(),
-        software: full
-            .iter()
-            .filter_map(|i| {
-                Some(
-                    i.lat_sum_ns / i.lat_count as f64
-                        - stage_mean(i, Stage::Queue)?
-                        - stage_mean(i, Stage::Device)?,
-                )
-            })
-            .collect(),
-        wakeup_per_io: per_io(&|i| i.stage(Stage::Wakeup).map(|s| s.sum_ns as f64)),
-        hardirq_per_io: per_io(&|i| {
-            measured_cpus(i).map(|_| i.cpus.iter().map(|c| c.hardirq_ns as f64).sum())
-        }),
-        softirq_per_io: per_io(&|i| {
-            measured_cpus(i).map(|_| i.cpus.iter().map(|c| c.softirq_ns as f64).sum())
-        }),
-        ipis_per_io: per_io(&|i| {
-            measured_cpus(i).map(|_| {
-                i.cpus
-                    .iter()
-                    .flat_map(|c| c.ipis_sent.values())
-                    .map(|&n| n as f64)
-                    .sum()
-            })
-        }),
-        msr_per_io: per_io(&|i| i.msr_writes.map(|n| n as f64)),
-        iops: full
-            .iter()
-            .map(|i| (i.read_ios as f64 + i.write_ios as f64) / (i.end_s - i.start_s))
-            .collect(),
-        app_p99: full
-            .iter()
-            .filter_map(|i| i.lat_p99_ns.map(|v| v as f64))
-            .collect(),
-    }
-}
-
-/// Whole-run point values of one profile.
-struct Points {
+/// One replicate's figures: a run's, or a batch of intervals'.
+#[derive(Clone, Debug, Default)]
+struct Figures {
     app: Option<f64>,
     queue: Option<f64>,
     device: Option<f64>,
+    iops: Option<f64>,
     wakeup_per_io: Option<f64>,
     hardirq_per_io: Option<f64>,
     softirq_per_io: Option<f64>,
     ipis_per_io: Option<f64>,
     msr_per_io: Option<f64>,
-    iops: Option<f64>,
+    /// (stage, percentile) -> ns; runs only (an interval keeps no stage histograms).
+    tails: Vec<(Stage, f64, f64)>,
 }
 
-fn points(p: &Profile) -> Points {
-    // Counts from a profile file: summed as floats so no file can overflow them.
-    let ios = p.results.read.ios as f64 + p.results.write.ios as f64;
-    // Probe totals span the probes' lifetime, a little longer than the measured window: scale
-    // per-I/O figures by the I/Os completed over the same span (the device stage's count).
-    let span_ios = p
-        .stages
-        .device
-        .as_ref()
-        .map(|d| d.count as f64)
-        .filter(|&n| n > 0.0);
-    let per_span_io = |total: f64| span_ios.map(|n| total / n);
-    let have_cpus = !p.cpus.is_empty();
-    Points {
-        app: p.stages.app.mean_ns(),
-        queue: p.stages.queue.as_ref().and_then(Histogram::mean_ns),
-        device: p.stages.device.as_ref().and_then(Histogram::mean_ns),
-        wakeup_per_io: p.stages.wakeup.as_ref().and_then(|w| per_span_io(w.sum_ns)),
-        hardirq_per_io: have_cpus
-            .then(|| per_span_io(p.cpus.iter().map(|c| c.hardirq_ns as f64).sum()))
-            .flatten(),
-        softirq_per_io: have_cpus
-            .then(|| per_span_io(p.cpus.iter().map(|c| c.softirq_ns as f64).sum()))
-            .flatten(),
-        ipis_per_io: have_cpus
-            .then(|| {
-                per_span_io(
-                    p.cpus
-                        .iter()
-                        .flat_map(|c| c.ipis_sent.values())
-                        .map(|&n| n as f64)
-                        .sum(),
-                )
-            })
-            .flatten(),
-        msr_per_io: {
-            let n: Vec<f64> = p
-                .intervals
-                .iter()
-                .filter_map(|i| i.msr_writes.map(|v| v as f64))
-                .collect();
-            let ios: f64 = p
-                .intervals
-                .iter()
-                .filter(|i| i.msr_writes.is_some())
-                .map(|i| i.lat_count as f64)
-                .sum();
-            (!n.is_empty() && ios > 0.0).then(|| n.iter().sum::<f64>() / ios)
-        },
-        iops: (p.results.measured_s > 0.0).then(|| ios / p.results.measured_s),
+impl Figures {
+    fn software(&self) -> Option<f64> {
+        Some(self.app? - self.queue? - self.device?)
     }
+
+    fn tail(&self, stage: Stage, pct: f64) -> Option<f64> {
+        self.tails
+            .iter()
+            .find(|t| t.0 == stage && t.1 == pct)
+            .map(|t| t.2)
+    }
+
+    fn of_run(r: &RunRecord) -> Self {
+        // Host-wide figures span the probes' window: per I/O completed over the same window
+        // (the device stage's count), else per I/O the workload did.
+        let span_ios = r
+            .stages
+            .device
+            .as_ref()
+            .map(|d| d.count as f64)
+            .filter(|&n| n > 0.0)
+            .or(Some(r.ios()).filter(|&n| n > 0.0));
+        let per_io = |total: Option<f64>| total.zip(span_ios).map(|(t, n)| t / n);
+        let mut tails = Vec::new();
+        for stage in Stage::ALL {
+            for pct in TAIL_PERCENTILES {
+                if let Some(v) = r.stages.get(stage).and_then(|h| h.percentile_ns(pct)) {
+                    tails.push((stage, pct, v));
+                }
+            }
+        }
+        Self {
+            app: r.stages.app.mean_ns(),
+            queue: r.stages.queue.as_ref().and_then(|h| h.mean_ns()),
+            device: r.stages.device.as_ref().and_then(|h| h.mean_ns()),
+            iops: (r.measured_s > 0.0).then(|| r.ios() / r.measured_s),
+            wakeup_per_io: per_io(r.stages.wakeup.as_ref().map(|w| w.sum_ns)),
+            hardirq_per_io: per_io(r.hardirq_ns.map(|v| v as f64)),
+            softirq_per_io: per_io(r.softirq_ns.map(|v| v as f64)),
+            ipis_per_io: per_io(r.ipis_sent.map(|v| v as f64)),
+            msr_per_io: per_io(r.msr_writes.map(|v| v as f64)),
+            tails,
+        }
+    }
+
+    fn of_batch(ivs: &[&Interval]) -> Self {
+        let lat_count: f64 = ivs.iter().map(|i| i.lat_count as f64).sum();
+        let per_io = |f: &dyn Fn(&Interval) -> Option<f64>| -> Option<f64> {
+            let parts: Option<Vec<f64>> = ivs.iter().map(|i| f(i)).collect();
+            parts
+                .filter(|_| lat_count > 0.0)
+                .map(|p| p.iter().sum::<f64>() / lat_count)
+        };
+        let stage_mean = |stage: Stage| {
+            let (n, sum) = ivs
+                .iter()
+                .filter_map(|i| i.stage(stage))
+                .fold((0.0, 0.0), |(n, s), x| {
+                    (n + x.count as f64, s + x.sum_ns as f64)
+                });
+            (n > 0.0).then(|| sum / n)
+        };
+        let cpus = |i: &Interval, f: fn(&crate::model::profile::CpuLoad) -> f64| {
+            (!i.cpus.is_empty()).then(|| i.cpus.iter().map(f).sum::<f64>())
+        };
+        let span: f64 = ivs.iter().map(|i| i.end_s - i.start_s).sum();
+        Self {
+            app: (lat_count > 0.0)
+                .then(|| ivs.iter().map(|i| i.lat_sum_ns).sum::<f64>() / lat_count),
+            queue: stage_mean(Stage::Queue),
+            device: stage_mean(Stage::Device),
+            iops: (span > 0.0).then(|| {
+                ivs.iter()
+                    .map(|i| i.read_ios as f64 + i.write_ios as f64)
+                    .sum::<f64>()
+                    / span
+            }),
+            wakeup_per_io: per_io(&|i| i.stage(Stage::Wakeup).map(|s| s.sum_ns as f64)),
+            hardirq_per_io: per_io(&|i| cpus(i, |c| c.hardirq_ns as f64)),
+            softirq_per_io: per_io(&|i| cpus(i, |c| c.softirq_ns as f64)),
+            ipis_per_io: per_io(&|i| cpus(i, |c| c.ipis_sent.values().sum::<u64>() as f64)),
+            msr_per_io: per_io(&|i| i.msr_writes.map(|n| n as f64)),
+            tails: Vec::new(),
+        }
+    }
+}
+
+/// One host's replicates: its runs, and batches of consecutive intervals within each run.
+struct Side {
+    runs: Vec<Figures>,
+    batches: Vec<Figures>,
+}
+
+impl Side {
+    fn of(profiles: &[&Profile]) -> Self {
+        let mut runs = Vec::new();
+        let mut batches = Vec::new();
+        for p in profiles {
+            for (record, intervals) in p.replicates() {
+                runs.push(Figures::of_run(&record));
+                batches.extend(batches_of(intervals).iter().map(|b| Figures::of_batch(b)));
+            }
+        }
+        Self { runs, batches }
+    }
+
+    /// The host's value of a metric: the mean over its runs that measured it.
+    fn point(&self, get: &dyn Fn(&Figures) -> Option<f64>) -> Option<f64> {
+        let v: Vec<f64> = self.runs.iter().filter_map(get).collect();
+        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    }
+
+    fn replicates(&self, basis: Basis, get: &dyn Fn(&Figures) -> Option<f64>) -> Vec<f64> {
+        let from = match basis {
+            Basis::Runs => &self.runs,
+            Basis::Batches => &self.batches,
+        };
+        from.iter().filter_map(get).collect()
+    }
+}
+
+/// A run's full intervals in ⌊√n⌋ batches (at least two) of consecutive ones, sized as evenly
+/// as they divide: batch means are far less autocorrelated than 1-s intervals, which is what
+/// lets their spread stand for the run's noise.
+fn batches_of(intervals: &[Interval]) -> Vec<Vec<&Interval>> {
+    // Only full intervals: a short last one has few I/Os and would skew the spread.
+    let longest = intervals
+        .iter()
+        .map(|i| i.end_s - i.start_s)
+        .fold(0.0, f64::max);
+    let full: Vec<&Interval> = intervals
+        .iter()
+        .filter(|i| i.lat_count > 0 && (i.end_s - i.start_s) >= longest * 0.99)
+        .collect();
+    let n = full.len();
+    if n == 0 {
+        return Vec::new();
+    }
+    let count = ((n as f64).sqrt().floor() as usize).max(2).min(n);
+    (0..count)
+        .map(|k| full[k * n / count..(k + 1) * n / count].to_vec())
+        .collect()
+}
+
+/// A comparison's outcome on its scale.
+struct Judgement {
+    effect: f64,
+    low: Option<f64>,
+    high: Option<f64>,
+    verdict: Verdict,
+    runs_needed: Option<u32>,
+}
+
+/// Compares replicates `a` and `b` of one metric. On the ratio scale the replicates are logged;
+/// on the difference scale they are divided by `reference`. `points` are the hosts' values,
+/// which set the estimate when there are too few replicates for an interval.
+fn judge(
+    a: &[f64],
+    b: &[f64],
+    points: (f64, f64),
+    scale: Scale,
+    reference: f64,
+    opts: &DiffOptions,
+    basis: Basis,
+) -> Judgement {
+    let to_scale = |x: f64| match scale {
+        Scale::Ratio => x.ln(),
+        Scale::Difference => x / reference,
+    };
+    let from_scale = |d: f64| match scale {
+        Scale::Ratio => d.exp() - 1.0,
+        Scale::Difference => d,
+    };
+    let bound = match scale {
+        Scale::Ratio => (1.0 + opts.min_effect).ln(),
+        Scale::Difference => opts.min_effect,
+    };
+    let (ta, tb): (Vec<f64>, Vec<f64>) = (
+        a.iter().map(|&x| to_scale(x)).collect(),
+        b.iter().map(|&x| to_scale(x)).collect(),
+    );
+    let point_effect = from_scale(to_scale(points.1) - to_scale(points.0));
+    let (Some((ma, sa, na)), Some((mb, sb, nb)), Some(hw)) =
+        (moments(&ta), moments(&tb), welch_half_width(&ta, &tb))
+    else {
+        return Judgement {
+            effect: point_effect,
+            low: None,
+            high: None,
+            verdict: Verdict::InsufficientData,
+            runs_needed: None,
+        };
+    };
+    let d = mb - ma;
+    let excludes_zero = d - hw > 0.0 || d + hw < 0.0;
+    let verdict = if excludes_zero && d.abs() >= bound {
+        Verdict::Significant
+    } else if d - hw > -bound && d + hw < bound {
+        Verdict::Equivalent
+    } else {
+        Verdict::Inconclusive
+    };
+    // Runs per host for an 80% chance of telling the stated effect from none, from the
+    // pooled per-run spread; only runs say how runs vary.
+    let runs_needed = (verdict == Verdict::Inconclusive && basis == Basis::Runs).then(|| {
+        let var = (sa * sa + sb * sb) / 2.0;
+        let n = (2.0 * (Z_ALPHA + Z_POWER).powi(2) * var / (bound * bound)).ceil();
+        let have = na.max(nb) as f64;
+        n.max(have + 1.0).min(1000.0) as u32
+    });
+    Judgement {
+        effect: from_scale(d),
+        low: Some(from_scale(d - hw)),
+        high: Some(from_scale(d + hw)),
+        verdict,
+        runs_needed,
+    }
+}
+
+/// Builds one row: the hosts' values from their runs, the verdict from the replicates.
+fn compare(
+    metric: &str,
+    unit: Unit,
+    sides: (&Side, &Side),
+    basis: Basis,
+    opts: &DiffOptions,
+    get: &dyn Fn(&Figures) -> Option<f64>,
+    difference_reference: Option<f64>,
+) -> Row {
+    let (pa, pb) = (sides.0.point(get), sides.1.point(get));
+    let (ra, rb) = (
+        sides.0.replicates(basis, get),
+        sides.1.replicates(basis, get),
+    );
+    let mut row = Row {
+        metric: metric.into(),
+        unit,
+        a: pa,
+        b: pb,
+        delta: pa.zip(pb).map(|(a, b)| b - a),
+        ci_low: None,
+        ci_high: None,
+        scale: Scale::Ratio,
+        effect: None,
+        effect_low: None,
+        effect_high: None,
+        verdict: Verdict::NotMeasured,
+        runs_needed: None,
+        share: None,
+        estimated: false,
+    };
+    let (Some(a), Some(b)) = (pa, pb) else {
+        return row;
+    };
+    let positive = a > 0.0 && b > 0.0 && ra.iter().chain(&rb).all(|&x| x > 0.0);
+    let (scale, reference) = match difference_reference {
+        None if positive => (Scale::Ratio, a),
+        // Symmetric in A and B: the mean of their magnitudes.
+        reference => (
+            Scale::Difference,
+            reference.unwrap_or((a.abs() + b.abs()) / 2.0),
+        ),
+    };
+    if scale == Scale::Difference && reference <= 0.0 {
+        // Both zero: nothing to compare, and nothing differs.
+        row.scale = scale;
+        row.effect = Some(0.0);
+        row.verdict = Verdict::Equivalent;
+        return row;
+    }
+    let j = judge(&ra, &rb, (a, b), scale, reference, opts, basis);
+    row.scale = scale;
+    row.effect = Some(j.effect);
+    row.effect_low = j.low;
+    row.effect_high = j.high;
+    row.verdict = j.verdict;
+    row.runs_needed = j.runs_needed;
+    // The interval in the row's unit: relative bounds applied to A (ratio) or the reference.
+    let to_unit = |e: f64| match scale {
+        Scale::Ratio => a * e,
+        Scale::Difference => reference * e,
+    };
+    row.ci_low = j.low.map(to_unit);
+    row.ci_high = j.high.map(to_unit);
+    row
 }
 
 /// The calibrated cost of one exit (cpuid's median), when the profile was calibrated.
@@ -607,155 +768,101 @@ fn cross_cpu(p: &Profile) -> String {
     format!("{:.1}% of {total:.0}", cross / total * 100.0)
 }
 
-/// Compares two profiles: A is the reference, B the host being explained.
+/// Compares one profile per host with the default options: A is the reference, B the host
+/// being explained.
 pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
-    let (sa, sb) = (series(a), series(b));
-    let (pa, pb) = (points(a), points(b));
-    let software = |p: &Points| Some(p.app? - p.queue? - p.device?);
+    diff_hosts(&[a], &[b], &DiffOptions::default())
+}
+
+/// Compares host A's profiles with host B's (each side non-empty; its runs pooled as
+/// replicates). Descriptions, confounders and evidence come from each side's first profile.
+pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) -> ProfileDiff {
+    let (a, b) = (a_side[0], b_side[0]);
+    let sides = (&Side::of(a_side), &Side::of(b_side));
+    let (runs_a, runs_b) = (sides.0.runs.len(), sides.1.runs.len());
+    let basis = if runs_a >= 2 && runs_b >= 2 {
+        Basis::Runs
+    } else {
+        Basis::Batches
+    };
+    let cmp = |metric: &str, unit: Unit, get: &dyn Fn(&Figures) -> Option<f64>| {
+        compare(metric, unit, sides, basis, opts, get, None)
+    };
+    // The software residual can be negative: compared as a difference, relative to the hosts'
+    // app latency so its smallest effect means what it means for the app row.
+    let app_reference = sides
+        .0
+        .point(&|f| f.app)
+        .zip(sides.1.point(&|f| f.app))
+        .map(|(x, y)| (x * y).sqrt());
 
     let mut waterfall = vec![
-        row(
-            "app latency (mean)",
-            Unit::Ns,
-            pa.app,
-            pb.app,
-            &sa.app,
-            &sb.app,
-            false,
-        ),
-        row(
-            "  block queue",
-            Unit::Ns,
-            pa.queue,
-            pb.queue,
-            &sa.queue,
-            &sb.queue,
-            false,
-        ),
-        row(
-            "  device",
-            Unit::Ns,
-            pa.device,
-            pb.device,
-            &sa.device,
-            &sb.device,
-            false,
-        ),
-        row(
+        cmp("app latency (mean)", Unit::Ns, &|f| f.app),
+        cmp("  block queue", Unit::Ns, &|f| f.queue),
+        cmp("  device", Unit::Ns, &|f| f.device),
+        compare(
             "  software: submit + completion",
             Unit::Ns,
-            software(&pa),
-            software(&pb),
-            &sa.software,
-            &sb.software,
-            false,
+            sides,
+            basis,
+            opts,
+            &|f| f.software(),
+            Some(app_reference.unwrap_or(0.0)),
         ),
-        row(
-            "    wakeup delay per I/O",
-            Unit::Ns,
-            pa.wakeup_per_io,
-            pb.wakeup_per_io,
-            &sa.wakeup_per_io,
-            &sb.wakeup_per_io,
-            false,
-        ),
-        row(
-            "    hard-IRQ time per I/O (all IRQs)",
-            Unit::Ns,
-            pa.hardirq_per_io,
-            pb.hardirq_per_io,
-            &sa.hardirq_per_io,
-            &sb.hardirq_per_io,
-            false,
-        ),
-        row(
-            "    softirq time per I/O (all)",
-            Unit::Ns,
-            pa.softirq_per_io,
-            pb.softirq_per_io,
-            &sa.softirq_per_io,
-            &sb.softirq_per_io,
-            false,
-        ),
-        row(
-            "    IPIs sent per I/O",
-            Unit::PerIo,
-            pa.ipis_per_io,
-            pb.ipis_per_io,
-            &sa.ipis_per_io,
-            &sb.ipis_per_io,
-            false,
-        ),
-        row(
-            "    exit-causing MSR writes per I/O",
-            Unit::PerIo,
-            pa.msr_per_io,
-            pb.msr_per_io,
-            &sa.msr_per_io,
-            &sb.msr_per_io,
-            false,
-        ),
-        row(
-            "    est. MSR exit time per I/O",
-            Unit::Ns,
-            pa.msr_per_io.zip(exit_cost(a)).map(|(n, c)| n * c),
-            pb.msr_per_io.zip(exit_cost(b)).map(|(n, c)| n * c),
-            &[],
-            &[],
-            true,
-        ),
+        cmp("    wakeup delay per I/O", Unit::Ns, &|f| f.wakeup_per_io),
+        cmp("    hard-IRQ time per I/O (all IRQs)", Unit::Ns, &|f| {
+            f.hardirq_per_io
+        }),
+        cmp("    softirq time per I/O (all)", Unit::Ns, &|f| {
+            f.softirq_per_io
+        }),
+        cmp("    IPIs sent per I/O", Unit::PerIo, &|f| f.ipis_per_io),
+        cmp("    exit-causing MSR writes per I/O", Unit::PerIo, &|f| {
+            f.msr_per_io
+        }),
     ];
+    let msr_cost = {
+        let (ca, cb) = (exit_cost(a), exit_cost(b));
+        let mut r = cmp("    est. MSR exit time per I/O", Unit::Ns, &|_| None);
+        r.a = sides.0.point(&|f| f.msr_per_io).zip(ca).map(|(n, c)| n * c);
+        r.b = sides.1.point(&|f| f.msr_per_io).zip(cb).map(|(n, c)| n * c);
+        r.delta = r.a.zip(r.b).map(|(x, y)| y - x);
+        // Counts times a calibrated cost: shown, never judged.
+        r.verdict = if r.delta.is_some() {
+            Verdict::InsufficientData
+        } else {
+            Verdict::NotMeasured
+        };
+        r.estimated = true;
+        r
+    };
+    waterfall.push(msr_cost);
+    // Shares only for the three stages an I/O's latency is made of: the host-wide figures
+    // below them are background divided by I/Os, evidence rather than parts of the gap.
     let gap = waterfall[0].delta.filter(|d| d.abs() > 0.0);
-    for r in waterfall
-        .iter_mut()
-        .skip(1)
-        .filter(|r| r.unit == Unit::Ns && !r.estimated)
-    {
+    for r in &mut waterfall[1..4] {
         r.share = gap.zip(r.delta).map(|(g, d)| d / g);
     }
 
     let mut tails = Vec::new();
-    for (stage, ha, hb) in Stage::ALL.map(|s| (s.name(), a.stages.get(s), b.stages.get(s))) {
-        for pct in [50.0, 99.0, 99.9] {
-            let (x, y) = (
-                ha.and_then(|h| h.percentile_ns(pct)),
-                hb.and_then(|h| h.percentile_ns(pct)),
-            );
+    for stage in Stage::ALL {
+        for pct in TAIL_PERCENTILES {
+            let metric = format!("{} p{pct}", stage.name());
             tails.push(Tail {
-                stage: stage.into(),
+                stage: stage.name().into(),
                 percentile: pct,
-                a_ns: x,
-                b_ns: y,
-                delta_ns: x.zip(y).map(|(x, y)| y - x),
+                row: cmp(&metric, Unit::Ns, &|f| f.tail(stage, pct)),
             });
         }
     }
     let tail_mover = tails
         .iter()
-        .filter(|t| t.stage != "app" && t.percentile == 99.0)
-        .filter_map(|t| t.delta_ns.map(|d| (t.stage.clone(), d)))
-        .max_by(|x, y| x.1.abs().total_cmp(&y.1.abs()));
+        .filter(|t| t.stage != Stage::App.name() && t.percentile == 99.0)
+        .filter_map(|t| Some((t.stage.clone(), t.row.delta?, t.row.effect?)))
+        .max_by(|x, y| x.2.abs().total_cmp(&y.2.abs()))
+        .map(|(stage, delta, _)| (stage, delta));
 
-    let throughput = vec![
-        row(
-            "IOPS",
-            Unit::Iops,
-            pa.iops,
-            pb.iops,
-            &sa.iops,
-            &sb.iops,
-            false,
-        ),
-        tail_row(row(
-            "app latency p99 (per interval)",
-            Unit::Ns,
-            median(&sa.app_p99),
-            median(&sb.app_p99),
-            &sa.app_p99,
-            &sb.app_p99,
-            false,
-        )),
-    ];
+    let throughput = vec![cmp("IOPS", Unit::Iops, &|f| f.iops)];
 
     let overhead = |p: &Profile| {
         p.self_overhead
@@ -821,29 +928,45 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
     };
 
     let mut warnings = Vec::new();
-    for (label, p) in [("A", a), ("B", b)] {
-        if !p.complete {
-            warnings.push(format!(
-                "profile {label} is incomplete (the run was interrupted)"
-            ));
+    for (label, side) in [("A", a_side), ("B", b_side)] {
+        for p in side {
+            if !p.complete {
+                warnings.push(format!(
+                    "a profile of {label} is incomplete (its run was interrupted)"
+                ));
+            }
+            if p.capabilities.is_none() {
+                warnings.push(format!(
+                    "a profile of {label} was recorded without probes: only app latency compares"
+                ));
+            }
+            if let Some(s) = p.stalls.as_ref().filter(|s| s.found()) {
+                warnings.push(format!(
+                    "host {label} stalled during a run ({}): its figures are not steady state",
+                    s.describe()
+                ));
+            }
         }
-        if p.capabilities.is_none() {
-            warnings.push(format!(
-                "profile {label} was recorded without probes: only app latency compares"
-            ));
-        }
-        if let Some(s) = p.stalls.as_ref().filter(|s| s.found()) {
-            warnings.push(format!(
-                "host {label} stalled during its run ({}): its figures are not steady state",
-                s.describe()
-            ));
-        }
+    }
+    if basis == Basis::Batches {
+        warnings.push(format!(
+            "one run on {}: between-run noise is unknown, so verdicts compare batches of intervals within runs and hold for these runs only; record each host with --runs 5 for verdicts that hold",
+            match (runs_a < 2, runs_b < 2) {
+                (true, true) => "each host",
+                (true, false) => "host A",
+                _ => "host B",
+            }
+        ));
     }
 
     ProfileDiff {
         host_a: a.host.describe(),
         host_b: b.host.describe(),
         workload: format!("{} ({})", a.workload.name, a.workload.origin),
+        min_effect: opts.min_effect,
+        runs_a,
+        runs_b,
+        basis,
         spec_differences: spec_differences(a, b),
         confounders: confounders(a, b),
         warnings,
@@ -856,34 +979,10 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
     }
 }
 
-/// Tails of a virtualized host swing severalfold between identical runs (a 3.1x swing of the
-/// per-interval p99 was seen in an A/A pair here): a tail row only counts as significant when
-/// one side is at least this many times the other.
-const TAIL_RATIO_FLOOR: f64 = 4.0;
-
-fn tail_row(mut r: Row) -> Row {
-    if let (Verdict::Significant, Some(a), Some(b)) = (r.verdict, r.a, r.b) {
-        let (lo, hi) = if a < b { (a, b) } else { (b, a) };
-        if lo <= 0.0 || hi / lo < TAIL_RATIO_FLOOR {
-            r.verdict = Verdict::WithinNoise;
-        }
-    }
-    r
-}
-
-fn median(xs: &[f64]) -> Option<f64> {
-    let mut v = xs.to_vec();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_by(f64::total_cmp);
-    Some(v[v.len() / 2])
-}
-
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::profile::{CpuLoad, StageSample};
+    use crate::model::profile::{CpuLoad, Histogram, StageSample};
 
     /// A profile whose every interval has the given stage means (ns) plus deterministic jitter.
     pub(crate) fn synthetic(
@@ -964,6 +1063,65 @@ pub(crate) mod tests {
         p
     }
 
+    /// A histogram of `count` values all near `mean`, with a tail bucket at `tail` holding
+    /// `tail_count` of them.
+    fn hist(mean: f64, count: u64, tail: f64, tail_count: u64) -> Histogram {
+        let body = count - tail_count;
+        let mut buckets = vec![[(mean * 0.9) as u64, (mean * 1.1) as u64, body]];
+        if tail_count > 0 {
+            buckets.push([(tail * 0.95) as u64, (tail * 1.05) as u64, tail_count]);
+        }
+        Histogram {
+            count,
+            sum_ns: mean * body as f64 + tail * tail_count as f64,
+            min_ns: None,
+            max_ns: None,
+            buckets,
+        }
+    }
+
+    /// A profile of `runs`, each (app mean, device mean, IOPS, app p99.9 tail) with the queue
+    /// at 2 µs: one interval per run, so its verdicts can only come from runs.
+    fn with_runs(runs: &[(f64, f64, f64, f64)]) -> Profile {
+        let mut p = synthetic(2_000.0, 1.0, 1.0, 0.0, 1);
+        p.intervals.clear();
+        p.runs = runs
+            .iter()
+            .enumerate()
+            .map(|(k, &(app, device, iops, tail))| {
+                let ios = (iops * 10.0) as u64;
+                RunRecord {
+                    run: k as u32 + 1,
+                    measured_s: 10.0,
+                    read_ios: ios,
+                    stages: crate::model::profile::Stages {
+                        app: hist(app, ios, tail, ios / 500),
+                        queue: Some(hist(2_000.0, ios, 2_000.0, 0)),
+                        device: Some(hist(device, ios, device, 0)),
+                        ..Default::default()
+                    },
+                    complete: true,
+                    ..Default::default()
+                }
+            })
+            .collect();
+        p
+    }
+
+    /// `n` runs around `app` (ns), IOPS around `iops`, spread ±`noise` (a fraction) in a fixed
+    /// pattern.
+    fn noisy_runs(n: usize, app: f64, iops: f64, noise: f64, tail: f64) -> Profile {
+        let pattern = [0.0, 1.0, -1.0, 0.5, -0.5, 0.8, -0.8, 0.2];
+        with_runs(
+            &(0..n)
+                .map(|k| {
+                    let j = 1.0 + noise * pattern[k % pattern.len()];
+                    (app * j, (app - 100_000.0) * j, iops / j, tail * j)
+                })
+                .collect::<Vec<_>>(),
+        )
+    }
+
     #[test]
     fn counts_near_the_top_of_u64_in_a_profile_do_not_overflow_the_diff() {
         let mut p: Profile =
@@ -1001,51 +1159,156 @@ pub(crate) mod tests {
             Verdict::NotMeasured,
             "MSR writes are not in these profiles"
         );
+        assert!(
+            w[4..].iter().all(|r| r.share.is_none()),
+            "host-wide figures are evidence, not shares of the gap"
+        );
     }
 
     #[test]
-    fn identical_runs_show_no_significant_difference() {
+    fn one_run_per_host_says_between_run_noise_is_unknown() {
         let a = synthetic(2_000.0, 300_000.0, 100_000.0, 20_000.0, 10);
         let b = synthetic(2_000.0, 301_000.0, 99_500.0, 20_000.0, 10);
         let d = diff(&a, &b);
+        assert_eq!(d.basis, Basis::Batches);
+        assert!(
+            d.warnings
+                .iter()
+                .any(|w| w.contains("between-run noise is unknown")),
+            "{:?}",
+            d.warnings
+        );
         for r in d.waterfall.iter().chain(&d.throughput) {
             assert_ne!(r.verdict, Verdict::Significant, "{}", r.metric);
         }
+        assert!(
+            d.tails
+                .iter()
+                .all(|t| t.row.verdict != Verdict::Significant),
+            "tails are not judged from one run"
+        );
         assert_eq!(d.verdict, None);
     }
 
     #[test]
-    fn small_but_certain_differences_stay_below_the_floor() {
-        // 0.5 µs on a 400 µs app latency with no jitter: the CI excludes zero, the floor does not.
+    fn a_certain_difference_smaller_than_the_smallest_effect_is_equivalent() {
+        // 0.5 µs on a 400 µs app latency with no jitter: a real difference, but not one of
+        // interest at ±5%.
         let a = synthetic(2_000.0, 300_000.0, 100_000.0, 0.0, 10);
         let b = synthetic(2_000.0, 300_500.0, 100_000.0, 0.0, 10);
-        assert_eq!(diff(&a, &b).waterfall[2].verdict, Verdict::WithinNoise);
+        let d = diff(&a, &b);
+        assert_eq!(d.waterfall[0].verdict, Verdict::Equivalent);
+        assert_eq!(d.waterfall[2].verdict, Verdict::Equivalent);
+        let strict = diff_hosts(&[&a], &[&b], &DiffOptions { min_effect: 0.001 });
+        assert_eq!(
+            strict.waterfall[2].verdict,
+            Verdict::Significant,
+            "0.17% is significant when 0.1% is of interest"
+        );
     }
 
     #[test]
-    fn tails_need_a_severalfold_change() {
-        let base = |a: f64, b: f64| Row {
-            metric: "p99".into(),
-            unit: Unit::Ns,
-            a: Some(a),
-            b: Some(b),
-            delta: Some(b - a),
-            ci_low: Some(b - a - 1.0),
-            ci_high: Some(b - a + 1.0),
-            verdict: Verdict::Significant,
-            share: None,
-            estimated: false,
+    fn an_eight_percent_gap_over_five_runs_is_significant_both_ways_round() {
+        // The motivating case: IOPS −8%, mean latency +9%, with 2% run-to-run noise.
+        let a = noisy_runs(5, 400_000.0, 10_000.0, 0.02, 2e6);
+        let b = noisy_runs(5, 436_000.0, 9_200.0, 0.02, 2e6);
+        let d = diff(&a, &b);
+        assert_eq!(d.basis, Basis::Runs);
+        let (app, iops) = (&d.waterfall[0], &d.throughput[0]);
+        assert_eq!(app.verdict, Verdict::Significant);
+        assert!((app.effect.unwrap() - 0.09).abs() < 0.005, "{app:?}");
+        assert!(app.effect_low.unwrap() > 0.0 && app.effect_high.unwrap() > 0.09);
+        assert_eq!(iops.verdict, Verdict::Significant);
+        assert!((iops.effect.unwrap() + 0.08).abs() < 0.005, "{iops:?}");
+        assert_eq!(d.verdict.as_deref(), Some("device"));
+        // Swapped, every row mirrors: the same verdict, the inverse ratio.
+        let back = diff(&b, &a);
+        let rows = |d: &ProfileDiff| -> Vec<Row> {
+            d.waterfall
+                .iter()
+                .chain(&d.throughput)
+                .chain(d.tails.iter().map(|t| &t.row))
+                .cloned()
+                .collect()
         };
-        assert_eq!(
-            tail_row(base(2.4e6, 0.76e6)).verdict,
-            Verdict::WithinNoise,
-            "3.1x is run-to-run noise here"
-        );
-        assert_eq!(
-            tail_row(base(2.4e6, 9.8e6)).verdict,
+        for (x, y) in rows(&d).iter().zip(rows(&back)) {
+            assert_eq!(x.verdict, y.verdict, "{}", x.metric);
+            if let (Some(e), Some(f), Scale::Ratio) = (x.effect, y.effect, x.scale) {
+                assert!(((1.0 + e) * (1.0 + f) - 1.0).abs() < 1e-9, "{}", x.metric);
+            }
+        }
+    }
+
+    #[test]
+    fn a_noisy_a_a_pair_is_never_significant_and_says_how_many_runs_would_resolve_it() {
+        // Same host, 8% run-to-run noise, alternating pattern shifted between the sides.
+        let a = noisy_runs(5, 400_000.0, 10_000.0, 0.08, 2e6);
+        let mut b = noisy_runs(6, 400_000.0, 10_000.0, 0.08, 2e6);
+        b.runs.remove(0);
+        let d = diff(&a, &b);
+        for r in d.waterfall.iter().chain(&d.throughput) {
+            assert_ne!(r.verdict, Verdict::Significant, "{}", r.metric);
+        }
+        let app = &d.waterfall[0];
+        assert_eq!(app.verdict, Verdict::Inconclusive, "{app:?}");
+        let n = app.runs_needed.expect("runs basis says how many runs");
+        assert!((6..1000).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn a_tail_that_grew_eightfold_is_significant_while_the_mean_barely_moves() {
+        // 0.2% of I/Os: 2 ms on A, 16 ms on B. p99.9 moves 8x; the mean ~7%.
+        let a = noisy_runs(5, 400_000.0, 10_000.0, 0.01, 2e6);
+        let b = noisy_runs(5, 400_000.0, 10_000.0, 0.01, 16e6);
+        let d = diff(&a, &b);
+        let tail = d
+            .tails
+            .iter()
+            .find(|t| t.stage == "app" && t.percentile == 99.9)
+            .unwrap();
+        assert_eq!(tail.row.verdict, Verdict::Significant, "{:?}", tail.row);
+        assert!(tail.row.effect.unwrap() > 5.0, "{:?}", tail.row);
+        let p99 = d
+            .tails
+            .iter()
+            .find(|t| t.stage == "app" && t.percentile == 99.0)
+            .unwrap();
+        assert_ne!(
+            p99.row.verdict,
             Verdict::Significant,
-            "the seed's 4x p99 gap counts"
+            "the p99 did not move"
         );
+    }
+
+    #[test]
+    fn a_run_is_cut_into_about_root_n_batches_of_consecutive_intervals() {
+        let sizes = |n: usize| -> Vec<usize> {
+            let p = synthetic(1.0, 1.0, 1.0, 0.0, n);
+            batches_of(&p.intervals).iter().map(Vec::len).collect()
+        };
+        assert_eq!(sizes(1), [1], "one interval: one batch, no spread");
+        assert_eq!(sizes(5), [2, 3]);
+        assert_eq!(sizes(10), [3, 3, 4]);
+        assert_eq!(sizes(100), [10; 10]);
+        let p = synthetic(1.0, 1.0, 1.0, 0.0, 7);
+        let order: Vec<u64> = batches_of(&p.intervals)
+            .concat()
+            .iter()
+            .map(|i| i.index)
+            .collect();
+        assert_eq!(order, (0..7).collect::<Vec<_>>(), "consecutive, none lost");
+    }
+
+    #[test]
+    fn a_version_1_profile_diffs_as_one_run() {
+        let v1: Profile =
+            serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
+        assert!(v1.runs.is_empty());
+        let reps = v1.replicates();
+        assert_eq!(reps.len(), 1);
+        assert_eq!(reps[0].1.len(), v1.intervals.len());
+        let d = diff(&v1, &noisy_runs(3, 400_000.0, 10_000.0, 0.01, 2e6));
+        assert_eq!((d.runs_a, d.runs_b, d.basis), (1, 3, Basis::Batches));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use virtgap_probes::{CapabilityReport, Family};
 
 use crate::cli::{RecordArgs, WorkloadsArgs};
 use crate::model::host::TargetDisks;
+use crate::model::profile::RunRecord;
 use crate::render::report::{self, Report};
 use crate::run::pipeline::{Event, ProbeResults};
 use crate::run::series::{IntervalSeries, SeriesPoint};
@@ -92,35 +93,265 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         crate::run::output::check_output(path, args.force, "--act-log")?;
     }
     let signals = StopSignals::install(true)?;
-    let Some(prepared) = prepare(
-        &spec,
-        overrides.size.is_some(),
-        &args.target,
-        verbose,
-        &signals,
-    )?
-    else {
+    let paced = spec.rate_iops.is_some();
+    let mut calibration = None;
+    // Each run's profile and record; the pooled statistics; the last run, kept for the summary.
+    let mut runs: Vec<(crate::model::profile::Profile, RunRecord)> = Vec::new();
+    let mut pooled = RunStats::default();
+    let mut last: Option<(Prepared, RunOutcome)> = None;
+    let mut undelivered_kv = false;
+    for number in 1..=args.runs {
+        if args.runs > 1 && verbose {
+            eprintln!("run {number} of {}", args.runs);
+        }
+        let Some(prepared) = prepare(
+            &spec,
+            overrides.size.is_some(),
+            &args.target,
+            verbose,
+            &signals,
+        )?
+        else {
+            break;
+        };
+        if number == 1 {
+            if args.verify && !prepared.target.needs_fill() {
+                bail!("--verify needs a temp-file target (only data virtgap wrote can be checked); drop --target or --verify");
+            }
+            calibration = args.calibrate.then(|| {
+                if verbose {
+                    eprintln!("calibrating exit-causing operations (a few seconds)…");
+                }
+                crate::cmd::calibrate::calibrate(1.0)
+            });
+        }
+        let outcome = record_one(args, &spec, &prepared, verbose)?;
+        let (target, disks) = (&prepared.target, &prepared.disks);
+        // Every probed figure in the profile covers the measured window, as the workload's do.
+        let window = outcome.probes.window();
+        let record = crate::model::profile::run_record(
+            number,
+            unix_ms(outcome.started),
+            !outcome.interrupted,
+            &outcome.stats,
+            window.as_ref(),
+            disks,
+            outcome.points.len() as u64,
+        );
+        if args.runs > 1 && verbose {
+            eprintln!("  {}", run_line(&record));
+        }
+        let profile = crate::model::profile::assemble(crate::model::profile::ProfileInputs {
+            run: crate::model::profile::RunInfo {
+                tool_version: env!("CARGO_PKG_VERSION").into(),
+                command_line: std::env::args().collect(),
+                started_unix_ms: unix_ms(outcome.started),
+                ended_unix_ms: unix_ms(std::time::SystemTime::now()),
+                interval_s: outcome.series.point_interval().as_secs_f64(),
+                requested_interval_s: (outcome.series.coarsening() > 1)
+                    .then_some(args.interval.0.as_secs_f64()),
+                complete: !outcome.interrupted,
+            },
+            host: crate::model::host::Fingerprint::this_host(),
+            workload: crate::model::profile::WorkloadInfo::of(&spec, &loaded, target),
+            target: crate::model::profile::TargetInfo::of(target, disks),
+            paced,
+            stats: &outcome.stats,
+            intervals: outcome.points.iter().map(|p| p.interval.clone()).collect(),
+            capabilities: outcome.probes.report.clone(),
+            probe_total: window.as_ref(),
+            disks,
+            recorder_cpu_pct: outcome.recorder_cpu_pct,
+            calibration: calibration.clone(),
+            stalls: Some(outcome.stalls.clone()),
+        });
+        runs.push((profile, record));
+        let seconds = pooled.measured_ns + outcome.stats.measured_ns;
+        pooled.merge(&outcome.stats);
+        pooled.measured_ns = seconds;
+        if let Some(kv) = outcome.stats.kv.as_deref() {
+            use virtgap_workloads::kv::KvVerdict;
+            undelivered_kv |= matches!(
+                kv.verdict(),
+                KvVerdict::NotDelivered { .. } | KvVerdict::Mismatches(_)
+            );
+        }
+        let interrupted = outcome.interrupted;
+        last = Some((prepared, outcome));
+        if interrupted {
+            break;
+        }
+    }
+    let Some((prepared, outcome)) = last else {
+        // Interrupted while preparing the first run: nothing was measured.
         return Ok(signals.exit_code());
     };
-    let (target, disks, stop) = (&prepared.target, &prepared.disks, &prepared.stop);
-    if args.verify && !target.needs_fill() {
-        bail!("--verify needs a temp-file target (only data virtgap wrote can be checked); drop --target or --verify");
-    }
-    let progress = verbose && std::io::stderr().is_terminal();
-
-    let calibration = args.calibrate.then(|| {
-        if verbose {
-            eprintln!("calibrating exit-causing operations (a few seconds)…");
+    let (target, disks) = (&prepared.target, &prepared.disks);
+    let runs_recorded = runs.len();
+    let RunOutcome {
+        stats,
+        series,
+        points,
+        probes,
+        stalls,
+        interrupted,
+        started,
+        ..
+    } = &outcome;
+    let interrupted = *interrupted;
+    let report = Report {
+        spec: &spec,
+        origin: &loaded.origin,
+        target,
+        stats,
+        series,
+        points,
+        stalls,
+        interrupted,
+        started: *started,
+        probes,
+        disks,
+    };
+    if args.output.is_some() || args.csv.is_some() {
+        let profile = if runs.len() == 1 {
+            let (mut profile, record) = runs.remove(0);
+            profile.runs = vec![record];
+            profile
+        } else {
+            crate::model::profile::pool_runs(runs, &pooled, paced)
+        };
+        if let Some(path) = &args.output {
+            let mut bytes = serde_json::to_vec_pretty(&profile)?;
+            bytes.push(b'\n');
+            crate::run::output::write_atomic(path, &bytes, args.force, "--output")?;
+            if !args.quiet && !args.json {
+                eprintln!(
+                    "wrote profile {} ({})",
+                    path.display(),
+                    units::bytes(bytes.len() as u64)
+                );
+            }
         }
-        crate::cmd::calibrate::calibrate(1.0)
-    });
+        if let Some(dir) = &args.csv {
+            if !dir.exists() {
+                std::fs::create_dir(dir)
+                    .with_context(|| format!("creating --csv {}", dir.display()))?;
+            }
+            for (name, text) in crate::render::csv_export::export(&profile) {
+                crate::run::output::write_atomic(
+                    &dir.join(name),
+                    text.as_bytes(),
+                    args.force,
+                    "--csv",
+                )?;
+            }
+            if !args.quiet && !args.json {
+                eprintln!(
+                    "wrote {} CSV files into {}",
+                    crate::render::csv_export::FILES.len(),
+                    dir.display()
+                );
+            }
+        }
+    }
+    if let (Some(path), Some(kv)) = (&args.act_log, &stats.kv) {
+        crate::run::output::write_atomic(path, kv.act_log.as_bytes(), args.force, "--act-log")?;
+        if !args.quiet && !args.json {
+            eprintln!("wrote ACT log {}", path.display());
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        serde_json::to_writer_pretty(&mut out, &report::json(&report))?;
+        writeln!(out)?;
+    } else {
+        if args.runs > 1 {
+            writeln!(
+                out,
+                "(the summary below is the last run's; the profile keeps all {runs_recorded} runs)\n"
+            )?;
+        }
+        // Names in the summary come from workload files: shown, never obeyed by the terminal.
+        let mut text = Vec::new();
+        report::write_summary(&mut text, &report)?;
+        out.write_all(units::printable(&String::from_utf8_lossy(&text)).as_bytes())?;
+    }
+    out.flush()?;
+    if interrupted {
+        eprintln!(
+            "virtgap: interrupted after {:.1} s of measurement",
+            stats.seconds()
+        );
+        return Ok(signals.exit_code());
+    }
+    if let Some(kv) = stats.kv.as_deref() {
+        if let Some((who, by)) = &kv.behind {
+            eprintln!(
+                "virtgap: {}; stopped after {:.1} s",
+                crate::render::kv_report::behind_text(who, *by),
+                stats.seconds()
+            );
+        }
+        use virtgap_workloads::kv::KvVerdict;
+        if let KvVerdict::NotDelivered { .. } | KvVerdict::Mismatches(_) = kv.verdict() {
+            eprintln!("virtgap: {}", crate::render::kv_report::verdict_text(kv));
+        }
+    }
+    if undelivered_kv {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One run's line in a multi-run recording: its throughput, mean and tail.
+fn run_line(r: &RunRecord) -> String {
+    let iops = if r.measured_s > 0.0 {
+        r.ios() / r.measured_s
+    } else {
+        0.0
+    };
+    let lat = |p: Option<f64>| p.map_or("-".to_string(), units::latency);
+    format!(
+        "run {}: {} IOPS over {:.1} s, mean {}, p99 {}, p99.9 {}",
+        r.run,
+        units::count(iops),
+        r.measured_s,
+        lat(r.stages.app.mean_ns()),
+        lat(r.stages.app.percentile_ns(99.0)),
+        lat(r.stages.app.percentile_ns(99.9)),
+    )
+}
+
+/// What one run of the workload produced.
+struct RunOutcome {
+    stats: RunStats,
+    series: IntervalSeries,
+    points: Vec<SeriesPoint>,
+    probes: ProbeResults,
+    stalls: crate::model::stalls::Stalls,
+    interrupted: bool,
+    started: std::time::SystemTime,
+    recorder_cpu_pct: Option<f64>,
+}
+
+/// Runs the workload once on `prepared` with its own probes, attached for this run only so
+/// every run's probe intervals line up with its workload intervals.
+fn record_one(
+    args: &RecordArgs,
+    spec: &virtgap_workloads::WorkloadSpec,
+    prepared: &Prepared,
+    verbose: bool,
+) -> Result<RunOutcome> {
+    let (disks, stop) = (&prepared.disks, &prepared.stop);
+    let progress = verbose && std::io::stderr().is_terminal();
     let options = RunOptions {
         interval: args.interval.0,
         verify_reads: args.verify,
         ..RunOptions::default()
     };
     let (tx, rx) = mpsc::channel::<Event>();
-    let mut probes = ProbeResults::default();
+    let mut probes =
+        ProbeResults::skipping_ramp(IntervalSeries::ramp_intervals(args.interval.0, spec.ramp.0));
     let collector = match start_probes(&args.probe, args.interval.0, &tx, &rx)? {
         Some((handle, report)) => {
             if !args.json {
@@ -135,7 +366,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     };
     let wall_start = std::time::SystemTime::now();
     let cpu_start = virtgap_workloads::stats::CpuTime::of_this_process().total_ns();
-    let handle = prepared.start(&spec, &options, tx);
+    let handle = prepared.start(spec, &options, tx);
     if verbose {
         // Where a log (or a script waiting to signal the run) sees measurement begin.
         eprintln!(
@@ -234,123 +465,20 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     if stats.engine_features.is_empty() {
         stats.engine_features = features;
     }
-    let interrupted = stop.load(Ordering::Relaxed);
     let stalls = series.stall_log().stalls(
         &stats,
         probes.cumulative.as_ref().and_then(|c| c.block.as_ref()),
     );
-    let report = Report {
-        spec: &spec,
-        origin: &loaded.origin,
-        target,
-        stats: &stats,
-        series: &series,
-        points: &points,
-        stalls: &stalls,
-        interrupted,
+    Ok(RunOutcome {
+        interrupted: stop.load(Ordering::Relaxed),
+        stats,
+        series,
+        points,
+        probes,
+        stalls,
         started: wall_start,
-        probes: &probes,
-        disks,
-    };
-    if args.output.is_some() || args.csv.is_some() {
-        let profile = crate::model::profile::assemble(crate::model::profile::ProfileInputs {
-            run: crate::model::profile::RunInfo {
-                tool_version: env!("CARGO_PKG_VERSION").into(),
-                command_line: std::env::args().collect(),
-                started_unix_ms: unix_ms(wall_start),
-                ended_unix_ms: unix_ms(std::time::SystemTime::now()),
-                interval_s: series.point_interval().as_secs_f64(),
-                requested_interval_s: (series.coarsening() > 1)
-                    .then_some(args.interval.0.as_secs_f64()),
-                complete: !interrupted,
-            },
-            host: crate::model::host::Fingerprint::this_host(),
-            workload: crate::model::profile::WorkloadInfo::of(&spec, &loaded, target),
-            target: crate::model::profile::TargetInfo::of(target, disks),
-            paced: spec.rate_iops.is_some(),
-            stats: &stats,
-            intervals: points.iter().map(|p| p.interval.clone()).collect(),
-            capabilities: probes.report.clone(),
-            probe_total: probes.cumulative.as_ref(),
-            disks,
-            recorder_cpu_pct: (run_wall > 0.0)
-                .then(|| recorder_cpu_ns as f64 / 1e9 / run_wall * 100.0),
-            calibration: calibration.clone(),
-            stalls: Some(stalls.clone()),
-        });
-        if let Some(path) = &args.output {
-            let mut bytes = serde_json::to_vec_pretty(&profile)?;
-            bytes.push(b'\n');
-            crate::run::output::write_atomic(path, &bytes, args.force, "--output")?;
-            if !args.quiet && !args.json {
-                eprintln!(
-                    "wrote profile {} ({})",
-                    path.display(),
-                    units::bytes(bytes.len() as u64)
-                );
-            }
-        }
-        if let Some(dir) = &args.csv {
-            if !dir.exists() {
-                std::fs::create_dir(dir)
-                    .with_context(|| format!("creating --csv {}", dir.display()))?;
-            }
-            for (name, text) in crate::render::csv_export::export(&profile) {
-                crate::run::output::write_atomic(
-                    &dir.join(name),
-                    text.as_bytes(),
-                    args.force,
-                    "--csv",
-                )?;
-            }
-            if !args.quiet && !args.json {
-                eprintln!(
-                    "wrote {} CSV files into {}",
-                    crate::render::csv_export::FILES.len(),
-                    dir.display()
-                );
-            }
-        }
-    }
-    if let (Some(path), Some(kv)) = (&args.act_log, &stats.kv) {
-        crate::run::output::write_atomic(path, kv.act_log.as_bytes(), args.force, "--act-log")?;
-        if !args.quiet && !args.json {
-            eprintln!("wrote ACT log {}", path.display());
-        }
-    }
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        serde_json::to_writer_pretty(&mut out, &report::json(&report))?;
-        writeln!(out)?;
-    } else {
-        // Names in the summary come from workload files: shown, never obeyed by the terminal.
-        let mut text = Vec::new();
-        report::write_summary(&mut text, &report)?;
-        out.write_all(units::printable(&String::from_utf8_lossy(&text)).as_bytes())?;
-    }
-    out.flush()?;
-    if interrupted {
-        eprintln!(
-            "virtgap: interrupted after {:.1} s of measurement",
-            stats.seconds()
-        );
-        return Ok(signals.exit_code());
-    }
-    if let Some(kv) = stats.kv.as_deref() {
-        if let Some((who, by)) = &kv.behind {
-            eprintln!(
-                "virtgap: {}; stopped after {:.1} s",
-                crate::render::kv_report::behind_text(who, *by),
-                stats.seconds()
-            );
-        }
-        use virtgap_workloads::kv::KvVerdict;
-        if let KvVerdict::NotDelivered { .. } | KvVerdict::Mismatches(_) = kv.verdict() {
-            eprintln!("virtgap: {}", crate::render::kv_report::verdict_text(kv));
-            return Ok(ExitCode::FAILURE);
-        }
-    }
-    Ok(ExitCode::SUCCESS)
+        recorder_cpu_pct: (run_wall > 0.0).then(|| recorder_cpu_ns as f64 / 1e9 / run_wall * 100.0),
+    })
 }
 
 /// A target ready for the workload, and the flag that stops it.

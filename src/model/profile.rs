@@ -13,7 +13,9 @@ use virtgap_workloads::LatencyHistogram;
 use crate::model::host::{Fingerprint, TargetDisks};
 
 /// Bump when a field changes meaning or disappears; readers refuse newer versions.
-pub const SCHEMA_VERSION: u32 = 1;
+/// 2: `runs` (one entry per replicate of `record --runs N`); a version-1 profile reads as one
+/// run whose figures are the whole profile's (see [`Profile::replicates`]).
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// A latency distribution as sparse buckets with exact count and sum.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -60,6 +62,28 @@ impl Histogram {
 
     pub fn mean_ns(&self) -> Option<f64> {
         (self.count > 0).then(|| self.sum_ns / self.count as f64)
+    }
+
+    /// Adds `other` into this one. Buckets with the same bounds add up (both sources use fixed
+    /// bucket layouts, so a run's buckets line up with another run's of the same source).
+    pub fn merge(&mut self, other: &Histogram) {
+        self.count = self.count.saturating_add(other.count);
+        self.sum_ns += other.sum_ns;
+        let pick = |a: Option<u64>, b: Option<u64>, f: fn(u64, u64) -> u64| match (a, b) {
+            (Some(a), Some(b)) => Some(f(a, b)),
+            (a, b) => a.or(b),
+        };
+        self.min_ns = pick(self.min_ns, other.min_ns, u64::min);
+        self.max_ns = pick(self.max_ns, other.max_ns, u64::max);
+        let mut by_bounds: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+        for &[lo, hi, n] in self.buckets.iter().chain(&other.buckets) {
+            let slot = by_bounds.entry((lo, hi)).or_default();
+            *slot = slot.saturating_add(n);
+        }
+        self.buckets = by_bounds
+            .into_iter()
+            .map(|((lo, hi), n)| [lo, hi, n])
+            .collect();
     }
 
     /// Percentile `p` (0–100), interpolated inside the bucket that holds it.
@@ -144,7 +168,7 @@ impl Stage {
     }
 }
 
-/// The stage histograms of the workload's own I/Os, cumulative over the run.
+/// The stage histograms of the workload's own I/Os, over the measured window (the ramp left out).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stages {
     /// Application-visible latency (`lat`, both directions).
@@ -348,9 +372,10 @@ pub struct Profile {
     pub results: WorkloadResult,
     pub stages: Stages,
     pub intervals: Vec<Interval>,
-    /// Cumulative interrupt load per CPU over the probes' lifetime.
+    /// Interrupt load per CPU over the measured window (`record`; the TUI's saved profiles: over
+    /// the probes' lifetime).
     pub cpus: Vec<CpuLoad>,
-    /// Seconds the probes were attached (the denominator for the CPU loads).
+    /// Seconds of that window (the denominator for the CPU loads).
     pub probe_seconds: Option<f64>,
     /// (submitting CPU, completing CPU, count) of the workload's block requests.
     pub cpu_pairs: Vec<[u64; 3]>,
@@ -369,6 +394,89 @@ pub struct Profile {
     /// Stalls in the measured window (absent in profiles from before they were detected).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalls: Option<crate::model::stalls::Stalls>,
+    /// Each replicate run, in order (absent in version-1 profiles). With more than one run the
+    /// workload results, stage histograms, intervals and CPU loads above pool every run; the
+    /// `virtualization`, `devices`, `kv`, `self_overhead` and `stalls` sections are the first
+    /// run's (a stall in any later run is named there too).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunRecord>,
+}
+
+/// One replicate of `record --runs N`: the workload on a freshly prepared target with its own
+/// ramp. The diff's verdicts compare these, not the intervals inside one run, whose
+/// run-to-run variation no single run can show.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// 1 for the first run.
+    pub run: u32,
+    pub started_unix_ms: u64,
+    /// False when this run was interrupted.
+    pub complete: bool,
+    pub measured_s: f64,
+    pub read_ios: u64,
+    pub write_ios: u64,
+    /// The app stage from the workload; the probed stages over the measured window only (the
+    /// ramp's requests left out), so every stage covers the same I/Os' span.
+    pub stages: Stages,
+    /// Host-wide hard-IRQ and softirq time, IPIs sent and exit-causing MSR writes (virtgap's
+    /// sampler's left out) over the same window; None when their probe did not attach.
+    pub hardirq_ns: Option<u64>,
+    pub softirq_ns: Option<u64>,
+    pub ipis_sent: Option<u64>,
+    pub msr_writes: Option<u64>,
+    /// Seconds of that window.
+    pub probe_seconds: Option<f64>,
+    /// How many of the profile's `intervals` are this run's (they follow the earlier runs').
+    pub intervals: u64,
+}
+
+impl RunRecord {
+    pub fn ios(&self) -> f64 {
+        self.read_ios as f64 + self.write_ios as f64
+    }
+}
+
+impl Profile {
+    /// The replicate runs, with the intervals of each: `runs` as recorded, or — for a
+    /// version-1 profile — one run made of the whole profile.
+    pub fn replicates(&self) -> Vec<(RunRecord, &[Interval])> {
+        if self.runs.is_empty() {
+            let sum_cpus = |f: fn(&CpuLoad) -> u64| {
+                (!self.cpus.is_empty()).then(|| self.cpus.iter().map(f).sum::<u64>())
+            };
+            let msr: Option<u64> = self
+                .intervals
+                .iter()
+                .filter_map(|i| i.msr_writes)
+                .reduce(|a, b| a.saturating_add(b));
+            let run = RunRecord {
+                run: 1,
+                started_unix_ms: self.run.started_unix_ms,
+                complete: self.complete,
+                measured_s: self.results.measured_s,
+                read_ios: self.results.read.ios,
+                write_ios: self.results.write.ios,
+                stages: self.stages.clone(),
+                hardirq_ns: sum_cpus(|c| c.hardirq_ns),
+                softirq_ns: sum_cpus(|c| c.softirq_ns),
+                ipis_sent: sum_cpus(|c| c.ipis_sent.values().sum()),
+                msr_writes: msr,
+                probe_seconds: self.probe_seconds,
+                intervals: self.intervals.len() as u64,
+            };
+            return vec![(run, &self.intervals[..])];
+        }
+        let mut rest = &self.intervals[..];
+        self.runs
+            .iter()
+            .map(|r| {
+                let n = (r.intervals as usize).min(rest.len());
+                let (mine, later) = rest.split_at(n);
+                rest = later;
+                (r.clone(), mine)
+            })
+            .collect()
+    }
 }
 
 fn direction(d: &virtgap_workloads::stats::DirStats, secs: f64) -> DirectionResult {
@@ -787,6 +895,37 @@ fn validate(p: &Profile) -> Result<(), String> {
     if let Some(n) = p.cpu_pairs.iter().position(|x| x[2] > MAX_U64) {
         return Err(format!("cpu_pairs[{n}]: a count beyond any real run"));
     }
+    for (n, r) in p.runs.iter().enumerate() {
+        at_most(&format!("runs[{n}].measured_s"), r.measured_s, MAX_SECONDS)?;
+        if let Some(s) = r.probe_seconds {
+            at_most(&format!("runs[{n}].probe_seconds"), s, MAX_SECONDS)?;
+        }
+        let counts = [
+            ("read_ios", Some(r.read_ios)),
+            ("write_ios", Some(r.write_ios)),
+            ("hardirq_ns", r.hardirq_ns),
+            ("softirq_ns", r.softirq_ns),
+            ("ipis_sent", r.ipis_sent),
+            ("msr_writes", r.msr_writes),
+        ];
+        if let Some((name, v)) = counts
+            .iter()
+            .find_map(|(name, v)| v.filter(|v| *v > MAX_U64).map(|v| (name, v)))
+        {
+            return Err(format!("runs[{n}].{name}: {v} is beyond any real run"));
+        }
+    }
+    let listed: u64 = p
+        .runs
+        .iter()
+        .map(|r| r.intervals)
+        .fold(0, u64::saturating_add);
+    if !p.runs.is_empty() && listed != p.intervals.len() as u64 {
+        return Err(format!(
+            "runs: list {listed} intervals, the profile has {}",
+            p.intervals.len()
+        ));
+    }
     for (n, iv) in p.intervals.iter().enumerate() {
         for (m, c) in iv.cpus.iter().enumerate() {
             cpu_ok(&format!("intervals[{n}].cpus[{m}]"), c)?;
@@ -946,6 +1085,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             .map(|t| device_profiles(t, i.disks))
             .unwrap_or_default(),
         stalls: i.stalls,
+        runs: Vec::new(),
         self_overhead: SelfOverhead {
             programs,
             probe_cpu_pct,
@@ -953,6 +1093,130 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             recorder_cpu_pct: i.recorder_cpu_pct,
         },
     }
+}
+
+/// One replicate's record: `stats` from the workload, `window` the probes' activity over its
+/// measured window (see [`crate::run::pipeline::ProbeResults::window`]).
+pub fn run_record(
+    run: u32,
+    started_unix_ms: u64,
+    complete: bool,
+    stats: &RunStats,
+    window: Option<&ProbeSnapshot>,
+    disks: &TargetDisks,
+    intervals: u64,
+) -> RunRecord {
+    let devs = disks.devs();
+    let kernel_stage = |stage: BlockStage| {
+        window.and_then(|t| t.block.as_ref()).map(|b| {
+            Histogram::from_kernel(&b.stage(
+                devs.as_deref(),
+                stage,
+                &[BlockOp::Read, BlockOp::Write],
+            ))
+        })
+    };
+    let cpus = window.map(cpu_loads).filter(|c| !c.is_empty());
+    let sum = |f: fn(&CpuLoad) -> u64| cpus.as_ref().map(|c| c.iter().map(f).sum::<u64>());
+    RunRecord {
+        run,
+        started_unix_ms,
+        complete,
+        measured_s: stats.seconds(),
+        read_ios: stats.read.ios,
+        write_ios: stats.write.ios,
+        stages: Stages {
+            app: app_stage(stats),
+            queue: kernel_stage(BlockStage::Queue),
+            device: kernel_stage(BlockStage::Device),
+            wakeup: window
+                .and_then(|t| t.wakeups.as_ref())
+                .map(|w| Histogram::from_kernel(&w.latency)),
+            flush: window.and_then(|t| t.block.as_ref()).and_then(|b| {
+                let h = b.stage(devs.as_deref(), BlockStage::Device, &[BlockOp::Flush]);
+                (h.count > 0).then(|| Histogram::from_kernel(&h))
+            }),
+        },
+        hardirq_ns: sum(|c| c.hardirq_ns),
+        softirq_ns: sum(|c| c.softirq_ns),
+        ipis_sent: sum(|c| c.ipis_sent.values().sum()),
+        msr_writes: window
+            .and_then(|t| t.msr.as_ref())
+            .map(|m| m.exiting_writes()),
+        probe_seconds: window.map(|t| t.elapsed_ns as f64 / 1e9),
+        intervals,
+    }
+}
+
+/// Pools the profiles of `record --runs N`'s runs into one: the workload's results from the
+/// runs' merged statistics, stage histograms merged, intervals one after another on one time
+/// axis, CPU loads and pairs summed; the sections that do not pool are the first run's.
+pub fn pool_runs(mut runs: Vec<(Profile, RunRecord)>, merged: &RunStats, paced: bool) -> Profile {
+    let (mut pooled, first) = runs.remove(0);
+    pooled.runs = vec![first];
+    let mut offset_s = pooled.intervals.last().map_or(0.0, |i| i.end_s);
+    for (p, record) in runs {
+        pooled.complete &= p.complete;
+        pooled.run.complete &= p.run.complete;
+        pooled.run.ended_unix_ms = p.run.ended_unix_ms;
+        for stage in [Stage::Queue, Stage::Device, Stage::Wakeup] {
+            let theirs = p.stages.get(stage).cloned();
+            let mine = match stage {
+                Stage::Queue => &mut pooled.stages.queue,
+                Stage::Device => &mut pooled.stages.device,
+                _ => &mut pooled.stages.wakeup,
+            };
+            match (mine.as_mut(), theirs) {
+                (Some(m), Some(t)) => m.merge(&t),
+                (None, Some(t)) => *mine = Some(t),
+                _ => {}
+            }
+        }
+        if let Some(t) = &p.stages.flush {
+            match pooled.stages.flush.as_mut() {
+                Some(m) => m.merge(t),
+                None => pooled.stages.flush = Some(t.clone()),
+            }
+        }
+        let next_index = pooled.intervals.last().map_or(0, |i| i.index + 1);
+        for (k, mut iv) in p.intervals.into_iter().enumerate() {
+            iv.index = next_index + k as u64;
+            iv.start_s += offset_s;
+            iv.end_s += offset_s;
+            pooled.intervals.push(iv);
+        }
+        offset_s = pooled.intervals.last().map_or(offset_s, |i| i.end_s);
+        for c in &p.cpus {
+            match pooled.cpus.iter_mut().find(|m| m.cpu == c.cpu) {
+                Some(mine) => mine.absorb(c),
+                None => pooled.cpus.push(c.clone()),
+            }
+        }
+        pooled.cpus.sort_by_key(|c| c.cpu);
+        pooled.probe_seconds = match (pooled.probe_seconds, p.probe_seconds) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        for pair in &p.cpu_pairs {
+            match pooled
+                .cpu_pairs
+                .iter_mut()
+                .find(|x| x[0] == pair[0] && x[1] == pair[1])
+            {
+                Some(mine) => mine[2] = mine[2].saturating_add(pair[2]),
+                None => pooled.cpu_pairs.push(*pair),
+            }
+        }
+        let stalled =
+            |s: &Option<crate::model::stalls::Stalls>| s.as_ref().is_some_and(|s| s.found());
+        if !stalled(&pooled.stalls) && stalled(&p.stalls) {
+            pooled.stalls = p.stalls;
+        }
+        pooled.runs.push(record);
+    }
+    pooled.results = workload_result(merged, paced);
+    pooled.stages.app = app_stage(merged);
+    pooled
 }
 
 /// Each disk under the target: its stages, per hardware queue, and NVMe latency per queue id.

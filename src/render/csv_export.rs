@@ -553,6 +553,7 @@ mod tests {
             },
             devices: vec![],
             stalls: None,
+            runs: Vec::new(),
         }
     }
 

@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::analysis::diff::{ProfileDiff, Row, Unit, Verdict};
+use crate::analysis::diff::{Basis, ProfileDiff, Row, Scale, Unit, Verdict};
 use crate::model::profile::{Histogram, Profile, Stage};
 use virtgap_workloads::units;
 
@@ -27,28 +27,158 @@ fn signed(v: Option<f64>, unit: Unit) -> String {
     }
 }
 
-fn ci(r: &Row) -> String {
-    match (r.ci_low, r.ci_high) {
-        (Some(lo), Some(hi)) => format!(
-            "[{}, {}]",
-            signed(Some(lo), r.unit),
-            signed(Some(hi), r.unit)
-        ),
-        _ => "-".into(),
-    }
-}
-
 fn share(r: &Row) -> String {
     r.share
         .map_or(String::new(), |s| format!("{:.0}%", s * 100.0))
 }
 
-fn verdict_words(r: &Row) -> String {
-    let mut w = r.verdict.words().to_string();
+/// Three significant figures: 3.14, 31.4, 314, 3140.
+fn sig3(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.2}")
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}", x * 100.0)
+}
+
+/// The row's verdict in words: "B slower by 8.1% [5.9, 10.4]", "equivalent within ±5%",
+/// "inconclusive (≈7 runs per host would resolve ±5%)".
+pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
+    let bound = format!("±{}%", percent(d.min_effect));
+    let within_run = if d.basis == Basis::Batches {
+        " (within run)"
+    } else {
+        ""
+    };
+    let w = match r.verdict {
+        Verdict::Significant => {
+            let (e, lo, hi) = (
+                r.effect.unwrap_or(0.0),
+                r.effect_low.unwrap_or(0.0),
+                r.effect_high.unwrap_or(0.0),
+            );
+            let (up, down) = match r.unit {
+                Unit::Ns => ("slower", "faster"),
+                Unit::Iops | Unit::PerIo => ("higher", "lower"),
+            };
+            let of = match r.scale {
+                Scale::Ratio => "",
+                Scale::Difference => " of app latency",
+            };
+            // A fall is shown as how much lower B is than A; a change of 2x or more as a
+            // factor ("B slower x3.1"), either way round, so the words read alike whichever
+            // host is A.
+            let factor = |r: f64| format!("x{}", sig3(r));
+            let (word, e, lo, hi) = if e >= 0.0 {
+                (up, e, lo, hi)
+            } else {
+                (down, -e, -hi, -lo)
+            };
+            match r.scale {
+                Scale::Ratio if r.effect.unwrap_or(0.0) >= 1.0 => format!(
+                    "B {word} {} [{}, {}]{within_run}",
+                    factor(1.0 + e),
+                    factor(1.0 + lo),
+                    factor(1.0 + hi)
+                ),
+                Scale::Ratio if r.effect.unwrap_or(0.0) <= -0.5 => {
+                    // Here e, lo, hi are 1 - B/A: the factor is A/B.
+                    format!(
+                        "B {word} {} [{}, {}]{within_run}",
+                        factor(1.0 / (1.0 - e)),
+                        factor(1.0 / (1.0 - lo)),
+                        factor(1.0 / (1.0 - hi))
+                    )
+                }
+                _ => format!(
+                    "B {word} by {}%{of} [{}, {}]{within_run}",
+                    pct(e),
+                    pct(lo),
+                    pct(hi)
+                ),
+            }
+        }
+        Verdict::Equivalent => format!("equivalent within {bound}{within_run}"),
+        Verdict::Inconclusive => match r.runs_needed {
+            Some(n) => format!("inconclusive (≈{n} runs per host would resolve {bound})"),
+            None => format!("inconclusive at {bound} (between-run noise unknown: --runs 5)"),
+        },
+        Verdict::InsufficientData => match (d.basis, r.scale) {
+            (Basis::Batches, _) if r.metric.contains(" p99") => {
+                "no verdict: tails need 2+ runs per host".into()
+            }
+            _ => r.verdict.words().into(),
+        },
+        Verdict::NotMeasured => r.verdict.words().into(),
+    };
     if r.estimated && r.verdict != Verdict::NotMeasured {
-        w.push_str(" (estimated)");
+        return "estimated from counts, not judged".into();
     }
     w
+}
+
+/// A percentage as typed: 5 for 5%, 2.5 for 2.5%.
+fn percent(fraction: f64) -> String {
+    let p = (fraction * 1e4).round() / 100.0;
+    format!("{p}")
+}
+
+fn runs_line(d: &ProfileDiff) -> String {
+    format!(
+        "runs: A {}, B {}; replicates: {}; smallest effect of interest ±{}%",
+        d.runs_a,
+        d.runs_b,
+        match d.basis {
+            Basis::Runs => "runs (Welch 95% intervals on the log scale)",
+            Basis::Batches => "batches of intervals within a run",
+        },
+        percent(d.min_effect)
+    )
+}
+
+/// One compared row, in two lines: the figures, then the verdict.
+fn terminal_row(s: &mut String, r: &Row, d: &ProfileDiff) {
+    let figures = format!(
+        "{:<38} {:>10} {:>10} {:>11} {:>5}",
+        r.metric,
+        value(r.a, r.unit),
+        value(r.b, r.unit),
+        signed(r.delta, r.unit),
+        share(r),
+    );
+    let _ = writeln!(s, "{}", figures.trim_end());
+    let indent = r.metric.len() - r.metric.trim_start().len();
+    let _ = writeln!(s, "{:indent$}  -> {}", "", verdict_text(r, d));
+}
+
+/// `text` broken at spaces into lines of at most `width` characters, the later ones indented
+/// by `indent` (a word longer than a line stays whole).
+fn wrap(text: &str, width: usize, indent: usize) -> String {
+    let lead = text.len() - text.trim_start().len();
+    let mut out = String::new();
+    let mut line = text[..lead].to_string();
+    let mut fresh = true;
+    for word in text.split_whitespace() {
+        if !fresh && line.chars().count() + 1 + word.chars().count() > width {
+            out.push_str(&line);
+            out.push('\n');
+            line = " ".repeat(indent);
+            fresh = true;
+        }
+        if !fresh {
+            line.push(' ');
+        }
+        line.push_str(word);
+        fresh = false;
+    }
+    out.push_str(&line);
+    out
 }
 
 /// Plain text for a terminal, at most 100 columns wide.
@@ -57,6 +187,7 @@ pub fn terminal(d: &ProfileDiff) -> String {
     let _ = writeln!(s, "A: {}", d.host_a);
     let _ = writeln!(s, "B: {}", d.host_b);
     let _ = writeln!(s, "workload: {}", d.workload);
+    let _ = writeln!(s, "{}", runs_line(d));
     for x in &d.spec_differences {
         let _ = writeln!(s, "  workload differs: {x}");
     }
@@ -64,48 +195,23 @@ pub fn terminal(d: &ProfileDiff) -> String {
         let _ = writeln!(s, "  confounder: {c}");
     }
     for w in &d.warnings {
-        let _ = writeln!(s, "  warning: {w}");
+        let _ = writeln!(s, "{}", wrap(&format!("  warning: {w}"), 100, 4));
     }
     let _ = writeln!(
         s,
-        "\nwhere B's extra latency goes (B - A, 95% confidence interval):"
+        "\nwhere B's extra latency goes (B - A; verdict with its 95% interval, in % of A):"
     );
     let _ = writeln!(
         s,
-        "{:<38} {:>9} {:>9} {:>10} {:>5}  verdict, CI below",
+        "{:<38} {:>10} {:>10} {:>11} {:>5}",
         "stage", "A", "B", "delta", "share"
     );
     for r in &d.waterfall {
-        let _ = writeln!(
-            s,
-            "{:<38} {:>9} {:>9} {:>10} {:>5}  {}",
-            r.metric,
-            value(r.a, r.unit),
-            value(r.b, r.unit),
-            signed(r.delta, r.unit),
-            share(r),
-            verdict_words(r)
-        );
-        if r.ci_low.is_some() {
-            let _ = writeln!(s, "{:>76}{}", "", ci(r));
-        }
+        terminal_row(&mut s, r, d);
     }
     let _ = writeln!(s, "\ntails:");
-    let _ = writeln!(
-        s,
-        "{:<8} {:>6} {:>10} {:>10} {:>10}",
-        "stage", "pct", "A", "B", "delta"
-    );
     for t in &d.tails {
-        let _ = writeln!(
-            s,
-            "{:<8} {:>6} {:>10} {:>10} {:>10}",
-            t.stage,
-            format!("p{}", t.percentile),
-            value(t.a_ns, Unit::Ns),
-            value(t.b_ns, Unit::Ns),
-            signed(t.delta_ns, Unit::Ns)
-        );
+        terminal_row(&mut s, &t.row, d);
     }
     if let Some((stage, delta)) = &d.tail_mover {
         let _ = writeln!(
@@ -116,26 +222,23 @@ pub fn terminal(d: &ProfileDiff) -> String {
     }
     let _ = writeln!(s, "\nthroughput:");
     for r in &d.throughput {
-        let _ = writeln!(
-            s,
-            "{:<38} {:>9} {:>9} {:>10}        {}",
-            r.metric,
-            value(r.a, r.unit),
-            value(r.b, r.unit),
-            signed(r.delta, r.unit),
-            verdict_words(r)
-        );
+        terminal_row(&mut s, r, d);
     }
     let _ = writeln!(s, "\nevidence:");
     for e in &d.evidence {
         let _ = writeln!(s, "  {}:\n    A: {}\n    B: {}", e.item, e.a, e.b);
     }
-    let _ = writeln!(s, "\nverdict: {}", verdict_sentence(d));
+    let _ = writeln!(
+        s,
+        "\n{}",
+        wrap(&format!("verdict: {}", verdict_sentence(d)), 100, 9)
+    );
     s
 }
 
 fn verdict_sentence(d: &ProfileDiff) -> String {
     let app = &d.waterfall[0];
+    let bound = format!("±{}%", percent(d.min_effect));
     match (&d.verdict, app.verdict) {
         (Some(stage), _) => {
             let r = d
@@ -144,16 +247,21 @@ fn verdict_sentence(d: &ProfileDiff) -> String {
                 .find(|r| r.metric.trim() == stage)
                 .expect("verdict names a row");
             format!(
-                "B's mean latency differs by {}; {:.0}% of that is in {stage}",
+                "mean latency: {} ({}); {:.0}% of that is in {stage}",
+                verdict_text(app, d),
                 signed(app.delta, Unit::Ns),
                 r.share.unwrap_or(0.0) * 100.0
             )
         }
         (None, Verdict::Significant) => format!(
-            "B's mean latency differs by {}, spread over stages with no single significant one",
+            "mean latency: {} ({}), spread over stages with no single significant one",
+            verdict_text(app, d),
             signed(app.delta, Unit::Ns)
         ),
-        _ => "no significant difference in mean latency".into(),
+        (None, Verdict::Equivalent) => {
+            format!("B's mean latency is equivalent to A's within {bound}")
+        }
+        (None, _) => format!("no verdict on mean latency: {}", verdict_text(app, d)),
     }
 }
 
@@ -163,8 +271,11 @@ pub fn markdown(d: &ProfileDiff) -> String {
     let _ = writeln!(s, "# virtgap diff\n");
     let _ = writeln!(
         s,
-        "- **A:** {}\n- **B:** {}\n- **workload:** {}",
-        d.host_a, d.host_b, d.workload
+        "- **A:** {}\n- **B:** {}\n- **workload:** {}\n- {}",
+        d.host_a,
+        d.host_b,
+        d.workload,
+        runs_line(d)
     );
     for x in &d.spec_differences {
         let _ = writeln!(s, "- workload differs: {x}");
@@ -177,38 +288,27 @@ pub fn markdown(d: &ProfileDiff) -> String {
     }
     let _ = writeln!(s, "\n**Verdict:** {}\n", verdict_sentence(d));
     let _ = writeln!(s, "## Where the time goes\n");
-    let _ = writeln!(
-        s,
-        "| stage | A | B | delta | share | 95% CI | verdict |\n|---|---:|---:|---:|---:|---|---|"
-    );
-    for r in &d.waterfall {
+    let table = |s: &mut String, rows: &mut dyn Iterator<Item = &Row>| {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} |",
-            r.metric.trim(),
-            value(r.a, r.unit),
-            value(r.b, r.unit),
-            signed(r.delta, r.unit),
-            share(r),
-            ci(r),
-            verdict_words(r)
+            "| metric | A | B | delta | share | verdict (95% interval, % of A) |\n|---|---:|---:|---:|---:|---|"
         );
-    }
-    let _ = writeln!(
-        s,
-        "\n## Tails\n\n| stage | percentile | A | B | delta |\n|---|---:|---:|---:|---:|"
-    );
-    for t in &d.tails {
-        let _ = writeln!(
-            s,
-            "| {} | p{} | {} | {} | {} |",
-            t.stage,
-            t.percentile,
-            value(t.a_ns, Unit::Ns),
-            value(t.b_ns, Unit::Ns),
-            signed(t.delta_ns, Unit::Ns)
-        );
-    }
+        for r in rows {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} |",
+                r.metric.trim(),
+                value(r.a, r.unit),
+                value(r.b, r.unit),
+                signed(r.delta, r.unit),
+                share(r),
+                verdict_text(r, d)
+            );
+        }
+    };
+    table(&mut s, &mut d.waterfall.iter());
+    let _ = writeln!(s, "\n## Tails\n");
+    table(&mut s, &mut d.tails.iter().map(|t| &t.row));
     if let Some((stage, delta)) = &d.tail_mover {
         let _ = writeln!(
             s,
@@ -216,19 +316,8 @@ pub fn markdown(d: &ProfileDiff) -> String {
             signed(Some(*delta), Unit::Ns)
         );
     }
-    let _ = writeln!(s, "\n## Throughput\n\n| metric | A | B | delta | 95% CI | verdict |\n|---|---:|---:|---:|---|---|");
-    for r in &d.throughput {
-        let _ = writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {} |",
-            r.metric,
-            value(r.a, r.unit),
-            value(r.b, r.unit),
-            signed(r.delta, r.unit),
-            ci(r),
-            verdict_words(r)
-        );
-    }
+    let _ = writeln!(s, "\n## Throughput\n");
+    table(&mut s, &mut d.throughput.iter());
     let _ = writeln!(s, "\n## Evidence\n\n| | A | B |\n|---|---|---|");
     for e in &d.evidence {
         let _ = writeln!(s, "| {} | {} | {} |", e.item, e.a, e.b);
@@ -236,18 +325,40 @@ pub fn markdown(d: &ProfileDiff) -> String {
     s
 }
 
-/// CSV: one row per metric with a, b, delta, ci_low, ci_high, verdict.
+/// CSV: one row per metric: the hosts' values, the difference with its interval, the effect
+/// (B relative to A) with its interval, the share of the gap, the verdict.
 pub fn csv(d: &ProfileDiff) -> String {
     let mut w = csv::Writer::from_writer(Vec::new());
     let num = |v: Option<f64>| {
         v.map(|x| format!("{}", (x * 1000.0).round() / 1000.0))
             .unwrap_or_default()
     };
+    let frac = |v: Option<f64>| {
+        v.map(|x| format!("{}", (x * 1e5).round() / 1e5))
+            .unwrap_or_default()
+    };
     w.write_record([
-        "metric", "unit", "a", "b", "delta", "ci_low", "ci_high", "share", "verdict",
+        "metric",
+        "unit",
+        "a",
+        "b",
+        "delta",
+        "ci_low",
+        "ci_high",
+        "effect",
+        "effect_low",
+        "effect_high",
+        "share",
+        "verdict",
+        "runs_needed",
     ])
     .expect("writing to memory");
-    for r in d.waterfall.iter().chain(&d.throughput) {
+    let rows = d
+        .waterfall
+        .iter()
+        .chain(&d.throughput)
+        .chain(d.tails.iter().map(|t| &t.row));
+    for r in rows {
         let unit = match r.unit {
             Unit::Ns => "ns",
             Unit::PerIo => "per_io",
@@ -261,22 +372,12 @@ pub fn csv(d: &ProfileDiff) -> String {
             &num(r.delta),
             &num(r.ci_low),
             &num(r.ci_high),
+            &frac(r.effect),
+            &frac(r.effect_low),
+            &frac(r.effect_high),
             &num(r.share),
             r.verdict.words(),
-        ])
-        .expect("writing to memory");
-    }
-    for t in &d.tails {
-        w.write_record([
-            &format!("{} p{}", t.stage, t.percentile),
-            "ns",
-            &num(t.a_ns),
-            &num(t.b_ns),
-            &num(t.delta_ns),
-            "",
-            "",
-            "",
-            "",
+            &r.runs_needed.map(|n| n.to_string()).unwrap_or_default(),
         ])
         .expect("writing to memory");
     }
@@ -496,9 +597,8 @@ mod tests {
             assert!(line.chars().count() <= 100, "too wide: {line}");
         }
         assert!(
-            text.contains(
-                "verdict: B's mean latency differs by +520.5 µs; 96% of that is in device"
-            ),
+            text.contains("verdict: mean latency: B slower x2.29 [x2.27, x2.32] (within run)")
+                && text.contains("(+520.5 µs); 96% of that is in\n         device"),
             "{text}"
         );
     }

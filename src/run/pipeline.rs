@@ -31,9 +31,32 @@ pub struct ProbeResults {
     pub cumulative: Option<ProbeSnapshot>,
     /// Kernel names of the block devices seen ("vda").
     pub device_names: std::collections::BTreeMap<(u32, u32), String>,
+    /// Snapshots that fall in the workload's ramp (see [`Self::skipping_ramp`]).
+    ramp_snapshots: u64,
+    snapshots: u64,
+    /// The totals as the measured window began (None: no ramp, or it has not ended).
+    at_measure_start: Option<ProbeSnapshot>,
 }
 
 impl ProbeResults {
+    /// Results that know the first `ramp_snapshots` interval snapshots are the ramp's, so
+    /// [`Self::window`] can leave them out.
+    pub fn skipping_ramp(ramp_snapshots: u64) -> Self {
+        Self {
+            ramp_snapshots,
+            ..Self::default()
+        }
+    }
+
+    /// The probes' activity over the measured window: the totals less those at the ramp's end.
+    pub fn window(&self) -> Option<ProbeSnapshot> {
+        let total = self.cumulative.as_ref()?;
+        Some(match &self.at_measure_start {
+            Some(start) => total.since(start),
+            None => total.clone(),
+        })
+    }
+
     /// Keeps the report and the latest totals; returns the interval's snapshot for the series
     /// (only the latest totals are kept here, so memory does not grow with the run).
     pub fn add(&mut self, event: ProbeEvent) -> Option<Box<ProbeSnapshot>> {
@@ -52,6 +75,10 @@ impl ProbeResults {
                             .entry(d.dev)
                             .or_insert_with(|| device_name(d.dev));
                     }
+                }
+                self.snapshots += 1;
+                if self.ramp_snapshots > 0 && self.snapshots == self.ramp_snapshots {
+                    self.at_measure_start = Some((*cumulative).clone());
                 }
                 self.cumulative = Some(*cumulative);
                 Some(interval)

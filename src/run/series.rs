@@ -99,7 +99,7 @@ impl IntervalSeries {
         devs: Option<Vec<DevNum>>,
         probes: bool,
     ) -> Self {
-        let skip = (ramp.as_secs_f64() / interval.as_secs_f64().max(1e-9)).round() as u64;
+        let skip = Self::ramp_intervals(interval, ramp);
         Self {
             interval,
             span: 1,
@@ -118,6 +118,11 @@ impl IntervalSeries {
     }
 
     /// The points so far, read back from where they wait.
+    /// How many probe intervals of `interval` fall in a ramp of `ramp`.
+    pub fn ramp_intervals(interval: Duration, ramp: Duration) -> u64 {
+        (ramp.as_secs_f64() / interval.as_secs_f64().max(1e-9)).round() as u64
+    }
+
     pub fn points(&self) -> io::Result<Vec<SeriesPoint>> {
         let mut points = Vec::with_capacity(self.len());
         self.settled.read(|p| points.push(p))?;

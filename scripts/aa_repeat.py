@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""The diff's false-positive rate on this host: REPEATS times, record RUNS plain runs per side
+(interleaved A, B, A, B, ... so a drift of the host falls on both), diff them, and count the
+rows called significant. Every difference found is a false positive: both sides are one host
+running one workload.
+
+Prints one line per repeat and a total: significant rows out of judged rows, and how many of
+the repeats had any.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+
+def record(vg, args, out):
+    subprocess.run([vg, "record", "--quiet", "--force", "-o", out] + args, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--virtgap", default="target/release/virtgap")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--runs", type=int, default=5, help="runs per side in each repeat")
+    ap.add_argument("--duration", default="4s")
+    ap.add_argument("--workload", default="rand4k")
+    ap.add_argument("--min-effect", default="5%")
+    opts = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("aa_repeat: needs root (the probes)")
+    total_rows = total_sig = repeats_with_any = 0
+    with tempfile.TemporaryDirectory(prefix="vg-aa-") as tmp:
+        args = ["-w", opts.workload, "--size", "256MiB", "--duration", opts.duration, "--dir", tmp]
+        for rep in range(1, opts.repeats + 1):
+            a, b = [], []
+            for k in range(opts.runs):
+                for side, paths in (("a", a), ("b", b)):
+                    out = os.path.join(tmp, f"{side}{k}.json")
+                    record(opts.virtgap, args, out)
+                    paths.append(out)
+            cmd = [opts.virtgap, "diff", "--json", "--min-effect", opts.min_effect, a[0], b[0]]
+            for p in a[1:]:
+                cmd += ["--with-a", p]
+            for p in b[1:]:
+                cmd += ["--with-b", p]
+            d = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+            rows = d["waterfall"] + d["throughput"] + [t["row"] for t in d["tails"]]
+            judged = [r for r in rows if r["verdict"] in ("significant", "equivalent", "inconclusive")]
+            sig = [r for r in judged if r["verdict"] == "significant"]
+            total_rows += len(judged)
+            total_sig += len(sig)
+            repeats_with_any += bool(sig)
+            eq = sum(r["verdict"] == "equivalent" for r in judged)
+            names = ", ".join(f'{r["metric"].strip()} {r["effect"] * 100:+.1f}%' for r in sig) or "none"
+            print(f"repeat {rep}/{opts.repeats}: {len(judged)} rows judged, {eq} equivalent, "
+                  f"{len(sig)} significant ({names}); app mean {d['waterfall'][0]['verdict']}",
+                  flush=True)
+    print(f"A/A false positives: {total_sig} of {total_rows} judged rows "
+          f"({total_sig / max(total_rows, 1) * 100:.1f}%); repeats with any: "
+          f"{repeats_with_any} of {opts.repeats}")
+
+
+if __name__ == "__main__":
+    main()
