@@ -7,6 +7,7 @@
 //! | slower device | loop device over a file on a FUSE filesystem that delays each read by 5 ms | device, ≈ the delay at QD 1 |
 //! | completion path | SCHED_FIFO hog on the CPU that takes the disk IRQ and runs the workload | software (wakeup up), not device |
 //! | nothing (A/A) | 5 + 5 plain runs, interleaved | no significant difference on any row |
+//! | slow tail | loop over FUSE delaying one 4 KiB block in 500 by 3 ms, QD 1, 5 + 5 runs | p99.9 of app and device significant, the mean moving far less |
 //! | small gap | blkio throttle at 88% of the unthrottled IOPS, 5 + 5 runs, interleaved | IOPS and mean latency significant; the gap in queue + submit, not device |
 //!
 //! Needs root (cgroups, mounts, loop devices, BPF). Minutes of recording each, so they are not
@@ -510,5 +511,90 @@ fn a_slower_device_shows_up_as_device_time_of_the_injected_size() {
     assert!(
         (measured - injected).abs() <= 0.2 * injected,
         "device time grew by {measured:.0} ns for an injected {injected:.0} ns"
+    );
+}
+
+#[test]
+#[ignore = "experiment: run by `just attribution-check`"]
+fn a_slow_tail_is_found_in_the_p999_while_the_mean_barely_moves() {
+    if !root_allowed("slow-tail attribution experiment") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    // 0.2% of reads 3 ms slower: beyond the p99, inside the p99.9.
+    const DELAY: Duration = Duration::from_millis(3);
+    let devices = SlowDevice::new(
+        &dir.path().join("mnt-fast"),
+        slow_fuse::SlowDisk::delaying(Duration::ZERO),
+    )
+    .and_then(|fast| {
+        SlowDevice::new(
+            &dir.path().join("mnt-tail"),
+            slow_fuse::SlowDisk::delaying_one_block_in(500, DELAY),
+        )
+        .map(|tail| (fast, tail))
+    });
+    let (fast, tail) = match devices {
+        Ok(d) => d,
+        Err(why) => {
+            virtgap_testkit::require("the slow-tail experiment (FUSE and loop devices)", Err(why));
+            return;
+        }
+    };
+    let args = |dev: &str| -> Vec<String> {
+        [
+            "-w",
+            "rand4k-qd1",
+            "--target",
+            dev,
+            "--size",
+            "64MiB",
+            "--duration",
+            "3s",
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let (fast_args, tail_args) = (args(&fast.loop_dev), args(&tail.loop_dev));
+    fn as_str(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let (a, b) = record_interleaved(
+        dir.path(),
+        5,
+        (&[], &as_str(&fast_args)),
+        (&[], &as_str(&tail_args)),
+    );
+    let d = diff_runs(
+        "slow tail: one 4 KiB block in 500 delayed 3 ms, QD 1, 5 + 5 runs",
+        &a,
+        &b,
+    );
+    assert_eq!(d["basis"], "runs");
+    let tail_row = |stage: &str, pct: f64| -> Value {
+        d["tails"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["stage"] == stage && t["percentile"] == pct)
+            .unwrap_or_else(|| panic!("no {stage} p{pct}"))["row"]
+            .clone()
+    };
+    let app_tail = tail_row("app", 99.9);
+    assert_eq!(app_tail["verdict"], "significant", "{app_tail}");
+    let device_tail = tail_row("device", 99.9);
+    assert_eq!(device_tail["verdict"], "significant", "{device_tail}");
+    let tail_effect = app_tail["effect"].as_f64().unwrap();
+    let mean_effect = row(&d, "app latency (mean)")["effect"].as_f64().unwrap();
+    assert!(
+        mean_effect < tail_effect / 5.0,
+        "the mean moved {:.0}%, the p99.9 {:.0}%",
+        mean_effect * 100.0,
+        tail_effect * 100.0
+    );
+    assert!(
+        delta(&d, "device") > 0.8 * delta(&d, "app latency (mean)"),
+        "the added time is the device's"
     );
 }

@@ -137,7 +137,13 @@ fn real_profile_with_probes_matches_the_schema() {
     assert!(doc["target"]["device"].is_string());
     assert_eq!(
         names_in(&csv),
-        ["histograms.csv", "host.csv", "intervals.csv", "summary.csv"]
+        [
+            "histograms.csv",
+            "host.csv",
+            "intervals.csv",
+            "runs.csv",
+            "summary.csv"
+        ]
     );
 }
 
@@ -161,6 +167,7 @@ declared = {
     "histograms.csv": ["schema_version","stage","bucket_low_ns","bucket_high_ns","count"],
     "summary.csv": ["schema_version","metric","value"],
     "host.csv": ["schema_version","key","value"],
+    "runs.csv": ["schema_version","run","metric","value"],
 }
 for name, cols in declared.items():
     with open(f"{sys.argv[1]}/{name}", newline="") as f:

@@ -7,7 +7,13 @@ use crate::model::profile::{Profile, Stage};
 /// Version of the CSV layout; bump when columns or metric names change.
 pub const CSV_SCHEMA_VERSION: u32 = 1;
 
-pub const FILES: [&str; 4] = ["intervals.csv", "histograms.csv", "summary.csv", "host.csv"];
+pub const FILES: [&str; 5] = [
+    "intervals.csv",
+    "histograms.csv",
+    "summary.csv",
+    "host.csv",
+    "runs.csv",
+];
 
 pub const INTERVAL_COLUMNS: [&str; 10] = [
     "schema_version",
@@ -30,6 +36,7 @@ pub const HISTOGRAM_COLUMNS: [&str; 5] = [
 ];
 pub const SUMMARY_COLUMNS: [&str; 3] = ["schema_version", "metric", "value"];
 pub const HOST_COLUMNS: [&str; 3] = ["schema_version", "key", "value"];
+pub const RUN_COLUMNS: [&str; 4] = ["schema_version", "run", "metric", "value"];
 
 fn writer(columns: &[&str]) -> csv::Writer<Vec<u8>> {
     let mut w = csv::Writer::from_writer(Vec::new());
@@ -373,12 +380,59 @@ pub fn host(p: &Profile) -> String {
 }
 
 /// All four files: (name, contents).
-pub fn export(p: &Profile) -> [(&'static str, String); 4] {
+/// `runs.csv`: one row per run x metric — the replicates `diff` compares (a profile from
+/// before runs were kept reads as one run).
+pub fn runs(p: &Profile) -> String {
+    let mut w = writer(&RUN_COLUMNS);
+    let v = CSV_SCHEMA_VERSION.to_string();
+    for (r, _) in p.replicates() {
+        let run = r.run.to_string();
+        let mut row = |metric: &str, value: f64| {
+            w.write_record([v.as_str(), run.as_str(), metric, &num(value)])
+                .expect("writing to memory");
+        };
+        row("complete", if r.complete { 1.0 } else { 0.0 });
+        row("measured_s", r.measured_s);
+        row("read_ios", r.read_ios as f64);
+        row("write_ios", r.write_ios as f64);
+        if r.measured_s > 0.0 {
+            row("iops", r.ios() / r.measured_s);
+        }
+        for stage in Stage::ALL {
+            let Some(h) = r.stages.get(stage) else {
+                continue;
+            };
+            let name = stage.name();
+            if let Some(m) = h.mean_ns() {
+                row(&format!("{name}_mean_ns"), m);
+            }
+            for (label, pct) in [("p99", 99.0), ("p999", 99.9)] {
+                if let Some(x) = h.percentile_ns(pct) {
+                    row(&format!("{name}_{label}_ns"), x);
+                }
+            }
+        }
+        for (metric, value) in [
+            ("hardirq_ns", r.hardirq_ns),
+            ("softirq_ns", r.softirq_ns),
+            ("ipis_sent", r.ipis_sent),
+            ("msr_writes", r.msr_writes),
+        ] {
+            if let Some(x) = value {
+                row(metric, x as f64);
+            }
+        }
+    }
+    finish(w)
+}
+
+pub fn export(p: &Profile) -> [(&'static str, String); 5] {
     [
         (FILES[0], intervals(p)),
         (FILES[1], histograms(p)),
         (FILES[2], summary(p)),
         (FILES[3], host(p)),
+        (FILES[4], runs(p)),
     ]
 }
 
@@ -572,6 +626,7 @@ mod tests {
             ("histograms", histograms(&p), HISTOGRAM_COLUMNS.len()),
             ("summary", summary(&p), SUMMARY_COLUMNS.len()),
             ("host", host(&p), HOST_COLUMNS.len()),
+            ("runs", runs(&p), RUN_COLUMNS.len()),
         ] {
             let mut r = csv::Reader::from_reader(text.as_bytes());
             assert_eq!(r.headers().unwrap().len(), cols, "{name}");

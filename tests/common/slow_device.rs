@@ -23,6 +23,9 @@ pub mod slow_fuse {
 
     pub struct SlowDisk {
         pub delay: Duration,
+        /// With `n`, only reads of every `n`-th 4 KiB block (block number a multiple of n)
+        /// wait `delay`: a device whose tail, not its typical read, is slow.
+        pub delay_one_block_in: Option<u64>,
         /// Once `after` has passed since the first read, reads wait until `len` later: the
         /// device stops answering for a while, then comes back.
         pub stall: Option<Stall>,
@@ -39,14 +42,24 @@ pub mod slow_fuse {
         pub fn delaying(delay: Duration) -> Self {
             Self {
                 delay,
+                delay_one_block_in: None,
                 stall: None,
                 first_read: None,
+            }
+        }
+
+        /// Reads of one 4 KiB block in `n` (fixed offsets) take `delay` longer; the rest none.
+        pub fn delaying_one_block_in(n: u64, delay: Duration) -> Self {
+            Self {
+                delay_one_block_in: Some(n),
+                ..Self::delaying(delay)
             }
         }
 
         pub fn stalling(stall: Stall) -> Self {
             Self {
                 delay: Duration::ZERO,
+                delay_one_block_in: None,
                 stall: Some(stall),
                 first_read: None,
             }
@@ -113,7 +126,10 @@ pub mod slow_fuse {
             _lock: Option<u64>,
             reply: ReplyData,
         ) {
-            if !self.delay.is_zero() {
+            let chosen = self
+                .delay_one_block_in
+                .is_none_or(|n| (offset as u64 / 4096) % n.max(1) == 0);
+            if !self.delay.is_zero() && chosen {
                 std::thread::sleep(self.delay);
             }
             let first = *self.first_read.get_or_insert_with(Instant::now);
