@@ -473,10 +473,12 @@ impl Side {
         Self { runs, batches }
     }
 
-    /// The host's value of a metric: the mean over its runs that measured it.
+    /// The host's value of a metric: the mean over its runs that measured it (a figure no
+    /// real run gives — infinite, from a damaged file — counts as not measured).
     fn point(&self, get: &dyn Fn(&Figures) -> Option<f64>) -> Option<f64> {
         let v: Vec<f64> = self.runs.iter().filter_map(get).collect();
-        (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+        let mean = v.iter().sum::<f64>() / v.len() as f64;
+        (!v.is_empty() && mean.is_finite()).then_some(mean)
     }
 
     fn replicates(&self, basis: Basis, get: &dyn Fn(&Figures) -> Option<f64>) -> Vec<f64> {
@@ -484,7 +486,10 @@ impl Side {
             Basis::Runs => &self.runs,
             Basis::Batches => &self.batches,
         };
-        from.iter().filter_map(get).collect()
+        from.iter()
+            .filter_map(get)
+            .filter(|x| x.is_finite())
+            .collect()
     }
 }
 
@@ -561,6 +566,17 @@ fn judge(
         };
     };
     let d = mb - ma;
+    let (low, high) = (from_scale(d - hw), from_scale(d + hw));
+    if ![d, hw, low, high].iter().all(|x| x.is_finite()) {
+        // Figures so far apart that their interval overflows: no real pair of runs.
+        return Judgement {
+            effect: point_effect,
+            low: None,
+            high: None,
+            verdict: Verdict::InsufficientData,
+            runs_needed: None,
+        };
+    }
     let excludes_zero = d - hw > 0.0 || d + hw < 0.0;
     let verdict = if excludes_zero && d.abs() >= bound {
         Verdict::Significant
@@ -579,8 +595,8 @@ fn judge(
     });
     Judgement {
         effect: from_scale(d),
-        low: Some(from_scale(d - hw)),
-        high: Some(from_scale(d + hw)),
+        low: Some(low),
+        high: Some(high),
         verdict,
         runs_needed,
     }
@@ -639,7 +655,7 @@ fn compare(
     }
     let j = judge(&ra, &rb, (a, b), scale, reference, opts, basis);
     row.scale = scale;
-    row.effect = Some(j.effect);
+    row.effect = Some(j.effect).filter(|e| e.is_finite());
     row.effect_low = j.low;
     row.effect_high = j.high;
     row.verdict = j.verdict;
@@ -649,8 +665,9 @@ fn compare(
         Scale::Ratio => a * e,
         Scale::Difference => reference * e,
     };
-    row.ci_low = j.low.map(to_unit);
-    row.ci_high = j.high.map(to_unit);
+    row.ci_low = j.low.map(to_unit).filter(|x| x.is_finite());
+    row.ci_high = j.high.map(to_unit).filter(|x| x.is_finite());
+    row.delta = row.delta.filter(|x| x.is_finite());
     row
 }
 

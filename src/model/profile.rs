@@ -844,11 +844,22 @@ fn validate(p: &Profile) -> Result<(), String> {
         Ok(())
     };
     at_most("run.interval_s", p.run.interval_s, MAX_SECONDS)?;
-    at_most("results.measured_s", p.results.measured_s, MAX_SECONDS)?;
+    // A window shorter than a millisecond is no run: rates over it would be absurd or infinite.
+    const MIN_WINDOW_S: f64 = 1e-3;
+    let window = |at: &str, v: f64| {
+        at_most(at, v, MAX_SECONDS)?;
+        if v > 0.0 && v < MIN_WINDOW_S {
+            return Err(format!("{at}: {v} s is shorter than any run"));
+        }
+        Ok(())
+    };
+    window("results.measured_s", p.results.measured_s)?;
     if let Some(s) = p.probe_seconds {
-        at_most("probe_seconds", s, MAX_SECONDS)?;
+        window("probe_seconds", s)?;
     }
     for (at, v) in [
+        ("results.usr_cpu_pct", Some(p.results.usr_cpu_pct)),
+        ("results.sys_cpu_pct", Some(p.results.sys_cpu_pct)),
         ("self_overhead.probe_cpu_pct", p.self_overhead.probe_cpu_pct),
         (
             "self_overhead.recorder_cpu_pct",
@@ -896,9 +907,9 @@ fn validate(p: &Profile) -> Result<(), String> {
         return Err(format!("cpu_pairs[{n}]: a count beyond any real run"));
     }
     for (n, r) in p.runs.iter().enumerate() {
-        at_most(&format!("runs[{n}].measured_s"), r.measured_s, MAX_SECONDS)?;
+        window(&format!("runs[{n}].measured_s"), r.measured_s)?;
         if let Some(s) = r.probe_seconds {
-            at_most(&format!("runs[{n}].probe_seconds"), s, MAX_SECONDS)?;
+            window(&format!("runs[{n}].probe_seconds"), s)?;
         }
         let counts = [
             ("read_ios", Some(r.read_ios)),

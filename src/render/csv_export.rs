@@ -50,7 +50,9 @@ fn finish(w: csv::Writer<Vec<u8>>) -> String {
 
 fn num(v: f64) -> String {
     if v.is_finite() {
-        format!("{}", (v * 1000.0).round() / 1000.0)
+        // Three decimals; figures too large for the rounding to fit print as they are.
+        let rounded = (v * 1000.0).round() / 1000.0;
+        format!("{}", if rounded.is_finite() { rounded } else { v })
     } else {
         String::new()
     }

@@ -330,8 +330,11 @@ pub fn markdown(d: &ProfileDiff) -> String {
 pub fn csv(d: &ProfileDiff) -> String {
     let mut w = csv::Writer::from_writer(Vec::new());
     let num = |v: Option<f64>| {
-        v.map(|x| format!("{}", (x * 1000.0).round() / 1000.0))
-            .unwrap_or_default()
+        v.map(|x| {
+            let rounded = (x * 1000.0).round() / 1000.0;
+            format!("{}", if rounded.is_finite() { rounded } else { x })
+        })
+        .unwrap_or_default()
     };
     let frac = |v: Option<f64>| {
         v.map(|x| format!("{}", (x * 1e5).round() / 1e5))

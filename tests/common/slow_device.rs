@@ -128,7 +128,7 @@ pub mod slow_fuse {
         ) {
             let chosen = self
                 .delay_one_block_in
-                .is_none_or(|n| (offset as u64 / 4096) % n.max(1) == 0);
+                .is_none_or(|n| (offset as u64 / 4096).is_multiple_of(n.max(1)));
             if !self.delay.is_zero() && chosen {
                 std::thread::sleep(self.delay);
             }
