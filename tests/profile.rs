@@ -713,6 +713,12 @@ fn a_recording_of_three_runs_keeps_each_run_and_diffs_run_against_run() {
     assert_eq!(doc["results"]["read"]["ios"].as_f64().unwrap(), ios);
     let stderr = String::from_utf8_lossy(&res.stderr);
     assert!(stderr.is_empty(), "--quiet: {stderr}");
+    let stdout = String::from_utf8_lossy(&res.stdout);
+    assert!(
+        stdout.contains("runs (3), each on a freshly prepared target")
+            && stdout.contains("run-to-run spread (sd): IOPS "),
+        "{stdout}"
+    );
 
     let d = vg()
         .args(["diff", "--json", "--min-effect", "10%"])

@@ -160,7 +160,8 @@ pub struct ProfileDiff {
     /// Host differences that can confound the comparison.
     pub confounders: Vec<String>,
     pub warnings: Vec<String>,
-    /// app, queue, device, software, then host-wide figures per I/O (evidence: no share).
+    /// app, queue, device, software, then host-wide figures per I/O and the cache flushes
+    /// (evidence: no share).
     pub waterfall: Vec<Row>,
     /// p99 and p99.9 of app latency and of each probed stage.
     pub tails: Vec<Tail>,
@@ -363,6 +364,8 @@ struct Figures {
     softirq_per_io: Option<f64>,
     ipis_per_io: Option<f64>,
     msr_per_io: Option<f64>,
+    /// Mean of the workload's cache flushes (runs only: intervals keep no flush stage).
+    flush: Option<f64>,
     /// (stage, percentile) -> ns; runs only (an interval keeps no stage histograms).
     tails: Vec<(Stage, f64, f64)>,
 }
@@ -408,6 +411,7 @@ impl Figures {
             softirq_per_io: per_io(r.softirq_ns.map(|v| v as f64)),
             ipis_per_io: per_io(r.ipis_sent.map(|v| v as f64)),
             msr_per_io: per_io(r.msr_writes.map(|v| v as f64)),
+            flush: r.stages.flush.as_ref().and_then(|h| h.mean_ns()),
             tails,
         }
     }
@@ -449,6 +453,7 @@ impl Figures {
             softirq_per_io: per_io(&|i| cpus(i, |c| c.softirq_ns as f64)),
             ipis_per_io: per_io(&|i| cpus(i, |c| c.ipis_sent.values().sum::<u64>() as f64)),
             msr_per_io: per_io(&|i| i.msr_writes.map(|n| n as f64)),
+            flush: None,
             tails: Vec::new(),
         }
     }
@@ -514,6 +519,18 @@ fn batches_of(intervals: &[Interval]) -> Vec<Vec<&Interval>> {
     (0..count)
         .map(|k| full[k * n / count..(k + 1) * n / count].to_vec())
         .collect()
+}
+
+/// Runs per host that tell an effect of `bound` from none 80% of the time at the 95% level,
+/// given a per-run spread `sd` on the same scale (two-sample normal approximation; at least 2,
+/// at most 1000).
+pub fn runs_to_resolve(sd: f64, bound: f64) -> u32 {
+    let n = (2.0 * (Z_ALPHA + Z_POWER).powi(2) * sd * sd / (bound * bound)).ceil();
+    if n.is_finite() {
+        n.clamp(2.0, 1000.0) as u32
+    } else {
+        1000
+    }
 }
 
 /// A comparison's outcome on its scale.
@@ -588,10 +605,8 @@ fn judge(
     // Runs per host for an 80% chance of telling the stated effect from none, from the
     // pooled per-run spread; only runs say how runs vary.
     let runs_needed = (verdict == Verdict::Inconclusive && basis == Basis::Runs).then(|| {
-        let var = (sa * sa + sb * sb) / 2.0;
-        let n = (2.0 * (Z_ALPHA + Z_POWER).powi(2) * var / (bound * bound)).ceil();
-        let have = na.max(nb) as f64;
-        n.max(have + 1.0).min(1000.0) as u32
+        let have = na.max(nb) as u32;
+        runs_to_resolve(((sa * sa + sb * sb) / 2.0).sqrt(), bound).max(have + 1)
     });
     Judgement {
         effect: from_scale(d),
@@ -854,6 +869,10 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         r
     };
     waterfall.push(msr_cost);
+    // Flushes are requests of their own, not part of a read's or write's stages: their own row.
+    waterfall.push(cmp("    cache flush latency (mean)", Unit::Ns, &|f| {
+        f.flush
+    }));
     // Shares only for the three stages an I/O's latency is made of: the host-wide figures
     // below them are background divided by I/Os, evidence rather than parts of the gap.
     let gap = waterfall[0].delta.filter(|d| d.abs() > 0.0);

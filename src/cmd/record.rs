@@ -187,7 +187,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         return Ok(signals.exit_code());
     };
     let (target, disks) = (&prepared.target, &prepared.disks);
-    let runs_recorded = runs.len();
+    let run_records: Vec<RunRecord> = runs.iter().map(|(_, r)| r.clone()).collect();
     let RunOutcome {
         stats,
         series,
@@ -262,18 +262,31 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     }
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report::json(&report))?;
+        let mut doc = report::json(&report);
+        if args.runs > 1 {
+            if let Some(map) = doc.as_object_mut() {
+                map.insert("runs".into(), serde_json::to_value(&run_records)?);
+            }
+        }
+        serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
     } else {
         if args.runs > 1 {
             writeln!(
                 out,
-                "(the summary below is the last run's; the profile keeps all {runs_recorded} runs)\n"
+                "(the summary below is the last run's; the runs follow it, and the profile keeps them all)\n"
             )?;
         }
         // Names in the summary come from workload files: shown, never obeyed by the terminal.
         let mut text = Vec::new();
         report::write_summary(&mut text, &report)?;
+        if args.runs > 1 {
+            report::write_runs(
+                &mut text,
+                &run_records,
+                crate::analysis::diff::DEFAULT_MIN_EFFECT,
+            )?;
+        }
         out.write_all(units::printable(&String::from_utf8_lossy(&text)).as_bytes())?;
     }
     out.flush()?;

@@ -389,3 +389,82 @@ fn probes_json(p: &ProbeResults) -> Value {
         }),
     }
 }
+
+/// The runs of `record --runs N`: one line each, then how much they spread and how many runs
+/// per host a diff needs at that spread to resolve a gap of `min_effect`.
+pub fn write_runs(
+    out: &mut dyn Write,
+    runs: &[crate::model::profile::RunRecord],
+    min_effect: f64,
+) -> io::Result<()> {
+    type Metric = (
+        &'static str,
+        fn(&crate::model::profile::RunRecord) -> Option<f64>,
+        bool,
+    );
+    let metrics: [Metric; 4] = [
+        (
+            "IOPS",
+            |r| (r.measured_s > 0.0).then(|| r.ios() / r.measured_s),
+            false,
+        ),
+        ("mean", |r| r.stages.app.mean_ns(), true),
+        ("p99", |r| r.stages.app.percentile_ns(99.0), true),
+        ("p99.9", |r| r.stages.app.percentile_ns(99.9), true),
+    ];
+    let show = |v: Option<f64>, latency: bool| match v {
+        Some(x) if latency => units::latency(x),
+        Some(x) => units::count(x),
+        None => "-".into(),
+    };
+    writeln!(
+        out,
+        "\nruns ({}), each on a freshly prepared target:",
+        runs.len()
+    )?;
+    writeln!(
+        out,
+        "  {:>4} {:>10} {:>10} {:>10} {:>10}",
+        "run", "IOPS", "mean", "p99", "p99.9"
+    )?;
+    for r in runs {
+        let cells: Vec<String> = metrics.iter().map(|(_, f, lat)| show(f(r), *lat)).collect();
+        writeln!(
+            out,
+            "  {:>4} {:>10} {:>10} {:>10} {:>10}",
+            r.run, cells[0], cells[1], cells[2], cells[3]
+        )?;
+    }
+    // Spread on the log scale, as the diff judges it.
+    let spread = |f: fn(&crate::model::profile::RunRecord) -> Option<f64>| {
+        let logs: Vec<f64> = runs
+            .iter()
+            .filter_map(f)
+            .filter(|x| *x > 0.0)
+            .map(f64::ln)
+            .collect();
+        let n = logs.len();
+        (n >= 2).then(|| {
+            let mean = logs.iter().sum::<f64>() / n as f64;
+            (logs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+        })
+    };
+    let parts: Vec<String> = metrics
+        .iter()
+        .filter_map(|(name, f, _)| spread(*f).map(|sd| format!("{name} {:.1}%", sd * 100.0)))
+        .collect();
+    if parts.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "  run-to-run spread (sd): {}", parts.join(", "))?;
+    if let Some(sd) = spread(metrics[1].1) {
+        let bound = (1.0 + min_effect).ln();
+        writeln!(
+            out,
+            "  at this spread, about {} runs per host resolve a {:.0}% gap in mean latency",
+            crate::analysis::diff::runs_to_resolve(sd, bound),
+            min_effect * 100.0
+        )?;
+    }
+    Ok(())
+}
