@@ -1651,12 +1651,7 @@ impl Target for ProfileTarget {
 
 /// Numbers in a diff that no output can show sensibly, and percentages no measurement gives.
 fn check_diff_values(out: &mut Outcome, label: &str, d: &crate::analysis::diff::ProfileDiff) {
-    for r in d
-        .waterfall
-        .iter()
-        .chain(&d.throughput)
-        .chain(d.tails.iter().map(|t| &t.row))
-    {
+    for r in d.rows() {
         let fields = [
             ("a", r.a),
             ("b", r.b),

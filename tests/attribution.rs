@@ -91,11 +91,12 @@ fn diff_runs(name: &str, a: &[PathBuf], b: &[PathBuf]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The diff's row named `metric`: a waterfall, throughput or tail row ("app p99.9").
 fn row<'a>(d: &'a Value, metric: &str) -> &'a Value {
-    d["waterfall"]
-        .as_array()
-        .unwrap()
-        .iter()
+    let rows = |section: &str| d[section].as_array().unwrap().iter();
+    rows("waterfall")
+        .chain(rows("throughput"))
+        .chain(rows("tails").map(|t| &t["row"]))
         .find(|r| r["metric"].as_str().unwrap().trim() == metric)
         .unwrap_or_else(|| panic!("no row {metric}"))
 }
@@ -108,6 +109,22 @@ fn delta(d: &Value, metric: &str) -> f64 {
     row(d, metric)["delta"]
         .as_f64()
         .expect("measured on both hosts")
+}
+
+/// Throttling holds requests before the device: at least 80% of the gap in block queue +
+/// software (submission), under 20% on the device.
+fn assert_gap_in_queue_or_submit(d: &Value) {
+    let queue_or_submit = share(d, "block queue") + share(d, "software: submit + completion");
+    assert!(
+        queue_or_submit >= 0.8,
+        "only {:.0}% of the gap in queue + submit",
+        queue_or_submit * 100.0
+    );
+    assert!(
+        share(d, "device") < 0.2,
+        "device took {:.0}%",
+        share(d, "device") * 100.0
+    );
 }
 
 /// The whole disk (major:minor) holding `path`.
@@ -151,15 +168,6 @@ fn record_interleaved(
         pb.push(fb);
     }
     (pa, pb)
-}
-
-fn throughput<'a>(d: &'a Value, metric: &str) -> &'a Value {
-    d["throughput"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["metric"] == metric)
-        .unwrap_or_else(|| panic!("no row {metric}"))
 }
 
 #[test]
@@ -248,8 +256,7 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
         );
         return;
     };
-    let procs = group.0.join("cgroup.procs");
-    let script = format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display());
+    let script = group.enter_script();
     let (a, b) = record_interleaved(dir.path(), 5, (&[], &args), (&["sh", "-c", &script], &args));
     let d = diff_runs(
         &format!("small gap: blkio throttle at {limit} IOPS (88% of unthrottled), 5 + 5 runs"),
@@ -257,21 +264,11 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
         &b,
     );
     assert_eq!(d["basis"], "runs");
-    let iops = throughput(&d, "IOPS");
+    let iops = row(&d, "IOPS");
     assert_eq!(iops["verdict"], "significant", "{iops}");
     assert!(iops["effect"].as_f64().unwrap() < 0.0, "{iops}");
     assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
-    let queue_or_submit = share(&d, "block queue") + share(&d, "software: submit + completion");
-    assert!(
-        queue_or_submit >= 0.8,
-        "only {:.0}% of the gap in queue + submit",
-        queue_or_submit * 100.0
-    );
-    assert!(
-        share(&d, "device") < 0.2,
-        "device took {:.0}%",
-        share(&d, "device") * 100.0
-    );
+    assert_gap_in_queue_or_submit(&d);
 }
 
 /// A cgroup v1 blkio group, removed on drop.
@@ -295,6 +292,14 @@ impl BlkioGroup {
         )
         .unwrap();
         Some(Self(dir))
+    }
+}
+
+impl BlkioGroup {
+    /// A `sh -c` script that moves itself into the group, then runs its arguments.
+    fn enter_script(&self) -> String {
+        let procs = self.0.join("cgroup.procs");
+        format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display())
     }
 }
 
@@ -337,8 +342,7 @@ fn blkio_throttling_shows_up_as_queueing_not_device_time() {
         dir.path().join("throttled.json"),
     );
     record(&[], &args, &a);
-    let procs = group.0.join("cgroup.procs");
-    let script = format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display());
+    let script = group.enter_script();
     record(&["sh", "-c", &script], &args, &b);
     let d = diff(
         "block-layer queueing: blkio throttle 500 IOPS under a 1000 IOPS demand",
@@ -346,17 +350,7 @@ fn blkio_throttling_shows_up_as_queueing_not_device_time() {
         &b,
     );
     assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
-    let queue_or_submit = share(&d, "block queue") + share(&d, "software: submit + completion");
-    assert!(
-        queue_or_submit >= 0.8,
-        "only {:.0}% of the gap in queue + submit",
-        queue_or_submit * 100.0
-    );
-    assert!(
-        share(&d, "device") < 0.2,
-        "device took {:.0}%",
-        share(&d, "device") * 100.0
-    );
+    assert_gap_in_queue_or_submit(&d);
 }
 
 /// A SCHED_FIFO busy loop pinned to `cpu`, running 2 ms out of every 3.
@@ -572,18 +566,9 @@ fn a_slow_tail_is_found_in_the_p999_while_the_mean_barely_moves() {
         &b,
     );
     assert_eq!(d["basis"], "runs");
-    let tail_row = |stage: &str, pct: f64| -> Value {
-        d["tails"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["stage"] == stage && t["percentile"] == pct)
-            .unwrap_or_else(|| panic!("no {stage} p{pct}"))["row"]
-            .clone()
-    };
-    let app_tail = tail_row("app", 99.9);
+    let app_tail = row(&d, "app p99.9");
     assert_eq!(app_tail["verdict"], "significant", "{app_tail}");
-    let device_tail = tail_row("device", 99.9);
+    let device_tail = row(&d, "device p99.9");
     assert_eq!(device_tail["verdict"], "significant", "{device_tail}");
     let tail_effect = app_tail["effect"].as_f64().unwrap();
     let mean_effect = row(&d, "app latency (mean)")["effect"].as_f64().unwrap();

@@ -316,7 +316,7 @@ fn confounders(a: &Profile, b: &Profile) -> Vec<String> {
 }
 
 /// Mean, standard deviation and count of a series of replicates.
-fn moments(xs: &[f64]) -> Option<(f64, f64, usize)> {
+pub(crate) fn moments(xs: &[f64]) -> Option<(f64, f64, usize)> {
     let n = xs.len();
     if n == 0 {
         return None;
@@ -347,6 +347,16 @@ pub fn welch_half_width(a: &[f64], b: &[f64]) -> Option<f64> {
         .ok()?
         .inverse_cdf(0.975);
     Some(t * se2.sqrt())
+}
+
+impl ProfileDiff {
+    /// Every compared row: the waterfall, throughput, then the tails.
+    pub fn rows(&self) -> impl Iterator<Item = &Row> {
+        self.waterfall
+            .iter()
+            .chain(&self.throughput)
+            .chain(self.tails.iter().map(|t| &t.row))
+    }
 }
 
 /// The percentiles compared as tails.
@@ -405,7 +415,7 @@ impl Figures {
             app: r.stages.app.mean_ns(),
             queue: r.stages.queue.as_ref().and_then(|h| h.mean_ns()),
             device: r.stages.device.as_ref().and_then(|h| h.mean_ns()),
-            iops: (r.measured_s > 0.0).then(|| r.ios() / r.measured_s),
+            iops: r.iops(),
             wakeup_per_io: per_io(r.stages.wakeup.as_ref().map(|w| w.sum_ns)),
             hardirq_per_io: per_io(r.hardirq_ns.map(|v| v as f64)),
             softirq_per_io: per_io(r.softirq_ns.map(|v| v as f64)),
@@ -570,29 +580,24 @@ fn judge(
         a.iter().map(|&x| to_scale(x)).collect(),
         b.iter().map(|&x| to_scale(x)).collect(),
     );
-    let point_effect = from_scale(to_scale(points.1) - to_scale(points.0));
+    // Too few replicates, or figures so far apart their interval overflows: the hosts' values
+    // give the estimate, and there is no verdict.
+    let no_interval = Judgement {
+        effect: from_scale(to_scale(points.1) - to_scale(points.0)),
+        low: None,
+        high: None,
+        verdict: Verdict::InsufficientData,
+        runs_needed: None,
+    };
     let (Some((ma, sa, na)), Some((mb, sb, nb)), Some(hw)) =
         (moments(&ta), moments(&tb), welch_half_width(&ta, &tb))
     else {
-        return Judgement {
-            effect: point_effect,
-            low: None,
-            high: None,
-            verdict: Verdict::InsufficientData,
-            runs_needed: None,
-        };
+        return no_interval;
     };
     let d = mb - ma;
     let (low, high) = (from_scale(d - hw), from_scale(d + hw));
     if ![d, hw, low, high].iter().all(|x| x.is_finite()) {
-        // Figures so far apart that their interval overflows: no real pair of runs.
-        return Judgement {
-            effect: point_effect,
-            low: None,
-            high: None,
-            verdict: Verdict::InsufficientData,
-            runs_needed: None,
-        };
+        return no_interval;
     }
     let excludes_zero = d - hw > 0.0 || d + hw < 0.0;
     let verdict = if excludes_zero && d.abs() >= bound {
@@ -1259,15 +1264,7 @@ pub(crate) mod tests {
         assert_eq!(d.verdict.as_deref(), Some("device"));
         // Swapped, every row mirrors: the same verdict, the inverse ratio.
         let back = diff(&b, &a);
-        let rows = |d: &ProfileDiff| -> Vec<Row> {
-            d.waterfall
-                .iter()
-                .chain(&d.throughput)
-                .chain(d.tails.iter().map(|t| &t.row))
-                .cloned()
-                .collect()
-        };
-        for (x, y) in rows(&d).iter().zip(rows(&back)) {
+        for (x, y) in d.rows().zip(back.rows()) {
             assert_eq!(x.verdict, y.verdict, "{}", x.metric);
             if let (Some(e), Some(f), Scale::Ratio) = (x.effect, y.effect, x.scale) {
                 assert!(((1.0 + e) * (1.0 + f) - 1.0).abs() < 1e-9, "{}", x.metric);

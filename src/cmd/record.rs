@@ -129,18 +129,6 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         let (target, disks) = (&prepared.target, &prepared.disks);
         // Every probed figure in the profile covers the measured window, as the workload's do.
         let window = outcome.probes.window();
-        let record = crate::model::profile::run_record(
-            number,
-            unix_ms(outcome.started),
-            !outcome.interrupted,
-            &outcome.stats,
-            window.as_ref(),
-            disks,
-            outcome.points.len() as u64,
-        );
-        if args.runs > 1 && verbose {
-            eprintln!("  {}", run_line(&record));
-        }
         let profile = crate::model::profile::assemble(crate::model::profile::ProfileInputs {
             run: crate::model::profile::RunInfo {
                 tool_version: env!("CARGO_PKG_VERSION").into(),
@@ -165,6 +153,10 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             calibration: calibration.clone(),
             stalls: Some(outcome.stalls.clone()),
         });
+        let record = RunRecord::of_profile(&profile, number);
+        if args.runs > 1 && verbose {
+            eprintln!("  {}", run_line(&record));
+        }
         runs.push((profile, record));
         let seconds = pooled.measured_ns + outcome.stats.measured_ns;
         pooled.merge(&outcome.stats);
@@ -318,11 +310,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 
 /// One run's line in a multi-run recording: its throughput, mean and tail.
 fn run_line(r: &RunRecord) -> String {
-    let iops = if r.measured_s > 0.0 {
-        r.ios() / r.measured_s
-    } else {
-        0.0
-    };
+    let iops = r.iops().unwrap_or(0.0);
     let lat = |p: Option<f64>| p.map_or("-".to_string(), units::latency);
     format!(
         "run {}: {} IOPS over {:.1} s, mean {}, p99 {}, p99.9 {}",

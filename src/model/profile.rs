@@ -431,8 +431,39 @@ pub struct RunRecord {
 }
 
 impl RunRecord {
+    /// The record of the one run `p` holds, numbered `run`: its figures are the profile's.
+    pub fn of_profile(p: &Profile, run: u32) -> Self {
+        let sum_cpus = |f: fn(&CpuLoad) -> u64| {
+            (!p.cpus.is_empty()).then(|| p.cpus.iter().map(f).sum::<u64>())
+        };
+        Self {
+            run,
+            started_unix_ms: p.run.started_unix_ms,
+            complete: p.complete,
+            measured_s: p.results.measured_s,
+            read_ios: p.results.read.ios,
+            write_ios: p.results.write.ios,
+            stages: p.stages.clone(),
+            hardirq_ns: sum_cpus(|c| c.hardirq_ns),
+            softirq_ns: sum_cpus(|c| c.softirq_ns),
+            ipis_sent: sum_cpus(|c| c.ipis_sent.values().sum()),
+            msr_writes: p
+                .intervals
+                .iter()
+                .filter_map(|i| i.msr_writes)
+                .reduce(|a, b| a.saturating_add(b)),
+            probe_seconds: p.probe_seconds,
+            intervals: p.intervals.len() as u64,
+        }
+    }
+
     pub fn ios(&self) -> f64 {
         self.read_ios as f64 + self.write_ios as f64
+    }
+
+    /// I/Os per second over the measured window (None: no window).
+    pub fn iops(&self) -> Option<f64> {
+        (self.measured_s > 0.0).then(|| self.ios() / self.measured_s)
     }
 }
 
@@ -441,30 +472,7 @@ impl Profile {
     /// version-1 profile — one run made of the whole profile.
     pub fn replicates(&self) -> Vec<(RunRecord, &[Interval])> {
         if self.runs.is_empty() {
-            let sum_cpus = |f: fn(&CpuLoad) -> u64| {
-                (!self.cpus.is_empty()).then(|| self.cpus.iter().map(f).sum::<u64>())
-            };
-            let msr: Option<u64> = self
-                .intervals
-                .iter()
-                .filter_map(|i| i.msr_writes)
-                .reduce(|a, b| a.saturating_add(b));
-            let run = RunRecord {
-                run: 1,
-                started_unix_ms: self.run.started_unix_ms,
-                complete: self.complete,
-                measured_s: self.results.measured_s,
-                read_ios: self.results.read.ios,
-                write_ios: self.results.write.ios,
-                stages: self.stages.clone(),
-                hardirq_ns: sum_cpus(|c| c.hardirq_ns),
-                softirq_ns: sum_cpus(|c| c.softirq_ns),
-                ipis_sent: sum_cpus(|c| c.ipis_sent.values().sum()),
-                msr_writes: msr,
-                probe_seconds: self.probe_seconds,
-                intervals: self.intervals.len() as u64,
-            };
-            return vec![(run, &self.intervals[..])];
+            return vec![(RunRecord::of_profile(self, 1), &self.intervals[..])];
         }
         let mut rest = &self.intervals[..];
         self.runs
@@ -669,18 +677,23 @@ impl Interval {
             mine.count += s.count;
             mine.sum_ns += s.sum_ns;
         }
-        for c in &later.cpus {
-            match self.cpus.iter_mut().find(|m| m.cpu == c.cpu) {
-                Some(mine) => mine.absorb(c),
-                None => self.cpus.push(c.clone()),
-            }
-        }
-        self.cpus.sort_by_key(|c| c.cpu);
+        absorb_cpus(&mut self.cpus, &later.cpus);
         self.probe_run_ns = add_measured(self.probe_run_ns, later.probe_run_ns);
         self.msr_writes = add_measured(self.msr_writes, later.msr_writes);
         // The coarse interval's end is the later one's.
         self.oldest_in_flight_ns = later.oldest_in_flight_ns.or(self.oldest_in_flight_ns);
     }
+}
+
+/// Adds each CPU's load in `later` into the same CPU's in `loads`, kept in CPU order.
+fn absorb_cpus(loads: &mut Vec<CpuLoad>, later: &[CpuLoad]) {
+    for c in later {
+        match loads.iter_mut().find(|m| m.cpu == c.cpu) {
+            Some(mine) => mine.absorb(c),
+            None => loads.push(c.clone()),
+        }
+    }
+    loads.sort_by_key(|c| c.cpu);
 }
 
 impl CpuLoad {
@@ -1106,59 +1119,6 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
     }
 }
 
-/// One replicate's record: `stats` from the workload, `window` the probes' activity over its
-/// measured window (see [`crate::run::pipeline::ProbeResults::window`]).
-pub fn run_record(
-    run: u32,
-    started_unix_ms: u64,
-    complete: bool,
-    stats: &RunStats,
-    window: Option<&ProbeSnapshot>,
-    disks: &TargetDisks,
-    intervals: u64,
-) -> RunRecord {
-    let devs = disks.devs();
-    let kernel_stage = |stage: BlockStage| {
-        window.and_then(|t| t.block.as_ref()).map(|b| {
-            Histogram::from_kernel(&b.stage(
-                devs.as_deref(),
-                stage,
-                &[BlockOp::Read, BlockOp::Write],
-            ))
-        })
-    };
-    let cpus = window.map(cpu_loads).filter(|c| !c.is_empty());
-    let sum = |f: fn(&CpuLoad) -> u64| cpus.as_ref().map(|c| c.iter().map(f).sum::<u64>());
-    RunRecord {
-        run,
-        started_unix_ms,
-        complete,
-        measured_s: stats.seconds(),
-        read_ios: stats.read.ios,
-        write_ios: stats.write.ios,
-        stages: Stages {
-            app: app_stage(stats),
-            queue: kernel_stage(BlockStage::Queue),
-            device: kernel_stage(BlockStage::Device),
-            wakeup: window
-                .and_then(|t| t.wakeups.as_ref())
-                .map(|w| Histogram::from_kernel(&w.latency)),
-            flush: window.and_then(|t| t.block.as_ref()).and_then(|b| {
-                let h = b.stage(devs.as_deref(), BlockStage::Device, &[BlockOp::Flush]);
-                (h.count > 0).then(|| Histogram::from_kernel(&h))
-            }),
-        },
-        hardirq_ns: sum(|c| c.hardirq_ns),
-        softirq_ns: sum(|c| c.softirq_ns),
-        ipis_sent: sum(|c| c.ipis_sent.values().sum()),
-        msr_writes: window
-            .and_then(|t| t.msr.as_ref())
-            .map(|m| m.exiting_writes()),
-        probe_seconds: window.map(|t| t.elapsed_ns as f64 / 1e9),
-        intervals,
-    }
-}
-
 /// Pools the profiles of `record --runs N`'s runs into one: the workload's results from the
 /// runs' merged statistics, stage histograms merged, intervals one after another on one time
 /// axis, CPU loads and pairs summed; the sections that do not pool are the first run's.
@@ -1170,23 +1130,17 @@ pub fn pool_runs(mut runs: Vec<(Profile, RunRecord)>, merged: &RunStats, paced: 
         pooled.complete &= p.complete;
         pooled.run.complete &= p.run.complete;
         pooled.run.ended_unix_ms = p.run.ended_unix_ms;
-        for stage in [Stage::Queue, Stage::Device, Stage::Wakeup] {
-            let theirs = p.stages.get(stage).cloned();
-            let mine = match stage {
-                Stage::Queue => &mut pooled.stages.queue,
-                Stage::Device => &mut pooled.stages.device,
-                _ => &mut pooled.stages.wakeup,
-            };
-            match (mine.as_mut(), theirs) {
-                (Some(m), Some(t)) => m.merge(&t),
-                (None, Some(t)) => *mine = Some(t),
+        let mine = &mut pooled.stages;
+        for (m, t) in [
+            (&mut mine.queue, &p.stages.queue),
+            (&mut mine.device, &p.stages.device),
+            (&mut mine.wakeup, &p.stages.wakeup),
+            (&mut mine.flush, &p.stages.flush),
+        ] {
+            match (m.as_mut(), t) {
+                (Some(m), Some(t)) => m.merge(t),
+                (None, Some(t)) => *m = Some(t.clone()),
                 _ => {}
-            }
-        }
-        if let Some(t) = &p.stages.flush {
-            match pooled.stages.flush.as_mut() {
-                Some(m) => m.merge(t),
-                None => pooled.stages.flush = Some(t.clone()),
             }
         }
         let next_index = pooled.intervals.last().map_or(0, |i| i.index + 1);
@@ -1197,13 +1151,7 @@ pub fn pool_runs(mut runs: Vec<(Profile, RunRecord)>, merged: &RunStats, paced: 
             pooled.intervals.push(iv);
         }
         offset_s = pooled.intervals.last().map_or(offset_s, |i| i.end_s);
-        for c in &p.cpus {
-            match pooled.cpus.iter_mut().find(|m| m.cpu == c.cpu) {
-                Some(mine) => mine.absorb(c),
-                None => pooled.cpus.push(c.clone()),
-            }
-        }
-        pooled.cpus.sort_by_key(|c| c.cpu);
+        absorb_cpus(&mut pooled.cpus, &p.cpus);
         pooled.probe_seconds = match (pooled.probe_seconds, p.probe_seconds) {
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),

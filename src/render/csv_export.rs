@@ -397,8 +397,8 @@ pub fn runs(p: &Profile) -> String {
         row("measured_s", r.measured_s);
         row("read_ios", r.read_ios as f64);
         row("write_ios", r.write_ios as f64);
-        if r.measured_s > 0.0 {
-            row("iops", r.ios() / r.measured_s);
+        if let Some(iops) = r.iops() {
+            row("iops", iops);
         }
         for stage in Stage::ALL {
             let Some(h) = r.stages.get(stage) else {

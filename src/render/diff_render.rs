@@ -72,36 +72,33 @@ pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
                 Scale::Difference => " of app latency",
             };
             // A fall is shown as how much lower B is than A; a change of 2x or more as a
-            // factor ("B slower x3.1"), either way round, so the words read alike whichever
-            // host is A.
-            let factor = |r: f64| format!("x{}", sig3(r));
-            let (word, e, lo, hi) = if e >= 0.0 {
-                (up, e, lo, hi)
-            } else {
-                (down, -e, -hi, -lo)
-            };
-            match r.scale {
-                Scale::Ratio if r.effect.unwrap_or(0.0) >= 1.0 => format!(
+            // factor — B/A up, A/B down — so the words read alike whichever host is A.
+            let word = if e >= 0.0 { up } else { down };
+            let ratio = 1.0 + e;
+            if r.scale == Scale::Ratio && (ratio >= 2.0 || ratio <= 0.5) {
+                let factor = |x: f64| {
+                    let f = if e >= 0.0 { 1.0 + x } else { 1.0 / (1.0 + x) };
+                    format!("x{}", sig3(f))
+                };
+                let (near, far) = if e >= 0.0 { (lo, hi) } else { (hi, lo) };
+                format!(
                     "B {word} {} [{}, {}]{within_run}",
-                    factor(1.0 + e),
-                    factor(1.0 + lo),
-                    factor(1.0 + hi)
-                ),
-                Scale::Ratio if r.effect.unwrap_or(0.0) <= -0.5 => {
-                    // Here e, lo, hi are 1 - B/A: the factor is A/B.
-                    format!(
-                        "B {word} {} [{}, {}]{within_run}",
-                        factor(1.0 / (1.0 - e)),
-                        factor(1.0 / (1.0 - lo)),
-                        factor(1.0 / (1.0 - hi))
-                    )
-                }
-                _ => format!(
+                    factor(e),
+                    factor(near),
+                    factor(far)
+                )
+            } else {
+                let (e, lo, hi) = if e >= 0.0 {
+                    (e, lo, hi)
+                } else {
+                    (-e, -hi, -lo)
+                };
+                format!(
                     "B {word} by {}%{of} [{}, {}]{within_run}",
                     pct(e),
                     pct(lo),
                     pct(hi)
-                ),
+                )
             }
         }
         Verdict::Equivalent => format!("equivalent within {bound}{within_run}"),
@@ -158,27 +155,17 @@ fn terminal_row(s: &mut String, r: &Row, d: &ProfileDiff) {
 }
 
 /// `text` broken at spaces into lines of at most `width` characters, the later ones indented
-/// by `indent` (a word longer than a line stays whole).
+/// by `indent` (a word longer than a line stays whole, and hyphenated words are never split).
 fn wrap(text: &str, width: usize, indent: usize) -> String {
-    let lead = text.len() - text.trim_start().len();
-    let mut out = String::new();
-    let mut line = text[..lead].to_string();
-    let mut fresh = true;
-    for word in text.split_whitespace() {
-        if !fresh && line.chars().count() + 1 + word.chars().count() > width {
-            out.push_str(&line);
-            out.push('\n');
-            line = " ".repeat(indent);
-            fresh = true;
-        }
-        if !fresh {
-            line.push(' ');
-        }
-        line.push_str(word);
-        fresh = false;
-    }
-    out.push_str(&line);
-    out
+    let lead = &text[..text.len() - text.trim_start().len()];
+    let rest = " ".repeat(indent);
+    let options = textwrap::Options::new(width)
+        .initial_indent(lead)
+        .subsequent_indent(&rest)
+        .word_separator(textwrap::WordSeparator::AsciiSpace)
+        .word_splitter(textwrap::WordSplitter::NoHyphenation)
+        .break_words(false);
+    textwrap::fill(text.trim_start(), options)
 }
 
 /// Plain text for a terminal, at most 100 columns wide.
@@ -356,12 +343,7 @@ pub fn csv(d: &ProfileDiff) -> String {
         "runs_needed",
     ])
     .expect("writing to memory");
-    let rows = d
-        .waterfall
-        .iter()
-        .chain(&d.throughput)
-        .chain(d.tails.iter().map(|t| &t.row));
-    for r in rows {
+    for r in d.rows() {
         let unit = match r.unit {
             Unit::Ns => "ns",
             Unit::PerIo => "per_io",

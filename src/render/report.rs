@@ -403,11 +403,7 @@ pub fn write_runs(
         bool,
     );
     let metrics: [Metric; 4] = [
-        (
-            "IOPS",
-            |r| (r.measured_s > 0.0).then(|| r.ios() / r.measured_s),
-            false,
-        ),
+        ("IOPS", |r| r.iops(), false),
         ("mean", |r| r.stages.app.mean_ns(), true),
         ("p99", |r| r.stages.app.percentile_ns(99.0), true),
         ("p99.9", |r| r.stages.app.percentile_ns(99.9), true),
@@ -443,11 +439,9 @@ pub fn write_runs(
             .filter(|x| *x > 0.0)
             .map(f64::ln)
             .collect();
-        let n = logs.len();
-        (n >= 2).then(|| {
-            let mean = logs.iter().sum::<f64>() / n as f64;
-            (logs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
-        })
+        crate::analysis::diff::moments(&logs)
+            .filter(|&(_, _, n)| n >= 2)
+            .map(|(_, sd, _)| sd)
     };
     let parts: Vec<String> = metrics
         .iter()

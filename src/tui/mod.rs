@@ -322,17 +322,7 @@ fn save(
     });
     profile.stages.app = crate::model::profile::Histogram::from_latency(&d.app);
     // One run, as `record` writes it: the diff compares runs.
-    let mut run = crate::model::profile::run_record(
-        1,
-        profile.run.started_unix_ms,
-        false,
-        &stats,
-        d.probes.as_ref(),
-        app.disks(),
-        profile.intervals.len() as u64,
-    );
-    run.stages.app = profile.stages.app.clone();
-    profile.runs = vec![run];
+    profile.runs = vec![crate::model::profile::RunRecord::of_profile(&profile, 1)];
     let path = args.save.clone().unwrap_or_else(|| {
         let stamp = crate::cmd::record::unix_ms(now) / 1000;
         std::path::PathBuf::from(format!("virtgap-{}-{stamp}.json", spec.name))
