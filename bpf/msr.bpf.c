@@ -14,6 +14,11 @@
  * kallsyms by user space; 0 when the sampler is off) expires -- some kernels expire the timer
  * on a CPU without delivering the sample (seen on a PVM guest's second vCPU), and the wake and
  * reprogram still happen there.
+ *
+ * The sampler also moves the host's own timer writes (its timer becomes each CPU's next event,
+ * cancelled and re-armed around idle), so they depend on its rate. User space pauses it for part
+ * of every interval and says so in `sampler_running`; writes while it runs are counted apart, and
+ * the host's figures come from the pauses.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -29,6 +34,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* perf_swevent_hrtimer's address while virtgap's sampler runs, else 0 (set before load). */
 const volatile __u64 sampler_timer_fn = 0;
+
+/* 1 while virtgap's sampler is enabled; user space flips it around each pause. */
+__u32 sampler_running = 0;
 
 /* Distinct MSRs the kernel touches are a few dozen. */
 struct {
@@ -54,6 +62,8 @@ static __always_inline int count(unsigned int msr, __u32 access)
 
 	if (access == VG_MSR_WRITE && samplers_write())
 		key.access = VG_MSR_WRITE_BY_SAMPLER;
+	else if (access == VG_MSR_WRITE && sampler_running)
+		key.access = VG_MSR_WRITE_WHILE_SAMPLING;
 	n = bpf_map_lookup_elem(&msrs, &key);
 	if (n)
 		(*n)++;

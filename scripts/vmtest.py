@@ -654,6 +654,17 @@ def check_sampler(c, profile):
     cpus = {s["cpu"]: s["samples"] for s in sampler.get("cpus", [])}
     missing = [cpu for cpu in range(VCPUS) if cpus.get(cpu, 0) == 0]
     c.check(not missing, f"sampler: samples on every CPU ({cpus})")
+    # With the msr probe beside it the sampler pauses for a quarter of every interval, and the
+    # host's MSR writes are the ones counted in those pauses.
+    virt = profile.get("virtualization") or {}
+    seconds, quiet = virt.get("seconds") or 0, virt.get("msr_quiet_seconds")
+    sampled = sampler.get("sampled_seconds")
+    hosts = sum(w["count"] for w in virt.get("msr_writes") or []
+                if not w.get("by_sampler") and not w.get("while_sampling"))
+    c.check(quiet is not None and sampled is not None and seconds > 0
+            and 0.15 <= quiet / seconds <= 0.4 and abs(quiet + sampled - seconds) < 0.05 * seconds,
+            f"sampler paused {quiet} s and ran {sampled} s of {seconds} s; "
+            f"{hosts} host MSR writes counted in the pauses")
 
 
 def check_guest(c, console, results):

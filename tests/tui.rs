@@ -209,3 +209,143 @@ fn a_timed_run_finishes_on_screen_and_sigterm_exits_143() {
     kill();
     assert_eq!(status.trim(), "143", "virtgap exited with {status:?}");
 }
+
+/// Every JSON path under `v` (array elements merged as `[]`), each with whether any value there
+/// was non-null.
+fn json_paths(v: &serde_json::Value, at: &str, out: &mut std::collections::BTreeMap<String, bool>) {
+    use serde_json::Value;
+    let seen = out.entry(at.to_string()).or_insert(false);
+    *seen |= !v.is_null();
+    match v {
+        Value::Object(map) => {
+            for (k, x) in map {
+                // Maps keyed by what the host had or did (IRQ names, IPI kinds, sample
+                // categories) are data, not fields.
+                let data = [".irqs", ".ipis_sent", ".categories"];
+                let k = if data.iter().any(|d| at.ends_with(d)) {
+                    "*"
+                } else {
+                    k.as_str()
+                };
+                json_paths(x, &format!("{at}.{k}"), out);
+            }
+        }
+        Value::Array(items) => {
+            for x in items {
+                json_paths(x, &format!("{at}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A profile saved with `s` from the TUI is a `record` profile: the same fields, measured or
+/// not alike, the same run record and the same interval join. The paths listed below are the
+/// ones a mid-run save cannot fill, or that name the run rather than measure it.
+#[test]
+fn a_profile_saved_from_the_tui_has_the_fields_of_a_recorded_one() {
+    if !virtgap_testkit::require(
+        "the TUI under tmux",
+        Command::new("tmux").arg("-V").output().map(drop),
+    ) {
+        return;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("vg-tui-save-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let (saved, recorded) = (dir.path().join("tui.json"), dir.path().join("record.json"));
+    let exit_file = dir.path().join("exit-status");
+    let bin = env!("CARGO_BIN_EXE_virtgap");
+    let args = format!("--size 16MiB --duration 3s --dir {}", dir.path().display());
+    let session = format!("vg-tui-save-{}", std::process::id());
+    start_session(
+        &session,
+        &format!(
+            "{bin} {args} --save {}; echo $? > {}",
+            saved.display(),
+            exit_file.display()
+        ),
+    );
+    let kill = || tmux(&["kill-session", "-t", &session]);
+    let screen = wait_for(&session, "run finished · q quit", Duration::from_secs(60));
+    assert!(screen.contains("run finished"), "never finished:\n{screen}");
+    tmux(&["send-keys", "-t", &session, "s"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !saved.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let status = exit_status(&exit_file);
+    kill();
+    assert_eq!(status.trim(), "0", "the TUI exited with {status:?}");
+    let out = Command::new(bin)
+        .args(["record", "--output"])
+        .arg(&recorded)
+        .args(args.split(' '))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+            .unwrap()
+    };
+    let (tui, rec) = (read(&saved), read(&recorded));
+    let (mut tui_paths, mut rec_paths) = Default::default();
+    json_paths(&tui, "", &mut tui_paths);
+    json_paths(&rec, "", &mut rec_paths);
+    // What a save mid-run or from the live view cannot know, or what names the run itself.
+    let allowed = |path: &str| {
+        [
+            // Per-direction submission/completion splits and the exact per-direction
+            // histograms are the workers' end-of-run tallies.
+            ".results.read.",
+            ".results.write.",
+            // `record` measures its own CPU and calibrates; the TUI does neither.
+            ".self_overhead.",
+            ".calibration",
+        ]
+        .iter()
+        .any(|p| path.starts_with(p))
+    };
+    let every: std::collections::BTreeSet<&String> =
+        tui_paths.keys().chain(rec_paths.keys()).collect();
+    let mut differences = Vec::new();
+    let mut explained = Vec::new();
+    for path in every {
+        let list = if allowed(path) {
+            &mut explained
+        } else {
+            &mut differences
+        };
+        match (tui_paths.get(path), rec_paths.get(path)) {
+            (Some(a), Some(b)) if a == b => {}
+            (a, b) => list.push(format!(
+                "{path}: TUI {}, record {}",
+                a.map_or("absent", |&v| if v { "measured" } else { "null" }),
+                b.map_or("absent", |&v| if v { "measured" } else { "null" })
+            )),
+        }
+    }
+    eprintln!("differences a save cannot avoid:\n{}", explained.join("\n"));
+    assert!(
+        differences.is_empty(),
+        "the TUI's profile differs from record's:\n{}",
+        differences.join("\n")
+    );
+    for p in [&tui, &rec] {
+        assert_eq!(p["runs"].as_array().map(Vec::len), Some(1), "one run each");
+        let intervals = p["intervals"].as_array().unwrap();
+        assert!(
+            (2..=4).contains(&intervals.len()),
+            "{} intervals for a 3 s run",
+            intervals.len()
+        );
+        assert_eq!(p["runs"][0]["intervals"], intervals.len());
+    }
+}

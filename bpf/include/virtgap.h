@@ -146,6 +146,11 @@ enum vg_msr_access {
 	VG_MSR_WRITE = 1,
 	/* A write in the wake of virtgap's own sampler interrupt on that CPU. */
 	VG_MSR_WRITE_BY_SAMPLER = 2,
+	/*
+	 * Any other write while the sampler runs: its timer changes when and how the host's own
+	 * timers are reprogrammed, so the host's figures come from the sampler's pauses.
+	 */
+	VG_MSR_WRITE_WHILE_SAMPLING = 3,
 };
 
 /* MSR accesses, per CPU (the per-CPU map copy) and MSR number. */

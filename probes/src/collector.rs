@@ -24,6 +24,17 @@ pub enum ProbeEvent {
     },
 }
 
+/// With the msr probe attached, the sampler pauses for the first 1/this of every interval: its
+/// timer moves the host's own timer writes, which the msr probe counts in the pauses instead.
+const SAMPLER_PAUSE_DIVISOR: u32 = 4;
+
+/// Sleeps until `deadline` in short steps, so a stop is noticed quickly.
+fn wait_until(deadline: Instant, stop: &AtomicBool) {
+    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+        std::thread::sleep((deadline - Instant::now()).min(Duration::from_millis(50)));
+    }
+}
+
 /// The running collector thread.
 #[derive(Debug)]
 pub struct ProbeHandle {
@@ -46,13 +57,19 @@ impl ProbeHandle {
                 let mut storage = ProbeStorage::default();
                 let session = ProbeSession::load(&mut storage, &config);
                 let _ = tx.send(T::from(ProbeEvent::Attached(session.report.clone())));
+                let pauses = session.sampler_pauses();
                 let mut previous = session.snapshot();
                 let mut next = Instant::now() + interval;
                 loop {
-                    // Sleep in short steps so a stop is noticed quickly.
-                    while Instant::now() < next && !flag.load(Ordering::Relaxed) {
-                        std::thread::sleep((next - Instant::now()).min(Duration::from_millis(50)));
+                    if pauses {
+                        session.set_sampler_running(false);
+                        wait_until(
+                            (Instant::now() + interval / SAMPLER_PAUSE_DIVISOR).min(next),
+                            &flag,
+                        );
+                        session.set_sampler_running(true);
                     }
+                    wait_until(next, &flag);
                     let cumulative = session.snapshot();
                     let delta = cumulative.since(&previous);
                     previous = cumulative.clone();

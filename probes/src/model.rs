@@ -360,6 +360,10 @@ pub struct MsrCount {
     /// A write in the wake of virtgap's own sampler interrupt on this CPU (the tool's cost).
     #[serde(default)]
     pub by_sampler: bool,
+    /// Any other write while the sampler ran: the host's, but in a pattern the sampler's timer
+    /// changed (see `MsrSnapshot::sampler_ns`).
+    #[serde(default)]
+    pub while_sampling: bool,
     /// Whether writes to this MSR exit to the hypervisor this host runs on (see
     /// `virt::msr_exits`); false on metal.
     #[serde(default)]
@@ -370,7 +374,15 @@ pub struct MsrCount {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MsrSnapshot {
     pub counts: Vec<MsrCount>,
+    /// How long virtgap's sampler ran while these were counted, ns (0: it never ran). Its timer
+    /// moves the host's own timer writes, so it pauses for part of every interval and the
+    /// host's figures are those counted in the pauses (`host_scale`).
+    #[serde(default)]
+    pub sampler_ns: u64,
 }
+
+/// The least pause time from which the host's writes are scaled to a whole window.
+const MIN_QUIET_NS: u64 = 10_000_000;
 
 impl MsrSnapshot {
     pub fn since(&self, earlier: &Self) -> Self {
@@ -379,17 +391,39 @@ impl MsrSnapshot {
                 .counts
                 .iter()
                 .map(|c| {
-                    let prev = earlier
-                        .counts
-                        .iter()
-                        .find(|p| (p.cpu, p.msr, p.write) == (c.cpu, c.msr, c.write));
+                    let prev = earlier.counts.iter().find(|p| {
+                        (p.cpu, p.msr, p.write, p.by_sampler, p.while_sampling)
+                            == (c.cpu, c.msr, c.write, c.by_sampler, c.while_sampling)
+                    });
                     MsrCount {
                         count: c.count - prev.map_or(0, |p| p.count.min(c.count)),
                         ..c.clone()
                     }
                 })
                 .collect(),
+            sampler_ns: self.sampler_ns.saturating_sub(earlier.sampler_ns),
         }
+    }
+
+    /// Of `elapsed_ns`, the time no sampler ran: the host's writes counted then, times this
+    /// factor, estimate its writes over the whole window. 1 without a sampler; None when the
+    /// pauses were too short to count anything.
+    pub fn host_scale(&self, elapsed_ns: u64) -> Option<f64> {
+        if self.sampler_ns == 0 {
+            return Some(1.0);
+        }
+        let quiet = elapsed_ns.saturating_sub(self.sampler_ns);
+        (quiet >= MIN_QUIET_NS).then(|| elapsed_ns as f64 / quiet as f64)
+    }
+
+    /// Seconds of `elapsed_ns` in which the host's writes were counted (no sampler running).
+    pub fn quiet_secs(&self, elapsed_ns: u64) -> f64 {
+        elapsed_ns.saturating_sub(self.sampler_ns) as f64 / 1e9
+    }
+
+    /// Whether a count is the host's own, counted with no sampler running.
+    pub fn is_hosts(c: &MsrCount) -> bool {
+        c.write && !c.by_sampler && !c.while_sampling
     }
 
     /// Writes of `msr` summed over CPUs.
@@ -402,13 +436,17 @@ impl MsrSnapshot {
             .sum()
     }
 
-    /// Writes that exit to the hypervisor, not counting virtgap's own sampler's.
-    pub fn exiting_writes(&self) -> u64 {
-        self.counts
+    /// The host's writes that exit to the hypervisor over `elapsed_ns`: those counted while the
+    /// sampler paused, scaled to the window (exact without a sampler). None: no pause to count.
+    pub fn exiting_writes(&self, elapsed_ns: u64) -> Option<u64> {
+        let counted: u64 = self
+            .counts
             .iter()
-            .filter(|c| c.write && c.exits && !c.by_sampler)
+            .filter(|c| Self::is_hosts(c) && c.exits)
             .map(|c| c.count)
-            .sum()
+            .sum();
+        let scale = self.host_scale(elapsed_ns)?;
+        Some((counted as f64 * scale).round() as u64)
     }
 
     /// Write counts by MSR among the counts `pick` keeps, most written first.
@@ -520,9 +558,22 @@ pub struct SamplerSnapshot {
     pub frequency_hz: u64,
     pub cpus: Vec<CpuSamples>,
     pub dropped: u64,
+    /// How long the sampler ran, ns: it pauses for part of every interval while the msr probe
+    /// counts the host's timer writes, so this is what a CPU's sample count is judged against.
+    #[serde(default)]
+    pub sampled_ns: u64,
 }
 
 impl SamplerSnapshot {
+    /// The seconds its samples cover, out of a window of `window` seconds.
+    pub fn seconds(&self, window: f64) -> f64 {
+        if self.sampled_ns > 0 {
+            self.sampled_ns as f64 / 1e9
+        } else {
+            window
+        }
+    }
+
     pub fn since(&self, earlier: &Self) -> Self {
         let cpus = self
             .cpus
@@ -559,6 +610,7 @@ impl SamplerSnapshot {
             frequency_hz: self.frequency_hz,
             cpus,
             dropped: self.dropped.saturating_sub(earlier.dropped),
+            sampled_ns: self.sampled_ns.saturating_sub(earlier.sampled_ns),
         }
     }
 }
@@ -762,7 +814,55 @@ mod tests {
             frequency_hz: 99,
             cpus: vec![c.clone()],
             dropped: 0,
+            sampled_ns: 0,
         }
+    }
+
+    fn msr_count(msr: u32, count: u64, by_sampler: bool, while_sampling: bool) -> MsrCount {
+        MsrCount {
+            cpu: 0,
+            msr,
+            write: true,
+            by_sampler,
+            while_sampling,
+            exits: true,
+            count,
+        }
+    }
+
+    #[test]
+    fn the_hosts_msr_writes_are_those_counted_in_the_samplers_pauses_scaled_to_the_window() {
+        let msr = MsrSnapshot {
+            counts: vec![
+                msr_count(0x6e0, 100, false, false),
+                msr_count(0x6e0, 30, false, true),
+                msr_count(0x6e0, 900, true, false),
+            ],
+            // 750 ms of a 1 s window sampled: the 100 writes were counted in 250 ms.
+            sampler_ns: 750_000_000,
+        };
+        assert_eq!(msr.exiting_writes(1_000_000_000), Some(400));
+        assert_eq!(msr.sampler_writes(), 900);
+        // A window the sampler ran all through has no count of the host's.
+        assert_eq!(msr.exiting_writes(750_000_000), None);
+        let without_sampler = MsrSnapshot {
+            counts: vec![msr_count(0x6e0, 100, false, false)],
+            sampler_ns: 0,
+        };
+        assert_eq!(without_sampler.exiting_writes(1_000_000_000), Some(100));
+        // Deltas keep each kind of write apart.
+        let later = MsrSnapshot {
+            counts: vec![
+                msr_count(0x6e0, 150, false, false),
+                msr_count(0x6e0, 70, false, true),
+                msr_count(0x6e0, 1900, true, false),
+            ],
+            sampler_ns: 1_500_000_000,
+        };
+        let delta = later.since(&msr);
+        let counts: Vec<u64> = delta.counts.iter().map(|c| c.count).collect();
+        assert_eq!(counts, [50, 40, 1000]);
+        assert_eq!(delta.sampler_ns, 750_000_000);
     }
 
     #[test]

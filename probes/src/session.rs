@@ -97,12 +97,41 @@ impl<'a> ProbeSession<'a> {
                     .collect::<Vec<_>>()
             })
             .collect();
-        Self {
+        let session = Self {
             families,
             _stats_fd: stats_fd,
             started: Instant::now(),
             base_cpu_times: procfs::read_cpu_times(),
             report,
+        };
+        // The sampler's events start enabled: the others learn it runs.
+        if session.families.iter().any(|(f, _)| *f == Family::Sampler) {
+            session.set_sampler_running(true);
+        }
+        session
+    }
+
+    /// Whether the sampler pauses for part of each interval: it does when the msr probe counts
+    /// alongside it, whose host figures come from the pauses.
+    pub fn sampler_pauses(&self) -> bool {
+        let has = |f: Family| self.families.iter().any(|(family, _)| *family == f);
+        has(Family::Sampler) && has(Family::Msr)
+    }
+
+    /// Starts or pauses the sampler. Pausing stops it first and then tells the others, starting
+    /// tells them first, so no write it causes is counted as the host's.
+    pub fn set_sampler_running(&self, running: bool) {
+        let (sampler, others): (Vec<_>, Vec<_>) = self
+            .families
+            .iter()
+            .partition(|(family, _)| *family == Family::Sampler);
+        let order = if running {
+            others.iter().chain(&sampler)
+        } else {
+            sampler.iter().chain(&others)
+        };
+        for (_, f) in order {
+            f.sampler_running(running);
         }
     }
 

@@ -27,8 +27,12 @@ fn bpf_allowed() -> bool {
 
 /// Fails (CI) or skips (elsewhere) when `family` did not load and attach fully.
 fn family_ready(session: &ProbeSession<'_>, family: Family) -> bool {
-    let report = session
-        .report
+    report_ready(&session.report, family)
+}
+
+/// `family_ready` from a session's report.
+fn report_ready(report: &virtgap_probes::CapabilityReport, family: Family) -> bool {
+    let report = report
         .families
         .iter()
         .find(|f| f.family == family)
@@ -641,6 +645,87 @@ fn the_samplers_own_timer_writes_are_counted_apart() {
         own_high >= 0.8 * samples_high,
         "{own_high:.0}/s of the sampler's {samples_high:.0} interrupts/s were counted as its own"
     );
+}
+
+/// The sampler's timer also moves the host's own timer writes (here, a 999 Hz sampler cut the
+/// host's TSC-deadline writes to a quarter: its timer became each CPU's next event). The
+/// collector pauses it for part of every interval and the host's writes are counted in the
+/// pauses, so their estimate does not follow the sampler's rate.
+#[test]
+fn the_hosts_timer_writes_do_not_follow_the_samplers_rate() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    // The host's TSC-deadline writes per second over 4 s of collection with the sampler at `hz`
+    // (0: no sampler), estimated from the pauses as a profile does.
+    let host_rate = |hz: u64| -> Option<f64> {
+        let families = if hz == 0 {
+            vec![Family::Msr]
+        } else {
+            vec![Family::Msr, Family::Sampler]
+        };
+        let config = ProbeConfig {
+            sample_hz: hz.max(1),
+            ..ProbeConfig::new(families.clone(), None)
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<virtgap_probes::ProbeEvent>();
+        let handle =
+            virtgap_probes::ProbeHandle::start(config, std::time::Duration::from_secs(1), tx);
+        let mut ready = true;
+        let mut totals = Vec::new();
+        while let Ok(event) = rx.recv() {
+            match event {
+                virtgap_probes::ProbeEvent::Attached(report) => {
+                    ready = families.iter().all(|f| report_ready(&report, *f));
+                    if !ready {
+                        break;
+                    }
+                }
+                virtgap_probes::ProbeEvent::Snapshot { cumulative, .. } => {
+                    totals.push(cumulative);
+                    if totals.len() == 5 {
+                        break;
+                    }
+                }
+            }
+        }
+        drop(rx);
+        handle.stop();
+        if !ready {
+            return None;
+        }
+        // From the end of the first interval to the end of the fifth.
+        let (first, last) = (totals.first()?, totals.last()?);
+        let msr = last.msr.as_ref()?.since(first.msr.as_ref()?);
+        let window = last.elapsed_ns - first.elapsed_ns;
+        let counted: u64 = msr
+            .counts
+            .iter()
+            .filter(|c| c.msr == 0x6e0 && virtgap_probes::model::MsrSnapshot::is_hosts(c))
+            .map(|c| c.count)
+            .sum();
+        let scale = msr.host_scale(window).expect("the sampler paused");
+        Some(counted as f64 * scale / (window as f64 / 1e9))
+    };
+    let (Some(none), Some(low), Some(high)) = (host_rate(0), host_rate(99), host_rate(999)) else {
+        return;
+    };
+    eprintln!(
+        "host TSC-deadline writes/s: no sampler {none:.0}, sampler at 99 Hz {low:.0}, at 999 Hz {high:.0}"
+    );
+    if none < 20.0 {
+        // No TSC-deadline timer (or paravirt writes): nothing here to compare.
+        eprintln!("too few TSC-deadline writes to compare");
+        return;
+    }
+    for (hz, rate) in [(99, low), (999, high)] {
+        assert!(
+            (0.6..=1.6).contains(&(rate / none)),
+            "with the sampler at {hz} Hz the host's TSC-deadline writes read {rate:.0}/s, \
+             without it {none:.0}/s"
+        );
+    }
 }
 
 #[test]

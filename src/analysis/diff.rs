@@ -723,13 +723,14 @@ fn msr_rates(p: &Profile) -> String {
     let Some(v) = &p.virtualization else {
         return "not measured".into();
     };
-    let Some(writes) = v.msr_writes.as_ref().filter(|_| v.seconds > 0.0) else {
+    let secs = v.msr_seconds();
+    let Some(writes) = v.msr_writes.as_ref().filter(|_| secs > 0.0) else {
         return "not measured".into();
     };
     let mut by: BTreeMap<String, f64> = BTreeMap::new();
-    // Only writes that exit, and not the recording tool's own.
-    for w in writes.iter().filter(|w| w.exits && !w.by_sampler) {
-        *by.entry(format!("{} {}", w.msr, w.name)).or_default() += w.count as f64 / v.seconds;
+    // Only the host's writes that exit, counted while the recording tool's sampler paused.
+    for w in writes.iter().filter(|w| w.exits && w.is_hosts()) {
+        *by.entry(format!("{} {}", w.msr, w.name)).or_default() += w.count as f64 / secs;
     }
     let mut v: Vec<_> = by.into_iter().collect();
     v.sort_by(|a, b| b.1.total_cmp(&a.1));
@@ -754,7 +755,7 @@ fn hv_share(p: &Profile) -> String {
         .cpus
         .iter()
         .map(|c| {
-            if !c.represents(sampler.frequency_hz, v.seconds) {
+            if !c.represents(sampler.frequency_hz, sampler.seconds(v.seconds)) {
                 return format!("cpu{} not measured", c.cpu);
             }
             let hv = c.in_category("hypervisor interface") as f64;

@@ -467,7 +467,7 @@ fn record_one(
         stats.engine_features = features;
     }
     let stalls = series.stall_log().stalls(
-        &stats,
+        &[&stats.read.lat, &stats.write.lat],
         probes.cumulative.as_ref().and_then(|c| c.block.as_ref()),
     );
     Ok(RunOutcome {

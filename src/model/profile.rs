@@ -628,7 +628,10 @@ impl ProbeInterval {
             cpus: cpu_loads(probes),
             probe_run_ns: (!probes.programs.is_empty())
                 .then(|| probes.programs.iter().map(|q| q.run_time_ns).sum()),
-            msr_writes: probes.msr.as_ref().map(|m| m.exiting_writes()),
+            msr_writes: probes
+                .msr
+                .as_ref()
+                .and_then(|m| m.exiting_writes(probes.elapsed_ns)),
         }
     }
 }
@@ -1237,8 +1240,13 @@ pub fn device_profiles(total: &ProbeSnapshot, disks: &TargetDisks) -> Vec<Device
 /// Hypervisor signals of a run, as a profile keeps them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Virtualization {
-    /// Seconds the probes were attached: the denominator of every rate below.
+    /// Seconds the probes were attached: the denominator of every rate below but two.
     pub seconds: f64,
+    /// Of those, the seconds virtgap's sampler was paused: the host's MSR writes (neither
+    /// `by_sampler` nor `while_sampling`) were counted then, and their rates are per second of
+    /// this. Absent when no sampler ran (all of `seconds`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub msr_quiet_seconds: Option<f64>,
     /// None when the msr probe did not attach.
     pub msr_writes: Option<Vec<MsrAccesses>>,
     pub msr_reads: Option<Vec<MsrAccesses>>,
@@ -1262,6 +1270,23 @@ pub struct MsrAccesses {
     /// Writes in the wake of virtgap's own sampler interrupt (the tool's cost).
     #[serde(default)]
     pub by_sampler: bool,
+    /// Other writes made while the sampler ran (the host's, in a pattern its timer changed).
+    #[serde(default)]
+    pub while_sampling: bool,
+}
+
+impl MsrAccesses {
+    /// A write the host made with no sampler running: the ones its rates are made of.
+    pub fn is_hosts(&self) -> bool {
+        !self.by_sampler && !self.while_sampling
+    }
+}
+
+impl Virtualization {
+    /// The seconds the host's MSR writes were counted in.
+    pub fn msr_seconds(&self) -> f64 {
+        self.msr_quiet_seconds.unwrap_or(self.seconds)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -1270,6 +1295,17 @@ pub struct SamplerSection {
     /// Samples the kernel-side map had no room for.
     pub dropped: u64,
     pub cpus: Vec<SampledCpu>,
+    /// Seconds the sampler ran (it pauses while the msr probe counts the host's timer writes);
+    /// absent in profiles from before it paused, when it ran throughout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_seconds: Option<f64>,
+}
+
+impl SamplerSection {
+    /// The seconds its samples cover, out of a window of `window` seconds.
+    pub fn seconds(&self, window: f64) -> f64 {
+        self.sampled_seconds.unwrap_or(window)
+    }
 }
 
 /// One CPU's samples: per category (hypervisor interface, idle, IRQ, ...) and its top symbols.
@@ -1344,6 +1380,7 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<Virtualization> {
                     count: c.count,
                     exits: c.exits,
                     by_sampler: c.by_sampler,
+                    while_sampling: c.while_sampling,
                 })
                 .collect(),
         )
@@ -1351,6 +1388,7 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<Virtualization> {
     let sampler = total.sampler.as_ref().map(|s| SamplerSection {
         frequency_hz: s.frequency_hz,
         dropped: s.dropped,
+        sampled_seconds: (s.sampled_ns > 0).then(|| s.sampled_ns as f64 / 1e9),
         cpus: s
             .cpus
             .iter()
@@ -1384,6 +1422,11 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<Virtualization> {
     });
     Some(Virtualization {
         seconds: total.elapsed_ns as f64 / 1e9,
+        msr_quiet_seconds: total
+            .msr
+            .as_ref()
+            .filter(|m| m.sampler_ns > 0)
+            .map(|m| m.quiet_secs(total.elapsed_ns)),
         msr_writes: msr(true),
         msr_reads: msr(false),
         sampler,

@@ -4,7 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 use virtgap_probes::model::BlockSnapshot;
-use virtgap_workloads::stats::{IntervalSample, RunStats};
+use virtgap_workloads::histogram::LatencyHistogram;
+use virtgap_workloads::stats::IntervalSample;
 use virtgap_workloads::units;
 
 /// An I/O slower than this is a stall in itself (a cloud disk's worst healthy tail is in the
@@ -132,12 +133,13 @@ impl StallLog {
         self.last_end_ns = Some(s.end_ns);
     }
 
-    /// The run's stalls: these spans with the run's slow I/Os and the kernel's counts.
-    pub fn stalls(&self, stats: &RunStats, block: Option<&BlockSnapshot>) -> Stalls {
+    /// The run's stalls: these spans with the slow I/Os among the app latencies `lat` (each
+    /// direction's, or the live view's merged one) and the kernel's counts.
+    pub fn stalls(&self, lat: &[&LatencyHistogram], block: Option<&BlockSnapshot>) -> Stalls {
         let (mut slow, mut max) = (0, None::<u64>);
-        for d in [&stats.read, &stats.write] {
-            slow += d.lat.count_above(SLOW_IO_NS);
-            max = max.max(d.lat.max_ns());
+        for h in lat {
+            slow += h.count_above(SLOW_IO_NS);
+            max = max.max(h.max_ns());
         }
         Stalls {
             stalled_intervals: self.stalled_intervals,
@@ -176,10 +178,10 @@ mod tests {
             log.add(&interval(i, 0, age));
         }
         log.add(&interval(5, 1200, 1_000_000));
-        let mut stats = RunStats::default();
-        stats.read.lat.record(4 * SEC);
-        stats.read.lat.record(200_000);
-        let s = log.stalls(&stats, None);
+        let mut lat = LatencyHistogram::default();
+        lat.record(4 * SEC);
+        lat.record(200_000);
+        let s = log.stalls(&[&lat], None);
         assert_eq!(s.stalled_intervals, 3);
         assert_eq!(
             s.spans,
@@ -205,7 +207,7 @@ mod tests {
         // Nothing in flight, or an I/O issued mid-interval: quiet, not stuck.
         log.add(&interval(0, 0, 0));
         log.add(&interval(1, 0, SEC / 3));
-        let s = log.stalls(&RunStats::default(), Some(&BlockSnapshot::default()));
+        let s = log.stalls(&[], Some(&BlockSnapshot::default()));
         assert!(!s.found(), "{s:?}");
         assert_eq!(s.describe(), "");
     }

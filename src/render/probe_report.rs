@@ -55,10 +55,11 @@ pub fn ipi_summary(
     ]
 }
 
-/// MSR writes per second: those that exit to this host's hypervisor, the others, and those
-/// virtgap's own sampler caused (left out of both), `top` MSRs each.
+/// MSR writes per second: the host's that exit to its hypervisor and its others, `top` MSRs
+/// each, counted while virtgap's sampler paused; then the writes the sampler's own interrupts
+/// made while it ran.
 pub fn msr_lines(msr: &MsrSnapshot, secs: f64, top: usize) -> Vec<String> {
-    let rates = |v: Vec<(u32, u64)>| -> String {
+    let rates = |v: Vec<(u32, u64)>, per: f64| -> String {
         if v.is_empty() {
             return "none seen".into();
         }
@@ -66,27 +67,41 @@ pub fn msr_lines(msr: &MsrSnapshot, secs: f64, top: usize) -> Vec<String> {
             .take(top)
             .map(|(m, n)| {
                 let name = virtgap_probes::virt::msr_name(*m);
-                format!("{m:#x} {name} {}/s", units::count(*n as f64 / secs))
+                format!("{m:#x} {name} {}/s", units::count(*n as f64 / per))
             })
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let window_ns = (secs * 1e9) as u64;
+    if msr.host_scale(window_ns).is_none() {
+        return vec![
+            "exit-causing MSR writes: not measured (the sampler did not pause long enough to count the host's)"
+                .into(),
+        ];
+    }
+    let quiet = msr.quiet_secs(window_ns);
     let mut lines = vec![format!(
         "exit-causing MSR writes: {}",
-        rates(msr.top_writes(|c| c.exits && !c.by_sampler))
+        rates(
+            msr.top_writes(|c| c.exits && MsrSnapshot::is_hosts(c)),
+            quiet
+        )
     )];
-    let other = msr.top_writes(|c| !c.exits && !c.by_sampler);
+    let other = msr.top_writes(|c| !c.exits && MsrSnapshot::is_hosts(c));
     if !other.is_empty() {
         lines.push(format!(
             "other MSR writes (no exit known here): {}",
-            rates(other)
+            rates(other, quiet)
         ));
     }
-    let own = msr.sampler_writes();
-    if own > 0 {
+    if msr.sampler_ns > 0 {
         lines.push(format!(
-            "virtgap's own sampler caused {}/s MSR writes (left out above)",
-            units::count(own as f64 / secs)
+            "(counted while virtgap's sampler paused, {:.0}% of the time: its timer changes the host's)",
+            quiet / secs * 100.0
+        ));
+        lines.push(format!(
+            "virtgap's own sampler interrupts caused {}/s MSR writes while it ran (left out above)",
+            units::count(msr.sampler_writes() as f64 / (msr.sampler_ns as f64 / 1e9))
         ));
     }
     lines
@@ -293,14 +308,15 @@ pub fn write(
             "  sampled CPU time ({} Hz cpu-clock):",
             sampler.frequency_hz
         )?;
+        let sampled = sampler.seconds(secs);
         for c in &sampler.cpus {
-            if !c.represents(sampler.frequency_hz, secs) {
+            if !c.represents(sampler.frequency_hz, sampled) {
                 writeln!(
                     out,
                     "    cpu{}: not measured ({} of ~{:.0} expected samples arrived: the kernel dropped the rest, so a split would be biased)",
                     c.cpu,
                     c.total(),
-                    sampler.frequency_hz as f64 * secs
+                    sampler.frequency_hz as f64 * sampled
                 )?;
                 continue;
             }

@@ -317,7 +317,7 @@ fn save(
         stalls: Some(
             app.series
                 .stall_log()
-                .stalls(&stats, d.probes.as_ref().and_then(|p| p.block.as_ref())),
+                .stalls(&[&d.app], d.probes.as_ref().and_then(|p| p.block.as_ref())),
         ),
     });
     profile.stages.app = crate::model::profile::Histogram::from_latency(&d.app);

@@ -458,22 +458,29 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
     let mut lines = vec![Line::from("exit-causing MSR writes per second".bold())];
     match iv.and_then(|s| s.msr.as_ref()) {
         Some(msr) if secs > 0.0 => {
-            let v = msr.top_writes(|c| c.exits && !c.by_sampler);
-            for (m, n) in v.iter().take(6) {
-                lines.push(Line::from(format!(
-                    "  {m:#07x} {:<26} {:>8}/s",
-                    virtgap_probes::virt::msr_name(*m),
-                    units::count(*n as f64 / secs)
-                )));
+            let window_ns = (secs * 1e9) as u64;
+            let quiet = msr.quiet_secs(window_ns);
+            let v = msr.top_writes(|c| c.exits && virtgap_probes::model::MsrSnapshot::is_hosts(c));
+            if msr.host_scale(window_ns).is_none() {
+                lines.push(Line::from(
+                    "  not measured (no sampler pause in this interval)",
+                ));
+            } else {
+                for (m, n) in v.iter().take(6) {
+                    lines.push(Line::from(format!(
+                        "  {m:#07x} {:<26} {:>8}/s",
+                        virtgap_probes::virt::msr_name(*m),
+                        units::count(*n as f64 / quiet)
+                    )));
+                }
+                if v.is_empty() {
+                    lines.push(Line::from("  none seen"));
+                }
             }
-            if v.is_empty() {
-                lines.push(Line::from("  none seen"));
-            }
-            let own = msr.sampler_writes();
-            if own > 0 {
+            if msr.sampler_ns > 0 {
                 lines.push(Line::from(format!(
-                    "  virtgap's sampler: {}/s more (left out)",
-                    units::count(own as f64 / secs)
+                    "  (counted in the sampler's pauses; its own: {}/s more, left out)",
+                    units::count(msr.sampler_writes() as f64 / (msr.sampler_ns as f64 / 1e9))
                 )));
             }
         }
@@ -537,11 +544,13 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
     let mut lines = Vec::new();
     match iv.and_then(|s| s.sampler.as_ref()) {
         Some(sampler) => match sampler.cpus.iter().find(|c| c.cpu == cpu) {
-            Some(c) if !c.represents(sampler.frequency_hz, secs) => lines.push(Line::from(format!(
-                "  not measured: {} of ~{:.0} expected samples arrived (the kernel dropped the rest)",
-                c.total(),
-                sampler.frequency_hz as f64 * secs
-            ))),
+            Some(c) if !c.represents(sampler.frequency_hz, sampler.seconds(secs)) => {
+                lines.push(Line::from(format!(
+                    "  not measured: {} of ~{:.0} expected samples arrived (the kernel dropped the rest)",
+                    c.total(),
+                    sampler.frequency_hz as f64 * sampler.seconds(secs)
+                )))
+            }
             Some(c) if c.total() > 0 => {
                 let total = c.total() as f64;
                 for (cat, n) in c.categories() {
@@ -833,6 +842,7 @@ mod tests {
                         msr: 0x6e0,
                         write: true,
                         by_sampler: false,
+                        while_sampling: false,
                         exits: true,
                         count: 2_000 * scale,
                     },
@@ -841,10 +851,12 @@ mod tests {
                         msr: 0x830,
                         write: true,
                         by_sampler: false,
+                        while_sampling: false,
                         exits: true,
                         count: 150 * scale,
                     },
                 ],
+                sampler_ns: 0,
             }),
             sampler: Some(SamplerSnapshot {
                 frequency_hz: 999,
@@ -859,6 +871,7 @@ mod tests {
                     ]),
                 }],
                 dropped: 0,
+                sampled_ns: 0,
             }),
             kvm: None,
             pv_paths: None,

@@ -248,6 +248,35 @@ pub(crate) trait LoadedFamily {
     fn cpu_sized_maps(&self) -> &'static [&'static str] {
         &[]
     }
+    /// Told when virtgap's sampler starts or pauses (the sampler pauses itself; the msr family
+    /// counts the host's writes apart while it is paused).
+    fn sampler_running(&self, _running: bool) {}
+}
+
+/// How long something that starts and pauses has run in total.
+#[derive(Debug, Default)]
+pub(crate) struct RunningTime {
+    since: std::cell::Cell<Option<std::time::Instant>>,
+    before: std::cell::Cell<Duration>,
+}
+
+impl RunningTime {
+    /// Starts or pauses the clock; a repeated state changes nothing.
+    pub fn set(&self, running: bool) {
+        match (running, self.since.get()) {
+            (true, None) => self.since.set(Some(std::time::Instant::now())),
+            (false, Some(t)) => {
+                self.before.set(self.before.get() + t.elapsed());
+                self.since.set(None);
+            }
+            _ => {}
+        }
+    }
+
+    pub fn total_ns(&self) -> u64 {
+        let now = self.since.get().map_or(Duration::ZERO, |t| t.elapsed());
+        (self.before.get() + now).as_nanos() as u64
+    }
 }
 
 pub(crate) type Loaded<'obj> = Box<dyn LoadedFamily + 'obj>;

@@ -15,6 +15,8 @@ struct MsrProbe<'obj> {
     _links: Vec<Link>,
     /// The hypervisor this guest runs on ("none" on metal): which writes exit.
     hypervisor: &'static str,
+    /// How long virtgap's sampler has run while this probe counted.
+    sampler_ran: super::RunningTime,
 }
 
 pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
@@ -46,6 +48,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         skel,
         _links: links,
         hypervisor,
+        sampler_ran: super::RunningTime::default(),
     };
     Ok((Box::new(probe), report))
 }
@@ -66,14 +69,32 @@ impl LoadedFamily for MsrProbe<'_> {
                         msr: k.msr,
                         write,
                         by_sampler: k.access == types::vg_msr_access::VG_MSR_WRITE_BY_SAMPLER.0,
+                        while_sampling: k.access
+                            == types::vg_msr_access::VG_MSR_WRITE_WHILE_SAMPLING.0,
                         exits: write && crate::virt::msr_exits(self.hypervisor, k.msr),
                         count: n,
                     });
                 }
             }
         }
-        counts.sort_by_key(|c| (c.cpu, c.msr, c.write, c.by_sampler));
-        snap.msr = Some(MsrSnapshot { counts });
+        counts.sort_by_key(|c| (c.cpu, c.msr, c.write, c.by_sampler, c.while_sampling));
+        snap.msr = Some(MsrSnapshot {
+            counts,
+            sampler_ns: self.sampler_ran.total_ns(),
+        });
+    }
+
+    fn sampler_running(&self, running: bool) {
+        let Some(bss) = self.skel.maps.bss_data.as_deref() else {
+            return;
+        };
+        // SAFETY: the bss map is mmap'd and shared with the programs; a 4-byte aligned store is
+        // atomic on every architecture BPF runs on, and the programs only read this word.
+        unsafe {
+            let p = std::ptr::addr_of!(bss.sampler_running).cast_mut();
+            std::ptr::write_volatile(p, u32::from(running));
+        }
+        self.sampler_ran.set(running);
     }
 
     fn objects(&self) -> Vec<&Object> {

@@ -52,9 +52,18 @@ fn open_cpu_clock(cpu: u32, hz: u64) -> Result<i32, std::io::Error> {
     Ok(fd as i32)
 }
 
+/// `PERF_EVENT_IOC_ENABLE` / `_DISABLE` (`_IO('$', 0)` and `_IO('$', 1)` in
+/// linux/perf_event.h; neither libc nor libbpf-sys exports them).
+const PERF_EVENT_IOC_ENABLE: libc::c_ulong = 0x2400;
+const PERF_EVENT_IOC_DISABLE: libc::c_ulong = 0x2401;
+
 struct SamplerProbe<'obj> {
     skel: SamplerSkel<'obj>,
     _links: Vec<Link>,
+    /// The attached events' fds (each link owns and closes its own): paused and resumed here.
+    events: Vec<i32>,
+    /// How long the events have been enabled.
+    ran: super::RunningTime,
     hz: u64,
     symbols: Arc<Symbols>,
     /// Samples drained so far, per CPU (each CPU's rare symbols folded by category).
@@ -88,6 +97,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         None => fail(e),
     })?;
     let mut links = Vec::new();
+    let mut events = Vec::new();
     let mut outcomes = Vec::new();
     for &cpu in &cx.host.online_cpus {
         let name = format!("cpu-clock@{hz}Hz cpu{cpu}");
@@ -97,11 +107,13 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
                 skel.progs
                     .sample
                     .attach_perf_event(fd)
+                    .map(|link| (fd, link))
                     .map_err(|e| format!("attach: {e}"))
             });
         match result {
-            Ok(link) => {
+            Ok((fd, link)) => {
                 links.push(link);
+                events.push(fd);
                 outcomes.push(AttachOutcome {
                     tracepoint: name,
                     attached: Some(AttachKind::PerfEvent),
@@ -122,9 +134,13 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
             .unwrap_or_else(|| "no CPU online".into());
         return Err(fail(why));
     }
+    let ran = super::RunningTime::default();
+    ran.set(true);
     let probe = SamplerProbe {
         skel,
         _links: links,
+        events,
+        ran,
         hz,
         symbols: Arc::clone(cx.symbols),
         drained: RefCell::new(BTreeMap::new()),
@@ -200,7 +216,24 @@ impl LoadedFamily for SamplerProbe<'_> {
             frequency_hz: self.hz,
             cpus: self.drained.borrow().values().cloned().collect(),
             dropped: percpu_sum(&self.skel.maps.dropped, 0),
+            sampled_ns: self.ran.total_ns(),
         });
+    }
+
+    fn sampler_running(&self, running: bool) {
+        let request = if running {
+            PERF_EVENT_IOC_ENABLE
+        } else {
+            PERF_EVENT_IOC_DISABLE
+        };
+        for &fd in &self.events {
+            // SAFETY: `fd` is a perf event fd kept open by its link for as long as `self`
+            // lives; these two ioctls take no argument. A failure leaves the event as it was.
+            unsafe {
+                libc::ioctl(fd, request, 0);
+            }
+        }
+        self.ran.set(running);
     }
 
     fn objects(&self) -> Vec<&Object> {
