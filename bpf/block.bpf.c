@@ -10,6 +10,14 @@
  * Requests are keyed by `struct request *` from their start to their completion (or their merge
  * into another request). Also counts submitting CPU x completing CPU pairs.
  *
+ * Device time ends where the guest learns of the completion: the entry of the interrupt
+ * handler serving the request's hardware queue (user space maps queues to IRQs from sysfs and
+ * /proc/interrupts; irq_handler_entry stamps each mapped IRQ's latest entry). From there to the
+ * request's completion is the completion stage: the driver's completion path, plus the IPI or
+ * softirq hop when the request completes on another CPU. A request whose queue has no known
+ * IRQ, or whose IRQ has not entered since its issue, keeps device time to completion and is
+ * counted as unsplit.
+ *
  * Whose requests: the process filter must apply where a request is started, in its
  * submitter's context, because dispatch may happen later from kblockd or from another task's
  * plug. Linux 6.5+ fires block_io_start there. Before it, the followed process's bios are
@@ -104,6 +112,22 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } counters SEC(".maps");
+
+/* The IRQ serving each hardware queue (filled by user space before attaching). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, VG_MAX_QUEUE_IRQS);
+	__type(key, struct vg_queue_key);
+	__type(value, __u32);
+} queue_irqs SEC(".maps");
+
+/* Latest handler entry of each IRQ in `queue_irqs` (user space adds each with 0). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, VG_MAX_QUEUE_IRQS);
+	__type(key, __u32);
+	__type(value, __u64);
+} irq_entered SEC(".maps");
 
 /* All zeroes: the initial value of a new histogram (too large for the BPF stack). */
 struct {
@@ -307,10 +331,28 @@ static __always_inline void count_error(__u64 raw_error)
 		bump(VG_BLOCK_TIMEOUTS);
 }
 
+/*
+ * When the IRQ serving `t`'s queue last entered its handler, if that was after the request's
+ * issue and not after `now` (the completion); else 0: the split is unknown.
+ */
+static __always_inline __u64 irq_entry_since(struct rq_track *t, __u64 now)
+{
+	struct vg_queue_key queue = { .dev = t->key.dev, .hctx = t->key.hctx };
+	__u32 *irq = bpf_map_lookup_elem(&queue_irqs, &queue);
+	__u64 *entered;
+
+	if (!irq)
+		return 0;
+	entered = bpf_map_lookup_elem(&irq_entered, irq);
+	if (!entered || *entered < t->issue_ns || *entered > now)
+		return 0;
+	return *entered;
+}
+
 static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsigned int nr_bytes,
 				       bool btf)
 {
-	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta;
+	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta, device_end;
 	struct rq_track *t;
 
 	if (!rq)
@@ -331,15 +373,42 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 	}
 	if (vg_elapsed(t->start_ns, t->issue_ns, &delta))
 		record(&t->key, VG_STAGE_QUEUE, delta);
-	if (vg_elapsed(t->issue_ns, now, &delta)) {
+	device_end = irq_entry_since(t, now);
+	if (vg_elapsed(t->issue_ns, device_end ? device_end : now, &delta)) {
 		record(&t->key, VG_STAGE_DEVICE, delta);
 		__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &t->submit_cpu);
 
 		if (n)
 			(*n)++;
+		if (!device_end)
+			bump(VG_BLOCK_UNSPLIT);
+		else if (vg_elapsed(device_end, now, &delta))
+			record(&t->key, VG_STAGE_COMPLETION, delta);
 	}
 	bpf_map_delete_elem(&requests, &key);
 	return 0;
+}
+
+static __always_inline int on_irq_entry(int irq)
+{
+	__u32 key = irq;
+	__u64 *entered = bpf_map_lookup_elem(&irq_entered, &key);
+
+	if (entered)
+		*entered = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("tp_btf/irq_handler_entry")
+int BPF_PROG(irq_handler_entry_btf, int irq, struct irqaction *action)
+{
+	return on_irq_entry(irq);
+}
+
+SEC("raw_tp/irq_handler_entry")
+int BPF_PROG(irq_handler_entry_raw, int irq, struct irqaction *action)
+{
+	return on_irq_entry(irq);
 }
 
 SEC("tp_btf/block_io_start")

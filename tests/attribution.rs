@@ -114,7 +114,7 @@ fn delta(d: &Value, metric: &str) -> f64 {
 /// Throttling holds requests before the device: at least 80% of the gap in block queue +
 /// software (submission), under 20% on the device.
 fn assert_gap_in_queue_or_submit(d: &Value) {
-    let queue_or_submit = share(d, "block queue") + share(d, "software: submit + completion");
+    let queue_or_submit = share(d, "block queue") + share(d, "software: submit + reap");
     assert!(
         queue_or_submit >= 0.8,
         "only {:.0}% of the gap in queue + submit",
@@ -432,7 +432,7 @@ fn a_cpu_hog_on_the_irq_cpu_shows_up_in_the_completion_path() {
         &b,
     );
     assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
-    let software = share(&d, "software: submit + completion");
+    let software = share(&d, "software: submit + reap");
     assert!(
         software >= 0.8,
         "only {:.0}% of the gap in software",

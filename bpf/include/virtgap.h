@@ -20,6 +20,8 @@ enum vg_limits {
 	VG_MAX_INFLIGHT = 16384,
 	/* Histogram keys: (device, hardware queue, op, stage) combinations. */
 	VG_MAX_BLOCK_HISTS = 256,
+	/* Hardware queues with a known IRQ, and those IRQs (user space sizes both). */
+	VG_MAX_QUEUE_IRQS = 1024,
 	/* CPUs a per-CPU-indexed array covers. */
 	VG_MAX_CPUS = 1024,
 	/* (CPU, IRQ) pairs. */
@@ -42,9 +44,24 @@ struct vg_hist {
 enum vg_block_stage {
 	/* Request started (allocated and accounted) -> its last issue to the driver. */
 	VG_STAGE_QUEUE = 0,
-	/* Last issue to the driver -> final completion (device service plus interrupt delivery);
-	 * for a flush, request start -> completion. */
+	/*
+	 * Last issue to the driver -> the entry of the interrupt handler of the request's hardware
+	 * queue that completed it (device service plus interrupt delivery); where that IRQ is not
+	 * known (no per-queue IRQ, polled queues, loop and other virtual devices), -> final
+	 * completion. For a flush, request start -> completion.
+	 */
 	VG_STAGE_DEVICE = 1,
+	/*
+	 * That interrupt handler's entry -> the request's final completion: the driver's completion
+	 * path, and the cross-CPU hop (an IPI, a softirq) when the request completes elsewhere.
+	 */
+	VG_STAGE_COMPLETION = 2,
+};
+
+/* A hardware queue, for the map from queues to the IRQ that serves them. */
+struct vg_queue_key {
+	__u32 dev; /* major << 20 | minor of the whole disk */
+	__u32 hctx;
 };
 
 /* Request operation, from cmd_flags & REQ_OP_MASK. */
@@ -78,7 +95,12 @@ enum vg_block_counter {
 	VG_BLOCK_ERRORS = 3,
 	/* ... of which the block layer's timeout ended it. */
 	VG_BLOCK_TIMEOUTS = 4,
-	VG_BLOCK_COUNTERS = 5,
+	/*
+	 * Requests whose device time ran to completion: their queue's IRQ is not known, or had not
+	 * entered since the issue (polled, or completed outside it). No completion stage for them.
+	 */
+	VG_BLOCK_UNSPLIT = 5,
+	VG_BLOCK_COUNTERS = 6,
 };
 
 /* NVMe command latency key. qid = hardware queue index + 1; 0 is the admin queue. */

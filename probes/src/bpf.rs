@@ -29,7 +29,12 @@ macro_rules! hist_type {
 pub mod block {
     include!(concat!(env!("OUT_DIR"), "/block.skel.rs"));
     hist_type!();
-    plain_types!(types::vg_block_key, types::vg_hist, types::rq_track);
+    plain_types!(
+        types::vg_block_key,
+        types::vg_hist,
+        types::rq_track,
+        types::vg_queue_key
+    );
 }
 
 pub mod irq {

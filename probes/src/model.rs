@@ -11,9 +11,14 @@ use crate::hist::KernelHist;
 pub enum BlockStage {
     /// Request started (allocated and accounted) -> its last issue to the driver.
     Queue,
-    /// Last issue to the driver -> final completion: device service plus interrupt delivery.
-    /// For a flush (op `Flush`), request start -> completion.
+    /// Last issue to the driver -> entry of the interrupt handler of the request's queue:
+    /// device service plus interrupt delivery. Where that IRQ is unknown (see
+    /// `BlockSnapshot::unsplit`), -> final completion. For a flush (op `Flush`), request start
+    /// -> completion.
     Device,
+    /// That handler's entry -> the request's final completion: the driver's completion path
+    /// and any hop to another CPU (an IPI or softirq).
+    Completion,
 }
 
 impl BlockStage {
@@ -21,6 +26,7 @@ impl BlockStage {
         match self {
             Self::Queue => "queue",
             Self::Device => "device",
+            Self::Completion => "completion",
         }
     }
 }
@@ -107,6 +113,10 @@ pub struct BlockSnapshot {
     /// ... of which the block layer's timeout ended them.
     #[serde(default)]
     pub timeouts: u64,
+    /// Completions whose device time ran to completion, with no completion stage: their
+    /// queue's IRQ is unknown (virtual devices, shared vectors) or had not entered (polled).
+    #[serde(default)]
+    pub unsplit: u64,
 }
 
 impl BlockSnapshot {
@@ -183,6 +193,7 @@ impl BlockSnapshot {
             dropped: self.dropped.saturating_sub(earlier.dropped),
             unseen: self.unseen.saturating_sub(earlier.unseen),
             requeued: self.requeued.saturating_sub(earlier.requeued),
+            unsplit: self.unsplit.saturating_sub(earlier.unsplit),
             errors: self.errors.saturating_sub(earlier.errors),
             timeouts: self.timeouts.saturating_sub(earlier.timeouts),
         }

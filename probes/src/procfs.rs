@@ -22,6 +22,20 @@ pub fn irq_names(interrupts: &str) -> BTreeMap<u32, String> {
         .collect()
 }
 
+/// The driver name for a hardware queue's IRQ: "virtio1-req.0" → queue 0, "nvme0q3" → queue 2
+/// (NVMe queue 0 is the admin queue, so I/O queue q serves hctx q-1).
+pub fn queue_of_irq(driver_device: &str, irq_name: &str) -> Option<u32> {
+    let rest = irq_name.strip_prefix(driver_device)?;
+    if let Some(n) = rest.strip_prefix("-req.") {
+        return n.parse().ok();
+    }
+    if let Some(q) = rest.strip_prefix('q') {
+        let qid: u32 = q.parse().ok()?;
+        return qid.checked_sub(1);
+    }
+    None
+}
+
 /// The chip of each numbered IRQ ("PCI-MSIX-0000:00:02.0", "xen-pirq-msi-x", "IR-PCI-MSI").
 pub fn irq_chips(interrupts: &str) -> BTreeMap<u32, String> {
     let mut lines = interrupts.lines();
@@ -123,6 +137,15 @@ mod tests {
  39:       2734          0 PCI-MSIX-0000:00:03.0   2-edge      virtio2-output.0\n\
 NMI:          0          0   Non-maskable interrupts\n\
 LOC:    1234567    2345678   Local timer interrupts\n";
+
+    #[test]
+    fn maps_irq_names_to_queues() {
+        assert_eq!(super::queue_of_irq("virtio1", "virtio1-req.0"), Some(0));
+        assert_eq!(super::queue_of_irq("virtio1", "virtio1-config"), None);
+        assert_eq!(super::queue_of_irq("nvme0", "nvme0q1"), Some(0));
+        assert_eq!(super::queue_of_irq("nvme0", "nvme0q0"), None, "admin queue");
+        assert_eq!(super::queue_of_irq("nvme0", "nvme10q1"), None);
+    }
 
     #[test]
     fn names_irqs_from_proc_interrupts() {

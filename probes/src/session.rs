@@ -104,7 +104,8 @@ impl<'a> ProbeSession<'a> {
             base_cpu_times: procfs::read_cpu_times(),
             report,
         };
-        // The sampler's events start enabled: the others learn it runs.
+        // The sampler's events open disabled: they start with the session's clock, and the
+        // others learn it runs.
         if session.families.iter().any(|(f, _)| *f == Family::Sampler) {
             session.set_sampler_running(true);
         }

@@ -166,6 +166,84 @@ fn block_stages_count_every_direct_read_of_this_process() {
     assert_eq!(block.dropped, 0);
 }
 
+/// Device time ends where the interrupt handler of the request's queue starts, and the rest up
+/// to the completion is the completion stage: every read gets both, and together with the
+/// queue stage they fall within what the reads took.
+#[test]
+fn device_time_ends_at_the_queues_interrupt_and_completion_takes_the_rest() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    const BLOCKS: u64 = 1000;
+    let path = data_file(dir.path(), BLOCKS);
+    let sys = disk_sysfs(dir.path());
+    let disk = devnum(&sys);
+    let driver = std::fs::canonicalize(sys.join("device"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    let names =
+        virtgap_probes::procfs::irq_names(&std::fs::read_to_string("/proc/interrupts").unwrap());
+    let named = driver.as_deref().is_some_and(|d| {
+        names
+            .values()
+            .any(|n| virtgap_probes::procfs::queue_of_irq(d, n).is_some())
+    });
+    if !virtgap_testkit::require(
+        "the completion stage checks",
+        if named {
+            Ok(())
+        } else {
+            Err(format!("no IRQ of {driver:?} is named after a queue"))
+        },
+    ) {
+        return;
+    }
+    let mut storage = ProbeStorage::default();
+    let config = ProbeConfig::new(vec![Family::Block], Some(std::process::id()));
+    let session = ProbeSession::load(&mut storage, &config);
+    if !family_ready(&session, Family::Block) {
+        return;
+    }
+    let before = session.snapshot();
+    let (min_ns, max_ns) = direct_reads(&path, BLOCKS);
+    let after = session.snapshot();
+    let block = after.block.unwrap().since(&before.block.unwrap());
+    let stage = |s| block.stage(Some(&[disk]), s, &[BlockOp::Read]);
+    let (queue, device, completion) = (
+        stage(BlockStage::Queue),
+        stage(BlockStage::Device),
+        stage(BlockStage::Completion),
+    );
+    eprintln!(
+        "{} reads: device mean {:?} ns, completion {} of them, mean {:?} ns, p99 {:?} ns; {} unsplit; reads took {min_ns}..{max_ns} ns",
+        device.count,
+        device.mean_ns(),
+        completion.count,
+        completion.mean_ns(),
+        completion.percentile_ns(99.0),
+        block.unsplit
+    );
+    assert!(
+        completion.count as f64 >= device.count as f64 * 0.98 && device.count >= BLOCKS * 98 / 100,
+        "{} of {} reads had a completion stage",
+        completion.count,
+        device.count
+    );
+    assert!(
+        block.unsplit <= BLOCKS / 50,
+        "{} reads unsplit",
+        block.unsplit
+    );
+    let whole =
+        queue.mean_ns().unwrap() + device.mean_ns().unwrap() + completion.mean_ns().unwrap();
+    assert!(
+        (min_ns as f64) * 0.5 <= whole && whole <= max_ns as f64,
+        "queue + device + completion {whole} ns outside the reads' own [{min_ns}, {max_ns}] ns"
+    );
+}
+
 /// Each fdatasync after a direct overwrite sends one cache flush (an empty PREFLUSH request)
 /// from this process to a disk with a volatile write cache: every one is counted, as op flush.
 #[test]

@@ -359,6 +359,10 @@ impl ProfileDiff {
     }
 }
 
+/// The waterfall's rows after app latency that make up its mean: queue, device, completion,
+/// software.
+pub const STAGE_ROWS: usize = 4;
+
 /// The percentiles compared as tails.
 const TAIL_PERCENTILES: [f64; 2] = [99.0, 99.9];
 
@@ -368,6 +372,8 @@ struct Figures {
     app: Option<f64>,
     queue: Option<f64>,
     device: Option<f64>,
+    /// Per block request (those without the stage count 0), so the means still add up.
+    completion: Option<f64>,
     iops: Option<f64>,
     wakeup_per_io: Option<f64>,
     hardirq_per_io: Option<f64>,
@@ -382,7 +388,7 @@ struct Figures {
 
 impl Figures {
     fn software(&self) -> Option<f64> {
-        Some(self.app? - self.queue? - self.device?)
+        Some(self.app? - self.queue? - self.device? - self.completion.unwrap_or(0.0))
     }
 
     fn tail(&self, stage: Stage, pct: f64) -> Option<f64> {
@@ -415,6 +421,7 @@ impl Figures {
             app: r.stages.app.mean_ns(),
             queue: r.stages.queue.as_ref().and_then(|h| h.mean_ns()),
             device: r.stages.device.as_ref().and_then(|h| h.mean_ns()),
+            completion: r.stages.completion_per_request(),
             iops: r.iops(),
             wakeup_per_io: per_io(r.stages.wakeup.as_ref().map(|w| w.sum_ns)),
             hardirq_per_io: per_io(r.hardirq_ns.map(|v| v as f64)),
@@ -452,6 +459,18 @@ impl Figures {
                 .then(|| ivs.iter().map(|i| i.lat_sum_ns).sum::<f64>() / lat_count),
             queue: stage_mean(Stage::Queue),
             device: stage_mean(Stage::Device),
+            completion: {
+                let sum = |stage: Stage| {
+                    ivs.iter()
+                        .filter_map(|i| i.stage(stage))
+                        .fold((0.0, 0.0), |(n, s), x| {
+                            (n + x.count as f64, s + x.sum_ns as f64)
+                        })
+                };
+                let ((completed, _), (split, completion_ns)) =
+                    (sum(Stage::Device), sum(Stage::Completion));
+                (completed > 0.0 && split > 0.0).then(|| completion_ns / completed)
+            },
             iops: (span > 0.0).then(|| {
                 ivs.iter()
                     .map(|i| i.read_ios as f64 + i.write_ios as f64)
@@ -838,8 +857,11 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         cmp("app latency (mean)", Unit::Ns, &|f| f.app),
         cmp("  block queue", Unit::Ns, &|f| f.queue),
         cmp("  device", Unit::Ns, &|f| f.device),
+        cmp("  completion: IRQ -> request done", Unit::Ns, &|f| {
+            f.completion
+        }),
         compare(
-            "  software: submit + completion",
+            "  software: submit + reap",
             Unit::Ns,
             sides,
             basis,
@@ -882,7 +904,7 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     // Shares only for the three stages an I/O's latency is made of: the host-wide figures
     // below them are background divided by I/Os, evidence rather than parts of the gap.
     let gap = waterfall[0].delta.filter(|d| d.abs() > 0.0);
-    for r in &mut waterfall[1..4] {
+    for r in &mut waterfall[1..=STAGE_ROWS] {
         r.share = gap.zip(r.delta).map(|(g, d)| d / g);
     }
 
@@ -960,7 +982,7 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     }
 
     let verdict = if waterfall[0].verdict == Verdict::Significant {
-        waterfall[1..4]
+        waterfall[1..=STAGE_ROWS]
             .iter()
             .filter(|r| r.verdict == Verdict::Significant && r.share.is_some_and(|s| s > 0.0))
             .max_by(|x, y| x.share.unwrap_or(0.0).total_cmp(&y.share.unwrap_or(0.0)))
@@ -1027,6 +1049,40 @@ pub(crate) mod tests {
     use crate::model::profile::{CpuLoad, Histogram, StageSample};
 
     /// A profile whose every interval has the given stage means (ns) plus deterministic jitter.
+    /// `p` with a completion stage of `mean_ns` on `share` of its requests, taken out of their
+    /// device time (app latency unchanged).
+    fn with_completion(mut p: Profile, mean_ns: f64, share: f64) -> Profile {
+        let moved = |device: &mut u64, count: u64| -> (u64, u64) {
+            let n = (count as f64 * share) as u64;
+            let ns = (mean_ns * n as f64) as u64;
+            *device -= ns;
+            (n, ns)
+        };
+        for iv in &mut p.intervals {
+            let dev = iv.stages.get_mut("device").unwrap();
+            let count = dev.count;
+            let (n, ns) = moved(&mut dev.sum_ns, count);
+            iv.stages.insert(
+                "completion".into(),
+                StageSample {
+                    count: n,
+                    sum_ns: ns,
+                },
+            );
+        }
+        let dh = p.stages.device.as_mut().unwrap();
+        let mut sum = dh.sum_ns as u64;
+        let (n, ns) = moved(&mut sum, dh.count);
+        dh.sum_ns = sum as f64;
+        p.stages.completion = Some(Histogram {
+            count: n,
+            sum_ns: ns as f64,
+            buckets: vec![[(mean_ns * 0.9) as u64, (mean_ns * 1.1) as u64, n]],
+            ..Default::default()
+        });
+        p
+    }
+
     pub(crate) fn synthetic(
         queue: f64,
         device: f64,
@@ -1180,31 +1236,57 @@ pub(crate) mod tests {
 
     #[test]
     fn waterfall_decomposes_the_gap_exactly() {
-        let a = synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10);
-        let b = synthetic(2_000.0, 800_000.0, 110_000.0, 5_000.0, 10);
+        // Every request of A has a 20 µs completion stage, half of B's a 60 µs one: taken out
+        // of their device time, so app latency is as before.
+        let a = with_completion(
+            synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10),
+            20_000.0,
+            1.0,
+        );
+        let b = with_completion(
+            synthetic(2_000.0, 800_000.0, 110_000.0, 5_000.0, 10),
+            60_000.0,
+            0.5,
+        );
         let d = diff(&a, &b);
         let w = &d.waterfall;
         let gap = w[0].delta.unwrap();
         assert!((gap - 510_000.0).abs() < 1.0, "{gap}");
-        let parts: f64 = w[1..4].iter().map(|r| r.delta.unwrap()).sum();
+        let parts: f64 = w[1..=STAGE_ROWS].iter().map(|r| r.delta.unwrap()).sum();
         assert!(
             (parts - gap).abs() < 1e-6,
-            "Δqueue + Δdevice + Δsoftware = Δapp"
+            "Δqueue + Δdevice + Δcompletion + Δsoftware = Δapp"
         );
-        let shares: f64 = w[1..4].iter().map(|r| r.share.unwrap()).sum();
+        let completion = w[3].delta.unwrap();
+        assert!(
+            (completion - 10_000.0).abs() < 1e-6,
+            "per request: 30 - 20 µs, {completion}"
+        );
+        let shares: f64 = w[1..=STAGE_ROWS].iter().map(|r| r.share.unwrap()).sum();
         assert!((shares - 1.0).abs() < 1e-9);
         assert_eq!(w[2].verdict, Verdict::Significant);
-        assert!((w[2].share.unwrap() - 500.0 / 510.0).abs() < 1e-9);
+        assert!((w[2].share.unwrap() - 490.0 / 510.0).abs() < 1e-9);
         assert_eq!(d.verdict.as_deref(), Some("device"));
+        let msr = w
+            .iter()
+            .find(|r| r.metric.contains("MSR writes per I/O"))
+            .unwrap();
         assert_eq!(
-            w[8].verdict,
+            msr.verdict,
             Verdict::NotMeasured,
             "MSR writes are not in these profiles"
         );
         assert!(
-            w[4..].iter().all(|r| r.share.is_none()),
+            w[STAGE_ROWS + 1..].iter().all(|r| r.share.is_none()),
             "host-wide figures are evidence, not shares of the gap"
         );
+        // Without a completion stage on either side, software takes what it would have.
+        let d = diff(
+            &synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10),
+            &synthetic(2_000.0, 800_000.0, 110_000.0, 5_000.0, 10),
+        );
+        assert_eq!(d.waterfall[3].verdict, Verdict::NotMeasured);
+        assert!((d.waterfall[4].delta.unwrap() - 10_000.0).abs() < 1e-6);
     }
 
     #[test]

@@ -141,20 +141,6 @@ fn platform_of(hypervisor: &str, dmi: Option<&Dmi>) -> (String, Option<String>) 
     }
 }
 
-/// The driver name for a hardware queue's IRQ: "virtio1-req.0" → queue 0, "nvme0q3" → queue 2
-/// (NVMe queue 0 is the admin queue, so I/O queue q serves hctx q-1).
-pub fn queue_of_irq(driver_device: &str, irq_name: &str) -> Option<u32> {
-    let rest = irq_name.strip_prefix(driver_device)?;
-    if let Some(n) = rest.strip_prefix("-req.") {
-        return n.parse().ok();
-    }
-    if let Some(q) = rest.strip_prefix('q') {
-        let qid: u32 = q.parse().ok()?;
-        return qid.checked_sub(1);
-    }
-    None
-}
-
 fn kind_of(driver_device: Option<&str>, name: &str) -> String {
     match driver_device {
         Some(d) if d.starts_with("virtio") => "virtio-blk".into(),
@@ -206,7 +192,9 @@ fn block_devices(root: &Path, interrupts: &str) -> Vec<BlockDeviceInfo> {
                     let irq = driver_device.as_deref().and_then(|d| {
                         names
                             .iter()
-                            .find(|(_, n)| queue_of_irq(d, n) == Some(index))
+                            .find(|(_, n)| {
+                                virtgap_probes::procfs::queue_of_irq(d, n) == Some(index)
+                            })
                             .map(|(&irq, n)| QueueIrq {
                                 irq,
                                 name: n.clone(),
@@ -724,14 +712,5 @@ mod tests {
             "{}",
             f.describe()
         );
-    }
-
-    #[test]
-    fn maps_irq_names_to_queues() {
-        assert_eq!(queue_of_irq("virtio1", "virtio1-req.0"), Some(0));
-        assert_eq!(queue_of_irq("virtio1", "virtio1-config"), None);
-        assert_eq!(queue_of_irq("nvme0", "nvme0q1"), Some(0));
-        assert_eq!(queue_of_irq("nvme0", "nvme0q0"), None, "admin queue");
-        assert_eq!(queue_of_irq("nvme0", "nvme10q1"), None);
     }
 }

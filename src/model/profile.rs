@@ -149,13 +149,25 @@ pub enum Stage {
     App,
     Queue,
     Device,
+    Completion,
     Wakeup,
 }
 
 impl Stage {
-    pub const ALL: [Stage; 4] = [Stage::App, Stage::Queue, Stage::Device, Stage::Wakeup];
+    pub const ALL: [Stage; 5] = [
+        Stage::App,
+        Stage::Queue,
+        Stage::Device,
+        Stage::Completion,
+        Stage::Wakeup,
+    ];
     /// The block and scheduler stages the probes measure.
-    pub const PROBED: [Stage; 3] = [Stage::Queue, Stage::Device, Stage::Wakeup];
+    pub const PROBED: [Stage; 4] = [
+        Stage::Queue,
+        Stage::Device,
+        Stage::Completion,
+        Stage::Wakeup,
+    ];
 
     /// Its name in profiles, CSV files and the diff.
     pub fn name(self) -> &'static str {
@@ -163,6 +175,7 @@ impl Stage {
             Stage::App => "app",
             Stage::Queue => BlockStage::Queue.name(),
             Stage::Device => BlockStage::Device.name(),
+            Stage::Completion => BlockStage::Completion.name(),
             Stage::Wakeup => "wakeup",
         }
     }
@@ -175,8 +188,13 @@ pub struct Stages {
     pub app: Histogram,
     /// Block layer: request start -> issue (None when the block probe did not attach).
     pub queue: Option<Histogram>,
-    /// Issue -> completion.
+    /// Issue -> entry of the completing queue's interrupt handler (-> completion for requests
+    /// whose queue IRQ is unknown: see `completion`).
     pub device: Option<Histogram>,
+    /// Interrupt handler entry -> request completion, for the requests whose queue IRQ is known
+    /// (absent: none was, as on loop or md-only targets, or a profile from before the stage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<Histogram>,
     /// Wakeup -> on CPU of the workload's threads.
     pub wakeup: Option<Histogram>,
     /// The workload's cache flushes: request start -> completion (none counted before 6.5).
@@ -191,8 +209,16 @@ impl Stages {
             Stage::App => Some(&self.app),
             Stage::Queue => self.queue.as_ref(),
             Stage::Device => self.device.as_ref(),
+            Stage::Completion => self.completion.as_ref(),
             Stage::Wakeup => self.wakeup.as_ref(),
         }
+    }
+
+    /// Mean completion stage per block request, the requests without one counting 0: what
+    /// the stage adds to queue + device, so the means still decompose a request's time.
+    pub fn completion_per_request(&self) -> Option<f64> {
+        let (c, d) = (self.completion.as_ref()?, self.device.as_ref()?);
+        (d.count > 0).then(|| c.sum_ns / d.count as f64)
     }
 }
 
@@ -212,6 +238,8 @@ pub struct DeviceProfile {
 pub struct DeviceStages {
     pub queue: Option<Histogram>,
     pub device: Option<Histogram>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion: Option<Histogram>,
 }
 
 /// One hardware queue's share of a disk's stages.
@@ -220,6 +248,8 @@ pub struct QueueStages {
     pub hctx: u16,
     pub queue: StageSample,
     pub device: StageSample,
+    #[serde(default)]
+    pub completion: StageSample,
 }
 
 /// NVMe command latency (setup -> completion) on one queue id (hardware queue + 1).
@@ -588,7 +618,11 @@ pub fn stage_samples(
 ) -> BTreeMap<String, StageSample> {
     let mut out = BTreeMap::new();
     if let Some(block) = &snap.block {
-        for stage in [BlockStage::Queue, BlockStage::Device] {
+        for stage in [
+            BlockStage::Queue,
+            BlockStage::Device,
+            BlockStage::Completion,
+        ] {
             let h = block.stage(devs, stage, &[BlockOp::Read, BlockOp::Write]);
             out.insert(
                 stage.name().to_string(),
@@ -1085,6 +1119,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             app: app_stage(i.stats),
             queue: kernel_stage(BlockStage::Queue),
             device: kernel_stage(BlockStage::Device),
+            completion: kernel_stage(BlockStage::Completion).filter(|h| h.count > 0),
             wakeup: total
                 .and_then(|t| t.wakeups.as_ref())
                 .map(|w| Histogram::from_kernel(&w.latency)),
@@ -1137,6 +1172,7 @@ pub fn pool_runs(mut runs: Vec<(Profile, RunRecord)>, merged: &RunStats, paced: 
         for (m, t) in [
             (&mut mine.queue, &p.stages.queue),
             (&mut mine.device, &p.stages.device),
+            (&mut mine.completion, &p.stages.completion),
             (&mut mine.wakeup, &p.stages.wakeup),
             (&mut mine.flush, &p.stages.flush),
         ] {
@@ -1204,6 +1240,7 @@ pub fn device_profiles(total: &ProbeSnapshot, disks: &TargetDisks) -> Vec<Device
                 let sample = match s.stage {
                     BlockStage::Queue => &mut q.queue,
                     BlockStage::Device => &mut q.device,
+                    BlockStage::Completion => &mut q.completion,
                 };
                 sample.count += s.hist.count;
                 sample.sum_ns += s.hist.sum_ns;
@@ -1221,6 +1258,7 @@ pub fn device_profiles(total: &ProbeSnapshot, disks: &TargetDisks) -> Vec<Device
                 stages: DeviceStages {
                     queue: stage(BlockStage::Queue),
                     device: stage(BlockStage::Device),
+                    completion: stage(BlockStage::Completion).filter(|h| h.count > 0),
                 },
                 queues: queues.into_values().collect(),
                 nvme_queues: nvme

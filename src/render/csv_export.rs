@@ -575,6 +575,7 @@ mod tests {
                 app: hist(&[401_000, 502_000]),
                 queue: Some(hist(&[2_000, 2_100])),
                 device: Some(hist(&[399_000, 401_000])),
+                completion: None,
                 wakeup: None,
                 flush: None,
             },

@@ -389,7 +389,11 @@ const COLOR_B: &str = "#d62728";
 
 /// The waterfall: for each stage, A's and B's mean side by side, with the delta.
 pub fn waterfall_svg(d: &ProfileDiff) -> String {
-    let rows: Vec<&Row> = d.waterfall[..4].iter().collect();
+    // A stage neither host measured (completion on a loop device, say) has no bars to draw.
+    let rows: Vec<&Row> = d.waterfall[..=crate::analysis::diff::STAGE_ROWS]
+        .iter()
+        .filter(|r| r.a.is_some() || r.b.is_some())
+        .collect();
     let max = rows
         .iter()
         .flat_map(|r| [r.a, r.b])

@@ -107,12 +107,13 @@ pub fn msr_lines(msr: &MsrSnapshot, secs: f64, top: usize) -> Vec<String> {
     lines
 }
 
-/// One block-stage table: queue and device rows under a title.
+/// One block-stage table: queue, device and (where measured) completion rows under a title.
 fn stage_table(
     out: &mut impl Write,
     title: &str,
     queue: &KernelHist,
     device: &KernelHist,
+    completion: &KernelHist,
 ) -> io::Result<()> {
     writeln!(out, "  {title}:")?;
     writeln!(
@@ -121,7 +122,11 @@ fn stage_table(
         "stage", "requests", "mean", "p50", "p99", "p99.9"
     )?;
     stage_row(out, "queue", queue)?;
-    stage_row(out, "device", device)
+    stage_row(out, "device", device)?;
+    if !completion.is_empty() {
+        stage_row(out, "completion", completion)?;
+    }
+    Ok(())
 }
 
 fn stage_row(out: &mut impl Write, name: &str, h: &KernelHist) -> io::Result<()> {
@@ -195,12 +200,20 @@ pub fn write(
                         stage_row(out, "flush", &device)?;
                         continue;
                     }
+                    let completion = block.stage(Some(devs), BlockStage::Completion, &[op]);
                     let title = format!("block stages of this process's {} on {name}", op.name());
-                    stage_table(out, &title, &queue, &device)?;
+                    stage_table(out, &title, &queue, &device, &completion)?;
                 }
             }
             if let Some(note) = disks.note.as_deref().filter(|_| disks.leaves.is_empty()) {
                 writeln!(out, "    {note}")?;
+            }
+            if block.unsplit > 0 {
+                writeln!(
+                    out,
+                    "    {} requests kept device time to their completion (no completion stage): their queue's IRQ is not known here, or did not fire",
+                    block.unsplit
+                )?;
             }
             let (cross, total) = block.cross_cpu_completions();
             if total > 0 {

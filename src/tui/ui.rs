@@ -106,20 +106,40 @@ fn render_header(f: &mut Frame<'_>, app: &App, area: Rect) {
     f.render_widget(Paragraph::new(lines), area);
 }
 
-/// Mean latency of the workload's I/Os split into software | queue | device.
-fn stage_means(app: &App) -> (Option<f64>, Option<f64>, Option<f64>, Option<f64>) {
+/// Mean latency of the workload's I/Os split into software | queue | device | completion
+/// (each per request; completion 0 where no request had the stage).
+#[derive(Clone, Copy, Debug)]
+struct StageMeans {
+    app: f64,
+    software: f64,
+    queue: f64,
+    device: f64,
+    completion: f64,
+}
+
+fn stage_means(app: &App) -> (Option<f64>, Option<StageMeans>) {
     let d = app.shown();
     let app_mean = d.app.mean_ns();
     let block = d.probes.as_ref().and_then(|p| p.block.as_ref());
     let dev = app.target_devs();
     let ops = [BlockOp::Read, BlockOp::Write];
-    let queue = block.and_then(|b| b.stage(dev, BlockStage::Queue, &ops).mean_ns());
-    let device = block.and_then(|b| b.stage(dev, BlockStage::Device, &ops).mean_ns());
-    let software = match (app_mean, queue, device) {
-        (Some(a), Some(q), Some(d)) => Some((a - q - d).max(0.0)),
-        _ => None,
-    };
-    (app_mean, software, queue, device)
+    let split = block.and_then(|b| {
+        let device = b.stage(dev, BlockStage::Device, &ops);
+        let completion = b.stage(dev, BlockStage::Completion, &ops);
+        let queue = b.stage(dev, BlockStage::Queue, &ops).mean_ns()?;
+        let per_request = completion.sum_ns as f64 / device.count.max(1) as f64;
+        Some((queue, device.mean_ns()?, per_request))
+    });
+    let means = app_mean
+        .zip(split)
+        .map(|(a, (queue, device, completion))| StageMeans {
+            app: a,
+            software: (a - queue - device - completion).max(0.0),
+            queue,
+            device,
+            completion,
+        });
+    (app_mean, means)
 }
 
 fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
@@ -151,31 +171,41 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         Constraint::Min(4),
     ])
     .areas(area);
-    let (app_mean, software, queue, device) = stage_means(app);
+    let (app_mean, means) = stage_means(app);
     let block = Block::bordered().title(" mean latency of the workload's I/Os ");
     let inner = block.inner(bar);
     f.render_widget(block, bar);
     let mut lines = Vec::new();
-    match (app_mean, software, queue, device) {
-        (Some(total), Some(s), Some(q), Some(d)) if total > 0.0 => {
+    match (app_mean, means) {
+        (_, Some(m)) if m.app > 0.0 => {
             let width = inner.width.saturating_sub(1) as f64;
-            let cells = |v: f64| ((v / total) * width).round() as usize;
-            let (cs, cq) = (cells(s), cells(q).max(usize::from(q > 0.0)));
-            let cd = (width as usize).saturating_sub(cs + cq);
+            let cells = |v: f64| ((v / m.app) * width).round() as usize;
+            let at_least_one = |v: f64| cells(v).max(usize::from(v > 0.0));
+            let (cs, cq, cc) = (
+                cells(m.software),
+                at_least_one(m.queue),
+                at_least_one(m.completion),
+            );
+            let cd = (width as usize).saturating_sub(cs + cq + cc);
             lines.push(Line::from(vec![
                 Span::styled("░".repeat(cs), Style::new().fg(Color::Yellow)),
                 Span::styled("▒".repeat(cq), Style::new().fg(Color::Cyan)),
                 Span::styled("█".repeat(cd), Style::new().fg(Color::Magenta)),
+                Span::styled("▓".repeat(cc), Style::new().fg(Color::Green)),
             ]));
-            lines.push(Line::from(format!(
-                "░ submit+completion {}  ▒ block queue {}  █ device {}  = {}",
-                units::latency(s),
-                units::latency(q),
-                units::latency(d),
-                units::latency(total)
-            )));
+            let legend = format!(
+                "░ submit+reap {}  ▒ queue {}  █ device {}  ▓ completion {}",
+                units::latency(m.software),
+                units::latency(m.queue),
+                units::latency(m.device),
+                units::latency(m.completion),
+            );
+            let total = format!("  = {}", units::latency(m.app));
+            // The sum where it fits: narrow terminals keep the parts.
+            let fits = legend.chars().count() + total.chars().count() <= inner.width as usize;
+            lines.push(Line::from(if fits { legend + &total } else { legend }));
         }
-        (Some(total), ..) => lines.push(Line::from(format!(
+        (Some(total), _) => lines.push(Line::from(format!(
             "app latency {} · stages unavailable ({})",
             units::latency(total),
             unavailable_reason(app, Family::Block)
@@ -213,6 +243,7 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
     let bl = app.baseline.as_ref();
     let app_p = |q: f64| d.app.percentile_ns(q).map(|v| v as f64);
     let (qh, dh) = (kernel(BlockStage::Queue), kernel(BlockStage::Device));
+    let ch = kernel(BlockStage::Completion).filter(|h| h.count > 0);
     let wk: Option<KernelHist> = d
         .probes
         .as_ref()
@@ -244,6 +275,12 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
             dh.as_ref().and_then(|h| h.mean_ns()),
             &hp(&dh),
             base(bl.and_then(|b| b.stages.device.as_ref())),
+        ),
+        row_of(
+            "completion",
+            ch.as_ref().and_then(|h| h.mean_ns()),
+            &hp(&ch),
+            base(bl.and_then(|b| b.stages.completion.as_ref())),
         ),
         row_of(
             "wakeup",
@@ -775,6 +812,10 @@ mod tests {
                             (5_000_000, 10 * scale),
                         ]),
                     ),
+                    stage(
+                        BlockStage::Completion,
+                        hist(&[(6_000, 850 * scale), (30_000, 50 * scale)]),
+                    ),
                 ],
                 devices: vec![DeviceGauge {
                     dev: (254, 0),
@@ -797,6 +838,7 @@ mod tests {
                 dropped: 0,
                 unseen: 0,
                 requeued: 0,
+                unsplit: 10 * scale,
                 errors: 0,
                 timeouts: 0,
             }),

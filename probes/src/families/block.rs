@@ -2,11 +2,11 @@
 //! and completions by submitting x completing CPU.
 
 use libbpf_rs::skel::Skel;
-use libbpf_rs::{Link, Object};
+use libbpf_rs::{Link, MapCore, MapFlags, Object};
 
 use super::{
-    apply_filter, dev_of, entries, load_tracepoints, percpu_entry, percpu_sum, LoadContext,
-    LoadResult, LoadedFamily, Slots,
+    apply_filter, dev_of, entries, load_tracepoints, percpu_entry, percpu_sum, plain_bytes,
+    LoadContext, LoadResult, LoadedFamily, Slots,
 };
 use crate::bpf::block::{types, BlockSkel, BlockSkelBuilder};
 use crate::hist::KernelHist;
@@ -16,7 +16,7 @@ use crate::model::{
 use crate::report::Family;
 
 /// Stages x ops a hardware queue can fill.
-const KEYS_PER_QUEUE: u32 = 2 * 5;
+const KEYS_PER_QUEUE: u32 = 3 * 5;
 
 struct BlockProbe<'obj> {
     skel: BlockSkel<'obj>,
@@ -32,6 +32,13 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
     let inflight = cx.host.inflight_capacity();
     let hists = cx.host.hist_keys(|_| true, KEYS_PER_QUEUE);
     let cpus = cx.host.possible_cpus;
+    let queue_irqs = (cx
+        .host
+        .devices
+        .iter()
+        .map(|d| d.queue_irqs.len())
+        .sum::<usize>() as u32)
+        .max(1);
     let setup = |open: &mut crate::bpf::block::OpenBlockSkel<'_>, _kind| {
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.have_io_start = have_io_start;
@@ -42,6 +49,8 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         let _ = open.maps.bios.set_max_entries(inflight);
         let _ = open.maps.block_hists.set_max_entries(hists);
         let _ = open.maps.completions_by_submitter.set_max_entries(cpus);
+        let _ = open.maps.queue_irqs.set_max_entries(queue_irqs);
+        let _ = open.maps.irq_entered.set_max_entries(queue_irqs);
     };
     let (skel, links, report) = load_tracepoints(
         Family::Block,
@@ -51,6 +60,21 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         &unused,
         &setup,
     )?;
+    // Each queue's IRQ, so device time can end at its handler's entry.
+    for d in &cx.host.devices {
+        for &(hctx, irq) in &d.queue_irqs {
+            let queue = types::vg_queue_key { dev: d.dev, hctx };
+            let _ =
+                skel.maps
+                    .queue_irqs
+                    .update(plain_bytes(&queue), &irq.to_ne_bytes(), MapFlags::ANY);
+            let _ = skel.maps.irq_entered.update(
+                &irq.to_ne_bytes(),
+                &0u64.to_ne_bytes(),
+                MapFlags::NO_EXIST,
+            );
+        }
+    }
     let probe = BlockProbe {
         skel,
         _links: links,
@@ -60,10 +84,11 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
 }
 
 fn stage_of(raw: u8) -> BlockStage {
-    if u32::from(raw) == types::vg_block_stage::VG_STAGE_QUEUE.0 {
-        BlockStage::Queue
-    } else {
-        BlockStage::Device
+    use types::vg_block_stage as stage;
+    match u32::from(raw) {
+        r if r == stage::VG_STAGE_QUEUE.0 => BlockStage::Queue,
+        r if r == stage::VG_STAGE_COMPLETION.0 => BlockStage::Completion,
+        _ => BlockStage::Device,
     }
 }
 
@@ -129,6 +154,7 @@ impl LoadedFamily for BlockProbe<'_> {
         block.requeued = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_REQUEUED.0);
         block.errors = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_ERRORS.0);
         block.timeouts = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_TIMEOUTS.0);
+        block.unsplit = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_UNSPLIT.0);
         block.devices.sort_by_key(|d| d.dev);
         snap.block = Some(block);
     }

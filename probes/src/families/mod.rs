@@ -124,6 +124,10 @@ pub(crate) struct QueueShape {
     pub name: String,
     pub hw_queues: u32,
     pub nr_requests: u32,
+    /// Its device number as the probes key it (major << 20 | minor; 0: unknown).
+    pub dev: u32,
+    /// (hardware queue, the IRQ that serves it) where the driver names its IRQs by queue.
+    pub queue_irqs: Vec<(u32, u32)>,
 }
 
 /// The host facts map sizes follow, read once per session.
@@ -160,6 +164,8 @@ impl HostShape {
         if online_cpus.is_empty() {
             online_cpus = (0..possible_cpus).collect();
         }
+        let interrupts = read("/proc/interrupts");
+        let irq_names = crate::procfs::irq_names(&interrupts);
         let mut devices: Vec<QueueShape> = std::fs::read_dir("/sys/block")
             .into_iter()
             .flatten()
@@ -172,15 +178,39 @@ impl HostShape {
                     .trim()
                     .parse()
                     .unwrap_or(128);
+                let dev = read(&base.join("dev").to_string_lossy())
+                    .trim()
+                    .split_once(':')
+                    .and_then(|(major, minor)| {
+                        Some((major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?))
+                    })
+                    .map_or(0, |(major, minor)| major << 20 | minor);
+                // The driver device ("virtio1"; an NVMe namespace's link is its controller).
+                let driver = std::fs::canonicalize(base.join("device"))
+                    .ok()
+                    .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
+                let queue_irqs = driver
+                    .map(|d| {
+                        irq_names
+                            .iter()
+                            .filter_map(|(&irq, n)| {
+                                Some((crate::procfs::queue_of_irq(&d, n)?, irq))
+                            })
+                            .filter(|&(q, _)| q < hw_queues)
+                            .collect()
+                    })
+                    .unwrap_or_default();
                 (hw_queues > 0).then_some(QueueShape {
                     name,
                     hw_queues,
                     nr_requests,
+                    dev,
+                    queue_irqs,
                 })
             })
             .collect();
         devices.sort_by(|a, b| a.name.cmp(&b.name));
-        let irq_lines = read("/proc/interrupts")
+        let irq_lines = interrupts
             .lines()
             .filter(|l| {
                 l.trim_start()
@@ -470,6 +500,13 @@ pub fn object_sections() -> Result<Vec<(Family, Vec<String>)>, String> {
     Ok(out)
 }
 
+/// A generated ABI value's bytes, as a map key or value.
+pub(crate) fn plain_bytes<T: plain::Plain>(v: &T) -> &[u8] {
+    // SAFETY: the Plain ABI types are #[repr(C)] integers with no padding (see `bpf.rs`), so
+    // every byte of one is initialised.
+    unsafe { plain::as_bytes(v) }
+}
+
 /// A value copied out of map bytes into a generated ABI type.
 pub(crate) fn copy<T: plain::Plain + Default>(bytes: &[u8]) -> Option<T> {
     let mut v = T::default();
@@ -532,11 +569,15 @@ mod tests {
                     name: "nvme0n1".into(),
                     hw_queues: 64,
                     nr_requests: 1023,
+                    dev: 259 << 20,
+                    queue_irqs: vec![],
                 },
                 QueueShape {
                     name: "vda".into(),
                     hw_queues: 1,
                     nr_requests: 256,
+                    dev: 254 << 20,
+                    queue_irqs: vec![(0, 25)],
                 },
             ],
             irq_lines: 200,

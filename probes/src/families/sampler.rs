@@ -34,6 +34,9 @@ fn open_cpu_clock(cpu: u32, hz: u64) -> Result<i32, std::io::Error> {
         ..Default::default()
     };
     attr.__bindgen_anon_1.sample_period = period_ns(hz);
+    // Enabled when the session starts its clock (`sampler_running`), so the time the samples
+    // cover is the session's.
+    attr.set_disabled(1);
     // SAFETY: perf_event_open with a fully initialised attr; pid -1 and a CPU number means
     // "every task on that CPU". A non-negative result is a new fd we own.
     let fd = unsafe {
@@ -135,7 +138,6 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         return Err(fail(why));
     }
     let ran = super::RunningTime::default();
-    ran.set(true);
     let probe = SamplerProbe {
         skel,
         _links: links,
