@@ -6,6 +6,7 @@
 //! | block-layer queueing | cgroup v1 blkio read-IOPS throttle below the workload's paced demand | queue or submit, not device |
 //! | slower device | loop device over a file on a FUSE filesystem that delays each read by 5 ms | device, ≈ the delay at QD 1 |
 //! | completion path | SCHED_FIFO hog on the CPU that takes the disk IRQ and runs the workload | software (wakeup up), not device |
+//! | completion hop | the workload on another CPU than the disk IRQ, rq_affinity 1 then 2 (each completion sent back by IPI) | completion, not device |
 //! | nothing (A/A) | 5 + 5 plain runs, interleaved | no significant difference on any row |
 //! | slow tail | loop over FUSE delaying one 4 KiB block in 500 by 3 ms, QD 1, 5 + 5 runs | p99.9 of app and device significant, the mean moving far less |
 //! | small gap | blkio throttle at 88% of the unthrottled IOPS, 5 + 5 runs, interleaved | IOPS and mean latency significant; the gap in queue + submit, not device |
@@ -446,6 +447,96 @@ fn a_cpu_hog_on_the_irq_cpu_shows_up_in_the_completion_path() {
     assert!(
         delta(&d, "wakeup delay per I/O") > 0.0,
         "wakeup delay went up"
+    );
+}
+
+/// A disk's `queue/rq_affinity`, set for an experiment and restored on drop.
+struct RqAffinity {
+    file: PathBuf,
+    was: String,
+}
+
+impl RqAffinity {
+    fn of(path: &Path) -> Self {
+        let sys = std::fs::canonicalize(format!("/sys/dev/block/{}", disk_of(path))).unwrap();
+        let file = sys.join("queue/rq_affinity");
+        let was = std::fs::read_to_string(&file).unwrap().trim().to_string();
+        Self { file, was }
+    }
+
+    fn set(&self, value: u32) {
+        std::fs::write(&self.file, value.to_string()).unwrap();
+    }
+}
+
+impl Drop for RqAffinity {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.file, &self.was);
+    }
+}
+
+#[test]
+#[ignore = "experiment: run by `just attribution-check`"]
+fn a_completion_sent_to_another_cpu_shows_up_as_completion_not_device() {
+    if !root_allowed("completion-hop attribution experiment") {
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let irq = irq_cpu(dir.path()).unwrap_or(0);
+    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let online: Vec<u32> = cpus
+        .trim()
+        .split(',')
+        .flat_map(|part| {
+            let (lo, hi) = part.split_once('-').unwrap_or((part, part));
+            lo.parse::<u32>().unwrap_or(0)..=hi.parse::<u32>().unwrap_or(0)
+        })
+        .collect();
+    let Some(other) = online.into_iter().find(|&c| c != irq) else {
+        virtgap_testkit::require(
+            "the completion-hop experiment",
+            Err(format!("one CPU online ({})", cpus.trim())),
+        );
+        return;
+    };
+    let other_s = other.to_string();
+    let args = [
+        "-w",
+        "rand4k-qd1",
+        "--size",
+        "256MiB",
+        "--duration",
+        "6s",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ];
+    let affinity = RqAffinity::of(dir.path());
+    let (a, b) = (dir.path().join("same.json"), dir.path().join("sent.json"));
+    // 1: completed where the interrupt came in (CPUs sharing a cache); 2: on the submitter's.
+    affinity.set(1);
+    record(&["taskset", "-c", &other_s], &args, &a);
+    affinity.set(2);
+    record(&["taskset", "-c", &other_s], &args, &b);
+    drop(affinity);
+    let d = diff(
+        &format!(
+            "completion hop: workload on CPU {other}, disk IRQ on CPU {irq}, rq_affinity 1 vs 2"
+        ),
+        &a,
+        &b,
+    );
+    let completion = row(&d, "completion: IRQ -> request done");
+    assert_eq!(completion["verdict"], "significant", "{completion}");
+    let (hop, device) = (
+        delta(&d, "completion: IRQ -> request done"),
+        delta(&d, "device"),
+    );
+    assert!(hop > 0.0, "the completion stage grew by {hop} ns");
+    // Single runs: the device stage's own run-to-run noise is a few µs here.
+    assert!(
+        device < 0.5 * hop,
+        "device grew by {device} ns beside the completion's {hop} ns"
     );
 }
 
