@@ -634,7 +634,7 @@ fn the_library_loads_a_profile_and_diffs_it_with_itself_to_nothing() {
     let d = diff(&p, &p);
     assert!(d.spec_differences.is_empty(), "{:?}", d.spec_differences);
     assert_eq!(d.verdict, None);
-    for row in d.waterfall.iter().chain(&d.throughput) {
+    for row in d.waterfall.rows().chain(&d.throughput) {
         assert_ne!(row.verdict, Verdict::Significant, "{}", row.metric);
         if let Some(delta) = row.delta {
             assert_eq!(delta, 0.0, "{}", row.metric);

@@ -160,9 +160,8 @@ pub struct ProfileDiff {
     /// Host differences that can confound the comparison.
     pub confounders: Vec<String>,
     pub warnings: Vec<String>,
-    /// app, queue, device, software, then host-wide figures per I/O and the cache flushes
-    /// (evidence: no share).
-    pub waterfall: Vec<Row>,
+    /// Mean app latency, the stages it decomposes into, and host-wide evidence.
+    pub waterfall: Waterfall,
     /// p99 and p99.9 of app latency and of each probed stage.
     pub tails: Vec<Tail>,
     /// The stage whose p99 moved most (by ratio), with the move in ns.
@@ -353,15 +352,93 @@ impl ProfileDiff {
     /// Every compared row: the waterfall, throughput, then the tails.
     pub fn rows(&self) -> impl Iterator<Item = &Row> {
         self.waterfall
-            .iter()
+            .rows()
             .chain(&self.throughput)
             .chain(self.tails.iter().map(|t| &t.row))
     }
 }
 
-/// The waterfall's rows after app latency that make up its mean: queue, device, completion,
-/// software.
-pub const STAGE_ROWS: usize = 4;
+/// The mean waterfall. Serialized as one list of rows in this order (app, stages, evidence),
+/// as `diff --json` has always shown it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waterfall {
+    /// Mean app latency: the gap the stages explain.
+    pub app: Row,
+    /// Block queue, device, completion and the software residual: their deltas add up to the
+    /// app row's, and each carries its share of it.
+    pub stages: Vec<Row>,
+    /// Host-wide figures per I/O and the cache flushes: evidence beside the stages, no share.
+    pub evidence: Vec<Row>,
+}
+
+impl Waterfall {
+    pub fn rows(&self) -> impl Iterator<Item = &Row> {
+        std::iter::once(&self.app)
+            .chain(&self.stages)
+            .chain(&self.evidence)
+    }
+}
+
+impl Serialize for Waterfall {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.rows())
+    }
+}
+
+/// A compared figure: its row's label, unit, and how a replicate yields it.
+struct Metric {
+    label: &'static str,
+    unit: Unit,
+    value: fn(&Figures) -> Option<f64>,
+}
+
+/// The block stages of the mean, compared as ratios (the software residual follows them).
+const BLOCK_STAGES: [Metric; 3] = [
+    Metric {
+        label: "  block queue",
+        unit: Unit::Ns,
+        value: |f| f.queue,
+    },
+    Metric {
+        label: "  device",
+        unit: Unit::Ns,
+        value: |f| f.device,
+    },
+    Metric {
+        label: "  completion: IRQ -> request done",
+        unit: Unit::Ns,
+        value: |f| f.completion,
+    },
+];
+
+/// Host-wide figures per I/O, listed under the software residual as evidence.
+const HOST_WIDE: [Metric; 5] = [
+    Metric {
+        label: "    wakeup delay per I/O",
+        unit: Unit::Ns,
+        value: |f| f.wakeup_per_io,
+    },
+    Metric {
+        label: "    hard-IRQ time per I/O (all IRQs)",
+        unit: Unit::Ns,
+        value: |f| f.hardirq_per_io,
+    },
+    Metric {
+        label: "    softirq time per I/O (all)",
+        unit: Unit::Ns,
+        value: |f| f.softirq_per_io,
+    },
+    Metric {
+        label: "    IPIs sent per I/O",
+        unit: Unit::PerIo,
+        value: |f| f.ipis_per_io,
+    },
+    Metric {
+        label: "    exit-causing MSR writes per I/O",
+        unit: Unit::PerIo,
+        value: |f| f.msr_per_io,
+    },
+];
 
 /// The percentiles compared as tails.
 const TAIL_PERCENTILES: [f64; 2] = [99.0, 99.9];
@@ -853,34 +930,18 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         .zip(sides.1.point(&|f| f.app))
         .map(|(x, y)| (x * y).sqrt());
 
-    let mut waterfall = vec![
-        cmp("app latency (mean)", Unit::Ns, &|f| f.app),
-        cmp("  block queue", Unit::Ns, &|f| f.queue),
-        cmp("  device", Unit::Ns, &|f| f.device),
-        cmp("  completion: IRQ -> request done", Unit::Ns, &|f| {
-            f.completion
-        }),
-        compare(
-            "  software: submit + reap",
-            Unit::Ns,
-            sides,
-            basis,
-            opts,
-            &|f| f.software(),
-            Some(app_reference.unwrap_or(0.0)),
-        ),
-        cmp("    wakeup delay per I/O", Unit::Ns, &|f| f.wakeup_per_io),
-        cmp("    hard-IRQ time per I/O (all IRQs)", Unit::Ns, &|f| {
-            f.hardirq_per_io
-        }),
-        cmp("    softirq time per I/O (all)", Unit::Ns, &|f| {
-            f.softirq_per_io
-        }),
-        cmp("    IPIs sent per I/O", Unit::PerIo, &|f| f.ipis_per_io),
-        cmp("    exit-causing MSR writes per I/O", Unit::PerIo, &|f| {
-            f.msr_per_io
-        }),
-    ];
+    let cmp_metric = |m: &Metric| cmp(m.label, m.unit, &|f| (m.value)(f));
+    let mut stages: Vec<Row> = BLOCK_STAGES.iter().map(cmp_metric).collect();
+    stages.push(compare(
+        "  software: submit + reap",
+        Unit::Ns,
+        sides,
+        basis,
+        opts,
+        &|f| f.software(),
+        Some(app_reference.unwrap_or(0.0)),
+    ));
+    let mut evidence: Vec<Row> = HOST_WIDE.iter().map(cmp_metric).collect();
     let msr_cost = {
         let (ca, cb) = (exit_cost(a), exit_cost(b));
         let mut r = cmp("    est. MSR exit time per I/O", Unit::Ns, &|_| None);
@@ -896,17 +957,23 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         r.estimated = true;
         r
     };
-    waterfall.push(msr_cost);
+    evidence.push(msr_cost);
     // Flushes are requests of their own, not part of a read's or write's stages: their own row.
-    waterfall.push(cmp("    cache flush latency (mean)", Unit::Ns, &|f| {
+    evidence.push(cmp("    cache flush latency (mean)", Unit::Ns, &|f| {
         f.flush
     }));
-    // Shares only for the three stages an I/O's latency is made of: the host-wide figures
-    // below them are background divided by I/Os, evidence rather than parts of the gap.
-    let gap = waterfall[0].delta.filter(|d| d.abs() > 0.0);
-    for r in &mut waterfall[1..=STAGE_ROWS] {
+    let app = cmp("app latency (mean)", Unit::Ns, &|f| f.app);
+    // Shares only for the stages an I/O's latency is made of: the host-wide figures below them
+    // are background divided by I/Os, evidence rather than parts of the gap.
+    let gap = app.delta.filter(|d| d.abs() > 0.0);
+    for r in &mut stages {
         r.share = gap.zip(r.delta).map(|(g, d)| d / g);
     }
+    let waterfall = Waterfall {
+        app,
+        stages,
+        evidence,
+    };
 
     let mut tails = Vec::new();
     for stage in Stage::ALL {
@@ -981,8 +1048,9 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         });
     }
 
-    let verdict = if waterfall[0].verdict == Verdict::Significant {
-        waterfall[1..=STAGE_ROWS]
+    let verdict = if waterfall.app.verdict == Verdict::Significant {
+        waterfall
+            .stages
             .iter()
             .filter(|r| r.verdict == Verdict::Significant && r.share.is_some_and(|s| s > 0.0))
             .max_by(|x, y| x.share.unwrap_or(0.0).total_cmp(&y.share.unwrap_or(0.0)))
@@ -1250,24 +1318,25 @@ pub(crate) mod tests {
         );
         let d = diff(&a, &b);
         let w = &d.waterfall;
-        let gap = w[0].delta.unwrap();
+        let gap = w.app.delta.unwrap();
         assert!((gap - 510_000.0).abs() < 1.0, "{gap}");
-        let parts: f64 = w[1..=STAGE_ROWS].iter().map(|r| r.delta.unwrap()).sum();
+        let parts: f64 = w.stages.iter().map(|r| r.delta.unwrap()).sum();
         assert!(
             (parts - gap).abs() < 1e-6,
             "Δqueue + Δdevice + Δcompletion + Δsoftware = Δapp"
         );
-        let completion = w[3].delta.unwrap();
+        let completion = w.stages[2].delta.unwrap();
         assert!(
             (completion - 10_000.0).abs() < 1e-6,
             "per request: 30 - 20 µs, {completion}"
         );
-        let shares: f64 = w[1..=STAGE_ROWS].iter().map(|r| r.share.unwrap()).sum();
+        let shares: f64 = w.stages.iter().map(|r| r.share.unwrap()).sum();
         assert!((shares - 1.0).abs() < 1e-9);
-        assert_eq!(w[2].verdict, Verdict::Significant);
-        assert!((w[2].share.unwrap() - 490.0 / 510.0).abs() < 1e-9);
+        assert_eq!(w.stages[1].verdict, Verdict::Significant);
+        assert!((w.stages[1].share.unwrap() - 490.0 / 510.0).abs() < 1e-9);
         assert_eq!(d.verdict.as_deref(), Some("device"));
         let msr = w
+            .evidence
             .iter()
             .find(|r| r.metric.contains("MSR writes per I/O"))
             .unwrap();
@@ -1277,7 +1346,7 @@ pub(crate) mod tests {
             "MSR writes are not in these profiles"
         );
         assert!(
-            w[STAGE_ROWS + 1..].iter().all(|r| r.share.is_none()),
+            w.evidence.iter().all(|r| r.share.is_none()),
             "host-wide figures are evidence, not shares of the gap"
         );
         // Without a completion stage on either side, software takes what it would have.
@@ -1285,8 +1354,8 @@ pub(crate) mod tests {
             &synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10),
             &synthetic(2_000.0, 800_000.0, 110_000.0, 5_000.0, 10),
         );
-        assert_eq!(d.waterfall[3].verdict, Verdict::NotMeasured);
-        assert!((d.waterfall[4].delta.unwrap() - 10_000.0).abs() < 1e-6);
+        assert_eq!(d.waterfall.stages[2].verdict, Verdict::NotMeasured);
+        assert!((d.waterfall.stages[3].delta.unwrap() - 10_000.0).abs() < 1e-6);
     }
 
     #[test]
@@ -1302,7 +1371,7 @@ pub(crate) mod tests {
             "{:?}",
             d.warnings
         );
-        for r in d.waterfall.iter().chain(&d.throughput) {
+        for r in d.waterfall.rows().chain(&d.throughput) {
             assert_ne!(r.verdict, Verdict::Significant, "{}", r.metric);
         }
         assert!(
@@ -1321,11 +1390,11 @@ pub(crate) mod tests {
         let a = synthetic(2_000.0, 300_000.0, 100_000.0, 0.0, 10);
         let b = synthetic(2_000.0, 300_500.0, 100_000.0, 0.0, 10);
         let d = diff(&a, &b);
-        assert_eq!(d.waterfall[0].verdict, Verdict::Equivalent);
-        assert_eq!(d.waterfall[2].verdict, Verdict::Equivalent);
+        assert_eq!(d.waterfall.app.verdict, Verdict::Equivalent);
+        assert_eq!(d.waterfall.stages[1].verdict, Verdict::Equivalent);
         let strict = diff_hosts(&[&a], &[&b], &DiffOptions { min_effect: 0.001 });
         assert_eq!(
-            strict.waterfall[2].verdict,
+            strict.waterfall.stages[1].verdict,
             Verdict::Significant,
             "0.17% is significant when 0.1% is of interest"
         );
@@ -1338,7 +1407,7 @@ pub(crate) mod tests {
         let b = noisy_runs(5, 436_000.0, 9_200.0, 0.02, 2e6);
         let d = diff(&a, &b);
         assert_eq!(d.basis, Basis::Runs);
-        let (app, iops) = (&d.waterfall[0], &d.throughput[0]);
+        let (app, iops) = (&d.waterfall.app, &d.throughput[0]);
         assert_eq!(app.verdict, Verdict::Significant);
         assert!((app.effect.unwrap() - 0.09).abs() < 0.005, "{app:?}");
         assert!(app.effect_low.unwrap() > 0.0 && app.effect_high.unwrap() > 0.09);
@@ -1362,10 +1431,10 @@ pub(crate) mod tests {
         let mut b = noisy_runs(6, 400_000.0, 10_000.0, 0.08, 2e6);
         b.runs.remove(0);
         let d = diff(&a, &b);
-        for r in d.waterfall.iter().chain(&d.throughput) {
+        for r in d.waterfall.rows().chain(&d.throughput) {
             assert_ne!(r.verdict, Verdict::Significant, "{}", r.metric);
         }
-        let app = &d.waterfall[0];
+        let app = &d.waterfall.app;
         assert_eq!(app.verdict, Verdict::Inconclusive, "{app:?}");
         let n = app.runs_needed.expect("runs basis says how many runs");
         assert!((6..1000).contains(&n), "{n}");

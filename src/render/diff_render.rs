@@ -193,7 +193,7 @@ pub fn terminal(d: &ProfileDiff) -> String {
         "{:<38} {:>10} {:>10} {:>11} {:>5}",
         "stage", "A", "B", "delta", "share"
     );
-    for r in &d.waterfall {
+    for r in d.waterfall.rows() {
         terminal_row(&mut s, r, d);
     }
     let _ = writeln!(s, "\ntails:");
@@ -224,12 +224,13 @@ pub fn terminal(d: &ProfileDiff) -> String {
 }
 
 fn verdict_sentence(d: &ProfileDiff) -> String {
-    let app = &d.waterfall[0];
+    let app = &d.waterfall.app;
     let bound = format!("±{}%", percent(d.min_effect));
     match (&d.verdict, app.verdict) {
         (Some(stage), _) => {
             let r = d
                 .waterfall
+                .stages
                 .iter()
                 .find(|r| r.metric.trim() == stage)
                 .expect("verdict names a row");
@@ -293,7 +294,7 @@ pub fn markdown(d: &ProfileDiff) -> String {
             );
         }
     };
-    table(&mut s, &mut d.waterfall.iter());
+    table(&mut s, &mut d.waterfall.rows());
     let _ = writeln!(s, "\n## Tails\n");
     table(&mut s, &mut d.tails.iter().map(|t| &t.row));
     if let Some((stage, delta)) = &d.tail_mover {
@@ -390,8 +391,8 @@ const COLOR_B: &str = "#d62728";
 /// The waterfall: for each stage, A's and B's mean side by side, with the delta.
 pub fn waterfall_svg(d: &ProfileDiff) -> String {
     // A stage neither host measured (completion on a loop device, say) has no bars to draw.
-    let rows: Vec<&Row> = d.waterfall[..=crate::analysis::diff::STAGE_ROWS]
-        .iter()
+    let rows: Vec<&Row> = std::iter::once(&d.waterfall.app)
+        .chain(&d.waterfall.stages)
         .filter(|r| r.a.is_some() || r.b.is_some())
         .collect();
     let max = rows
