@@ -12,6 +12,23 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// The start of every test here: tmux present (else a skip, or in CI a failure), one virtgap
+/// at a time, and a scratch directory named `prefix`….
+fn tmux_test(prefix: &str) -> Option<(std::sync::MutexGuard<'static, ()>, tempfile::TempDir)> {
+    if !virtgap_testkit::require(
+        "the TUI under tmux",
+        Command::new("tmux").arg("-V").output().map(drop),
+    ) {
+        return None;
+    }
+    let serial = serial();
+    let dir = tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    Some((serial, dir))
+}
+
 fn tmux(args: &[&str]) -> String {
     let out = Command::new("tmux")
         .args(args)
@@ -91,17 +108,9 @@ fn header_iops(screen: &str) -> Option<f64> {
 
 #[test]
 fn the_tui_runs_under_tmux_switches_views_and_quits_cleanly() {
-    if !virtgap_testkit::require(
-        "the TUI under tmux",
-        Command::new("tmux").arg("-V").output().map(drop),
-    ) {
+    let Some((_serial, dir)) = tmux_test("vg-tui-") else {
         return;
-    }
-    let _serial = serial();
-    let dir = tempfile::Builder::new()
-        .prefix("vg-tui-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
+    };
     let exit_file = dir.path().join("exit-status");
     let work = dir.path().join("work");
     std::fs::create_dir(&work).unwrap();
@@ -172,17 +181,9 @@ fn the_tui_runs_under_tmux_switches_views_and_quits_cleanly() {
 /// view stays until a key; SIGTERM then exits 143 (128 + SIGTERM), as a shell reports it.
 #[test]
 fn a_timed_run_finishes_on_screen_and_sigterm_exits_143() {
-    if !virtgap_testkit::require(
-        "the TUI under tmux",
-        Command::new("tmux").arg("-V").output().map(drop),
-    ) {
+    let Some((_serial, dir)) = tmux_test("vg-tui-") else {
         return;
-    }
-    let _serial = serial();
-    let dir = tempfile::Builder::new()
-        .prefix("vg-tui-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
+    };
     let (exit_file, pid_file) = (dir.path().join("exit-status"), dir.path().join("pid"));
     let session = format!("vg-tui-timed-{}", std::process::id());
     let cmd = format!(
@@ -253,17 +254,9 @@ fn json_paths(v: &serde_json::Value, at: &str, out: &mut std::collections::BTree
 /// ones a mid-run save cannot fill, or that name the run rather than measure it.
 #[test]
 fn a_profile_saved_from_the_tui_has_the_fields_of_a_recorded_one() {
-    if !virtgap_testkit::require(
-        "the TUI under tmux",
-        Command::new("tmux").arg("-V").output().map(drop),
-    ) {
+    let Some((_serial, dir)) = tmux_test("vg-tui-save-") else {
         return;
-    }
-    let _serial = serial();
-    let dir = tempfile::Builder::new()
-        .prefix("vg-tui-save-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
+    };
     let (saved, recorded) = (dir.path().join("tui.json"), dir.path().join("record.json"));
     let exit_file = dir.path().join("exit-status");
     let bin = env!("CARGO_BIN_EXE_virtgap");
