@@ -422,7 +422,7 @@ fn diff_refuses_bad_input_with_one_line() {
     let newer = dir.path().join("newer.json");
     let mut doc: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&good).unwrap()).unwrap();
-    doc["schema_version"] = 3.into();
+    doc["schema_version"] = 4.into();
     std::fs::write(&newer, doc.to_string()).unwrap();
     check(
         &mut diff_cmd(&good, &newer),
@@ -685,7 +685,7 @@ fn a_recording_of_three_runs_keeps_each_run_and_diffs_run_against_run() {
         String::from_utf8_lossy(&res.stderr)
     );
     let doc = validate(&out);
-    assert_eq!(doc["schema_version"], 2);
+    assert_eq!(doc["schema_version"], 3);
     let runs = doc["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3);
     let intervals = doc["intervals"].as_array().unwrap();

@@ -584,6 +584,28 @@ impl Side {
         Self { runs, batches }
     }
 
+    fn replicates_all(&self) -> impl Iterator<Item = &Figures> {
+        self.runs.iter().chain(&self.batches)
+    }
+
+    /// Every replicate has the completion stage (device ends at the queue IRQ's entry).
+    fn splits_completion(&self) -> bool {
+        self.replicates_all().all(|f| f.completion.is_some())
+    }
+
+    /// Device time as issue -> completion: each replicate's completion stage added back into
+    /// it and dropped, and the device and completion tails with it (percentiles do not add).
+    fn fold_completion(&mut self) {
+        for f in self.runs.iter_mut().chain(self.batches.iter_mut()) {
+            if let (Some(d), Some(c)) = (f.device, f.completion) {
+                f.device = Some(d + c);
+            }
+            f.completion = None;
+            f.tails
+                .retain(|t| t.0 != Stage::Device && t.0 != Stage::Completion);
+        }
+    }
+
     /// The host's value of a metric: the mean over its runs that measured it (a figure no
     /// real run gives — infinite, from a damaged file — counts as not measured).
     fn point(&self, get: &dyn Fn(&Figures) -> Option<f64>) -> Option<f64> {
@@ -912,7 +934,20 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
 /// replicates). Descriptions, confounders and evidence come from each side's first profile.
 pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) -> ProfileDiff {
     let (a, b) = (a_side[0], b_side[0]);
-    let sides = (&Side::of(a_side), &Side::of(b_side));
+    let (mut side_a, mut side_b) = (Side::of(a_side), Side::of(b_side));
+    // Device means one thing on both sides or is not compared: where either side lacks the
+    // completion stage somewhere, both compare issue -> completion.
+    let any_split = side_a
+        .replicates_all()
+        .chain(side_b.replicates_all())
+        .any(|f| f.completion.is_some());
+    let splits = (side_a.splits_completion(), side_b.splits_completion());
+    let folded = any_split && !(splits.0 && splits.1);
+    if folded {
+        side_a.fold_completion();
+        side_b.fold_completion();
+    }
+    let sides = (&side_a, &side_b);
     let (runs_a, runs_b) = (sides.0.runs.len(), sides.1.runs.len());
     let basis = if runs_a >= 2 && runs_b >= 2 {
         Basis::Runs
@@ -1079,6 +1114,16 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
                 ));
             }
         }
+    }
+    if folded {
+        let lacking = match splits {
+            (true, false) => "host B",
+            (false, true) => "host A",
+            _ => "both hosts",
+        };
+        warnings.push(format!(
+            "{lacking} lacks the completion stage in some run (a profile from before it, or a device whose queue IRQ is not known): device is compared as issue -> completion on both sides, and its tails and the completion row are not judged"
+        ));
     }
     if basis == Basis::Batches {
         warnings.push(format!(
@@ -1356,6 +1401,39 @@ pub(crate) mod tests {
         );
         assert_eq!(d.waterfall.stages[2].verdict, Verdict::NotMeasured);
         assert!((d.waterfall.stages[3].delta.unwrap() - 10_000.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_side_without_the_completion_stage_compares_device_to_completion_on_both() {
+        // A splits 20 µs of each request's 300 µs into completion; B's device has no known
+        // queue IRQ. The same device either way: device must not look 20 µs faster on A.
+        let a = with_completion(
+            synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10),
+            20_000.0,
+            1.0,
+        );
+        let b = synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10);
+        for d in [diff(&a, &b), diff(&b, &a)] {
+            let device = &d.waterfall.stages[1];
+            assert!(device.delta.unwrap().abs() < 1.0, "{device:?}");
+            assert_eq!(d.waterfall.stages[2].verdict, Verdict::NotMeasured);
+            assert!(
+                d.warnings
+                    .iter()
+                    .any(|w| w.contains("issue -> completion on both sides")),
+                "{:?}",
+                d.warnings
+            );
+            assert!(d
+                .tails
+                .iter()
+                .filter(|t| t.stage == "device")
+                .all(|t| t.row.a.is_none()));
+        }
+        // Both split: nothing folded, no warning.
+        let d = diff(&a, &a);
+        assert_eq!(d.waterfall.stages[2].verdict, Verdict::Equivalent);
+        assert!(!d.warnings.iter().any(|w| w.contains("completion stage")));
     }
 
     #[test]

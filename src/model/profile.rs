@@ -15,7 +15,11 @@ use crate::model::host::{Fingerprint, TargetDisks};
 /// Bump when a field changes meaning or disappears; readers refuse newer versions.
 /// 2: `runs` (one entry per replicate of `record --runs N`); a version-1 profile reads as one
 /// run whose figures are the whole profile's (see [`Profile::replicates`]).
-pub const SCHEMA_VERSION: u32 = 2;
+/// 3: `stages.device` ends at the entry of the queue's interrupt handler and
+/// `stages.completion` holds the rest; without a completion stage (older profiles, devices with
+/// no known queue IRQ) device runs to the request's completion, and the diff compares both
+/// sides that way.
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// A latency distribution as sparse buckets with exact count and sum.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
