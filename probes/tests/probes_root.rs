@@ -799,9 +799,11 @@ fn the_hosts_timer_writes_do_not_follow_the_samplers_rate() {
         eprintln!("too few TSC-deadline writes to compare");
         return;
     }
+    // An idle host's own timer writes wander between the three 4 s windows (108–202/s at 99 Hz
+    // here), so the bound is loose; counted without the pauses, 999 Hz read 0.13–0.17 of none.
     for (hz, rate) in [(99, low), (999, high)] {
         assert!(
-            (0.6..=1.6).contains(&(rate / none)),
+            (0.4..=2.5).contains(&(rate / none)),
             "with the sampler at {hz} Hz the host's TSC-deadline writes read {rate:.0}/s, \
              without it {none:.0}/s"
         );
