@@ -471,6 +471,11 @@ impl MsrSnapshot {
         v
     }
 
+    /// The sampler's own writes per second of its running time (None: it never ran).
+    pub fn sampler_write_rate(&self) -> Option<f64> {
+        (self.sampler_ns > 0).then(|| self.sampler_writes() as f64 / (self.sampler_ns as f64 / 1e9))
+    }
+
     /// Writes of any kind in the wake of virtgap's own sampler.
     pub fn sampler_writes(&self) -> u64 {
         self.counts

@@ -36,6 +36,14 @@ pub fn queue_of_irq(driver_device: &str, irq_name: &str) -> Option<u32> {
     None
 }
 
+/// The driver device of a block device's sysfs directory ("virtio1"; an NVMe namespace's
+/// link is its controller, "nvme0"): the name its queue IRQs start with.
+pub fn driver_device(block_dir: &std::path::Path) -> Option<String> {
+    std::fs::canonicalize(block_dir.join("device"))
+        .ok()
+        .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()))
+}
+
 /// The chip of each numbered IRQ ("PCI-MSIX-0000:00:02.0", "xen-pirq-msi-x", "IR-PCI-MSI").
 pub fn irq_chips(interrupts: &str) -> BTreeMap<u32, String> {
     let mut lines = interrupts.lines();

@@ -68,13 +68,6 @@ fn disk_sysfs(path: &Path) -> PathBuf {
     }
 }
 
-/// The disk's driver device ("virtio1", "nvme0"), which names its IRQs.
-fn driver_device(sys: &Path) -> Option<String> {
-    std::fs::canonicalize(sys.join("device"))
-        .ok()
-        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-}
-
 fn devnum(sys: &Path) -> (u32, u32) {
     let text = std::fs::read_to_string(sys.join("dev")).unwrap();
     let (a, b) = text.trim().split_once(':').unwrap();
@@ -187,7 +180,7 @@ fn device_time_ends_at_the_queues_interrupt_and_completion_takes_the_rest() {
     let path = data_file(dir.path(), BLOCKS);
     let sys = disk_sysfs(dir.path());
     let disk = devnum(&sys);
-    let driver = driver_device(&sys);
+    let driver = virtgap_probes::procfs::driver_device(&sys);
     let names =
         virtgap_probes::procfs::irq_names(&std::fs::read_to_string("/proc/interrupts").unwrap());
     let named = driver.as_deref().is_some_and(|d| {
@@ -340,7 +333,7 @@ fn disk_irq_count_matches_proc_interrupts() {
     const BLOCKS: u64 = 3000;
     let path = data_file(dir.path(), BLOCKS);
     // The disk's driver device (virtio1, nvme0, ...) names its IRQs.
-    let driver = driver_device(&disk_sysfs(dir.path()));
+    let driver = virtgap_probes::procfs::driver_device(&disk_sysfs(dir.path()));
     let names =
         virtgap_probes::procfs::irq_names(&std::fs::read_to_string("/proc/interrupts").unwrap());
     let disk_irqs: Vec<u32> = names

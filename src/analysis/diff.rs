@@ -518,13 +518,16 @@ impl Figures {
                 .filter(|_| lat_count > 0.0)
                 .map(|p| p.iter().sum::<f64>() / lat_count)
         };
-        let stage_mean = |stage: Stage| {
-            let (n, sum) = ivs
-                .iter()
+        // (count, sum in ns) of a stage over the batch.
+        let stage_total = |stage: Stage| {
+            ivs.iter()
                 .filter_map(|i| i.stage(stage))
                 .fold((0.0, 0.0), |(n, s), x| {
                     (n + x.count as f64, s + x.sum_ns as f64)
-                });
+                })
+        };
+        let stage_mean = |stage: Stage| {
+            let (n, sum) = stage_total(stage);
             (n > 0.0).then(|| sum / n)
         };
         let cpus = |i: &Interval, f: fn(&crate::model::profile::CpuLoad) -> f64| {
@@ -537,15 +540,8 @@ impl Figures {
             queue: stage_mean(Stage::Queue),
             device: stage_mean(Stage::Device),
             completion: {
-                let sum = |stage: Stage| {
-                    ivs.iter()
-                        .filter_map(|i| i.stage(stage))
-                        .fold((0.0, 0.0), |(n, s), x| {
-                            (n + x.count as f64, s + x.sum_ns as f64)
-                        })
-                };
                 let ((completed, _), (split, completion_ns)) =
-                    (sum(Stage::Device), sum(Stage::Completion));
+                    (stage_total(Stage::Device), stage_total(Stage::Completion));
                 (completed > 0.0 && split > 0.0).then(|| completion_ns / completed)
             },
             iops: (span > 0.0).then(|| {

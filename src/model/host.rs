@@ -171,9 +171,7 @@ fn block_devices(root: &Path, interrupts: &str) -> Vec<BlockDeviceInfo> {
     devs.into_iter()
         .map(|name| {
             let base = format!("sys/block/{name}");
-            let driver_device = fs::canonicalize(root.join(&base).join("device"))
-                .ok()
-                .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
+            let driver_device = virtgap_probes::procfs::driver_device(&root.join(&base));
             // An NVMe namespace's device link points at the controller (nvme0).
             let scheduler = read(root, &format!("{base}/queue/scheduler")).map(|s| {
                 s.split_whitespace()

@@ -94,14 +94,14 @@ pub fn msr_lines(msr: &MsrSnapshot, secs: f64, top: usize) -> Vec<String> {
             rates(other, quiet)
         ));
     }
-    if msr.sampler_ns > 0 {
+    if let Some(own) = msr.sampler_write_rate() {
         lines.push(format!(
             "(counted while virtgap's sampler paused, {:.0}% of the time: its timer changes the host's)",
             quiet / secs * 100.0
         ));
         lines.push(format!(
             "virtgap's own sampler interrupts caused {}/s MSR writes while it ran (left out above)",
-            units::count(msr.sampler_writes() as f64 / (msr.sampler_ns as f64 / 1e9))
+            units::count(own)
         ));
     }
     lines

@@ -514,10 +514,10 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
                     lines.push(Line::from("  none seen"));
                 }
             }
-            if msr.sampler_ns > 0 {
+            if let Some(own) = msr.sampler_write_rate() {
                 lines.push(Line::from(format!(
                     "  (counted in the sampler's pauses; its own: {}/s more, left out)",
-                    units::count(msr.sampler_writes() as f64 / (msr.sampler_ns as f64 / 1e9))
+                    units::count(own)
                 )));
             }
         }

@@ -185,11 +185,7 @@ impl HostShape {
                         Some((major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?))
                     })
                     .map_or(0, |(major, minor)| major << 20 | minor);
-                // The driver device ("virtio1"; an NVMe namespace's link is its controller).
-                let driver = std::fs::canonicalize(base.join("device"))
-                    .ok()
-                    .and_then(|p| p.file_name().map(|f| f.to_string_lossy().into_owned()));
-                let queue_irqs = driver
+                let queue_irqs = crate::procfs::driver_device(&base)
                     .map(|d| {
                         irq_names
                             .iter()
