@@ -54,6 +54,9 @@ struct rq_track {
 	__u32 bytes_left;
 	/* A cache flush (seen at start: the block layer clears REQ_PREFLUSH before completion). */
 	__u32 flush;
+	/* Bytes and first sector as issued, for the slow-request record. */
+	__u32 bytes;
+	__u64 sector;
 };
 
 /* Requests in flight, from start (or first issue) to completion; user space sizes it. */
@@ -129,6 +132,19 @@ struct {
 	__type(value, __u64);
 } irq_entered SEC(".maps");
 
+/*
+ * Requests of the followed process that took at least `slow_request_ns` from start to
+ * completion, for the tail autopsy. User space moves the threshold with the application's
+ * running tail and drains the buffer every interval; a full buffer counts drops.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} slow_requests SEC(".maps");
+
+/* Written by user space while attached (0: every request, until the tail is known). */
+__u64 slow_request_ns = 0;
+
 /* All zeroes: the initial value of a new histogram (too large for the BPF stack). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -175,12 +191,15 @@ static __always_inline void fill_key(struct request *rq, bool btf, struct rq_tra
 		cmd_flags = rq->cmd_flags;
 		t->bytes_left = rq->__data_len;
 		t->submit_cpu = rq->mq_ctx->cpu;
+		t->sector = rq->__sector;
 	} else {
 		t->key.hctx = BPF_CORE_READ(rq, mq_hctx, queue_num);
 		cmd_flags = BPF_CORE_READ(rq, cmd_flags);
 		t->bytes_left = BPF_CORE_READ(rq, __data_len);
 		t->submit_cpu = BPF_CORE_READ(rq, mq_ctx, cpu);
+		t->sector = BPF_CORE_READ(rq, __sector);
 	}
+	t->bytes = t->bytes_left;
 	t->key.op = op_of_request(cmd_flags, t->bytes_left);
 }
 
@@ -349,6 +368,30 @@ static __always_inline __u64 irq_entry_since(struct rq_track *t, __u64 now)
 	return *entered;
 }
 
+/* Sends a finished request to user space when it was slow enough (see slow_requests). */
+static __always_inline void emit_if_slow(struct rq_track *t, __u64 device_end, __u64 now)
+{
+	struct vg_slow_request *r;
+
+	if (t->key.op == VG_OP_FLUSH || now < t->start_ns || now - t->start_ns < slow_request_ns)
+		return;
+	r = bpf_ringbuf_reserve(&slow_requests, sizeof(*r), 0);
+	if (!r) {
+		bump(VG_BLOCK_SLOW_DROPPED);
+		return;
+	}
+	r->start_ns = t->start_ns;
+	r->issue_ns = t->issue_ns;
+	r->irq_ns = device_end;
+	r->complete_ns = now;
+	r->sector = t->sector;
+	r->dev = t->key.dev;
+	r->bytes = t->bytes;
+	r->op = t->key.op;
+	__builtin_memset(r->pad, 0, sizeof(r->pad));
+	bpf_ringbuf_submit(r, 0);
+}
+
 static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsigned int nr_bytes,
 				       bool btf)
 {
@@ -384,6 +427,7 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 			bump(VG_BLOCK_UNSPLIT);
 		else if (vg_elapsed(device_end, now, &delta))
 			record(&t->key, VG_STAGE_COMPLETION, delta);
+		emit_if_slow(t, device_end, now);
 	}
 	bpf_map_delete_elem(&requests, &key);
 	return 0;
@@ -532,6 +576,7 @@ int BPF_PROG(block_rq_complete_raw, struct request *rq, __u64 error, unsigned in
 /* Emit the shared types into BTF so the skeleton generates their Rust definitions. */
 struct vg_block_key vg_abi_block_key = {};
 struct vg_hist vg_abi_hist = {};
+struct vg_slow_request vg_abi_slow_request = {};
 enum vg_block_stage vg_abi_block_stage = VG_STAGE_QUEUE;
 enum vg_block_op vg_abi_block_op = VG_OP_READ;
 enum vg_block_counter vg_abi_block_counter = VG_BLOCK_DROPPED;

@@ -702,4 +702,43 @@ fn a_slow_tail_is_found_in_the_p999_while_the_mean_barely_moves() {
         delta(&d, "device") > 0.8 * delta(&d, "app latency (mean)"),
         "the added time is the device's"
     );
+    // The tail autopsy, one host: the slow I/Os' excess over the mean I/O is the device's.
+    for path in &b {
+        let p: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let set = p["runs"][0]["tail"]["sets"]
+            .as_array()
+            .and_then(|sets| sets.iter().find(|s| s["percentile"] == 99.9))
+            .unwrap_or_else(|| panic!("{}: no p99.9 tail autopsy", path.display()))
+            .clone();
+        let excess = |stage: &str| {
+            set["mean"][stage].as_f64().unwrap() - set["baseline"][stage].as_f64().unwrap()
+        };
+        let (app, device) = (excess("app_ns"), excess("device_ns"));
+        eprintln!(
+            "{}: {} I/Os above p99.9, {} joined; excess {:.0} µs, device {:.0}%",
+            path.display(),
+            set["ios"],
+            set["joined"],
+            app / 1e3,
+            device / app * 100.0
+        );
+        assert!(
+            device >= 0.8 * app,
+            "the autopsy put {:.0}% of the p99.9 I/Os' excess on device: {set}",
+            device / app * 100.0
+        );
+    }
+    // The diff's tail waterfall: the gap between the hosts' slowest I/Os is the device's.
+    let tail = d["tail_waterfalls"]
+        .as_array()
+        .and_then(|w| w.iter().find(|t| t["percentile"] == 99.9))
+        .expect("a p99.9 tail waterfall");
+    let device_share = tail["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["stage"] == "device")
+        .and_then(|r| r["share"].as_f64())
+        .unwrap();
+    assert!(device_share >= 0.8, "device share of the p99.9 gap: {tail}");
 }

@@ -100,7 +100,28 @@ enum vg_block_counter {
 	 * entered since the issue (polled, or completed outside it). No completion stage for them.
 	 */
 	VG_BLOCK_UNSPLIT = 5,
-	VG_BLOCK_COUNTERS = 6,
+	/* Slow requests not sent to user space: the ring buffer was full. */
+	VG_BLOCK_SLOW_DROPPED = 6,
+	VG_BLOCK_COUNTERS = 7,
+};
+
+/*
+ * One request whose start -> completion took at least the threshold user space keeps near the
+ * application's running tail (for the tail autopsy, which joins it to the application's I/O by
+ * disk and sector). Times are bpf_ktime_get_ns (CLOCK_MONOTONIC).
+ */
+struct vg_slow_request {
+	__u64 start_ns;
+	__u64 issue_ns;
+	/* Entry of the queue's interrupt handler ending device time; 0: unsplit. */
+	__u64 irq_ns;
+	__u64 complete_ns;
+	/* First 512-byte sector on the whole disk, as issued. */
+	__u64 sector;
+	__u32 dev; /* major << 20 | minor of the whole disk */
+	__u32 bytes; /* as issued */
+	__u8 op; /* enum vg_block_op */
+	__u8 pad[7];
 };
 
 /* NVMe command latency key. qid = hardware queue index + 1; 0 is the admin queue. */

@@ -33,7 +33,8 @@ pub mod block {
         types::vg_block_key,
         types::vg_hist,
         types::rq_track,
-        types::vg_queue_key
+        types::vg_queue_key,
+        types::vg_slow_request
     );
 }
 

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::families::{ProbeConfig, ProbeStorage};
-use crate::model::ProbeSnapshot;
+use crate::model::{ProbeSnapshot, SlowRequest};
 use crate::report::CapabilityReport;
 use crate::session::ProbeSession;
 
@@ -22,16 +22,21 @@ pub enum ProbeEvent {
         cumulative: Box<ProbeSnapshot>,
         interval: Box<ProbeSnapshot>,
     },
+    /// Sent after each snapshot when slow requests are asked for: those completed since the
+    /// last (see `ProbeConfig::slow_request_ns`).
+    SlowRequests(Vec<SlowRequest>),
 }
 
 /// With the msr probe attached, the sampler pauses for the first 1/this of every interval: its
 /// timer moves the host's own timer writes, which the msr probe counts in the pauses instead.
 const SAMPLER_PAUSE_DIVISOR: u32 = 4;
 
-/// Sleeps until `deadline` in short steps, so a stop is noticed quickly.
-fn wait_until(deadline: Instant, stop: &AtomicBool) {
+/// Sleeps until `deadline` in short steps, so a stop is noticed quickly; `each_step` runs
+/// between them.
+fn wait_until(deadline: Instant, stop: &AtomicBool, each_step: &mut dyn FnMut()) {
     while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
         std::thread::sleep((deadline - Instant::now()).min(Duration::from_millis(50)));
+        each_step();
     }
 }
 
@@ -58,6 +63,20 @@ impl ProbeHandle {
                 let session = ProbeSession::load(&mut storage, &config);
                 let _ = tx.send(T::from(ProbeEvent::Attached(session.report.clone())));
                 let pauses = session.sampler_pauses();
+                // Slow requests are drained (and their threshold follows the workload's) every
+                // step of the wait, so the kernel's buffer holds only a fraction of a second.
+                let slow_threshold = config.slow_request_ns.clone();
+                let mut slow = Vec::new();
+                let drain_slow = |slow: &mut Vec<SlowRequest>| {
+                    let ns = slow_threshold
+                        .as_ref()
+                        .map_or(u64::MAX, |t| t.load(Ordering::Relaxed));
+                    session.set_slow_request_threshold(ns);
+                    if slow_threshold.is_some() {
+                        slow.append(&mut session.drain_slow_requests());
+                    }
+                };
+                drain_slow(&mut slow);
                 let mut previous = session.snapshot();
                 let mut next = Instant::now() + interval;
                 loop {
@@ -66,17 +85,23 @@ impl ProbeHandle {
                         wait_until(
                             (Instant::now() + interval / SAMPLER_PAUSE_DIVISOR).min(next),
                             &flag,
+                            &mut || drain_slow(&mut slow),
                         );
                         session.set_sampler_running(true);
                     }
-                    wait_until(next, &flag);
+                    wait_until(next, &flag, &mut || drain_slow(&mut slow));
                     let cumulative = session.snapshot();
                     let delta = cumulative.since(&previous);
                     previous = cumulative.clone();
-                    let sent = tx.send(T::from(ProbeEvent::Snapshot {
+                    let mut sent = tx.send(T::from(ProbeEvent::Snapshot {
                         cumulative: Box::new(cumulative),
                         interval: Box::new(delta),
                     }));
+                    if slow_threshold.is_some() && sent.is_ok() {
+                        drain_slow(&mut slow);
+                        let batch = std::mem::take(&mut slow);
+                        sent = tx.send(T::from(ProbeEvent::SlowRequests(batch)));
+                    }
                     if sent.is_err() || flag.load(Ordering::Relaxed) {
                         break;
                     }

@@ -117,6 +117,25 @@ pub struct BlockSnapshot {
     /// queue's IRQ is unknown (virtual devices, shared vectors) or had not entered (polled).
     #[serde(default)]
     pub unsplit: u64,
+    /// Slow requests lost for the tail autopsy: its ring buffer was full.
+    #[serde(default)]
+    pub slow_dropped: u64,
+}
+
+/// One request of the followed process that was slow enough for the tail autopsy: its stage
+/// boundaries in CLOCK_MONOTONIC nanoseconds and where its data sits on the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowRequest {
+    pub dev: DevNum,
+    /// First 512-byte sector on the whole disk.
+    pub sector: u64,
+    pub bytes: u32,
+    pub op: BlockOp,
+    pub start_ns: u64,
+    pub issue_ns: u64,
+    /// The queue's interrupt handler entry ending device time (None: unsplit).
+    pub irq_ns: Option<u64>,
+    pub complete_ns: u64,
 }
 
 impl BlockSnapshot {
@@ -194,6 +213,7 @@ impl BlockSnapshot {
             unseen: self.unseen.saturating_sub(earlier.unseen),
             requeued: self.requeued.saturating_sub(earlier.requeued),
             unsplit: self.unsplit.saturating_sub(earlier.unsplit),
+            slow_dropped: self.slow_dropped.saturating_sub(earlier.slow_dropped),
             errors: self.errors.saturating_sub(earlier.errors),
             timeouts: self.timeouts.saturating_sub(earlier.timeouts),
         }

@@ -115,6 +115,15 @@ pub struct CapabilityReport {
 }
 
 impl CapabilityReport {
+    /// Whether `family` loaded (some of its tracepoints attached).
+    pub fn attached(&self, family: Family) -> bool {
+        self.families.iter().any(|f| {
+            f.family == family
+                && f.unavailable.is_none()
+                && f.tracepoints.iter().any(|t| t.attached.is_some())
+        })
+    }
+
     pub fn attached_count(&self) -> usize {
         self.families
             .iter()

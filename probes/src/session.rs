@@ -119,6 +119,22 @@ impl<'a> ProbeSession<'a> {
         has(Family::Sampler) && has(Family::Msr)
     }
 
+    /// The slow requests the block probe saw since the last call (for the tail autopsy).
+    pub fn drain_slow_requests(&self) -> Vec<crate::model::SlowRequest> {
+        let mut out = Vec::new();
+        for (_, f) in &self.families {
+            f.drain_slow_requests(&mut out);
+        }
+        out
+    }
+
+    /// Requests at least `ns` long from start to completion are kept as slow requests.
+    pub fn set_slow_request_threshold(&self, ns: u64) {
+        for (_, f) in &self.families {
+            f.set_slow_request_threshold(ns);
+        }
+    }
+
     /// Starts or pauses the sampler. Pausing stops it first and then tells the others, starting
     /// tells them first, so no write it causes is counted as the host's.
     pub fn set_sampler_running(&self, running: bool) {

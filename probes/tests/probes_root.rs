@@ -166,6 +166,91 @@ fn block_stages_count_every_direct_read_of_this_process() {
     assert_eq!(block.dropped, 0);
 }
 
+/// The tail autopsy's raw material: with the threshold at 0, every read of this process comes
+/// back as a slow request on the disk and sector the file's extent map gives, inside the read's
+/// own CLOCK_MONOTONIC window; with the threshold above every read, none does.
+#[test]
+fn slow_requests_carry_each_reads_disk_sector_and_times() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    const BLOCKS: u64 = 300;
+    let path = data_file(dir.path(), BLOCKS);
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .unwrap();
+    let map = match virtgap_workloads::extents::ExtentMap::of_file(&file, BLOCKS * 4096) {
+        Ok(m) => m,
+        Err(why) => {
+            virtgap_testkit::require("the slow-request sector check", Err::<(), _>(why));
+            return;
+        }
+    };
+    let mut storage = ProbeStorage::default();
+    let config = ProbeConfig::new(vec![Family::Block], Some(std::process::id()));
+    let session = ProbeSession::load(&mut storage, &config);
+    if !family_ready(&session, Family::Block) {
+        return;
+    }
+    let mut block = Block([0; 4096]);
+    let mut read_all = || {
+        (0..BLOCKS)
+            .map(|i| {
+                let before = virtgap_workloads::slow::monotonic_ns();
+                // SAFETY: block is 4096 aligned bytes owned here, alive for the call.
+                let r = unsafe {
+                    libc::pread(
+                        file.as_raw_fd(),
+                        block.0.as_mut_ptr().cast(),
+                        4096,
+                        (i * 4096) as i64,
+                    )
+                };
+                assert_eq!(r, 4096);
+                (i * 4096, before, virtgap_workloads::slow::monotonic_ns())
+            })
+            .collect::<Vec<_>>()
+    };
+    session.set_slow_request_threshold(0);
+    let reads = read_all();
+    let slow = session.drain_slow_requests();
+    let found = reads
+        .iter()
+        .filter(|&&(offset, before, after)| {
+            let sector = map.sector_of(offset).unwrap();
+            slow.iter().any(|r| {
+                r.dev == map.disk
+                    && r.sector == sector
+                    && r.bytes == 4096
+                    && r.op == BlockOp::Read
+                    && before <= r.start_ns
+                    && r.start_ns <= r.issue_ns
+                    && r.irq_ns
+                        .is_none_or(|t| r.issue_ns <= t && t <= r.complete_ns)
+                    && r.complete_ns <= after
+            })
+        })
+        .count();
+    eprintln!(
+        "{found} of {BLOCKS} reads matched a slow request ({} sent) on disk {:?}",
+        slow.len(),
+        map.disk
+    );
+    assert!(
+        found as u64 >= BLOCKS * 98 / 100,
+        "only {found} of {BLOCKS} reads came back at their sector and within their time: {:?}",
+        slow.iter().take(3).collect::<Vec<_>>()
+    );
+    session.set_slow_request_threshold(u64::MAX);
+    read_all();
+    let none = session.drain_slow_requests();
+    assert!(none.is_empty(), "{} sent above the threshold", none.len());
+}
+
 /// Device time ends where the interrupt handler of the request's queue starts, and the rest up
 /// to the completion is the completion stage: every read gets both, and together with the
 /// queue stage they fall within what the reads took.
@@ -761,6 +846,7 @@ fn the_hosts_timer_writes_do_not_follow_the_samplers_rate() {
                         break;
                     }
                 }
+                virtgap_probes::ProbeEvent::SlowRequests(_) => {}
             }
         }
         drop(rx);

@@ -22,6 +22,7 @@ use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
 use crate::model::profile::{Interval, Profile, RunRecord, Stage};
+use crate::model::tail::TailStages;
 
 /// The smallest effect `diff` calls a difference unless told otherwise: 5%, the size of gap the
 /// tool is for (a VM 8% short of bare metal) and about the run-to-run spread of a quiet host.
@@ -166,10 +167,95 @@ pub struct ProfileDiff {
     pub tails: Vec<Tail>,
     /// The stage whose p99 moved most (by ratio), with the move in ns.
     pub tail_mover: Option<(String, f64)>,
+    /// Where each host's I/Os above its p99 and p99.9 spent their time (the tail autopsy),
+    /// when both sides recorded it.
+    pub tail_waterfalls: Vec<TailWaterfall>,
     pub throughput: Vec<Row>,
     pub evidence: Vec<Evidence>,
     /// Stage with the largest significant share of the gap, if any.
     pub verdict: Option<String>,
+}
+
+/// The tail autopsy of both hosts at one percentile: the mean slow I/O of each (over the runs
+/// that recorded the autopsy) and how the gap between them splits over the stages. Shown, not
+/// judged: the tail rows above carry the verdicts.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TailWaterfall {
+    pub percentile: f64,
+    /// Runs whose autopsy had this set, per side.
+    pub runs_a: usize,
+    pub runs_b: usize,
+    /// Share of each side's slow I/Os joined to their block request (the rest were counted at
+    /// the run's mean block stages: their request was short).
+    pub joined_a: f64,
+    pub joined_b: f64,
+    pub a: TailStages,
+    pub b: TailStages,
+    /// Per stage (queue, device, completion, software): B − A and its share of the app gap.
+    pub rows: Vec<TailRow>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TailRow {
+    pub stage: String,
+    pub a_ns: f64,
+    pub b_ns: f64,
+    pub delta_ns: f64,
+    /// Of B − A in the set's app latency (None when that gap is 0).
+    pub share: Option<f64>,
+}
+
+/// The tail waterfalls of two sides' profiles (none when a side has no autopsy). With
+/// `folded`, completion is counted in device on both sides, as in the mean waterfall.
+fn tail_waterfalls(a: &[&Profile], b: &[&Profile], folded: bool) -> Vec<TailWaterfall> {
+    let sets = |side: &[&Profile], p: f64| -> (Vec<TailStages>, f64) {
+        let (mut means, mut ios, mut joined) = (Vec::new(), 0u64, 0u64);
+        for set in side
+            .iter()
+            .flat_map(|prof| &prof.runs)
+            .filter_map(|r| r.tail.as_ref()?.set(p))
+        {
+            let mut m = set.mean;
+            if folded {
+                m.device_ns += m.completion_ns;
+                m.completion_ns = 0.0;
+            }
+            means.push(m);
+            ios += set.ios;
+            joined += set.joined;
+        }
+        (means, joined as f64 / ios.max(1) as f64)
+    };
+    crate::analysis::tail::TAIL_PERCENTILES
+        .iter()
+        .filter_map(|&p| {
+            let ((sa, joined_a), (sb, joined_b)) = (sets(a, p), sets(b, p));
+            let (ma, mb) = (TailStages::mean_of(&sa)?, TailStages::mean_of(&sb)?);
+            let gap = mb.app_ns - ma.app_ns;
+            let rows = ma
+                .parts()
+                .iter()
+                .zip(mb.parts())
+                .map(|(&(stage, x), (_, y))| TailRow {
+                    stage: stage.into(),
+                    a_ns: x,
+                    b_ns: y,
+                    delta_ns: y - x,
+                    share: (gap != 0.0).then(|| (y - x) / gap),
+                })
+                .collect();
+            Some(TailWaterfall {
+                percentile: p,
+                runs_a: sa.len(),
+                runs_b: sb.len(),
+                joined_a,
+                joined_b,
+                a: ma,
+                b: mb,
+                rows,
+            })
+        })
+        .collect()
 }
 
 /// Keys of the workload spec that change what is measured (duration and ramp only change how
@@ -1146,6 +1232,7 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         waterfall,
         tails,
         tail_mover,
+        tail_waterfalls: tail_waterfalls(a_side, b_side, folded),
         throughput,
         evidence,
         verdict,

@@ -153,7 +153,10 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             calibration: calibration.clone(),
             stalls: Some(outcome.stalls.clone()),
         });
-        let record = RunRecord::of_profile(&profile, number);
+        let mut record = RunRecord::of_profile(&profile, number);
+        if outcome.slow_ios_kept {
+            record.tail = tail_autopsy(&outcome, target, disks, &record.stages);
+        }
         if args.runs > 1 && verbose {
             eprintln!("  {}", run_line(&record));
         }
@@ -255,6 +258,12 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     if args.json {
         let mut doc = report::json(&report);
+        if let (Some(map), Some(tail)) = (
+            doc.as_object_mut(),
+            run_records.last().and_then(|r| r.tail.as_ref()),
+        ) {
+            map.insert("tail_autopsy".into(), serde_json::to_value(tail)?);
+        }
         if args.runs > 1 {
             if let Some(map) = doc.as_object_mut() {
                 map.insert("runs".into(), serde_json::to_value(&run_records)?);
@@ -272,6 +281,9 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         // Names in the summary come from workload files: shown, never obeyed by the terminal.
         let mut text = Vec::new();
         report::write_summary(&mut text, &report)?;
+        if let Some(tail) = run_records.last().and_then(|r| r.tail.as_ref()) {
+            report::write_tail(&mut text, tail)?;
+        }
         if args.runs > 1 {
             report::write_runs(
                 &mut text,
@@ -323,6 +335,42 @@ fn run_line(r: &RunRecord) -> String {
     )
 }
 
+/// The run's tail autopsy: its slow I/Os joined to the block probe's slow requests.
+fn tail_autopsy(
+    outcome: &RunOutcome,
+    target: &virtgap_workloads::Target,
+    disks: &TargetDisks,
+    stages: &crate::model::profile::Stages,
+) -> Option<crate::model::tail::TailAutopsy> {
+    use virtgap_workloads::extents::ExtentMap;
+    let extents = match (&disks.top, disks.leaves.as_slice()) {
+        (Some(top), [leaf]) if top == leaf => ExtentMap::of_file(&target.file, target.size),
+        (Some(top), leaves) if !leaves.is_empty() => Err(format!(
+            "{} is stacked over {}: its I/Os are not joined to the requests below it",
+            top.name,
+            leaves
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => Err("the target's disk is unknown".into()),
+    };
+    let dropped = outcome
+        .probes
+        .cumulative
+        .as_ref()
+        .and_then(|c| c.block.as_ref())
+        .map_or(0, |b| b.slow_dropped);
+    crate::analysis::tail::autopsy(&crate::analysis::tail::TailInputs {
+        ios: &outcome.stats.slow_ios,
+        requests: &outcome.probes.slow_requests,
+        extents: extents.as_ref().map_err(Clone::clone),
+        stages,
+        requests_dropped: dropped,
+    })
+}
+
 /// What one run of the workload produced.
 struct RunOutcome {
     stats: RunStats,
@@ -333,6 +381,8 @@ struct RunOutcome {
     interrupted: bool,
     started: std::time::SystemTime,
     recorder_cpu_pct: Option<f64>,
+    /// The workers kept their slow I/Os (the block probe attached; not a kv run).
+    slow_ios_kept: bool,
 }
 
 /// Runs the workload once on `prepared` with its own probes, attached for this run only so
@@ -345,7 +395,11 @@ fn record_one(
 ) -> Result<RunOutcome> {
     let (disks, stop) = (&prepared.disks, &prepared.stop);
     let progress = verbose && std::io::stderr().is_terminal();
-    let options = RunOptions {
+    // The tail autopsy: the workers keep their I/Os near the tail, the block probe the requests
+    // at least half that long (kv's service threads keep none).
+    let slow_request_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let autopsy = spec.kv.is_none();
+    let mut options = RunOptions {
         interval: args.interval.0,
         verify_reads: args.verify,
         ..RunOptions::default()
@@ -353,8 +407,15 @@ fn record_one(
     let (tx, rx) = mpsc::channel::<Event>();
     let mut probes =
         ProbeResults::skipping_ramp(IntervalSeries::ramp_intervals(args.interval.0, spec.ramp.0));
-    let collector = match start_probes(&args.probe, args.interval.0, &tx, &rx)? {
+    let slow = autopsy.then(|| Arc::clone(&slow_request_ns));
+    let collector = match start_probes(&args.probe, args.interval.0, slow, &tx, &rx)? {
         Some((handle, report)) => {
+            if autopsy && report.attached(virtgap_probes::Family::Block) {
+                options.tail_watch = Some(virtgap_workloads::slow::TailWatch::new(
+                    spec.workers,
+                    Arc::clone(&slow_request_ns),
+                ));
+            }
             if !args.json {
                 for line in report_problems(&report) {
                     eprintln!("virtgap: {line}");
@@ -477,6 +538,7 @@ fn record_one(
         points,
         probes,
         stalls,
+        slow_ios_kept: options.tail_watch.is_some(),
         started: wall_start,
         recorder_cpu_pct: (run_wall > 0.0).then(|| recorder_cpu_ns as f64 / 1e9 / run_wall * 100.0),
     })

@@ -4,3 +4,4 @@
 pub mod host;
 pub mod profile;
 pub mod stalls;
+pub mod tail;

@@ -462,6 +462,10 @@ pub struct RunRecord {
     pub probe_seconds: Option<f64>,
     /// How many of the profile's `intervals` are this run's (they follow the earlier runs').
     pub intervals: u64,
+    /// Where the I/Os above this run's app p99 and p99.9 spent their time (None: not
+    /// recorded — no block probe, a kv workload, or a profile from before the autopsy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<crate::model::tail::TailAutopsy>,
 }
 
 impl RunRecord {
@@ -488,6 +492,7 @@ impl RunRecord {
                 .reduce(|a, b| a.saturating_add(b)),
             probe_seconds: p.probe_seconds,
             intervals: p.intervals.len() as u64,
+            tail: None,
         }
     }
 
@@ -978,6 +983,26 @@ fn validate(p: &Profile) -> Result<(), String> {
             .find_map(|(name, v)| v.filter(|v| *v > MAX_U64).map(|v| (name, v)))
         {
             return Err(format!("runs[{n}].{name}: {v} is beyond any real run"));
+        }
+        for (m, set) in r.tail.iter().flat_map(|t| t.sets.iter().enumerate()) {
+            let at = format!("runs[{n}].tail.sets[{m}]");
+            let m = &set.mean;
+            let finite = [
+                m.app_ns,
+                m.queue_ns,
+                m.device_ns,
+                m.completion_ns,
+                m.software_ns,
+            ]
+            .iter()
+            .chain([&set.threshold_ns, &set.baseline.app_ns])
+            .all(|v| v.is_finite() && v.abs() <= MAX_U64 as f64);
+            if !finite || set.joined > set.ios || !(0.0..=100.0).contains(&set.percentile) {
+                return Err(format!(
+                    "{at}: figures no run gives (joined {} of {} I/Os, p{})",
+                    set.joined, set.ios, set.percentile
+                ));
+            }
         }
     }
     let listed: u64 = p

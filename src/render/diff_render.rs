@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use crate::analysis::diff::{Basis, ProfileDiff, Row, Scale, Unit, Verdict};
+use crate::analysis::diff::{Basis, ProfileDiff, Row, Scale, TailWaterfall, Unit, Verdict};
 use crate::model::profile::{Histogram, Profile, Stage};
 use virtgap_workloads::units;
 
@@ -207,6 +207,18 @@ pub fn terminal(d: &ProfileDiff) -> String {
             signed(Some(*delta), Unit::Ns)
         );
     }
+    for w in &d.tail_waterfalls {
+        let _ = writeln!(s, "\n{}", tail_heading(w));
+        let _ = writeln!(
+            s,
+            "{:<38} {:>10} {:>10} {:>11} {:>5}",
+            "stage", "A", "B", "delta", "share"
+        );
+        for (label, a, b, delta, share) in tail_rows(w) {
+            let line = format!("{label:<38} {a:>10} {b:>10} {delta:>11} {share:>5}");
+            let _ = writeln!(s, "{}", line.trim_end());
+        }
+    }
     let _ = writeln!(s, "\nthroughput:");
     for r in &d.throughput {
         terminal_row(&mut s, r, d);
@@ -221,6 +233,43 @@ pub fn terminal(d: &ProfileDiff) -> String {
         wrap(&format!("verdict: {}", verdict_sentence(d)), 100, 9)
     );
     s
+}
+
+/// "the I/Os above p99.9 (tail autopsy, 5 + 5 runs; joined to their request: 100% / 98%):"
+fn tail_heading(w: &TailWaterfall) -> String {
+    format!(
+        "where the I/Os above p{} spent their time (tail autopsy, {} + {} runs; joined to \
+         their block request: {:.0}% / {:.0}%):",
+        w.percentile,
+        w.runs_a,
+        w.runs_b,
+        w.joined_a * 100.0,
+        w.joined_b * 100.0
+    )
+}
+
+/// The tail waterfall's rows as text: label, A, B, delta, share.
+fn tail_rows(w: &TailWaterfall) -> Vec<(String, String, String, String, String)> {
+    let app = (
+        format!("app latency (mean above p{})", w.percentile),
+        value(Some(w.a.app_ns), Unit::Ns),
+        value(Some(w.b.app_ns), Unit::Ns),
+        signed(Some(w.b.app_ns - w.a.app_ns), Unit::Ns),
+        String::new(),
+    );
+    std::iter::once(app)
+        .chain(w.rows.iter().map(|r| {
+            (
+                format!("  {}", r.stage),
+                value(Some(r.a_ns), Unit::Ns),
+                value(Some(r.b_ns), Unit::Ns),
+                signed(Some(r.delta_ns), Unit::Ns),
+                r.share.map_or(String::new(), |x| {
+                    format!("{:.0}%", (x * 100.0).round() + 0.0)
+                }),
+            )
+        }))
+        .collect()
 }
 
 fn verdict_sentence(d: &ProfileDiff) -> String {
@@ -303,6 +352,16 @@ pub fn markdown(d: &ProfileDiff) -> String {
             "\nThe **{stage}** stage's p99 moved most ({}).",
             signed(Some(*delta), Unit::Ns)
         );
+    }
+    for w in &d.tail_waterfalls {
+        let _ = writeln!(
+            s,
+            "\n### {}\n\n| stage | A | B | delta | share |\n|---|---:|---:|---:|---:|",
+            tail_heading(w).trim_end_matches(':')
+        );
+        for (label, a, b, delta, share) in tail_rows(w) {
+            let _ = writeln!(s, "| {} | {a} | {b} | {delta} | {share} |", label.trim());
+        }
     }
     let _ = writeln!(s, "\n## Throughput\n");
     table(&mut s, &mut d.throughput.iter());

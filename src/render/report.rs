@@ -462,3 +462,90 @@ pub fn write_runs(
     }
     Ok(())
 }
+
+/// The tail autopsy of one run: the mean I/O, then the I/Os above p99 and p99.9 stage by
+/// stage, and where the slowest set's extra time went.
+pub fn write_tail(out: &mut dyn Write, tail: &crate::model::tail::TailAutopsy) -> io::Result<()> {
+    writeln!(
+        out,
+        "  tail autopsy (the slowest I/Os joined to their block requests by disk sector and time):"
+    )?;
+    if let Some(why) = &tail.unjoinable {
+        writeln!(out, "    not joined: {why}")?;
+    }
+    let Some(first) = tail.sets.first() else {
+        writeln!(out, "    no I/O above the p99 was kept")?;
+        return Ok(());
+    };
+    writeln!(
+        out,
+        "    {:<22} {:>7} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "", "I/Os", "joined", "app", "queue", "device", "complet.", "software"
+    )?;
+    let row = |out: &mut dyn Write,
+               label: &str,
+               ios: String,
+               joined: String,
+               s: &crate::model::tail::TailStages| {
+        writeln!(
+            out,
+            "    {label:<22} {ios:>7} {joined:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            units::latency(s.app_ns),
+            units::latency(s.queue_ns),
+            units::latency(s.device_ns),
+            units::latency(s.completion_ns),
+            // The residual can be negative (a request's clock against the worker's reap).
+            if s.software_ns < 0.0 {
+                format!("-{}", units::latency(-s.software_ns))
+            } else {
+                units::latency(s.software_ns)
+            },
+        )
+    };
+    row(out, "mean I/O", "-".into(), "-".into(), &first.baseline)?;
+    for set in &tail.sets {
+        let label = format!(
+            "above p{} ({})",
+            set.percentile,
+            units::latency(set.threshold_ns)
+        );
+        let joined = format!("{:.0}%", set.joined as f64 / set.ios.max(1) as f64 * 100.0);
+        row(out, &label, set.ios.to_string(), joined, &set.mean)?;
+    }
+    if let Some(last) = tail.sets.last() {
+        let excess = last.excess();
+        if excess.app_ns > 0.0 {
+            let parts: Vec<String> = excess
+                .parts()
+                .iter()
+                // + 0.0 turns a rounded -0 into 0.
+                .map(|(name, ns)| {
+                    format!("{name} {:.0}%", (ns / excess.app_ns * 100.0).round() + 0.0)
+                })
+                .collect();
+            writeln!(
+                out,
+                "    the I/Os above p{} took {} more than the mean I/O: {}",
+                last.percentile,
+                units::latency(excess.app_ns),
+                parts.join(", ")
+            )?;
+        }
+        let kept = tail.sets.iter().map(|s| s.ios).sum::<u64>();
+        let expected = tail.sets.iter().map(|s| s.expected_ios).sum::<u64>();
+        if kept < expected * 9 / 10 {
+            writeln!(
+                out,
+                "    only {kept} of the {expected} I/Os above the percentiles were kept (the running tail moved)"
+            )?;
+        }
+    }
+    if tail.requests_dropped > 0 {
+        writeln!(
+            out,
+            "    {} slow requests were lost (the kernel's buffer was full): their I/Os count at the mean block stages",
+            tail.requests_dropped
+        )?;
+    }
+    Ok(())
+}

@@ -36,6 +36,8 @@ pub struct ProbeResults {
     snapshots: u64,
     /// The totals as the measured window began (None: no ramp, or it has not ended).
     at_measure_start: Option<ProbeSnapshot>,
+    /// The block probe's slow requests, for the tail autopsy (when asked for).
+    pub slow_requests: Vec<virtgap_probes::model::SlowRequest>,
 }
 
 impl ProbeResults {
@@ -82,6 +84,10 @@ impl ProbeResults {
                 }
                 self.cumulative = Some(*cumulative);
                 Some(interval)
+            }
+            ProbeEvent::SlowRequests(mut slow) => {
+                self.slow_requests.append(&mut slow);
+                None
             }
         }
     }

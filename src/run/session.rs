@@ -1,7 +1,9 @@
 //! The start of a run shared by `record` and the TUI: which probes to load, and the collector
 //! started and attached before the workload's first I/O.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::mpsc::{Receiver, Sender};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -50,16 +52,21 @@ pub fn probe_config(args: &ProbeArgs, interval: Duration) -> Result<Option<Probe
 
 /// Starts the probe collector for `args` (None with `--no-probes`) and waits for it to attach,
 /// so the workload's first I/Os are traced: the collector and what attached. Call before the
-/// workload starts, while `rx` carries nothing else.
+/// workload starts, while `rx` carries nothing else. With `slow_request_ns`, the block probe
+/// sends the requests at least that long (the tail autopsy's; the workload moves it).
 pub fn start_probes(
     args: &ProbeArgs,
     interval: Duration,
+    slow_request_ns: Option<Arc<AtomicU64>>,
     tx: &Sender<Event>,
     rx: &Receiver<Event>,
 ) -> Result<Option<(ProbeHandle, CapabilityReport)>> {
-    let Some(config) = probe_config(args, interval)? else {
+    let Some(mut config) = probe_config(args, interval)? else {
         return Ok(None);
     };
+    if config.families.contains(&Family::Block) {
+        config.slow_request_ns = slow_request_ns;
+    }
     let handle = ProbeHandle::start(config, interval, tx.clone());
     match rx.recv_timeout(Duration::from_secs(60)) {
         Ok(Event::Probe(ProbeEvent::Attached(report))) => Ok(Some((handle, report))),

@@ -70,7 +70,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     let host = crate::model::host::Fingerprint::this_host();
 
     let (tx, rx) = mpsc::channel::<Event>();
-    let probes = crate::run::session::start_probes(&args.probe, args.interval.0, &tx, &rx)?;
+    let probes = crate::run::session::start_probes(&args.probe, args.interval.0, None, &tx, &rx)?;
     let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
     let mut app = App::new(host, workload, prepared.disks.clone());
     app.baseline = baseline;
@@ -232,6 +232,8 @@ fn event_loop(
                 }
                 app.on_probe_snapshot(*cumulative, *interval)
             }
+            // The TUI asks for none (see start_probes).
+            Input::Pipeline(Event::Probe(ProbeEvent::SlowRequests(_))) => {}
             Input::Pipeline(Event::Workload(ev)) => match ev {
                 WorkloadEvent::Started { .. } => {}
                 WorkloadEvent::Interval(sample) => {

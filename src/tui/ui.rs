@@ -839,6 +839,7 @@ mod tests {
                 unseen: 0,
                 requeued: 0,
                 unsplit: 10 * scale,
+                slow_dropped: 0,
                 errors: 0,
                 timeouts: 0,
             }),

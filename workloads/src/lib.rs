@@ -6,6 +6,7 @@
 
 pub mod act;
 pub mod engine;
+pub mod extents;
 pub mod histogram;
 pub mod kv;
 pub mod offsets;
@@ -13,6 +14,7 @@ pub mod pattern;
 pub mod run;
 pub mod safety;
 pub mod schedule;
+pub mod slow;
 pub mod spec;
 pub mod stats;
 pub mod target;

@@ -15,6 +15,7 @@ use crate::engine::{
 use crate::offsets::OffsetGenerator;
 use crate::pattern;
 use crate::schedule::RateSchedule;
+use crate::slow::SlowIoKeeper;
 use crate::spec::{EngineKind, ReadWrite, WorkloadSpec};
 use crate::stats::{CpuTime, DirStats, IntervalSample, RunStats};
 use crate::target::Target;
@@ -78,6 +79,8 @@ pub struct RunOptions {
     /// Tag stamped into written sectors.
     pub write_tag: u64,
     pub seed: u64,
+    /// Keep the I/Os near the tail for the tail autopsy (see [`crate::slow`]).
+    pub tail_watch: Option<Arc<crate::slow::TailWatch>>,
 }
 
 impl Default for RunOptions {
@@ -87,6 +90,7 @@ impl Default for RunOptions {
             verify_reads: false,
             write_tag: 2,
             seed: rand::random(),
+            tail_watch: None,
         }
     }
 }
@@ -264,6 +268,11 @@ impl WorkerContext {
             .map(|total| RateSchedule::new(total as f64 / f64::from(spec.workers)));
 
         let t0 = Instant::now();
+        let mut slow = self
+            .options
+            .tail_watch
+            .as_ref()
+            .map(|w| SlowIoKeeper::new(Arc::clone(w), worker, crate::slow::monotonic_ns()));
         let ramp_ns = spec.ramp.0.as_nanos() as u64;
         let end_ns = ramp_ns + spec.duration.0.as_nanos() as u64;
         let interval_ns = self.options.interval.as_nanos().max(1) as u64;
@@ -389,7 +398,12 @@ impl WorkerContext {
                         continue;
                     }
                 }
-                if !measuring || s.created_ns < ramp_ns {
+                let in_window = measuring && s.created_ns >= ramp_ns;
+                if let Some(keeper) = slow.as_mut() {
+                    let (offset, write) = (s.offset, s.dir_write);
+                    keeper.observe(offset, bs, write, s.created_ns, now, in_window);
+                }
+                if !in_window {
                     continue;
                 }
                 let d: &mut DirStats = if s.dir_write {
@@ -431,6 +445,7 @@ impl WorkerContext {
             send(WorkloadEvent::Interval(interval));
         }
         stats.engine_features = engine.features();
+        stats.slow_ios = slow.map(|k| k.kept).unwrap_or_default();
         while (free.len() as u32) < qd {
             completions.clear();
             engine

@@ -102,6 +102,8 @@ pub struct RunStats {
     pub engine_features: String,
     /// The kv workload's verdict and store figures (kv runs only).
     pub kv: Option<Box<crate::kv::KvOutcome>>,
+    /// I/Os near the tail, kept for the tail autopsy when asked for (see [`crate::slow`]).
+    pub slow_ios: Vec<crate::slow::SlowIo>,
 }
 
 impl RunStats {
@@ -118,6 +120,7 @@ impl RunStats {
         if self.kv.is_none() {
             self.kv.clone_from(&other.kv);
         }
+        self.slow_ios.extend_from_slice(&other.slow_ios);
     }
 
     pub fn total_ios(&self) -> u64 {

@@ -2,7 +2,10 @@
 //! and completions by submitting x completing CPU.
 
 use libbpf_rs::skel::Skel;
-use libbpf_rs::{Link, MapCore, MapFlags, Object};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use libbpf_rs::{Link, MapCore, MapFlags, Object, RingBuffer, RingBufferBuilder};
 
 use super::{
     apply_filter, dev_of, entries, load_tracepoints, percpu_entry, percpu_sum, plain_bytes,
@@ -12,6 +15,7 @@ use crate::bpf::block::{types, BlockSkel, BlockSkelBuilder};
 use crate::hist::KernelHist;
 use crate::model::{
     BlockOp, BlockSnapshot, BlockStage, BlockStageHist, CpuPair, DeviceGauge, ProbeSnapshot,
+    SlowRequest,
 };
 use crate::report::Family;
 
@@ -22,6 +26,10 @@ struct BlockProbe<'obj> {
     skel: BlockSkel<'obj>,
     _links: Vec<Link>,
     possible_cpus: u32,
+    /// The slow-request ring buffer (None: it could not be set up; the autopsy then has none).
+    slow_ring: Option<RingBuffer<'obj>>,
+    /// What the ring buffer's callback decoded since the last drain.
+    slow_seen: Rc<RefCell<Vec<SlowRequest>>>,
 }
 
 pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
@@ -75,12 +83,51 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
             );
         }
     }
+    let slow_seen = Rc::new(RefCell::new(Vec::new()));
+    let slow_ring = slow_request_ring(&skel, Rc::clone(&slow_seen));
+    if slow_ring.is_none() {
+        cx.notes
+            .borrow_mut()
+            .push("block: the slow-request ring buffer did not open; no tail autopsy".into());
+    }
     let probe = BlockProbe {
         skel,
         _links: links,
         possible_cpus: cpus,
+        slow_ring,
+        slow_seen,
     };
     Ok((Box::new(probe), report))
+}
+
+/// A ring buffer over `slow_requests` whose callback decodes each record into `seen`.
+fn slow_request_ring<'obj>(
+    skel: &BlockSkel<'obj>,
+    seen: Rc<RefCell<Vec<SlowRequest>>>,
+) -> Option<RingBuffer<'obj>> {
+    let mut builder = RingBufferBuilder::new();
+    builder
+        .add(&skel.maps.slow_requests, move |bytes: &[u8]| {
+            if let Some(r) = super::copy::<types::vg_slow_request>(bytes) {
+                seen.borrow_mut().push(slow_request_of(&r));
+            }
+            0
+        })
+        .ok()?;
+    builder.build().ok()
+}
+
+fn slow_request_of(r: &types::vg_slow_request) -> SlowRequest {
+    SlowRequest {
+        dev: dev_of(r.dev),
+        sector: r.sector,
+        bytes: r.bytes,
+        op: op_of(r.op),
+        start_ns: r.start_ns,
+        issue_ns: r.issue_ns,
+        irq_ns: (r.irq_ns != 0).then_some(r.irq_ns),
+        complete_ns: r.complete_ns,
+    }
 }
 
 fn stage_of(raw: u8) -> BlockStage {
@@ -155,6 +202,10 @@ impl LoadedFamily for BlockProbe<'_> {
         block.errors = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_ERRORS.0);
         block.timeouts = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_TIMEOUTS.0);
         block.unsplit = percpu_sum(&maps.counters, types::vg_block_counter::VG_BLOCK_UNSPLIT.0);
+        block.slow_dropped = percpu_sum(
+            &maps.counters,
+            types::vg_block_counter::VG_BLOCK_SLOW_DROPPED.0,
+        );
         block.devices.sort_by_key(|d| d.dev);
         snap.block = Some(block);
     }
@@ -165,6 +216,25 @@ impl LoadedFamily for BlockProbe<'_> {
 
     fn cpu_sized_maps(&self) -> &'static [&'static str] {
         &["completions_by_submitter"]
+    }
+
+    fn drain_slow_requests(&self, out: &mut Vec<SlowRequest>) {
+        if let Some(ring) = &self.slow_ring {
+            let _ = ring.consume();
+        }
+        out.append(&mut self.slow_seen.borrow_mut());
+    }
+
+    fn set_slow_request_threshold(&self, ns: u64) {
+        let Some(bss) = self.skel.maps.bss_data.as_deref() else {
+            return;
+        };
+        // SAFETY: the bss map is mmap'd and shared with the programs; an aligned 8-byte store
+        // is atomic on x86-64 and arm64, and the programs only read this word.
+        unsafe {
+            let p = std::ptr::addr_of!(bss.slow_request_ns).cast_mut();
+            std::ptr::write_volatile(p, ns);
+        }
     }
 }
 

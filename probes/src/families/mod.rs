@@ -44,6 +44,9 @@ pub struct ProbeConfig {
     pub filter_tgid: Option<u32>,
     /// kvm-host: count only this VMM process (None: every process that runs a VM).
     pub vmm_pid: Option<u32>,
+    /// Block requests at least this many nanoseconds long are sent as slow requests, for the
+    /// tail autopsy; the workload moves it with its running tail (None: none are sent).
+    pub slow_request_ns: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for ProbeConfig {
@@ -56,6 +59,7 @@ impl Default for ProbeConfig {
             interval: Duration::from_secs(1),
             filter_tgid: None,
             vmm_pid: None,
+            slow_request_ns: None,
         }
     }
 }
@@ -277,6 +281,10 @@ pub(crate) trait LoadedFamily {
     /// Told when virtgap's sampler starts or pauses (the sampler pauses itself; the msr family
     /// counts the host's writes apart while it is paused).
     fn sampler_running(&self, _running: bool) {}
+    /// Moves the slow requests seen since the last call into `out` (the block family's).
+    fn drain_slow_requests(&self, _out: &mut Vec<crate::model::SlowRequest>) {}
+    /// Requests at least this long are sent as slow requests (the block family's).
+    fn set_slow_request_threshold(&self, _ns: u64) {}
 }
 
 /// How long something that starts and pauses has run in total.

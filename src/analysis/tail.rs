@@ -1,0 +1,340 @@
+//! The tail autopsy (pure): joins the workload's slow I/Os to the kernel's slow requests by
+//! disk, sector and time, and says where the I/Os above the run's p99 and p99.9 spent their time.
+
+use virtgap_probes::model::{BlockOp, SlowRequest};
+use virtgap_workloads::extents::ExtentMap;
+use virtgap_workloads::slow::SlowIo;
+
+use crate::model::profile::Stages;
+use crate::model::tail::{TailAutopsy, TailSet, TailStages};
+
+/// The percentiles whose sets the autopsy opens.
+pub const TAIL_PERCENTILES: [f64; 2] = [99.0, 99.9];
+
+/// What one run left for the autopsy.
+#[derive(Debug)]
+pub struct TailInputs<'a> {
+    /// The workload's kept I/Os (measured window only).
+    pub ios: &'a [SlowIo],
+    /// The block probe's slow requests.
+    pub requests: &'a [SlowRequest],
+    /// Where the target's bytes sit (Err: why they cannot be joined).
+    pub extents: Result<&'a ExtentMap, String>,
+    /// The run's stages (app from the workload, block stages over the measured window).
+    pub stages: &'a Stages,
+    pub requests_dropped: u64,
+}
+
+/// The run's autopsy; None when it had no app latency at all.
+pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
+    let app = &input.stages.app;
+    let baseline = baseline(input.stages)?;
+    let mut requests: Vec<&SlowRequest> = input
+        .requests
+        .iter()
+        .filter(|r| matches!(r.op, BlockOp::Read | BlockOp::Write))
+        .collect();
+    requests.sort_by_key(|r| r.complete_ns);
+    let mut sets = Vec::new();
+    for p in TAIL_PERCENTILES {
+        let expected = ((100.0 - p) / 100.0 * app.count as f64).floor() as u64;
+        let Some(threshold) = app.percentile_ns(p) else {
+            continue;
+        };
+        if expected == 0 {
+            continue;
+        }
+        let slow: Vec<&SlowIo> = input
+            .ios
+            .iter()
+            .filter(|io| io.latency_ns() as f64 > threshold)
+            .collect();
+        if slow.is_empty() {
+            continue;
+        }
+        let mut sum = TailStages::default();
+        let mut joined = 0;
+        for io in &slow {
+            let app_ns = io.latency_ns() as f64;
+            let block = input
+                .extents
+                .as_ref()
+                .ok()
+                .and_then(|map| request_of(io, map, &requests));
+            let (queue, device, completion) = match block {
+                Some(r) => {
+                    joined += 1;
+                    let irq = r.irq_ns.unwrap_or(r.complete_ns);
+                    (
+                        r.issue_ns.saturating_sub(r.start_ns) as f64,
+                        irq.saturating_sub(r.issue_ns) as f64,
+                        r.complete_ns.saturating_sub(irq) as f64,
+                    )
+                }
+                // Its request was shorter than the kernel's threshold (or could not be joined):
+                // counted at the run's means, so the I/O's excess lands outside the block layer.
+                None => (
+                    baseline.queue_ns,
+                    baseline.device_ns,
+                    baseline.completion_ns,
+                ),
+            };
+            sum.app_ns += app_ns;
+            sum.queue_ns += queue;
+            sum.device_ns += device;
+            sum.completion_ns += completion;
+            sum.software_ns += app_ns - queue - device - completion;
+        }
+        let n = slow.len() as f64;
+        sets.push(TailSet {
+            percentile: p,
+            threshold_ns: threshold,
+            expected_ios: expected,
+            ios: slow.len() as u64,
+            joined,
+            mean: TailStages {
+                app_ns: sum.app_ns / n,
+                queue_ns: sum.queue_ns / n,
+                device_ns: sum.device_ns / n,
+                completion_ns: sum.completion_ns / n,
+                software_ns: sum.software_ns / n,
+            },
+            baseline,
+        });
+    }
+    Some(TailAutopsy {
+        sets,
+        requests_dropped: input.requests_dropped,
+        unjoinable: input.extents.as_ref().err().cloned(),
+    })
+}
+
+/// The run's mean I/O: app from the workload, block stages per request, software the rest.
+fn baseline(stages: &Stages) -> Option<TailStages> {
+    let mean =
+        |h: Option<&crate::model::profile::Histogram>| h.and_then(|h| h.mean_ns()).unwrap_or(0.0);
+    let app_ns = stages.app.mean_ns()?;
+    let (queue_ns, device_ns, completion_ns) = (
+        mean(stages.queue.as_ref()),
+        mean(stages.device.as_ref()),
+        mean(stages.completion.as_ref()),
+    );
+    Some(TailStages {
+        app_ns,
+        queue_ns,
+        device_ns,
+        completion_ns,
+        software_ns: app_ns - queue_ns - device_ns - completion_ns,
+    })
+}
+
+/// The request that served `io`: on the I/O's disk, covering its first sector, started after
+/// the I/O was created and completed before it was reaped. When the I/O was split, the one that
+/// completed last (the one it waited for).
+fn request_of<'r>(
+    io: &SlowIo,
+    map: &ExtentMap,
+    by_completion: &[&'r SlowRequest],
+) -> Option<&'r SlowRequest> {
+    let sector = map.sector_of(io.offset)?;
+    let disk = map.disk;
+    let first = by_completion.partition_point(|r| r.complete_ns < io.start_ns);
+    by_completion[first..]
+        .iter()
+        .take_while(|r| r.complete_ns <= io.end_ns)
+        .filter(|r| {
+            let sectors = u64::from(r.bytes.max(512)) / 512;
+            r.dev == disk
+                && r.start_ns >= io.start_ns
+                && r.sector <= sector
+                && sector < r.sector + sectors
+                && matches!(r.op, BlockOp::Write) == io.write
+        })
+        .max_by_key(|r| r.complete_ns)
+        .copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::profile::Histogram;
+
+    fn hist(values: &[u64]) -> Histogram {
+        let mut h = virtgap_workloads::LatencyHistogram::new();
+        for &v in values {
+            h.record(v);
+        }
+        Histogram::from_latency(&h)
+    }
+
+    fn map() -> ExtentMap {
+        // Target bytes 0..1 MiB at sector 2048 of disk 8:0, the next MiB at sector 100000.
+        ExtentMap {
+            disk: (8, 0),
+            extents: vec![(0, 2048, 1 << 20), (1 << 20, 100_000, 1 << 20)],
+        }
+    }
+
+    fn read(offset: u64, start: u64, lat: u64) -> SlowIo {
+        SlowIo {
+            offset,
+            len: 4096,
+            write: false,
+            start_ns: start,
+            end_ns: start + lat,
+        }
+    }
+
+    fn request(sector: u64, start: u64, queue: u64, device: u64, completion: u64) -> SlowRequest {
+        SlowRequest {
+            dev: (8, 0),
+            sector,
+            bytes: 4096,
+            op: BlockOp::Read,
+            start_ns: start,
+            issue_ns: start + queue,
+            irq_ns: Some(start + queue + device),
+            complete_ns: start + queue + device + completion,
+        }
+    }
+
+    /// 1000 reads of 100 µs (10 queue, 80 device, 5 completion, 5 software); ten of them
+    /// 1 ms slower in software with a fast request, and (`device_tail`) ten 3 ms slower on
+    /// the device.
+    fn run(device_tail: bool) -> (Vec<SlowIo>, Vec<SlowRequest>, Stages) {
+        let mut lats = Vec::new();
+        let (mut ios, mut requests) = (Vec::new(), Vec::new());
+        for i in 0..1000u64 {
+            let start = i * 10_000_000;
+            let offset = (i % 256) * 4096;
+            let sector = 2048 + offset / 512;
+            let (device, software) = match i % 100 {
+                7 if device_tail => (3_080_000, 5_000),
+                9 => (80_000, 1_005_000),
+                _ => (80_000, 5_000),
+            };
+            let lat = 10_000 + device + 5_000 + software;
+            lats.push(lat);
+            // The workload keeps what is near its tail, the kernel what took over 1 ms.
+            if lat > 1_000_000 {
+                ios.push(read(offset, start, lat));
+            }
+            if device > 1_000_000 {
+                requests.push(request(sector, start + 2_000, 10_000, device, 5_000));
+            }
+        }
+        let devices: Vec<u64> = (0..1000)
+            .map(|i| {
+                if device_tail && i % 100 == 7 {
+                    3_080_000
+                } else {
+                    80_000
+                }
+            })
+            .collect();
+        let stages = Stages {
+            app: hist(&lats),
+            queue: Some(hist(&vec![10_000; 1000])),
+            device: Some(hist(&devices)),
+            completion: Some(hist(&vec![5_000; 1000])),
+            ..Stages::default()
+        };
+        (ios, requests, stages)
+    }
+
+    #[test]
+    fn the_slow_ios_excess_lands_on_the_stage_that_was_slow_for_them() {
+        let (ios, requests, stages) = run(true);
+        let map = map();
+        let tail = autopsy(&TailInputs {
+            ios: &ios,
+            requests: &requests,
+            extents: Ok(&map),
+            stages: &stages,
+            requests_dropped: 0,
+        })
+        .unwrap();
+        let p99 = tail.set(99.0).unwrap();
+        assert_eq!(p99.expected_ios, 10);
+        // The 20 slow I/Os straddle p99: the ten device-slow ones are above it.
+        assert_eq!((p99.ios, p99.joined), (10, 10), "{p99:?}");
+        let excess = p99.excess();
+        assert!(
+            excess.device_ns > 0.95 * excess.app_ns,
+            "device {:.0} of {:.0} ns",
+            excess.device_ns,
+            excess.app_ns
+        );
+        assert!(
+            excess.software_ns.abs() < 0.02 * excess.app_ns,
+            "{excess:?}"
+        );
+    }
+
+    #[test]
+    fn a_slow_io_whose_request_was_fast_is_put_outside_the_block_layer() {
+        let (ios, requests, stages) = run(false);
+        assert!(requests.is_empty());
+        let map = map();
+        let tail = autopsy(&TailInputs {
+            ios: &ios,
+            requests: &[],
+            extents: Ok(&map),
+            stages: &stages,
+            requests_dropped: 0,
+        })
+        .unwrap();
+        let p99 = tail.set(99.0).unwrap();
+        assert_eq!(p99.joined, 0);
+        let excess = p99.excess();
+        assert!((excess.device_ns).abs() < 1.0, "{excess:?}");
+        assert!(excess.software_ns > 0.9 * excess.app_ns, "{excess:?}");
+    }
+
+    #[test]
+    fn requests_elsewhere_or_at_other_times_are_not_joined() {
+        let (ios, requests, stages) = run(true);
+        let map = map();
+        let moved: Vec<SlowRequest> = requests
+            .iter()
+            .flat_map(|r| {
+                [
+                    SlowRequest { dev: (8, 16), ..*r },
+                    SlowRequest {
+                        sector: r.sector + 8,
+                        ..*r
+                    },
+                    SlowRequest {
+                        start_ns: r.start_ns + 1_000_000_000,
+                        issue_ns: r.issue_ns + 1_000_000_000,
+                        irq_ns: r.irq_ns.map(|t| t + 1_000_000_000),
+                        complete_ns: r.complete_ns + 1_000_000_000,
+                        ..*r
+                    },
+                ]
+            })
+            .collect();
+        let tail = autopsy(&TailInputs {
+            ios: &ios,
+            requests: &moved,
+            extents: Ok(&map),
+            stages: &stages,
+            requests_dropped: 0,
+        })
+        .unwrap();
+        assert_eq!(tail.set(99.0).unwrap().joined, 0);
+        let unjoinable = autopsy(&TailInputs {
+            ios: &ios,
+            requests: &requests,
+            extents: Err("md0 is a stacked device".into()),
+            stages: &stages,
+            requests_dropped: 0,
+        })
+        .unwrap();
+        assert_eq!(unjoinable.set(99.0).unwrap().joined, 0);
+        assert_eq!(
+            unjoinable.unjoinable.as_deref(),
+            Some("md0 is a stacked device")
+        );
+    }
+}

@@ -1,0 +1,190 @@
+//! The application side of the tail autopsy: each worker keeps the I/Os at or above a
+//! threshold near its running p99, stamped in CLOCK_MONOTONIC (the clock BPF's
+//! `bpf_ktime_get_ns` reads), so they can be joined to the kernel's slow requests.
+//!
+//! The threshold sits below the p99 (a fraction of it) so the I/Os above the run's final p99
+//! are all kept even while the running estimate wanders; what is kept is a few percent of the
+//! I/Os, so memory stays bounded by the run's length. The kernel's threshold follows at half the
+//! lowest worker's: a slow I/O whose request took less than that spent most of its time outside
+//! the block layer, which the autopsy can say without the request's record.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use crate::histogram::LatencyHistogram;
+
+/// One application I/O kept for the tail autopsy. Times are CLOCK_MONOTONIC nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowIo {
+    /// Byte offset in the target.
+    pub offset: u64,
+    pub len: u32,
+    pub write: bool,
+    /// When the I/O was created (its latency counts from here, as fio's `lat` does).
+    pub start_ns: u64,
+    /// When its completion was reaped.
+    pub end_ns: u64,
+}
+
+impl SlowIo {
+    pub fn latency_ns(&self) -> u64 {
+        self.end_ns.saturating_sub(self.start_ns)
+    }
+}
+
+/// I/Os kept while a worker's threshold is unknown (every one of them, until this many).
+const WARM_UP_IOS: u64 = 256;
+/// How often (in completions) a worker recomputes its threshold.
+const UPDATE_EVERY: u64 = 256;
+/// A worker keeps I/Os at or above this fraction of its running p99.
+const KEEP_FRACTION: f64 = 0.8;
+
+/// The thresholds the workers keep their slow I/Os at, shared with the probes' collector: it
+/// copies `request_ns` into the block probe every interval.
+#[derive(Debug)]
+pub struct TailWatch {
+    worker_ns: Vec<AtomicU64>,
+    request_ns: Arc<AtomicU64>,
+}
+
+impl TailWatch {
+    /// For `workers` workers; `request_ns` is the kernel's threshold (0 until known: every
+    /// request is sent while the workers warm up).
+    pub fn new(workers: u32, request_ns: Arc<AtomicU64>) -> Arc<Self> {
+        request_ns.store(0, Ordering::Relaxed);
+        Arc::new(Self {
+            worker_ns: (0..workers).map(|_| AtomicU64::new(0)).collect(),
+            request_ns,
+        })
+    }
+
+    fn publish(&self, worker: u32, keep_ns: u64) {
+        if let Some(w) = self.worker_ns.get(worker as usize) {
+            w.store(keep_ns, Ordering::Relaxed);
+        }
+        let lowest = self
+            .worker_ns
+            .iter()
+            .map(|w| w.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(0);
+        self.request_ns.store(lowest / 2, Ordering::Relaxed);
+    }
+}
+
+/// One worker's side: its running latency histogram, threshold and kept I/Os.
+#[derive(Debug)]
+pub(crate) struct SlowIoKeeper {
+    watch: Arc<TailWatch>,
+    worker: u32,
+    seen: LatencyHistogram,
+    keep_ns: u64,
+    /// CLOCK_MONOTONIC at the worker's own time origin.
+    origin_ns: u64,
+    pub kept: Vec<SlowIo>,
+}
+
+impl SlowIoKeeper {
+    /// `origin_ns`: CLOCK_MONOTONIC when the worker's relative clock read 0.
+    pub fn new(watch: Arc<TailWatch>, worker: u32, origin_ns: u64) -> Self {
+        Self {
+            watch,
+            worker,
+            seen: LatencyHistogram::new(),
+            keep_ns: 0,
+            origin_ns,
+            kept: Vec::new(),
+        }
+    }
+
+    /// Sees one completed I/O (times on the worker's relative clock); keeps it when it is in
+    /// the measured window and at or above the threshold.
+    pub fn observe(
+        &mut self,
+        offset: u64,
+        len: u32,
+        write: bool,
+        start: u64,
+        end: u64,
+        measured: bool,
+    ) {
+        let latency = end.saturating_sub(start);
+        self.seen.record(latency);
+        let n = self.seen.count();
+        if n >= WARM_UP_IOS && n.is_multiple_of(UPDATE_EVERY) {
+            if let Some(p99) = self.seen.percentile_ns(99.0) {
+                self.keep_ns = (p99 as f64 * KEEP_FRACTION) as u64;
+                self.watch.publish(self.worker, self.keep_ns);
+            }
+        }
+        if measured && latency >= self.keep_ns {
+            self.kept.push(SlowIo {
+                offset,
+                len,
+                write,
+                start_ns: self.origin_ns + start,
+                end_ns: self.origin_ns + end,
+            });
+        }
+    }
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid, exclusively borrowed `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_keeps_everything_until_warm_then_only_what_is_near_its_tail() {
+        let request = Arc::new(AtomicU64::new(7));
+        let watch = TailWatch::new(2, Arc::clone(&request));
+        assert_eq!(
+            request.load(Ordering::Relaxed),
+            0,
+            "every request until known"
+        );
+        let mut keeper = SlowIoKeeper::new(Arc::clone(&watch), 0, 1_000);
+        // 100 µs I/Os with one 5 ms I/O in every 100.
+        for i in 0..10_000u64 {
+            let lat = if i % 100 == 99 { 5_000_000 } else { 100_000 };
+            keeper.observe(i * 4096, 4096, false, i * 10, i * 10 + lat, true);
+        }
+        let warm = keeper
+            .kept
+            .iter()
+            .filter(|s| s.offset < WARM_UP_IOS * 4096)
+            .count();
+        assert_eq!(warm as u64, WARM_UP_IOS, "all kept while warming up");
+        let later: Vec<_> = keeper
+            .kept
+            .iter()
+            .filter(|s| s.offset >= 1024 * 4096)
+            .collect();
+        assert!(
+            later.iter().all(|s| s.latency_ns() >= 80_000),
+            "below the threshold after warm-up"
+        );
+        let slow = later.iter().filter(|s| s.latency_ns() == 5_000_000).count();
+        assert_eq!(slow, (1024..10_000).filter(|i| i % 100 == 99).count());
+        assert_eq!(keeper.kept[0].start_ns, 1_000, "stamped on CLOCK_MONOTONIC");
+        // The other worker has not published: the kernel's threshold stays at every request.
+        assert_eq!(request.load(Ordering::Relaxed), 0);
+        let mut other = SlowIoKeeper::new(Arc::clone(&watch), 1, 0);
+        for i in 0..512u64 {
+            other.observe(0, 4096, false, 0, 200_000 + i, false);
+        }
+        assert!(other.kept.is_empty(), "nothing outside the measured window");
+        let lowest = keeper.keep_ns.min(other.keep_ns);
+        assert_eq!(request.load(Ordering::Relaxed), lowest / 2);
+    }
+}
