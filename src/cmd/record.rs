@@ -155,7 +155,20 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         });
         let mut record = RunRecord::of_profile(&profile, number);
         if outcome.slow_ios_kept {
-            record.tail = tail_autopsy(&outcome, target, disks, &record.stages);
+            let dropped = outcome
+                .probes
+                .cumulative
+                .as_ref()
+                .and_then(|c| c.block.as_ref())
+                .map_or(0, |b| b.slow_dropped);
+            record.tail = crate::run::autopsy::tail_autopsy(
+                &outcome.stats.slow_ios,
+                &outcome.probes.slow_requests,
+                dropped,
+                target,
+                disks,
+                &record.stages,
+            );
         }
         if args.runs > 1 && verbose {
             eprintln!("  {}", run_line(&record));
@@ -333,42 +346,6 @@ fn run_line(r: &RunRecord) -> String {
         lat(r.stages.app.percentile_ns(99.0)),
         lat(r.stages.app.percentile_ns(99.9)),
     )
-}
-
-/// The run's tail autopsy: its slow I/Os joined to the block probe's slow requests.
-fn tail_autopsy(
-    outcome: &RunOutcome,
-    target: &virtgap_workloads::Target,
-    disks: &TargetDisks,
-    stages: &crate::model::profile::Stages,
-) -> Option<crate::model::tail::TailAutopsy> {
-    use virtgap_workloads::extents::ExtentMap;
-    let extents = match (&disks.top, disks.leaves.as_slice()) {
-        (Some(top), [leaf]) if top == leaf => ExtentMap::of_file(&target.file, target.size),
-        (Some(top), leaves) if !leaves.is_empty() => Err(format!(
-            "{} is stacked over {}: its I/Os are not joined to the requests below it",
-            top.name,
-            leaves
-                .iter()
-                .map(|d| d.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        _ => Err("the target's disk is unknown".into()),
-    };
-    let dropped = outcome
-        .probes
-        .cumulative
-        .as_ref()
-        .and_then(|c| c.block.as_ref())
-        .map_or(0, |b| b.slow_dropped);
-    crate::analysis::tail::autopsy(&crate::analysis::tail::TailInputs {
-        ios: &outcome.stats.slow_ios,
-        requests: &outcome.probes.slow_requests,
-        extents: extents.as_ref().map_err(Clone::clone),
-        stages,
-        requests_dropped: dropped,
-    })
 }
 
 /// What one run of the workload produced.

@@ -158,6 +158,14 @@ pub struct App {
     /// Intervals joined with probe data since start or the last reset, kept for saving a
     /// profile; bounded however long the TUI runs.
     pub series: IntervalSeries,
+    /// The tail autopsy's material since start or the last reset: the block probe's slow
+    /// requests as they come, the workers' slow I/Os when they finish.
+    pub slow_requests: Vec<virtgap_probes::model::SlowRequest>,
+    pub slow_ios: Vec<virtgap_workloads::slow::SlowIo>,
+    /// CLOCK_MONOTONIC at the last reset: slow I/Os and requests before it are left out.
+    tail_since_ns: u64,
+    /// The finished run's tail autopsy.
+    pub tail: Option<crate::model::tail::TailAutopsy>,
 }
 
 impl App {
@@ -191,7 +199,22 @@ impl App {
                 false,
             ),
             disks,
+            slow_requests: Vec::new(),
+            slow_ios: Vec::new(),
+            tail_since_ns: 0,
+            tail: None,
         }
+    }
+
+    pub fn on_slow_requests(&mut self, mut requests: Vec<virtgap_probes::model::SlowRequest>) {
+        self.slow_requests.append(&mut requests);
+    }
+
+    /// Keeps a finished worker's slow I/Os (those since the last reset).
+    pub fn on_slow_ios(&mut self, ios: &[virtgap_workloads::slow::SlowIo]) {
+        let since = self.tail_since_ns;
+        self.slow_ios
+            .extend(ios.iter().filter(|io| io.start_ns >= since));
     }
 
     /// The data to draw: the frozen copy while paused.
@@ -288,6 +311,9 @@ impl App {
             ..Data::default()
         };
         self.series.clear();
+        self.slow_requests.clear();
+        self.tail_since_ns = virtgap_workloads::slow::monotonic_ns();
+        self.tail = None;
         self.message = Some("counters reset".into());
     }
 

@@ -70,7 +70,16 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     let host = crate::model::host::Fingerprint::this_host();
 
     let (tx, rx) = mpsc::channel::<Event>();
-    let probes = crate::run::session::start_probes(&args.probe, args.interval.0, None, &tx, &rx)?;
+    // The tail autopsy, as `record` keeps it (kv's service threads keep no slow I/Os).
+    let slow_request_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let autopsy = spec.kv.is_none();
+    let probes = crate::run::session::start_probes(
+        &args.probe,
+        args.interval.0,
+        autopsy.then(|| Arc::clone(&slow_request_ns)),
+        &tx,
+        &rx,
+    )?;
     let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
     let mut app = App::new(host, workload, prepared.disks.clone());
     app.baseline = baseline;
@@ -94,8 +103,14 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         app.on_probe_report(report);
         handle
     });
+    let block_attached = app
+        .report
+        .as_ref()
+        .is_some_and(|r| r.attached(virtgap_probes::Family::Block));
     let options = RunOptions {
         interval: args.interval.0,
+        tail_watch: (autopsy && block_attached)
+            .then(|| virtgap_workloads::slow::TailWatch::new(spec.workers, slow_request_ns)),
         ..RunOptions::default()
     };
     let workers = prepared.start(&spec, &options, tx);
@@ -232,8 +247,9 @@ fn event_loop(
                 }
                 app.on_probe_snapshot(*cumulative, *interval)
             }
-            // The TUI asks for none (see start_probes).
-            Input::Pipeline(Event::Probe(ProbeEvent::SlowRequests(_))) => {}
+            Input::Pipeline(Event::Probe(ProbeEvent::SlowRequests(slow))) => {
+                app.on_slow_requests(slow)
+            }
             Input::Pipeline(Event::Workload(ev)) => match ev {
                 WorkloadEvent::Started { .. } => {}
                 WorkloadEvent::Interval(sample) => {
@@ -246,6 +262,9 @@ fn event_loop(
                         app.on_interval(&s, started.elapsed());
                     }
                     finished += 1;
+                    if let Ok(stats) = &result {
+                        app.on_slow_ios(&stats.slow_ios);
+                    }
                     if let (Ok(stats), Some(panel)) = (&result, app.kv.as_mut()) {
                         if let Some(kv) = &stats.kv {
                             panel.finish(kv);
@@ -256,7 +275,8 @@ fn event_loop(
                         Ok(_)
                             if finished == reporting_workers && app.state == RunState::Running =>
                         {
-                            app.state = RunState::Finished
+                            app.state = RunState::Finished;
+                            app.tail = finished_tail(app, spec, loaded, target, args);
                         }
                         Ok(_) => {}
                     }
@@ -267,6 +287,34 @@ fn event_loop(
     }
 }
 
+/// The finished run's tail autopsy, over the same stages a saved profile holds.
+fn finished_tail(
+    app: &App,
+    spec: &virtgap_workloads::WorkloadSpec,
+    loaded: &virtgap_workloads::LoadedSpec,
+    target: &virtgap_workloads::Target,
+    args: &TuiArgs,
+) -> Option<crate::model::tail::TailAutopsy> {
+    if app.slow_ios.is_empty() && app.slow_requests.is_empty() {
+        return None;
+    }
+    let profile = saved_profile(app, spec, loaded, target, args).ok()?;
+    let dropped = app
+        .live
+        .probes
+        .as_ref()
+        .and_then(|p| p.block.as_ref())
+        .map_or(0, |b| b.slow_dropped);
+    crate::run::autopsy::tail_autopsy(
+        &app.slow_ios,
+        &app.slow_requests,
+        dropped,
+        target,
+        app.disks(),
+        &profile.stages,
+    )
+}
+
 /// Saves what has run so far, in the `record --output` format.
 fn save(
     app: &mut App,
@@ -275,15 +323,42 @@ fn save(
     target: &virtgap_workloads::Target,
     args: &TuiArgs,
 ) {
-    let intervals: Vec<_> = match app.series.points() {
-        Ok(points) => points.into_iter().map(|p| p.interval).collect(),
+    let profile = match saved_profile(app, spec, loaded, target, args) {
+        Ok(p) => p,
         Err(e) => {
-            app.message = Some(format!(
-                "save failed: reading back the interval series: {e}"
-            ));
+            app.message = Some(format!("save failed: {e}"));
             return;
         }
     };
+    let now = std::time::SystemTime::now();
+    let path = args.save.clone().unwrap_or_else(|| {
+        let stamp = crate::cmd::record::unix_ms(now) / 1000;
+        std::path::PathBuf::from(format!("virtgap-{}-{stamp}.json", spec.name))
+    });
+    let result = serde_json::to_vec_pretty(&profile)
+        .map_err(anyhow::Error::from)
+        .and_then(|bytes| crate::run::output::write_atomic(&path, &bytes, true, "--save"));
+    app.message = Some(match result {
+        Ok(()) => format!("saved profile {}", path.display()),
+        Err(e) => format!("save failed: {e:#}"),
+    });
+}
+
+/// What has run so far as a profile, in the `record --output` format (one run).
+fn saved_profile(
+    app: &App,
+    spec: &virtgap_workloads::WorkloadSpec,
+    loaded: &virtgap_workloads::LoadedSpec,
+    target: &virtgap_workloads::Target,
+    args: &TuiArgs,
+) -> std::result::Result<crate::model::profile::Profile, String> {
+    let intervals: Vec<_> = app
+        .series
+        .points()
+        .map_err(|e| format!("reading back the interval series: {e}"))?
+        .into_iter()
+        .map(|p| p.interval)
+        .collect();
     let d = &app.live;
     // Mid-run, only the merged app latency is at hand: per-direction slat/clat/lat stay empty
     // rather than guessed, and the profile is marked incomplete.
@@ -324,16 +399,9 @@ fn save(
     });
     profile.stages.app = crate::model::profile::Histogram::from_latency(&d.app);
     // One run, as `record` writes it: the diff compares runs.
-    profile.runs = vec![crate::model::profile::RunRecord::of_profile(&profile, 1)];
-    let path = args.save.clone().unwrap_or_else(|| {
-        let stamp = crate::cmd::record::unix_ms(now) / 1000;
-        std::path::PathBuf::from(format!("virtgap-{}-{stamp}.json", spec.name))
-    });
-    let result = serde_json::to_vec_pretty(&profile)
-        .map_err(anyhow::Error::from)
-        .and_then(|bytes| crate::run::output::write_atomic(&path, &bytes, true, "--save"));
-    app.message = Some(match result {
-        Ok(()) => format!("saved profile {}", path.display()),
-        Err(e) => format!("save failed: {e:#}"),
-    });
+    let mut run = crate::model::profile::RunRecord::of_profile(&profile, 1);
+    // Once the run finished (mid-run the workers still hold their slow I/Os).
+    run.tail = app.tail.clone();
+    profile.runs = vec![run];
+    Ok(profile)
 }

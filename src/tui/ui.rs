@@ -306,6 +306,25 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         table,
     );
 
+    // A finished run's tail autopsy takes the bottom of the view, the sparklines what is left.
+    let sparks = match &app.tail {
+        Some(tail) => {
+            let lines = tail_lines(tail);
+            // The finished run's findings come before its sparklines when room is short.
+            let height = (lines.len() as u16 + 2).min(sparks.height);
+            let [rest, panel] =
+                Layout::vertical([Constraint::Min(0), Constraint::Length(height)]).areas(sparks);
+            f.render_widget(
+                Paragraph::new(lines).block(
+                    Block::bordered()
+                        .title(" tail autopsy: the slowest I/Os joined to their block requests "),
+                ),
+                panel,
+            );
+            rest
+        }
+        None => sparks,
+    };
     let [s1, s2] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(sparks);
     let n = s1.width.saturating_sub(2) as usize;
@@ -328,6 +347,17 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
             ))),
         s2,
     );
+}
+
+/// The tail autopsy as the summary prints it, less its heading (the panel's title).
+fn tail_lines(tail: &crate::model::tail::TailAutopsy) -> Vec<Line<'static>> {
+    let mut text = Vec::new();
+    let _ = crate::render::report::write_tail(&mut text, tail);
+    String::from_utf8_lossy(&text)
+        .lines()
+        .skip(1)
+        .map(|l| Line::from(l.strip_prefix("    ").unwrap_or(l).to_string()))
+        .collect()
 }
 
 /// ACT's verdict on a kv run: the load while it runs, the verdict once it ended.
@@ -1143,5 +1173,47 @@ mod tests {
             let screen = draw(&app, 80, 24);
             assert!(!screen.is_empty());
         }
+    }
+
+    /// A finished run's tail autopsy shows under the stage table, with the sets' figures and
+    /// where the slowest set's extra time went.
+    #[test]
+    fn a_finished_run_shows_its_tail_autopsy() {
+        use crate::model::tail::{TailAutopsy, TailSet, TailStages};
+        let mut app = fixture_app(false);
+        app.state = RunState::Finished;
+        let baseline = TailStages {
+            app_ns: 100_000.0,
+            queue_ns: 2_000.0,
+            device_ns: 80_000.0,
+            completion_ns: 8_000.0,
+            software_ns: 10_000.0,
+        };
+        let set = |p: f64, device_ns: f64, ios: u64| TailSet {
+            percentile: p,
+            threshold_ns: 400_000.0 * (p - 98.0),
+            expected_ios: ios,
+            ios,
+            joined: ios - 1,
+            mean: TailStages {
+                app_ns: device_ns + 20_000.0,
+                device_ns,
+                ..baseline
+            },
+            baseline,
+        };
+        app.tail = Some(TailAutopsy {
+            sets: vec![set(99.0, 900_000.0, 600), set(99.9, 3_000_000.0, 60)],
+            requests_dropped: 0,
+            unjoinable: None,
+        });
+        for (w, h) in [(160, 50), (80, 24)] {
+            let screen = draw(&app, w, h);
+            insta::assert_snapshot!(format!("time_tail_{w}x{h}"), screen.clone());
+            assert!(screen.contains("tail autopsy"), "{w}x{h}:\n{screen}");
+        }
+        let screen = draw(&app, 160, 50);
+        assert!(screen.contains("above p99.9"), "{screen}");
+        assert!(screen.contains("device 100%"), "{screen}");
     }
 }

@@ -1,0 +1,42 @@
+//! The tail autopsy of a finished run, shared by `record` and the TUI: the target's extent map
+//! read from the open target, then the pure join (`analysis::tail`).
+
+use virtgap_probes::model::SlowRequest;
+use virtgap_workloads::extents::ExtentMap;
+use virtgap_workloads::slow::SlowIo;
+
+use crate::model::host::TargetDisks;
+use crate::model::profile::Stages;
+use crate::model::tail::TailAutopsy;
+
+/// What the run's workers kept and the block probe sent, joined on `target`'s disk.
+pub fn tail_autopsy(
+    ios: &[SlowIo],
+    requests: &[SlowRequest],
+    requests_dropped: u64,
+    target: &virtgap_workloads::Target,
+    disks: &TargetDisks,
+    stages: &Stages,
+) -> Option<TailAutopsy> {
+    // Requests are the leaves': a stacked device's I/O lands on its members at other sectors.
+    let extents = match (&disks.top, disks.leaves.as_slice()) {
+        (Some(top), [leaf]) if top == leaf => ExtentMap::of_file(&target.file, target.size),
+        (Some(top), leaves) if !leaves.is_empty() => Err(format!(
+            "{} is stacked over {}: its I/Os are not joined to the requests below it",
+            top.name,
+            leaves
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+        _ => Err("the target's disk is unknown".into()),
+    };
+    crate::analysis::tail::autopsy(&crate::analysis::tail::TailInputs {
+        ios,
+        requests,
+        extents: extents.as_ref().map_err(Clone::clone),
+        stages,
+        requests_dropped,
+    })
+}
