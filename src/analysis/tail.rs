@@ -6,7 +6,7 @@ use virtgap_workloads::extents::ExtentMap;
 use virtgap_workloads::slow::SlowIo;
 
 use crate::model::profile::Stages;
-use crate::model::tail::{TailAutopsy, TailSet, TailStages};
+use crate::model::tail::{SoftwareSplit, TailAutopsy, TailSet, TailStages};
 
 /// The percentiles whose sets the autopsy opens.
 pub const TAIL_PERCENTILES: [f64; 2] = [99.0, 99.9];
@@ -54,6 +54,7 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
         }
         let mut sum = TailStages::default();
         let mut joined = 0;
+        let mut split = SoftwareSplit::default();
         for io in &slow {
             let app_ns = io.latency_ns() as f64;
             let block = input
@@ -64,6 +65,8 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
             let (queue, device, completion) = match block {
                 Some(r) => {
                     joined += 1;
+                    split.before_request_ns += r.start_ns.saturating_sub(io.start_ns) as f64;
+                    split.after_request_ns += io.end_ns.saturating_sub(r.complete_ns) as f64;
                     let irq = r.irq_ns.unwrap_or(r.complete_ns);
                     (
                         r.issue_ns.saturating_sub(r.start_ns) as f64,
@@ -99,6 +102,10 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
                 completion_ns: sum.completion_ns / n,
                 software_ns: sum.software_ns / n,
             },
+            joined_software: (joined > 0).then(|| SoftwareSplit {
+                before_request_ns: split.before_request_ns / joined as f64,
+                after_request_ns: split.after_request_ns / joined as f64,
+            }),
             baseline,
         });
     }
@@ -268,6 +275,12 @@ mod tests {
         assert!(
             excess.software_ns.abs() < 0.02 * excess.app_ns,
             "{excess:?}"
+        );
+        // The request started 2 µs after the I/O; the I/O was reaped 3 µs after it completed.
+        let split = p99.joined_software.unwrap();
+        assert_eq!(
+            (split.before_request_ns, split.after_request_ns),
+            (2_000.0, 3_000.0)
         );
     }
 

@@ -39,6 +39,11 @@ pub struct TailSet {
     pub joined: u64,
     /// The set's mean per I/O.
     pub mean: TailStages,
+    /// Of the joined I/Os' software time, the mean before their request started (the
+    /// application, the submission syscall, throttling and tag waits before the block layer
+    /// takes the bio) and after it completed (waking and reaping); None when none was joined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joined_software: Option<SoftwareSplit>,
     /// The run's mean per I/O (per request for the block stages), the excess's zero.
     pub baseline: TailStages,
 }
@@ -48,6 +53,13 @@ impl TailSet {
     pub fn excess(&self) -> TailStages {
         self.mean.minus(&self.baseline)
     }
+}
+
+/// Mean nanoseconds per joined I/O on either side of its block request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SoftwareSplit {
+    pub before_request_ns: f64,
+    pub after_request_ns: f64,
 }
 
 /// Mean nanoseconds per I/O in each stage; software is app less the block stages (submission,

@@ -512,6 +512,17 @@ pub fn write_tail(out: &mut dyn Write, tail: &crate::model::tail::TailAutopsy) -
         let joined = format!("{:.0}%", set.joined as f64 / set.ios.max(1) as f64 * 100.0);
         row(out, &label, set.ios.to_string(), joined, &set.mean)?;
     }
+    for set in &tail.sets {
+        if let Some(split) = set.joined_software {
+            writeln!(
+                out,
+                "    software of the joined I/Os above p{}: {} before their request started, {} after it completed",
+                set.percentile,
+                units::latency(split.before_request_ns),
+                units::latency(split.after_request_ns)
+            )?;
+        }
+    }
     if let Some(last) = tail.sets.last() {
         let excess = last.excess();
         if excess.app_ns > 0.0 {

@@ -1195,6 +1195,7 @@ mod tests {
             expected_ios: ios,
             ios,
             joined: ios - 1,
+            joined_software: None,
             mean: TailStages {
                 app_ns: device_ns + 20_000.0,
                 device_ns,
