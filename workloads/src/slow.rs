@@ -2,11 +2,12 @@
 //! threshold near its running p99, stamped in CLOCK_MONOTONIC (the clock BPF's
 //! `bpf_ktime_get_ns` reads), so they can be joined to the kernel's slow requests.
 //!
-//! The threshold sits below the p99 (a fraction of it) so the I/Os above the run's final p99
-//! are all kept even while the running estimate wanders; what is kept is a few percent of the
-//! I/Os, so memory stays bounded by the run's length. The kernel's threshold follows at half the
-//! lowest worker's: a slow I/O whose request took less than that spent most of its time outside
-//! the block layer, which the autopsy can say without the request's record.
+//! The threshold sits well below the p99 (half of it) so the I/Os above the run's final p99 are
+//! all kept even while the running estimate wanders (it starts high on a host still warming
+//! up); what is kept is a few percent of the I/Os, so memory stays bounded by the run's length.
+//! The kernel's threshold follows at 0.8 of the lowest worker's (0.4 of its p99): a slow I/O
+//! whose request took less than that spent most of its time outside the block layer, which the
+//! autopsy can say without the request's record.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,7 +38,7 @@ const WARM_UP_IOS: u64 = 256;
 /// How often (in completions) a worker recomputes its threshold.
 const UPDATE_EVERY: u64 = 256;
 /// A worker keeps I/Os at or above this fraction of its running p99.
-const KEEP_FRACTION: f64 = 0.8;
+const KEEP_FRACTION: f64 = 0.5;
 
 /// The thresholds the workers keep their slow I/Os at, shared with the probes' collector: it
 /// copies `request_ns` into the block probe every interval.
@@ -68,7 +69,7 @@ impl TailWatch {
             .map(|w| w.load(Ordering::Relaxed))
             .min()
             .unwrap_or(0);
-        self.request_ns.store(lowest / 2, Ordering::Relaxed);
+        self.request_ns.store(lowest / 5 * 4, Ordering::Relaxed);
     }
 }
 
@@ -185,6 +186,6 @@ mod tests {
         }
         assert!(other.kept.is_empty(), "nothing outside the measured window");
         let lowest = keeper.keep_ns.min(other.keep_ns);
-        assert_eq!(request.load(Ordering::Relaxed), lowest / 2);
+        assert_eq!(request.load(Ordering::Relaxed), lowest / 5 * 4);
     }
 }
