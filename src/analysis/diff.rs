@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
-use crate::model::profile::{Interval, Profile, RunRecord, Stage};
+use crate::model::profile::{IdleBaseline, Interval, Profile, RunRecord, Stage};
 use crate::model::tail::TailStages;
 
 /// The smallest effect `diff` calls a difference unless told otherwise: 5%, the size of gap the
@@ -561,7 +561,9 @@ impl Figures {
             .map(|t| t.2)
     }
 
-    fn of_run(r: &RunRecord) -> Self {
+    /// A run's figures; with `idle`, the host-wide ones less what the idle host did over the
+    /// same time (see [`IdleBaseline`]).
+    fn of_run(r: &RunRecord, idle: Option<&IdleBaseline>) -> Self {
         // Host-wide figures span the probes' window: per I/O completed over the same window
         // (the device stage's count), else per I/O the workload did.
         let span_ios = r
@@ -572,6 +574,14 @@ impl Figures {
             .filter(|&n| n > 0.0)
             .or(Some(r.ios()).filter(|&n| n > 0.0));
         let per_io = |total: Option<f64>| total.zip(span_ios).map(|(t, n)| t / n);
+        let seconds = r.probe_seconds.unwrap_or(r.measured_s);
+        let above_idle = |total: Option<u64>, of_idle: fn(&IdleBaseline) -> Option<u64>| {
+            let total = total? as f64;
+            match idle {
+                Some(b) => Some(total - b.over(of_idle(b), seconds)?),
+                None => Some(total),
+            }
+        };
         let mut tails = Vec::new();
         for stage in Stage::ALL {
             for pct in TAIL_PERCENTILES {
@@ -587,22 +597,32 @@ impl Figures {
             completion: r.stages.completion_per_request(),
             iops: r.iops(),
             wakeup_per_io: per_io(r.stages.wakeup.as_ref().map(|w| w.sum_ns)),
-            hardirq_per_io: per_io(r.hardirq_ns.map(|v| v as f64)),
-            softirq_per_io: per_io(r.softirq_ns.map(|v| v as f64)),
-            ipis_per_io: per_io(r.ipis_sent.map(|v| v as f64)),
-            msr_per_io: per_io(r.msr_writes.map(|v| v as f64)),
+            hardirq_per_io: per_io(above_idle(r.hardirq_ns, |b| b.hardirq_ns)),
+            softirq_per_io: per_io(above_idle(r.softirq_ns, |b| b.softirq_ns)),
+            ipis_per_io: per_io(above_idle(r.ipis_sent, |b| b.ipis_sent)),
+            msr_per_io: per_io(above_idle(r.msr_writes, |b| b.msr_writes)),
             flush: r.stages.flush.as_ref().and_then(|h| h.mean_ns()),
             tails,
         }
     }
 
-    fn of_batch(ivs: &[&Interval]) -> Self {
+    fn of_batch(ivs: &[&Interval], idle: Option<&IdleBaseline>) -> Self {
         let lat_count: f64 = ivs.iter().map(|i| i.lat_count as f64).sum();
         let per_io = |f: &dyn Fn(&Interval) -> Option<f64>| -> Option<f64> {
             let parts: Option<Vec<f64>> = ivs.iter().map(|i| f(i)).collect();
             parts
                 .filter(|_| lat_count > 0.0)
                 .map(|p| p.iter().sum::<f64>() / lat_count)
+        };
+        let span: f64 = ivs.iter().map(|i| i.end_s - i.start_s).sum();
+        // What the idle host did over the batch's span, for the host-wide figures.
+        let idle_part = |of_idle: fn(&IdleBaseline) -> Option<u64>| match idle {
+            Some(b) => b.over(of_idle(b), span),
+            None => Some(0.0),
+        };
+        let above_idle = |total: Option<f64>, of_idle: fn(&IdleBaseline) -> Option<u64>| {
+            let t = total?;
+            Some(t - idle_part(of_idle)? / lat_count)
         };
         // (count, sum in ns) of a stage over the batch.
         let stage_total = |stage: Stage| {
@@ -619,7 +639,6 @@ impl Figures {
         let cpus = |i: &Interval, f: fn(&crate::model::profile::CpuLoad) -> f64| {
             (!i.cpus.is_empty()).then(|| i.cpus.iter().map(f).sum::<f64>())
         };
-        let span: f64 = ivs.iter().map(|i| i.end_s - i.start_s).sum();
         Self {
             app: (lat_count > 0.0)
                 .then(|| ivs.iter().map(|i| i.lat_sum_ns).sum::<f64>() / lat_count),
@@ -637,10 +656,19 @@ impl Figures {
                     / span
             }),
             wakeup_per_io: per_io(&|i| i.stage(Stage::Wakeup).map(|s| s.sum_ns as f64)),
-            hardirq_per_io: per_io(&|i| cpus(i, |c| c.hardirq_ns as f64)),
-            softirq_per_io: per_io(&|i| cpus(i, |c| c.softirq_ns as f64)),
-            ipis_per_io: per_io(&|i| cpus(i, |c| c.ipis_sent.values().sum::<u64>() as f64)),
-            msr_per_io: per_io(&|i| i.msr_writes.map(|n| n as f64)),
+            hardirq_per_io: above_idle(per_io(&|i| cpus(i, |c| c.hardirq_ns as f64)), |b| {
+                b.hardirq_ns
+            }),
+            softirq_per_io: above_idle(per_io(&|i| cpus(i, |c| c.softirq_ns as f64)), |b| {
+                b.softirq_ns
+            }),
+            ipis_per_io: above_idle(
+                per_io(&|i| cpus(i, |c| c.ipis_sent.values().sum::<u64>() as f64)),
+                |b| b.ipis_sent,
+            ),
+            msr_per_io: above_idle(per_io(&|i| i.msr_writes.map(|n| n as f64)), |b| {
+                b.msr_writes
+            }),
             flush: None,
             tails: Vec::new(),
         }
@@ -654,13 +682,20 @@ struct Side {
 }
 
 impl Side {
-    fn of(profiles: &[&Profile]) -> Self {
+    /// The side's replicates; with `above_idle`, host-wide figures less each run's idle
+    /// baseline (every run must have one).
+    fn of(profiles: &[&Profile], above_idle: bool) -> Self {
         let mut runs = Vec::new();
         let mut batches = Vec::new();
         for p in profiles {
             for (record, intervals) in p.replicates() {
-                runs.push(Figures::of_run(&record));
-                batches.extend(batches_of(intervals).iter().map(|b| Figures::of_batch(b)));
+                let idle = record.idle.as_ref().filter(|_| above_idle);
+                runs.push(Figures::of_run(&record, idle));
+                batches.extend(
+                    batches_of(intervals)
+                        .iter()
+                        .map(|b| Figures::of_batch(b, idle)),
+                );
             }
         }
         Self { runs, batches }
@@ -1016,7 +1051,15 @@ pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
 /// replicates). Descriptions, confounders and evidence come from each side's first profile.
 pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) -> ProfileDiff {
     let (a, b) = (a_side[0], b_side[0]);
-    let (mut side_a, mut side_b) = (Side::of(a_side), Side::of(b_side));
+    // Host-wide figures per I/O are compared above each run's idle host when every run of
+    // both sides measured one (older profiles did not): background that is the same on both
+    // hosts would otherwise weigh more per I/O on the one doing fewer.
+    let above_idle = a_side
+        .iter()
+        .chain(b_side)
+        .flat_map(|p| p.replicates())
+        .all(|(r, _)| r.idle.is_some());
+    let (mut side_a, mut side_b) = (Side::of(a_side, above_idle), Side::of(b_side, above_idle));
     // Device means one thing on both sides or is not compared: where either side lacks the
     // completion stage somewhere, both compare issue -> completion.
     let any_split = side_a
@@ -1075,6 +1118,11 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         r
     };
     evidence.push(msr_cost);
+    if above_idle {
+        for r in evidence.iter_mut().filter(|r| !r.metric.contains("wakeup")) {
+            r.metric = r.metric.replacen(" per I/O", " per I/O above idle", 1);
+        }
+    }
     // Flushes are requests of their own, not part of a read's or write's stages: their own row.
     evidence.push(cmp("    cache flush latency (mean)", Unit::Ns, &|f| {
         f.flush
@@ -1517,6 +1565,56 @@ pub(crate) mod tests {
         let d = diff(&a, &a);
         assert_eq!(d.waterfall.stages[2].verdict, Verdict::Equivalent);
         assert!(!d.warnings.iter().any(|w| w.contains("completion stage")));
+    }
+
+    /// The same background (timer interrupts, MSR writes) on both hosts and the same cost per
+    /// I/O above it: per I/O, B doing half the I/Os carries twice A's share of background. Above
+    /// each run's idle baseline the rows agree; without the baselines they do not.
+    #[test]
+    fn host_wide_figures_per_io_are_compared_above_the_idle_host() {
+        let with_background = |iops: f64| {
+            let mut p = noisy_runs(5, 100_000.0, iops, 0.02, 300_000.0);
+            for r in &mut p.runs {
+                let (secs, ios) = (r.measured_s, r.ios());
+                r.probe_seconds = Some(secs);
+                // 50 ms/s of hard-IRQ time and 600 MSR writes/s idle, plus 1 µs and 0.1 per I/O.
+                r.hardirq_ns = Some((0.05e9 * secs + 1_000.0 * ios) as u64);
+                r.msr_writes = Some((600.0 * secs + 0.1 * ios) as u64);
+                r.idle = Some(IdleBaseline {
+                    seconds: 1.0,
+                    hardirq_ns: Some(50_000_000),
+                    softirq_ns: None,
+                    ipis_sent: None,
+                    msr_writes: Some(600),
+                });
+            }
+            p
+        };
+        let (a, b) = (with_background(10_000.0), with_background(5_000.0));
+        let row = |d: &ProfileDiff, what: &str| {
+            d.waterfall
+                .evidence
+                .iter()
+                .find(|r| r.metric.contains(what))
+                .unwrap()
+                .clone()
+        };
+        for d in [diff(&a, &b), diff(&b, &a)] {
+            let hardirq = row(&d, "hard-IRQ time per I/O above idle");
+            assert!((hardirq.a.unwrap() - 1_000.0).abs() < 20.0, "{hardirq:?}");
+            assert_eq!(hardirq.verdict, Verdict::Equivalent, "{hardirq:?}");
+            let msr = row(&d, "MSR writes per I/O above idle");
+            assert_eq!(msr.verdict, Verdict::Equivalent, "{msr:?}");
+        }
+        // An older profile on one side: both compared as before, and B's background shows.
+        let mut old = b.clone();
+        for r in &mut old.runs {
+            r.idle = None;
+        }
+        let d = diff(&a, &old);
+        let hardirq = row(&d, "hard-IRQ time per I/O (all IRQs)");
+        assert_eq!(hardirq.verdict, Verdict::Significant, "{hardirq:?}");
+        assert!(hardirq.b.unwrap() > 1.5 * hardirq.a.unwrap(), "{hardirq:?}");
     }
 
     #[test]

@@ -16,7 +16,7 @@ use virtgap_workloads::stats::{IntervalMerger, RunStats};
 use virtgap_workloads::target::{self, TargetChoice, TargetError, TargetRequest};
 use virtgap_workloads::{units, RunOptions, WorkloadEvent};
 
-use virtgap_probes::{CapabilityReport, Family};
+use virtgap_probes::{CapabilityReport, Family, ProbeEvent};
 
 use crate::cli::{RecordArgs, WorkloadsArgs};
 use crate::model::host::TargetDisks;
@@ -154,6 +154,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             stalls: Some(outcome.stalls.clone()),
         });
         let mut record = RunRecord::of_profile(&profile, number);
+        record.idle = outcome.probes.idle_baseline(disks.devs().as_deref());
         if outcome.slow_ios_kept {
             let dropped = outcome
                 .probes
@@ -348,6 +349,34 @@ fn run_line(r: &RunRecord) -> String {
     )
 }
 
+/// Waits for the collector's first snapshot, taken with nothing of virtgap's running but the
+/// probes, and keeps it as the idle baseline. Gives up after a few intervals or on a stop (the
+/// run then has no baseline).
+fn wait_for_idle_interval(
+    rx: &mpsc::Receiver<Event>,
+    probes: &mut ProbeResults,
+    stop: &AtomicBool,
+    interval: Duration,
+) {
+    let deadline = Instant::now() + interval * 3 + Duration::from_secs(1);
+    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(Event::Probe(ProbeEvent::Snapshot {
+                cumulative,
+                interval,
+            })) => {
+                probes.set_idle(*cumulative, *interval);
+                return;
+            }
+            Ok(Event::Probe(other)) => {
+                probes.add(other);
+            }
+            Ok(Event::Workload(_)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
 /// What one run of the workload produced.
 struct RunOutcome {
     stats: RunStats,
@@ -403,6 +432,12 @@ fn record_one(
         }
         None => None,
     };
+    if collector.is_some() {
+        if verbose {
+            eprintln!("measuring the idle host for one interval before the workload starts");
+        }
+        wait_for_idle_interval(&rx, &mut probes, stop, args.interval.0);
+    }
     let wall_start = std::time::SystemTime::now();
     let cpu_start = virtgap_workloads::stats::CpuTime::of_this_process().total_ns();
     let handle = prepared.start(spec, &options, tx);

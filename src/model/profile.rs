@@ -466,6 +466,45 @@ pub struct RunRecord {
     /// recorded — no block probe, a kv workload, or a profile from before the autopsy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tail: Option<crate::model::tail::TailAutopsy>,
+    /// The host with the probes attached and the workload not yet started: the host-wide
+    /// figures per I/O are compared above it (None: no probes, or a profile from before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdleBaseline>,
+}
+
+/// One interval of the host idle (as far as virtgap is concerned) just before the workload:
+/// the background that host-wide figures per I/O would otherwise carry, more of it per I/O the
+/// fewer I/Os a host does.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct IdleBaseline {
+    pub seconds: f64,
+    pub hardirq_ns: Option<u64>,
+    pub softirq_ns: Option<u64>,
+    pub ipis_sent: Option<u64>,
+    /// Exit-causing MSR writes, virtgap's sampler's left out.
+    pub msr_writes: Option<u64>,
+}
+
+impl IdleBaseline {
+    pub fn of(probes: &ProbeInterval, seconds: f64) -> Self {
+        let sum_cpus = |f: fn(&CpuLoad) -> u64| {
+            (!probes.cpus.is_empty()).then(|| probes.cpus.iter().map(f).sum::<u64>())
+        };
+        Self {
+            seconds,
+            hardirq_ns: sum_cpus(|c| c.hardirq_ns),
+            softirq_ns: sum_cpus(|c| c.softirq_ns),
+            ipis_sent: sum_cpus(|c| c.ipis_sent.values().sum()),
+            msr_writes: probes.msr_writes,
+        }
+    }
+
+    /// `idle`'s rate (per second of this baseline) times `seconds`: what the idle host would
+    /// have done over that long.
+    pub fn over(&self, idle: Option<u64>, seconds: f64) -> Option<f64> {
+        (self.seconds > 0.0).then_some(())?;
+        idle.map(|v| v as f64 / self.seconds * seconds)
+    }
 }
 
 impl RunRecord {
@@ -493,6 +532,7 @@ impl RunRecord {
             probe_seconds: p.probe_seconds,
             intervals: p.intervals.len() as u64,
             tail: None,
+            idle: None,
         }
     }
 
@@ -983,6 +1023,18 @@ fn validate(p: &Profile) -> Result<(), String> {
             .find_map(|(name, v)| v.filter(|v| *v > MAX_U64).map(|v| (name, v)))
         {
             return Err(format!("runs[{n}].{name}: {v} is beyond any real run"));
+        }
+        if let Some(idle) = &r.idle {
+            window(&format!("runs[{n}].idle.seconds"), idle.seconds)?;
+            let counts = [
+                idle.hardirq_ns,
+                idle.softirq_ns,
+                idle.ipis_sent,
+                idle.msr_writes,
+            ];
+            if counts.iter().flatten().any(|v| *v > MAX_U64) {
+                return Err(format!("runs[{n}].idle: a count beyond any real run"));
+            }
         }
         for (m, set) in r.tail.iter().flat_map(|t| t.sets.iter().enumerate()) {
             let at = format!("runs[{n}].tail.sets[{m}]");

@@ -364,5 +364,27 @@ pub fn write(
         None => {}
         Some(why) => writeln!(out, "  probe overhead: unavailable ({why})")?,
     }
+    if let Some(idle) = p.idle_baseline(disks.devs().as_deref()) {
+        writeln!(out, "  {}", idle_line(&idle))?;
+    }
     Ok(())
+}
+
+/// "idle host before the workload (1.0 s): hard IRQ 0.1%, softirq 0.2% of all CPUs, …"
+fn idle_line(idle: &crate::model::profile::IdleBaseline) -> String {
+    let s = idle.seconds;
+    let time = |ns: Option<u64>| {
+        ns.map_or("not measured".into(), |n| {
+            format!("{:.2}% of one CPU", n as f64 / 1e9 / s * 100.0)
+        })
+    };
+    let rate =
+        |n: Option<u64>| n.map_or("not measured".into(), |n| format!("{:.0}/s", n as f64 / s));
+    format!(
+        "idle host before the workload ({s:.1} s; the diff compares host-wide figures per I/O above it): hard IRQ {}, softirq {}, IPIs {}, exit-causing MSR writes {}",
+        time(idle.hardirq_ns),
+        time(idle.softirq_ns),
+        rate(idle.ipis_sent),
+        rate(idle.msr_writes)
+    )
 }

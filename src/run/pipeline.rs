@@ -38,6 +38,10 @@ pub struct ProbeResults {
     at_measure_start: Option<ProbeSnapshot>,
     /// The block probe's slow requests, for the tail autopsy (when asked for).
     pub slow_requests: Vec<virtgap_probes::model::SlowRequest>,
+    /// The interval before the workload started (see [`Self::set_idle`]).
+    idle: Option<ProbeSnapshot>,
+    /// The totals at its end: where the window starts when there is no ramp.
+    at_idle_end: Option<ProbeSnapshot>,
 }
 
 impl ProbeResults {
@@ -50,12 +54,37 @@ impl ProbeResults {
         }
     }
 
-    /// The probes' activity over the measured window: the totals less those at the ramp's end.
+    /// The probes' activity over the measured window: the totals less those at the ramp's end
+    /// (or at the idle interval's end, without a ramp).
     pub fn window(&self) -> Option<ProbeSnapshot> {
         let total = self.cumulative.as_ref()?;
-        Some(match &self.at_measure_start {
-            Some(start) => total.since(start),
-            None => total.clone(),
+        Some(
+            match self.at_measure_start.as_ref().or(self.at_idle_end.as_ref()) {
+                Some(start) => total.since(start),
+                None => total.clone(),
+            },
+        )
+    }
+
+    /// Keeps the first snapshot, taken before the workload started, as the idle baseline. It
+    /// is not an interval of the run: the series and the ramp count never see it.
+    pub fn set_idle(&mut self, cumulative: ProbeSnapshot, interval: ProbeSnapshot) {
+        self.at_idle_end = Some(cumulative);
+        self.idle = Some(interval);
+    }
+
+    /// The idle interval's host-wide figures (None: none was taken).
+    pub fn idle_baseline(
+        &self,
+        devs: Option<&[virtgap_probes::model::DevNum]>,
+    ) -> Option<crate::model::profile::IdleBaseline> {
+        let idle = self.idle.as_ref()?;
+        let seconds = idle.elapsed_ns as f64 / 1e9;
+        (seconds > 0.0).then(|| {
+            crate::model::profile::IdleBaseline::of(
+                &crate::model::profile::ProbeInterval::of(idle, devs),
+                seconds,
+            )
         })
     }
 
