@@ -16,7 +16,7 @@ use virtgap_workloads::stats::{IntervalMerger, RunStats};
 use virtgap_workloads::target::{self, TargetChoice, TargetError, TargetRequest};
 use virtgap_workloads::{units, RunOptions, WorkloadEvent};
 
-use virtgap_probes::{CapabilityReport, Family, ProbeEvent};
+use virtgap_probes::{CapabilityReport, Family};
 
 use crate::cli::{RecordArgs, WorkloadsArgs};
 use crate::model::host::TargetDisks;
@@ -349,34 +349,6 @@ fn run_line(r: &RunRecord) -> String {
     )
 }
 
-/// Waits for the collector's first snapshot, taken with nothing of virtgap's running but the
-/// probes, and keeps it as the idle baseline. Gives up after a few intervals or on a stop (the
-/// run then has no baseline).
-fn wait_for_idle_interval(
-    rx: &mpsc::Receiver<Event>,
-    probes: &mut ProbeResults,
-    stop: &AtomicBool,
-    interval: Duration,
-) {
-    let deadline = Instant::now() + interval * 3 + Duration::from_secs(1);
-    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(Event::Probe(ProbeEvent::Snapshot {
-                cumulative,
-                interval,
-            })) => {
-                probes.set_idle(*cumulative, *interval);
-                return;
-            }
-            Ok(Event::Probe(other)) => {
-                probes.add(other);
-            }
-            Ok(Event::Workload(_)) | Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
-        }
-    }
-}
-
 /// What one run of the workload produced.
 struct RunOutcome {
     stats: RunStats,
@@ -436,7 +408,12 @@ fn record_one(
         if verbose {
             eprintln!("measuring the idle host for one interval before the workload starts");
         }
-        wait_for_idle_interval(&rx, &mut probes, stop, args.interval.0);
+        let idle = crate::run::session::wait_for_idle_interval(&rx, stop, args.interval.0, |ev| {
+            probes.add(ev);
+        });
+        if let Some((cumulative, interval)) = idle {
+            probes.set_idle(cumulative, interval);
+        }
     }
     let wall_start = std::time::SystemTime::now();
     let cpu_start = virtgap_workloads::stats::CpuTime::of_this_process().total_ns();

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeEvent, ProbeHandle};
+use virtgap_probes::{
+    CapabilityReport, Family, ProbeConfig, ProbeEvent, ProbeHandle, ProbeSnapshot,
+};
 
 use crate::cli::ProbeArgs;
 use crate::run::pipeline::Event;
@@ -72,4 +74,28 @@ pub fn start_probes(
         Ok(Event::Probe(ProbeEvent::Attached(report))) => Ok(Some((handle, report))),
         _ => bail!("the probe collector did not start"),
     }
+}
+
+/// Waits for the collector's first snapshot, taken with nothing of virtgap's running but the
+/// probes: the idle baseline, as (totals at its end, its own activity). Other probe events go to
+/// `other`. None after a few intervals without one, or on a stop (the run has no baseline then).
+pub fn wait_for_idle_interval(
+    rx: &Receiver<Event>,
+    stop: &std::sync::atomic::AtomicBool,
+    interval: Duration,
+    mut other: impl FnMut(ProbeEvent),
+) -> Option<(ProbeSnapshot, ProbeSnapshot)> {
+    let deadline = std::time::Instant::now() + interval * 3 + Duration::from_secs(1);
+    while std::time::Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(Event::Probe(ProbeEvent::Snapshot {
+                cumulative,
+                interval,
+            })) => return Some((*cumulative, *interval)),
+            Ok(Event::Probe(ev)) => other(ev),
+            Ok(Event::Workload(_)) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
+        }
+    }
+    None
 }

@@ -166,6 +166,8 @@ pub struct App {
     tail_since_ns: u64,
     /// The finished run's tail autopsy.
     pub tail: Option<crate::model::tail::TailAutopsy>,
+    /// The interval of the idle host measured before the workload started.
+    pub idle: Option<crate::model::profile::IdleBaseline>,
 }
 
 impl App {
@@ -203,7 +205,23 @@ impl App {
             slow_ios: Vec::new(),
             tail_since_ns: 0,
             tail: None,
+            idle: None,
         }
+    }
+
+    /// The idle interval before the workload: kept as the baseline, and the probes' totals at
+    /// its end become the base the shown figures count from (as after a reset).
+    pub fn on_idle_interval(&mut self, cumulative: ProbeSnapshot, interval: &ProbeSnapshot) {
+        let seconds = interval.elapsed_ns as f64 / 1e9;
+        if seconds > 0.0 {
+            let devs = self.target_devs.clone();
+            self.idle = Some(crate::model::profile::IdleBaseline::of(
+                &crate::model::profile::ProbeInterval::of(interval, devs.as_deref()),
+                seconds,
+            ));
+        }
+        self.reset_base = Some(cumulative.clone());
+        self.probe_total = Some(cumulative);
     }
 
     pub fn on_slow_requests(&mut self, mut requests: Vec<virtgap_probes::model::SlowRequest>) {

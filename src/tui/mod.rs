@@ -103,6 +103,19 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         app.on_probe_report(report);
         handle
     });
+    if collector.is_some() {
+        // One interval of the idle host first, as `record` measures it (the screen is not up
+        // yet: the line goes where the target's preparation printed its own).
+        eprintln!("measuring the idle host for one interval before the workload starts");
+        let idle = crate::run::session::wait_for_idle_interval(&rx, stop, args.interval.0, |ev| {
+            if let ProbeEvent::SlowRequests(slow) = ev {
+                app.on_slow_requests(slow);
+            }
+        });
+        if let Some((cumulative, interval)) = idle {
+            app.on_idle_interval(cumulative, &interval);
+        }
+    }
     let block_attached = app
         .report
         .as_ref()
@@ -400,6 +413,7 @@ fn saved_profile(
     profile.stages.app = crate::model::profile::Histogram::from_latency(&d.app);
     // One run, as `record` writes it: the diff compares runs.
     let mut run = crate::model::profile::RunRecord::of_profile(&profile, 1);
+    run.idle = app.idle.clone();
     // Once the run finished (mid-run the workers still hold their slow I/Os).
     run.tail = app.tail.clone();
     profile.runs = vec![run];
