@@ -1119,8 +1119,30 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     };
     evidence.push(msr_cost);
     if above_idle {
-        for r in evidence.iter_mut().filter(|r| !r.metric.contains("wakeup")) {
-            r.metric = r.metric.replacen(" per I/O", " per I/O above idle", 1);
+        // Short enough for the terminal's label column.
+        const ABOVE_IDLE: [(&str, &str); 5] = [
+            (
+                "hard-IRQ time per I/O (all IRQs)",
+                "hard-IRQ time per I/O, above idle",
+            ),
+            (
+                "softirq time per I/O (all)",
+                "softirq time per I/O, above idle",
+            ),
+            ("IPIs sent per I/O", "IPIs sent per I/O, above idle"),
+            (
+                "exit-causing MSR writes per I/O",
+                "MSR exits per I/O, above idle",
+            ),
+            (
+                "est. MSR exit time per I/O",
+                "est. exit time per I/O, above idle",
+            ),
+        ];
+        for r in &mut evidence {
+            if let Some((from, to)) = ABOVE_IDLE.iter().find(|(from, _)| r.metric.trim() == *from) {
+                r.metric = r.metric.replacen(from, to, 1);
+            }
         }
     }
     // Flushes are requests of their own, not part of a read's or write's stages: their own row.
@@ -1600,11 +1622,13 @@ pub(crate) mod tests {
                 .clone()
         };
         for d in [diff(&a, &b), diff(&b, &a)] {
-            let hardirq = row(&d, "hard-IRQ time per I/O above idle");
+            let hardirq = row(&d, "hard-IRQ time per I/O, above idle");
             assert!((hardirq.a.unwrap() - 1_000.0).abs() < 20.0, "{hardirq:?}");
             assert_eq!(hardirq.verdict, Verdict::Equivalent, "{hardirq:?}");
-            let msr = row(&d, "MSR writes per I/O above idle");
+            let msr = row(&d, "MSR exits per I/O, above idle");
             assert_eq!(msr.verdict, Verdict::Equivalent, "{msr:?}");
+            // Every label fits the terminal report's 38 columns.
+            assert!(d.waterfall.rows().all(|r| r.metric.len() <= 38), "{d:?}");
         }
         // An older profile on one side: both compared as before, and B's background shows.
         let mut old = b.clone();
