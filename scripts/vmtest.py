@@ -615,6 +615,15 @@ def check_tail(c, name, profile, joinable):
                 f"{name}: not joined: {tail.get('unjoinable')}")
 
 
+def check_idle(c, name, profile):
+    """The idle interval before the workload: one interval long, host-wide figures measured."""
+    if profile is None:
+        return
+    idle = (profile.get("runs") or [{}])[0].get("idle")
+    ok = idle is not None and 0.5 <= idle["seconds"] <= 3.0 and idle["hardirq_ns"] is not None
+    c.check(ok, f"{name}: idle baseline {idle}")
+
+
 def check_nvme_queues(c, profile, device):
     """Every hardware queue that took the workload's requests has NVMe latency and its IRQ ran."""
     used = [q for q in device.get("queues", []) if q["device"]["count"] > 0]
@@ -716,6 +725,7 @@ def check_guest(c, console, results):
     if found and names.get("nvme") in found:
         check_nvme_queues(c, nvme, found[names["nvme"]])
     check_tail(c, "nvme", nvme, True)
+    check_idle(c, "nvme", nvme)
     if nvme:
         check_sampler(c, nvme)
         check_pv_timer(c, nvme)
