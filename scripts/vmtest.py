@@ -615,13 +615,20 @@ def check_tail(c, name, profile, joinable):
                 f"{name}: not joined: {tail.get('unjoinable')}")
 
 
-def check_idle(c, name, profile):
-    """The idle interval before the workload: one interval long, host-wide figures measured."""
+def check_idle(c, name, profile, release):
+    """The idle interval before the workload: one interval long, host-wide figures measured;
+    IPIs sent are "not measured" (null), never 0, before the ipi_send_* tracepoints (6.4)."""
     if profile is None:
         return
-    idle = (profile.get("runs") or [{}])[0].get("idle")
+    run = (profile.get("runs") or [{}])[0]
+    idle = run.get("idle")
     ok = idle is not None and 0.5 <= idle["seconds"] <= 3.0 and idle["hardirq_ns"] is not None
     c.check(ok, f"{name}: idle baseline {idle}")
+    counted = kernel_version(release) >= (6, 4)
+    c.check(idle is not None and (idle["ipis_sent"] is not None) == counted
+            and (run.get("ipis_sent") is not None) == counted,
+            f"{name}: IPIs sent {'counted' if counted else 'not measured'} "
+            f"(run {run.get('ipis_sent')}, idle {idle and idle['ipis_sent']})")
 
 
 def check_nvme_queues(c, profile, device):
@@ -725,7 +732,7 @@ def check_guest(c, console, results):
     if found and names.get("nvme") in found:
         check_nvme_queues(c, nvme, found[names["nvme"]])
     check_tail(c, "nvme", nvme, True)
-    check_idle(c, "nvme", nvme)
+    check_idle(c, "nvme", nvme, read_text(results, "uname").strip())
     if nvme:
         check_sampler(c, nvme)
         check_pv_timer(c, nvme)

@@ -124,6 +124,19 @@ impl CapabilityReport {
         })
     }
 
+    /// Whether the tracepoint `tp` attached (in any family).
+    pub fn tracepoint_attached(&self, tp: &str) -> bool {
+        self.families
+            .iter()
+            .flat_map(|f| &f.tracepoints)
+            .any(|t| t.tracepoint == tp && t.attached.is_some())
+    }
+
+    /// Whether IPIs sent are counted (the ipi_send_* tracepoints came in Linux 6.4).
+    pub fn counts_ipis(&self) -> bool {
+        self.tracepoint_attached("ipi_send_cpu")
+    }
+
     pub fn attached_count(&self) -> usize {
         self.families
             .iter()

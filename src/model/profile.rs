@@ -486,7 +486,8 @@ pub struct IdleBaseline {
 }
 
 impl IdleBaseline {
-    pub fn of(probes: &ProbeInterval, seconds: f64) -> Self {
+    /// `counts_ipis`: whether this kernel's probes count IPIs sent (else None, not 0).
+    pub fn of(probes: &ProbeInterval, seconds: f64, counts_ipis: bool) -> Self {
         let sum_cpus = |f: fn(&CpuLoad) -> u64| {
             (!probes.cpus.is_empty()).then(|| probes.cpus.iter().map(f).sum::<u64>())
         };
@@ -494,7 +495,7 @@ impl IdleBaseline {
             seconds,
             hardirq_ns: sum_cpus(|c| c.hardirq_ns),
             softirq_ns: sum_cpus(|c| c.softirq_ns),
-            ipis_sent: sum_cpus(|c| c.ipis_sent.values().sum()),
+            ipis_sent: sum_cpus(|c| c.ipis_sent.values().sum()).filter(|_| counts_ipis),
             msr_writes: probes.msr_writes,
         }
     }
@@ -523,7 +524,9 @@ impl RunRecord {
             stages: p.stages.clone(),
             hardirq_ns: sum_cpus(|c| c.hardirq_ns),
             softirq_ns: sum_cpus(|c| c.softirq_ns),
-            ipis_sent: sum_cpus(|c| c.ipis_sent.values().sum()),
+            // Not counted before Linux 6.4 (the per-CPU maps are empty then, not zero).
+            ipis_sent: sum_cpus(|c| c.ipis_sent.values().sum())
+                .filter(|_| p.capabilities.as_ref().is_none_or(|r| r.counts_ipis())),
             msr_writes: p
                 .intervals
                 .iter()

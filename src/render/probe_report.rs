@@ -21,14 +21,6 @@ pub fn ipi_summary(
     secs: f64,
     report: &CapabilityReport,
 ) -> Vec<String> {
-    let attached = |tp: &str| {
-        report
-            .families
-            .iter()
-            .filter(|f| f.family == Family::Irq)
-            .flat_map(|f| &f.tracepoints)
-            .any(|t| t.tracepoint == tp && t.attached.is_some())
-    };
     let rate = |events: &[CpuEvents], kind: &str| {
         let n: u64 = events
             .iter()
@@ -37,7 +29,7 @@ pub fn ipi_summary(
             .sum();
         units::count(n as f64 / secs.max(1e-9))
     };
-    if !attached("ipi_send_cpu") {
+    if !report.counts_ipis() {
         return vec!["IPIs sent: not measured (ipi_send_* tracepoints came in Linux 6.4)".into()];
     }
     vec![

@@ -84,6 +84,7 @@ impl ProbeResults {
             crate::model::profile::IdleBaseline::of(
                 &crate::model::profile::ProbeInterval::of(idle, devs),
                 seconds,
+                self.report.as_ref().is_some_and(|r| r.counts_ipis()),
             )
         })
     }

@@ -218,6 +218,7 @@ impl App {
             self.idle = Some(crate::model::profile::IdleBaseline::of(
                 &crate::model::profile::ProbeInterval::of(interval, devs.as_deref()),
                 seconds,
+                self.report.as_ref().is_some_and(|r| r.counts_ipis()),
             ));
         }
         self.reset_base = Some(cumulative.clone());
