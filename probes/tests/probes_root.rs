@@ -86,32 +86,40 @@ fn data_file(dir: &Path, blocks: u64) -> PathBuf {
     path
 }
 
-/// Reads every block once with O_DIRECT; returns (min, max) latency of one read in ns.
-fn direct_reads(path: &Path, blocks: u64) -> (u64, u64) {
+/// Reads every block once with O_DIRECT: (offset, CLOCK_MONOTONIC before, after) per read.
+fn timed_direct_reads(path: &Path, blocks: u64) -> Vec<(u64, u64, u64)> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .unwrap();
     let mut block = Block([0; 4096]);
-    let (mut min, mut max) = (u64::MAX, 0);
-    for i in 0..blocks {
-        let t = Instant::now();
-        // SAFETY: block is 4096 aligned bytes owned here, alive for the call.
-        let r = unsafe {
-            libc::pread(
-                file.as_raw_fd(),
-                block.0.as_mut_ptr().cast(),
-                4096,
-                (i * 4096) as i64,
-            )
-        };
-        let ns = t.elapsed().as_nanos() as u64;
-        assert_eq!(r, 4096);
-        min = min.min(ns);
-        max = max.max(ns);
-    }
-    (min, max)
+    (0..blocks)
+        .map(|i| {
+            let before = virtgap_workloads::slow::monotonic_ns();
+            // SAFETY: block is 4096 aligned bytes owned here, alive for the call.
+            let r = unsafe {
+                libc::pread(
+                    file.as_raw_fd(),
+                    block.0.as_mut_ptr().cast(),
+                    4096,
+                    (i * 4096) as i64,
+                )
+            };
+            let after = virtgap_workloads::slow::monotonic_ns();
+            assert_eq!(r, 4096);
+            (i * 4096, before, after)
+        })
+        .collect()
+}
+
+/// Reads every block once with O_DIRECT; returns (min, max) latency of one read in ns.
+fn direct_reads(path: &Path, blocks: u64) -> (u64, u64) {
+    timed_direct_reads(path, blocks)
+        .iter()
+        .fold((u64::MAX, 0), |(min, max), &(_, before, after)| {
+            (min.min(after - before), max.max(after - before))
+        })
 }
 
 #[test]
@@ -178,11 +186,7 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     const BLOCKS: u64 = 300;
     let path = data_file(dir.path(), BLOCKS);
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
-        .unwrap();
+    let file = std::fs::File::open(&path).unwrap();
     let map = match virtgap_workloads::extents::ExtentMap::of_file(&file, BLOCKS * 4096) {
         Ok(m) => m,
         Err(why) => {
@@ -196,27 +200,8 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
     if !family_ready(&session, Family::Block) {
         return;
     }
-    let mut block = Block([0; 4096]);
-    let mut read_all = || {
-        (0..BLOCKS)
-            .map(|i| {
-                let before = virtgap_workloads::slow::monotonic_ns();
-                // SAFETY: block is 4096 aligned bytes owned here, alive for the call.
-                let r = unsafe {
-                    libc::pread(
-                        file.as_raw_fd(),
-                        block.0.as_mut_ptr().cast(),
-                        4096,
-                        (i * 4096) as i64,
-                    )
-                };
-                assert_eq!(r, 4096);
-                (i * 4096, before, virtgap_workloads::slow::monotonic_ns())
-            })
-            .collect::<Vec<_>>()
-    };
     session.set_slow_request_threshold(0);
-    let reads = read_all();
+    let reads = timed_direct_reads(&path, BLOCKS);
     let slow = session.drain_slow_requests();
     let found = reads
         .iter()
@@ -246,7 +231,7 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
         slow.iter().take(3).collect::<Vec<_>>()
     );
     session.set_slow_request_threshold(u64::MAX);
-    read_all();
+    timed_direct_reads(&path, BLOCKS);
     let none = session.drain_slow_requests();
     assert!(none.is_empty(), "{} sent above the threshold", none.len());
 }

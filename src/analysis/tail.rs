@@ -167,11 +167,24 @@ mod tests {
     use crate::model::profile::Histogram;
 
     fn hist(values: &[u64]) -> Histogram {
-        let mut h = virtgap_workloads::LatencyHistogram::new();
-        for &v in values {
-            h.record(v);
-        }
-        Histogram::from_latency(&h)
+        Histogram::of_values(values)
+    }
+
+    /// The autopsy of `ios` and `requests` on `extents`, nothing dropped.
+    fn open(
+        ios: &[SlowIo],
+        requests: &[SlowRequest],
+        extents: Result<&ExtentMap, String>,
+        stages: &Stages,
+    ) -> TailAutopsy {
+        autopsy(&TailInputs {
+            ios,
+            requests,
+            extents,
+            stages,
+            requests_dropped: 0,
+        })
+        .unwrap()
     }
 
     fn map() -> ExtentMap {
@@ -253,14 +266,7 @@ mod tests {
     fn the_slow_ios_excess_lands_on_the_stage_that_was_slow_for_them() {
         let (ios, requests, stages) = run(true);
         let map = map();
-        let tail = autopsy(&TailInputs {
-            ios: &ios,
-            requests: &requests,
-            extents: Ok(&map),
-            stages: &stages,
-            requests_dropped: 0,
-        })
-        .unwrap();
+        let tail = open(&ios, &requests, Ok(&map), &stages);
         let p99 = tail.set(99.0).unwrap();
         assert_eq!(p99.expected_ios, 10);
         // The 20 slow I/Os straddle p99: the ten device-slow ones are above it.
@@ -289,14 +295,7 @@ mod tests {
         let (ios, requests, stages) = run(false);
         assert!(requests.is_empty());
         let map = map();
-        let tail = autopsy(&TailInputs {
-            ios: &ios,
-            requests: &[],
-            extents: Ok(&map),
-            stages: &stages,
-            requests_dropped: 0,
-        })
-        .unwrap();
+        let tail = open(&ios, &[], Ok(&map), &stages);
         let p99 = tail.set(99.0).unwrap();
         assert_eq!(p99.joined, 0);
         let excess = p99.excess();
@@ -327,23 +326,14 @@ mod tests {
                 ]
             })
             .collect();
-        let tail = autopsy(&TailInputs {
-            ios: &ios,
-            requests: &moved,
-            extents: Ok(&map),
-            stages: &stages,
-            requests_dropped: 0,
-        })
-        .unwrap();
+        let tail = open(&ios, &moved, Ok(&map), &stages);
         assert_eq!(tail.set(99.0).unwrap().joined, 0);
-        let unjoinable = autopsy(&TailInputs {
-            ios: &ios,
-            requests: &requests,
-            extents: Err("md0 is a stacked device".into()),
-            stages: &stages,
-            requests_dropped: 0,
-        })
-        .unwrap();
+        let unjoinable = open(
+            &ios,
+            &requests,
+            Err("md0 is a stacked device".into()),
+            &stages,
+        );
         assert_eq!(unjoinable.set(99.0).unwrap().joined, 0);
         assert_eq!(
             unjoinable.unjoinable.as_deref(),

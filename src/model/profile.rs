@@ -68,6 +68,16 @@ impl Histogram {
         (self.count > 0).then(|| self.sum_ns / self.count as f64)
     }
 
+    /// The histogram of `values`, as the workload would record them (for tests).
+    #[cfg(test)]
+    pub fn of_values(values: &[u64]) -> Self {
+        let mut h = LatencyHistogram::new();
+        for &v in values {
+            h.record(v);
+        }
+        Self::from_latency(&h)
+    }
+
     /// Adds `other` into this one. Buckets with the same bounds add up (both sources use fixed
     /// bucket layouts, so a run's buckets line up with another run's of the same source).
     pub fn merge(&mut self, other: &Histogram) {

@@ -447,11 +447,7 @@ mod tests {
     use crate::model::profile::*;
 
     fn hist(values: &[u64]) -> Histogram {
-        let mut h = virtgap_workloads::LatencyHistogram::new();
-        for &v in values {
-            h.record(v);
-        }
-        Histogram::from_latency(&h)
+        Histogram::of_values(values)
     }
 
     /// A small profile with every kind of row, fixed so the output never changes by accident.

@@ -660,13 +660,5 @@ pub(crate) mod test_run {
     }
 
     /// CLOCK_MONOTONIC in ns: bpf_ktime_get_ns's clock.
-    pub fn now_ns() -> u64 {
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: ts is a valid timespec to fill.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-    }
+    pub use virtgap_workloads::slow::monotonic_ns as now_ns;
 }
