@@ -373,10 +373,9 @@ fn record_one(
 ) -> Result<RunOutcome> {
     let (disks, stop) = (&prepared.disks, &prepared.stop);
     let progress = verbose && std::io::stderr().is_terminal();
-    // The tail autopsy: the workers keep their I/Os near the tail, the block probe the requests
-    // at least half that long (kv's service threads keep none).
+    // The tail autopsy: the workers (kv's client threads: their device reads) keep their I/Os
+    // near the tail, the block probe the requests that took a good part of that.
     let slow_request_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let autopsy = spec.kv.is_none();
     let mut options = RunOptions {
         interval: args.interval.0,
         verify_reads: args.verify,
@@ -385,10 +384,10 @@ fn record_one(
     let (tx, rx) = mpsc::channel::<Event>();
     let mut probes =
         ProbeResults::skipping_ramp(IntervalSeries::ramp_intervals(args.interval.0, spec.ramp.0));
-    let slow = autopsy.then(|| Arc::clone(&slow_request_ns));
+    let slow = Some(Arc::clone(&slow_request_ns));
     let collector = match start_probes(&args.probe, args.interval.0, slow, &tx, &rx)? {
         Some((handle, report)) => {
-            if autopsy && report.attached(virtgap_probes::Family::Block) {
+            if report.attached(virtgap_probes::Family::Block) {
                 options.tail_watch = Some(virtgap_workloads::slow::TailWatch::new(
                     spec.workers,
                     Arc::clone(&slow_request_ns),

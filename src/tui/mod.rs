@@ -70,13 +70,12 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     let host = crate::model::host::Fingerprint::this_host();
 
     let (tx, rx) = mpsc::channel::<Event>();
-    // The tail autopsy, as `record` keeps it (kv's service threads keep no slow I/Os).
+    // The tail autopsy, as `record` keeps it.
     let slow_request_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let autopsy = spec.kv.is_none();
     let probes = crate::run::session::start_probes(
         &args.probe,
         args.interval.0,
-        autopsy.then(|| Arc::clone(&slow_request_ns)),
+        Some(Arc::clone(&slow_request_ns)),
         &tx,
         &rx,
     )?;
@@ -122,7 +121,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         .is_some_and(|r| r.attached(virtgap_probes::Family::Block));
     let options = RunOptions {
         interval: args.interval.0,
-        tail_watch: (autopsy && block_attached)
+        tail_watch: block_attached
             .then(|| virtgap_workloads::slow::TailWatch::new(spec.workers, slow_request_ns)),
         ..RunOptions::default()
     };

@@ -379,8 +379,8 @@ fn kv_overwrite_race(
     let readers_done = AtomicBool::new(false);
     std::thread::scope(|sc| {
         store.start_background();
-        let writer = sc.spawn(|| store.run_writer(|_| {}));
-        let defrag = sc.spawn(|| store.run_defrag(|_| {}));
+        let writer = sc.spawn(|| store.run_writer(|_, _| {}));
+        let defrag = sc.spawn(|| store.run_defrag(|_, _| {}));
         for key in 0..keys {
             store.put(key).unwrap();
         }

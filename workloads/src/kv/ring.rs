@@ -225,6 +225,7 @@ pub(super) fn run_ring(
                     let done = OpDone {
                         service_ns: None,
                         bytes,
+                        offset: None,
                     };
                     tally.done(write, times, done, send_interval);
                 }
@@ -328,6 +329,7 @@ fn reap(
                 let done = OpDone {
                     service_ns: Some(now - flight.submitted.unwrap_or(flight.started).min(now)),
                     bytes: flight.read.len as u64,
+                    offset: Some(flight.read.offset),
                 };
                 tally.done(false, flight.times(now), done, send_interval);
             }
@@ -336,6 +338,7 @@ fn reap(
                 let done = OpDone {
                     service_ns: None,
                     bytes,
+                    offset: None,
                 };
                 tally.done(false, flight.times(now), done, send_interval);
             }

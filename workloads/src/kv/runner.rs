@@ -87,8 +87,8 @@ pub fn prepare(
     let mut rng = rand::rngs::SmallRng::seed_from_u64(0x6b76);
     let interrupted = std::thread::scope(|s| -> Result<bool, KvError> {
         store.start_background();
-        let writer = s.spawn(|| store.run_writer(|_| {}));
-        let defrag = s.spawn(|| store.run_defrag(|_| {}));
+        let writer = s.spawn(|| store.run_writer(|_, _| {}));
+        let defrag = s.spawn(|| store.run_defrag(|_, _| {}));
         let mut result = Ok(false);
         for i in 0..total {
             if i % 4096 == 0 {
@@ -314,6 +314,8 @@ struct LargeBlocks {
 /// State shared by the kv threads.
 pub(super) struct Shared {
     t0: Instant,
+    /// CLOCK_MONOTONIC at `t0`, for the slow I/Os kept for the tail autopsy.
+    t0_monotonic_ns: u64,
     ramp_ns: u64,
     end_ns: u64,
     lb_bytes: u64,
@@ -328,6 +330,8 @@ pub(super) struct Shared {
     lb_writes: AtomicActHistogram,
     large_blocks: Mutex<LargeBlocks>,
     behind: Mutex<Option<(Behind, Duration)>>,
+    /// The defrag reader's and the writer's slow I/Os for the tail autopsy (when kept).
+    large_block_slow: [Mutex<Option<crate::slow::SlowIoKeeper>>; 2],
 }
 
 impl Shared {
@@ -341,15 +345,21 @@ impl Shared {
         self.halt.store(true, Ordering::Relaxed);
     }
 
-    /// Records one large-block I/O that took `ns` and ended now, if inside the measured window.
-    fn large_block(&self, write: bool, ns: u64) {
+    /// Records one large-block I/O at `offset` that took `ns` and ended now, if inside the
+    /// measured window.
+    fn large_block(&self, write: bool, offset: u64, ns: u64) {
         let now = self.now_ns();
         // After a stop the writer still drains its queue: that is not the measured load.
         let halted = self.halt.load(Ordering::Relaxed);
-        if halted
-            || !(self.ramp_ns..self.end_ns).contains(&now.saturating_sub(ns))
-            || now > self.end_ns
-        {
+        let in_window = !halted
+            && (self.ramp_ns..self.end_ns).contains(&now.saturating_sub(ns))
+            && now <= self.end_ns;
+        let keeper = &self.large_block_slow[usize::from(write)];
+        if let Some(k) = keeper.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            let len = self.lb_bytes as u32;
+            k.observe(offset, len, write, now.saturating_sub(ns), now, in_window);
+        }
+        if !in_window {
             return;
         }
         if write {
@@ -424,7 +434,7 @@ fn background(
         .name(name.into())
         .spawn(move || {
             let cpu = CpuTime::of_this_thread();
-            let observe = |ns| shared.large_block(write, ns);
+            let observe = |offset, ns| shared.large_block(write, offset, ns);
             let r = if write {
                 store.run_writer(observe)
             } else {
@@ -452,23 +462,33 @@ fn coordinate(
     let threads = spec.workers;
     let ramp_ns = spec.ramp.0.as_nanos() as u64;
     let interval_ns = options.interval.as_nanos().max(1) as u64;
-    let shared = Arc::new(Shared {
-        t0: Instant::now(),
-        ramp_ns,
-        end_ns: ramp_ns + spec.duration.0.as_nanos() as u64,
-        lb_bytes: spec.bs.0,
-        halt: AtomicBool::new(false),
-        reads: AtomicActHistogram::default(),
-        reads_intended: AtomicActHistogram::default(),
-        slice_lag_ns: AtomicU64::new(0),
-        lb_reads: AtomicActHistogram::default(),
-        lb_writes: AtomicActHistogram::default(),
-        large_blocks: Mutex::new(LargeBlocks {
-            stats: RunStats::default(),
-            interval: Some(IntervalSample::empty(threads, 0, 0)),
-        }),
-        behind: Mutex::new(None),
-    });
+    let (t0, t0_monotonic_ns) = (Instant::now(), crate::slow::monotonic_ns());
+    let shared =
+        Arc::new(Shared {
+            t0,
+            t0_monotonic_ns,
+            ramp_ns,
+            end_ns: ramp_ns + spec.duration.0.as_nanos() as u64,
+            lb_bytes: spec.bs.0,
+            halt: AtomicBool::new(false),
+            reads: AtomicActHistogram::default(),
+            reads_intended: AtomicActHistogram::default(),
+            slice_lag_ns: AtomicU64::new(0),
+            lb_reads: AtomicActHistogram::default(),
+            lb_writes: AtomicActHistogram::default(),
+            large_blocks: Mutex::new(LargeBlocks {
+                stats: RunStats::default(),
+                interval: Some(IntervalSample::empty(threads, 0, 0)),
+            }),
+            behind: Mutex::new(None),
+            // The background threads keep theirs as workers after the client threads (the
+            // kernel's threshold follows the client threads' tails only).
+            large_block_slow: [threads, threads + 1].map(|worker| {
+                Mutex::new(options.tail_watch.as_ref().map(|w| {
+                    crate::slow::SlowIoKeeper::new(Arc::clone(w), worker, t0_monotonic_ns)
+                }))
+            }),
+        });
 
     store.start_background();
     let writer = background("vg-kv-writer", store, &shared, true);
@@ -489,6 +509,7 @@ fn coordinate(
                 store: Arc::clone(store),
                 shared: Arc::clone(&shared),
                 stop: Arc::clone(stop),
+                tail_watch: options.tail_watch.clone(),
             };
             let send = send.clone();
             let asynchronous = spec.engine == EngineKind::IoUring;
@@ -657,6 +678,11 @@ fn coordinate(
         }
         std::mem::take(&mut lb.stats)
     };
+    for keeper in &shared.large_block_slow {
+        if let Some(k) = keeper.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            large_blocks.slow_ios.extend(k.kept);
+        }
+    }
     large_blocks.measured_ns = measured_ns;
     large_blocks.cpu = writer_cpu;
     large_blocks.cpu.add(defrag_cpu);
@@ -837,6 +863,8 @@ pub(super) struct ClientContext {
     pub store: Arc<KvStore>,
     pub shared: Arc<Shared>,
     pub stop: Arc<AtomicBool>,
+    /// Keep the device reads near the tail for the tail autopsy.
+    pub tail_watch: Option<Arc<crate::slow::TailWatch>>,
 }
 
 impl ClientContext {
@@ -954,6 +982,7 @@ pub(super) struct ClientTally<'a> {
     cpu_start: CpuTime,
     measuring: bool,
     last_ns: u64,
+    slow: Option<crate::slow::SlowIoKeeper>,
 }
 
 impl<'a> ClientTally<'a> {
@@ -969,6 +998,13 @@ impl<'a> ClientTally<'a> {
             cpu_start: CpuTime::of_this_thread(),
             measuring: ctx.shared.ramp_ns == 0,
             last_ns: 0,
+            slow: ctx.tail_watch.as_ref().map(|w| {
+                crate::slow::SlowIoKeeper::new(
+                    Arc::clone(w),
+                    ctx.worker,
+                    ctx.shared.t0_monotonic_ns,
+                )
+            }),
         }
     }
 
@@ -994,13 +1030,22 @@ impl<'a> ClientTally<'a> {
         &mut self,
         write: bool,
         times: OpTimes,
-        OpDone { service_ns, bytes }: OpDone,
+        OpDone {
+            service_ns,
+            bytes,
+            offset,
+        }: OpDone,
         send_interval: &dyn Fn(IntervalSample),
     ) {
         let OpTimes { due, started, now } = times;
         let sh = self.sh;
         self.at(now);
-        if !self.measuring || due < sh.ramp_ns || now > sh.end_ns {
+        let in_window = self.measuring && due >= sh.ramp_ns && now <= sh.end_ns;
+        // The device reads are the run's app I/Os (see below): those are the autopsy's.
+        if let (Some(keeper), Some(offset), Some(_)) = (self.slow.as_mut(), offset, service_ns) {
+            keeper.observe(offset, bytes as u32, false, started, now, in_window);
+        }
+        if !in_window {
             return;
         }
         let lat = now - started;
@@ -1048,6 +1093,7 @@ impl<'a> ClientTally<'a> {
         self.stats.cpu = CpuTime::of_this_thread().since(self.cpu_start);
         self.stats.measured_ns = end.saturating_sub(sh.ramp_ns);
         self.stats.engine_features = engine.into();
+        self.stats.slow_ios = self.slow.take().map(|k| k.kept).unwrap_or_default();
         if self.measuring && end > sh.ramp_ns + self.interval.start_ns {
             self.interval.end_ns = end - sh.ramp_ns;
             send_interval(self.interval);
@@ -1098,6 +1144,7 @@ fn run_service_thread(
             ctx.store.put(key).map(|bytes| OpDone {
                 service_ns: None,
                 bytes,
+                offset: None,
             })
         } else {
             ctx.store.get(key, &mut scratch)

@@ -295,6 +295,8 @@ fn pread_exact(
 pub struct OpDone {
     pub service_ns: Option<u64>,
     pub bytes: u64,
+    /// Where the device read started on the target (None: served from memory, or a write).
+    pub offset: Option<u64>,
 }
 
 /// A client read as an asynchronous engine sees it.
@@ -608,10 +610,10 @@ impl KvStore {
 
     /// The writer: writes sealed blocks as they come, one large-block write each and up to
     /// `WRITES_IN_FLIGHT` at once through an io_uring ring (synchronously, one at a time, where
-    /// io_uring is unavailable), calling `observe(service_ns)` per write, until
+    /// io_uring is unavailable), calling `observe(offset, service_ns)` per write, until
     /// `stop_background` and the queue is empty. A block is on the device (and readable from
     /// there) once its own write completed, whatever the order.
-    pub fn run_writer(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
+    pub fn run_writer(&self, mut observe: impl FnMut(u64, u64)) -> Result<(), KvError> {
         let Ok(mut ring) =
             crate::engine::build_ring(WRITES_IN_FLIGHT.next_power_of_two() as u32, &mut Vec::new())
         else {
@@ -685,7 +687,7 @@ impl KvStore {
                     continue;
                 }
                 if failed.is_none() {
-                    observe(started.elapsed().as_nanos() as u64);
+                    observe(offset, started.elapsed().as_nanos() as u64);
                     self.block_written(block);
                 }
             }
@@ -693,7 +695,7 @@ impl KvStore {
     }
 
     /// The writer's fallback without io_uring: one synchronous write at a time, in order.
-    fn run_writer_sync(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
+    fn run_writer_sync(&self, mut observe: impl FnMut(u64, u64)) -> Result<(), KvError> {
         let len = self.cfg.lb_bytes as usize;
         loop {
             let (block, data) = {
@@ -725,7 +727,7 @@ impl KvStore {
             if n != len as isize {
                 return Err(self.writer_failed(offset, len, std::io::Error::last_os_error()));
             }
-            observe(service_ns);
+            observe(offset, service_ns);
             self.block_written(block);
         }
     }
@@ -757,13 +759,13 @@ impl KvStore {
     }
 
     /// The defragmenter: takes blocks below the low-water mark, reads each with one large-block
-    /// read (`observe(service_ns)`), re-appends its live records and frees it. Reads go through
+    /// read (`observe(offset, service_ns)`), re-appends its live records and frees it. Reads go through
     /// an io_uring ring (synchronously where io_uring is unavailable): one at a time while the
     /// defragmenter keeps up, up to `DEFRAG_READS_IN_FLIGHT` once candidates back up, so a
     /// saturated device queue shared with the clients' reads does not hold the defragmenter —
     /// and the large-block writes it feeds — to one queue wait per block. Relocations stay
     /// serial, under the store's lock.
-    pub fn run_defrag(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
+    pub fn run_defrag(&self, mut observe: impl FnMut(u64, u64)) -> Result<(), KvError> {
         let Ok(mut ring) = crate::engine::build_ring(
             DEFRAG_READS_IN_FLIGHT.next_power_of_two() as u32,
             &mut Vec::new(),
@@ -870,7 +872,7 @@ impl KvStore {
                     continue;
                 }
                 if failed.is_none() {
-                    observe(started.elapsed().as_nanos() as u64);
+                    observe(offset, started.elapsed().as_nanos() as u64);
                     if let Err(e) = self.relocate(block, buf.as_slice()) {
                         failed.get_or_insert(e);
                     }
@@ -883,7 +885,7 @@ impl KvStore {
     }
 
     /// The defragmenter's fallback without io_uring: one synchronous read at a time.
-    fn run_defrag_sync(&self, mut observe: impl FnMut(u64)) -> Result<(), KvError> {
+    fn run_defrag_sync(&self, mut observe: impl FnMut(u64, u64)) -> Result<(), KvError> {
         let len = self.cfg.lb_bytes as usize;
         let mut scratch = alloc(self.cfg.lb_bytes, self.align)?;
         loop {
@@ -906,7 +908,7 @@ impl KvStore {
                 g.defragging.retain(|b| *b != block);
                 return Err(self.halt(g, e));
             }
-            observe(started.elapsed().as_nanos() as u64);
+            observe(offset, started.elapsed().as_nanos() as u64);
             self.relocate(block, scratch.as_slice())?;
         }
     }
@@ -1100,6 +1102,7 @@ impl KvStore {
                 OpDone {
                     service_ns: None,
                     bytes: stored as u64,
+                    offset: None,
                 },
             ),
             Location::Device(abs) => {
@@ -1113,6 +1116,7 @@ impl KvStore {
                     OpDone {
                         service_ns: Some(ns),
                         bytes: end - start,
+                        offset: Some(start),
                     },
                 )
             }
@@ -1256,8 +1260,8 @@ mod tests {
         let store = KvStore::new(Arc::new(file), size, 512, cfg, keys).unwrap();
         std::thread::scope(|s| {
             store.start_background();
-            let w = s.spawn(|| store.run_writer(|_| {}));
-            let d = s.spawn(|| store.run_defrag(|_| {}));
+            let w = s.spawn(|| store.run_writer(|_, _| {}));
+            let d = s.spawn(|| store.run_defrag(|_, _| {}));
             body(&store);
             store.stop_background();
             w.join().unwrap().unwrap();
