@@ -682,14 +682,25 @@ struct Side {
 }
 
 impl Side {
-    /// The side's replicates; with `above_idle`, host-wide figures less each run's idle
-    /// baseline (every run must have one).
+    /// The side's replicates; with `above_idle`, host-wide figures less the host's idle rate,
+    /// pooled over all its runs' baselines (every run must have one): one second of idle per
+    /// run is a noisy estimate, and the host is the same in every run.
     fn of(profiles: &[&Profile], above_idle: bool) -> Self {
+        let pooled = above_idle
+            .then(|| {
+                IdleBaseline::pooled(
+                    profiles
+                        .iter()
+                        .flat_map(|p| p.replicates())
+                        .filter_map(|(r, _)| r.idle),
+                )
+            })
+            .flatten();
+        let idle = pooled.as_ref();
         let mut runs = Vec::new();
         let mut batches = Vec::new();
         for p in profiles {
             for (record, intervals) in p.replicates() {
-                let idle = record.idle.as_ref().filter(|_| above_idle);
                 runs.push(Figures::of_run(&record, idle));
                 batches.extend(
                     batches_of(intervals)

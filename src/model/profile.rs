@@ -510,6 +510,20 @@ impl IdleBaseline {
         }
     }
 
+    /// Several baselines of one host as one: their sums over their total time (None: none,
+    /// or no time). A figure missing from any of them is missing from the sum.
+    pub fn pooled(all: impl IntoIterator<Item = IdleBaseline>) -> Option<Self> {
+        let add = |a: Option<u64>, b: Option<u64>| a.zip(b).map(|(x, y)| x.saturating_add(y));
+        let total = all.into_iter().reduce(|a, b| Self {
+            seconds: a.seconds + b.seconds,
+            hardirq_ns: add(a.hardirq_ns, b.hardirq_ns),
+            softirq_ns: add(a.softirq_ns, b.softirq_ns),
+            ipis_sent: add(a.ipis_sent, b.ipis_sent),
+            msr_writes: add(a.msr_writes, b.msr_writes),
+        })?;
+        (total.seconds > 0.0).then_some(total)
+    }
+
     /// `idle`'s rate (per second of this baseline) times `seconds`: what the idle host would
     /// have done over that long.
     pub fn over(&self, idle: Option<u64>, seconds: f64) -> Option<f64> {
