@@ -41,6 +41,11 @@ test:
 vmtest *KERNELS: build
     python3 scripts/vmtest.py {{KERNELS}}
 
+# Regenerate schema/profile.schema.json from the profile's types (a test fails when it is stale)
+schema: build
+    target/release/virtgap schema > schema/profile.schema.json.new
+    mv schema/profile.schema.json.new schema/profile.schema.json
+
 # Formatting and lints
 lint:
     cargo fmt --all --check

@@ -47,6 +47,8 @@ pub enum Command {
     Diff(DiffArgs),
     /// Time exit-causing operations (cpuid, timer reprogramming, IPIs, clock reads)
     Calibrate(CalibrateArgs),
+    /// Print the JSON Schema of the profile files `record` writes
+    Schema,
 }
 
 #[derive(Debug, Args)]

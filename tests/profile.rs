@@ -38,6 +38,40 @@ fn validate(path: &Path) -> serde_json::Value {
     doc
 }
 
+#[test]
+fn the_schema_file_is_the_one_the_profile_types_generate() {
+    let out = vg().arg("schema").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let generated: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("schema/profile.schema.json");
+    let committed: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert!(
+        generated == committed,
+        "schema/profile.schema.json is not what the profile types generate: run `just schema`"
+    );
+    jsonschema::validator_for(&generated).expect("the generated schema compiles");
+}
+
+#[test]
+fn the_profiles_kept_as_test_data_match_the_schema() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let mut paths = vec![data.join("minimal-profile.json")];
+    for entry in std::fs::read_dir(data.join("fuzz-seeds")).unwrap() {
+        paths.push(entry.unwrap().path());
+    }
+    paths.retain(|p| p.extension().is_some_and(|e| e == "json"));
+    assert!(paths.len() >= 5, "{paths:?}");
+    for p in &paths {
+        eprintln!("validating {}", p.display());
+        validate(p);
+    }
+}
+
 /// A short null-engine record writing into `dir`.
 fn null_record(dir: &Path, extra: &[&str]) -> Command {
     let mut c = vg();
@@ -487,7 +521,7 @@ fn diff_writes_markdown_csv_json_and_svg() {
     );
     let text = std::fs::read_to_string(&csv).unwrap();
     assert!(text.starts_with(
-        "metric,unit,a,b,delta,ci_low,ci_high,effect,effect_low,effect_high,share,verdict,runs_needed\n"
+        "metric,unit,a,b,delta,ci_low,ci_high,effect,effect_low,effect_high,confidence,share,verdict,runs_needed\n"
     ));
     for f in ["waterfall.svg", "stages.svg"] {
         let s = std::fs::read_to_string(svg.join(f)).unwrap();

@@ -13,7 +13,7 @@ use libbpf_rs::{AsRawLibbpf, Link, Object, OpenObject};
 use serde::{Deserialize, Serialize};
 
 /// How a program is attached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AttachKind {
     /// BTF-enabled tracepoint: typed arguments, cheapest.
@@ -279,7 +279,7 @@ pub(crate) fn select_programs(object: &mut OpenObject, sel: &Selection<'_>) -> B
 }
 
 /// One tracepoint's outcome.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct AttachOutcome {
     pub tracepoint: String,
     /// How it attached, or None.

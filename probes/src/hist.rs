@@ -1,6 +1,7 @@
 //! The in-kernel log-linear histogram (`struct vg_hist`, `bpf/include/vg_hist.bpf.h`) as plain
 //! Rust data: values 0..7 exactly, then 8 sub-buckets per power of two, so a slot spans at most
-//! 12.5% of its value and a percentile read at the slot's midpoint is within about 6%.
+//! 12.5% of its value. Percentiles are read from `buckets()` by the one rule every histogram of
+//! virtgap follows (`virtgap_workloads::histogram::percentile_of_buckets`).
 
 use serde::{Deserialize, Serialize};
 
@@ -101,29 +102,6 @@ impl KernelHist {
         (self.count > 0).then(|| self.sum_ns as f64 / self.count as f64)
     }
 
-    /// Percentile `p` (0–100), interpolated linearly inside the slot that holds it.
-    pub fn percentile_ns(&self, p: f64) -> Option<f64> {
-        let total: u64 = self.slots.iter().sum();
-        if total == 0 {
-            return None;
-        }
-        let rank = (p / 100.0).clamp(0.0, 1.0) * total as f64;
-        let mut seen = 0u64;
-        for (slot, &n) in self.slots.iter().enumerate() {
-            if n == 0 {
-                continue;
-            }
-            if (seen + n) as f64 >= rank {
-                let (low, high) = slot_bounds(slot);
-                let high = if high == u64::MAX { low * 2 } else { high };
-                let frac = ((rank - seen as f64) / n as f64).clamp(0.0, 1.0);
-                return Some(low as f64 + frac * (high - low) as f64);
-            }
-            seen += n;
-        }
-        None
-    }
-
     /// Non-empty slots as (low ns, high ns inclusive, count).
     pub fn buckets(&self) -> Vec<(u64, u64, u64)> {
         self.slots
@@ -197,7 +175,8 @@ mod tests {
         }
         for p in [50.0, 90.0, 99.0, 99.9] {
             let exact = p / 100.0 * 100_000.0 * 37.0;
-            let got = h.percentile_ns(p).unwrap();
+            let got =
+                virtgap_workloads::histogram::percentile_of_buckets(&h.buckets(), p, None).unwrap();
             assert!((got - exact).abs() / exact < 0.10, "p{p}: {got} vs {exact}");
         }
         assert_eq!(h.mean_ns(), Some(50_000.5 * 37.0));

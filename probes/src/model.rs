@@ -652,7 +652,7 @@ impl SamplerSnapshot {
 }
 
 /// Host-side KVM events of one VMM process.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct KvmEventCount {
     pub tgid: u32,
     /// "pio", "mmio", "msr", "hypercall", "exit".

@@ -1,12 +1,15 @@
 //! What attached on this host and how: the capability report doctor, the profile and the
 //! summaries show. Pure data.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::attach::AttachOutcome;
 
 /// The probe families.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Family {
     Block,
@@ -54,7 +57,7 @@ impl Family {
 }
 
 /// One family's outcome.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct FamilyReport {
     pub family: Family,
     /// Why the whole family is unavailable, if it is.
@@ -87,7 +90,7 @@ impl FamilyReport {
 }
 
 /// Memory one BPF map holds in the kernel.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct MapMemory {
     pub family: Family,
     pub map: String,
@@ -101,7 +104,7 @@ pub struct MapMemory {
 }
 
 /// What attached on this host, for doctor, the profile and the reports.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct CapabilityReport {
     pub families: Vec<FamilyReport>,
     /// Things the loader did on the way, e.g. mounting tracefs.

@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
-use statrs::distribution::{ContinuousCDF, StudentsT};
+use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 
 use crate::model::profile::{IdleBaseline, Interval, Profile, RunRecord, Stage};
 use crate::model::tail::TailStages;
@@ -30,8 +30,10 @@ pub const DEFAULT_MIN_EFFECT: f64 = 0.05;
 
 /// Power of the "runs that would resolve it" estimate: runs enough to tell an effect of the
 /// stated size from none 80% of the time at the 95% level.
-const Z_ALPHA: f64 = 1.959_964;
 const Z_POWER: f64 = 0.841_621;
+
+/// The confidence of one row's interval.
+pub const CONFIDENCE: f64 = 0.95;
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct DiffOptions {
@@ -128,6 +130,8 @@ pub struct Row {
     pub share: Option<f64>,
     /// True for estimates built from counts rather than measured times.
     pub estimated: bool,
+    /// The interval's confidence: 0.95, or higher for a row judged as one of a family.
+    pub confidence: f64,
 }
 
 /// A percentile of one stage, compared like the means.
@@ -416,7 +420,7 @@ pub(crate) fn moments(xs: &[f64]) -> Option<(f64, f64, usize)> {
 }
 
 /// 95% confidence interval half-width of the difference of two means (Welch).
-pub fn welch_half_width(a: &[f64], b: &[f64]) -> Option<f64> {
+pub fn welch_half_width(a: &[f64], b: &[f64], confidence: f64) -> Option<f64> {
     let (_, sa, na) = moments(a)?;
     let (_, sb, nb) = moments(b)?;
     if na < 2 || nb < 2 {
@@ -430,7 +434,7 @@ pub fn welch_half_width(a: &[f64], b: &[f64]) -> Option<f64> {
     let df = se2 * se2 / (va * va / (na - 1) as f64 + vb * vb / (nb - 1) as f64);
     let t = StudentsT::new(0.0, 1.0, df.max(1.0))
         .ok()?
-        .inverse_cdf(0.975);
+        .inverse_cdf(1.0 - (1.0 - confidence) / 2.0);
     Some(t * se2.sqrt())
 }
 
@@ -777,16 +781,25 @@ fn batches_of(intervals: &[Interval]) -> Vec<Vec<&Interval>> {
         .collect()
 }
 
-/// Runs per host that tell an effect of `bound` from none 80% of the time at the 95% level,
-/// given a per-run spread `sd` on the same scale (two-sample normal approximation; at least 2,
-/// at most 1000).
-pub fn runs_to_resolve(sd: f64, bound: f64) -> u32 {
-    let n = (2.0 * (Z_ALPHA + Z_POWER).powi(2) * sd * sd / (bound * bound)).ceil();
+/// Runs per host that tell an effect of `bound` from none 80% of the time at the `confidence`
+/// level, given a per-run spread `sd` on the same scale (two-sample normal approximation; at
+/// least 2, at most 1000).
+pub fn runs_to_resolve(sd: f64, bound: f64, confidence: f64) -> u32 {
+    let z_alpha = Normal::standard().inverse_cdf(1.0 - (1.0 - confidence) / 2.0);
+    let n = (2.0 * (z_alpha + Z_POWER).powi(2) * sd * sd / (bound * bound)).ceil();
     if n.is_finite() {
         n.clamp(2.0, 1000.0) as u32
     } else {
         1000
     }
+}
+
+/// How a row is judged: over what replicates, against what effect, at what confidence.
+#[derive(Clone, Copy)]
+struct Judging<'a> {
+    basis: Basis,
+    opts: &'a DiffOptions,
+    confidence: f64,
 }
 
 /// A comparison's outcome on its scale.
@@ -807,9 +820,13 @@ fn judge(
     points: (f64, f64),
     scale: Scale,
     reference: f64,
-    opts: &DiffOptions,
-    basis: Basis,
+    how: Judging,
 ) -> Judgement {
+    let Judging {
+        basis,
+        opts,
+        confidence,
+    } = how;
     let to_scale = |x: f64| match scale {
         Scale::Ratio => x.ln(),
         Scale::Difference => x / reference,
@@ -835,9 +852,11 @@ fn judge(
         verdict: Verdict::InsufficientData,
         runs_needed: None,
     };
-    let (Some((ma, sa, na)), Some((mb, sb, nb)), Some(hw)) =
-        (moments(&ta), moments(&tb), welch_half_width(&ta, &tb))
-    else {
+    let (Some((ma, sa, na)), Some((mb, sb, nb)), Some(hw)) = (
+        moments(&ta),
+        moments(&tb),
+        welch_half_width(&ta, &tb, confidence),
+    ) else {
         return no_interval;
     };
     let d = mb - ma;
@@ -857,7 +876,7 @@ fn judge(
     // pooled per-run spread; only runs say how runs vary.
     let runs_needed = (verdict == Verdict::Inconclusive && basis == Basis::Runs).then(|| {
         let have = na.max(nb) as u32;
-        runs_to_resolve(((sa * sa + sb * sb) / 2.0).sqrt(), bound).max(have + 1)
+        runs_to_resolve(((sa * sa + sb * sb) / 2.0).sqrt(), bound, confidence).max(have + 1)
     });
     Judgement {
         effect: from_scale(d),
@@ -873,11 +892,13 @@ fn compare(
     metric: &str,
     unit: Unit,
     sides: (&Side, &Side),
-    basis: Basis,
-    opts: &DiffOptions,
+    how: Judging,
     get: &dyn Fn(&Figures) -> Option<f64>,
     difference_reference: Option<f64>,
 ) -> Row {
+    let Judging {
+        basis, confidence, ..
+    } = how;
     let (pa, pb) = (sides.0.point(get), sides.1.point(get));
     let (ra, rb) = (
         sides.0.replicates(basis, get),
@@ -899,6 +920,7 @@ fn compare(
         runs_needed: None,
         share: None,
         estimated: false,
+        confidence,
     };
     let (Some(a), Some(b)) = (pa, pb) else {
         return row;
@@ -919,7 +941,7 @@ fn compare(
         row.verdict = Verdict::Equivalent;
         return row;
     }
-    let j = judge(&ra, &rb, (a, b), scale, reference, opts, basis);
+    let j = judge(&ra, &rb, (a, b), scale, reference, how);
     row.scale = scale;
     row.effect = Some(j.effect).filter(|e| e.is_finite());
     row.effect_low = j.low;
@@ -1090,8 +1112,13 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     } else {
         Basis::Batches
     };
+    let how = Judging {
+        basis,
+        opts,
+        confidence: CONFIDENCE,
+    };
     let cmp = |metric: &str, unit: Unit, get: &dyn Fn(&Figures) -> Option<f64>| {
-        compare(metric, unit, sides, basis, opts, get, None)
+        compare(metric, unit, sides, how, get, None)
     };
     // The software residual can be negative: compared as a difference, relative to the hosts'
     // app latency so its smallest effect means what it means for the app row.
@@ -1107,12 +1134,22 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         "  software: submit + reap",
         Unit::Ns,
         sides,
-        basis,
-        opts,
+        how,
         &|f| f.software(),
         Some(app_reference.unwrap_or(0.0)),
     ));
-    let mut evidence: Vec<Row> = HOST_WIDE.iter().map(cmp_metric).collect();
+    // The host-wide rows are background figures judged as one family: each at 1 − 5%/k
+    // (Bonferroni), so that the family, like one row, calls a difference that is not there at
+    // most 5% of the time. They are noisy (timer and interrupt activity of the whole host) and
+    // only evidence, not parts of the gap.
+    let family = Judging {
+        confidence: 1.0 - (1.0 - CONFIDENCE) / HOST_WIDE.len() as f64,
+        ..how
+    };
+    let mut evidence: Vec<Row> = HOST_WIDE
+        .iter()
+        .map(|m| compare(m.label, m.unit, sides, family, &|f| (m.value)(f), None))
+        .collect();
     let msr_cost = {
         let (ca, cb) = (exit_cost(a), exit_cost(b));
         let mut r = cmp("    est. MSR exit time per I/O", Unit::Ns, &|_| None);
@@ -1653,6 +1690,42 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_host_wide_rows_are_judged_as_one_family_at_a_higher_confidence() {
+        // B 10% above A on the log scale, t ≈ 2.8 with 5 + 5 runs: past t(0.975, 8) = 2.31,
+        // short of t(0.995, 8) = 3.36.
+        let spread = [-2.0, -1.0, 0.0, 1.0, 2.0].map(|k: f64| k * 0.0357);
+        let a: Vec<f64> = spread.iter().map(|x| 1000.0 * x.exp()).collect();
+        let b: Vec<f64> = spread.iter().map(|x| 1000.0 * (0.10 + x).exp()).collect();
+        let opts = DiffOptions::default();
+        let at = |confidence| {
+            let points = (1000.0, 1000.0 * 0.10f64.exp());
+            let how = Judging {
+                basis: Basis::Runs,
+                opts: &opts,
+                confidence,
+            };
+            judge(&a, &b, points, Scale::Ratio, 1000.0, how).verdict
+        };
+        assert_eq!(at(CONFIDENCE), Verdict::Significant);
+        assert_eq!(at(0.99), Verdict::Inconclusive);
+        let d = diff(
+            &noisy_runs(5, 100_000.0, 10_000.0, 0.02, 300_000.0),
+            &noisy_runs(5, 100_000.0, 10_000.0, 0.02, 300_000.0),
+        );
+        let host_wide = |r: &&Row| HOST_WIDE.iter().any(|m| m.label == r.metric);
+        assert_eq!(d.waterfall.evidence.iter().filter(host_wide).count(), 5);
+        for r in d.waterfall.rows().chain(&d.throughput) {
+            let want = if host_wide(&r) { 0.99 } else { CONFIDENCE };
+            assert!(
+                (r.confidence - want).abs() < 1e-12,
+                "{}: {}",
+                r.metric,
+                r.confidence
+            );
+        }
+    }
+
+    #[test]
     fn one_run_per_host_says_between_run_noise_is_unknown() {
         let a = synthetic(2_000.0, 300_000.0, 100_000.0, 20_000.0, 10);
         let b = synthetic(2_000.0, 301_000.0, 99_500.0, 20_000.0, 10);
@@ -1795,9 +1868,12 @@ pub(crate) mod tests {
         // Two samples of 5 with variances 2.5 and 2.5: SE = 1, df = 8, t(0.975, 8) = 2.306.
         let a = [1.0, 2.0, 3.0, 4.0, 5.0];
         let b = [3.0, 4.0, 5.0, 6.0, 7.0];
-        let hw = welch_half_width(&a, &b).unwrap();
+        let hw = welch_half_width(&a, &b, 0.95).unwrap();
         assert!((hw - 2.306).abs() < 0.001, "{hw}");
-        assert_eq!(welch_half_width(&a[..1], &b), None);
+        // t(0.995, 8) = 3.355.
+        let hw = welch_half_width(&a, &b, 0.99).unwrap();
+        assert!((hw - 3.355).abs() < 0.001, "{hw}");
+        assert_eq!(welch_half_width(&a[..1], &b, 0.95), None);
     }
 
     #[test]

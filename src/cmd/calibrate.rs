@@ -10,13 +10,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use virtgap_workloads::units;
 
 use crate::cli::CalibrateArgs;
 
 /// One calibrated operation.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Figure {
     pub name: String,
     pub what: String,
@@ -25,7 +26,7 @@ pub struct Figure {
     pub samples: usize,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Calibration {
     pub clocksource: Option<String>,
     pub figures: Vec<Figure>,

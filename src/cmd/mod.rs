@@ -1,7 +1,17 @@
-//! The subcommands other than the TUI: `record` (and `workloads`), `diff`, `doctor` and
-//! `calibrate`. Each parses nothing itself (`cli.rs` does) and returns the exit code.
+//! The subcommands other than the TUI: `record` (and `workloads`), `diff`, `doctor`,
+//! `calibrate` and `schema`. Each parses nothing itself (`cli.rs` does) and returns the exit
+//! code.
 
 pub mod calibrate;
 pub mod diff;
 pub mod doctor;
 pub mod record;
+
+/// `virtgap schema`: the profile's JSON Schema on standard output.
+pub fn schema() -> anyhow::Result<std::process::ExitCode> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, &crate::model::profile::json_schema())?;
+    writeln!(out)?;
+    Ok(std::process::ExitCode::SUCCESS)
+}

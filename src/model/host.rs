@@ -7,10 +7,11 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// What the CPU says about a hypervisor (CPUID leaf 1 ECX bit 31, leaf 0x40000000).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Cpuid {
     pub hypervisor_bit: bool,
     /// The 12-byte vendor signature, e.g. "KVMKVMKVM", "XenVMMXenVMM", "Microsoft Hv".
@@ -29,7 +30,7 @@ impl Cpuid {
 }
 
 /// SMBIOS identity, from /sys/class/dmi/id.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Dmi {
     pub sys_vendor: Option<String>,
     pub product_name: Option<String>,
@@ -38,7 +39,7 @@ pub struct Dmi {
 }
 
 /// An IRQ serving a hardware queue.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct QueueIrq {
     pub irq: u32,
     pub name: String,
@@ -48,7 +49,7 @@ pub struct QueueIrq {
     pub effective_affinity: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct HwQueue {
     pub index: u32,
     /// CPUs that submit to this queue.
@@ -56,7 +57,7 @@ pub struct HwQueue {
     pub irq: Option<QueueIrq>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct BlockDeviceInfo {
     pub name: String,
     /// "virtio-blk", "nvme", "scsi", … from the driver device's name.
@@ -73,7 +74,7 @@ pub struct BlockDeviceInfo {
 }
 
 /// Everything virtgap knows about the host before measuring.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Fingerprint {
     pub cpuid: Cpuid,
     /// "kvm", "xen", "hyperv", "vmware", "other", or "none".
@@ -358,7 +359,7 @@ fn dedup_join(v: &[String]) -> String {
 }
 
 /// A block device by kernel name and number.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Disk {
     pub name: String,
     pub major: u32,
@@ -374,7 +375,7 @@ impl Disk {
 /// Where a target's I/O reaches request-based devices: the disk holding the target and, when
 /// that disk is stacked (md, device-mapper, NVMe multipath), the disks under it. Block stages
 /// are measured on the leaves and summed over them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct TargetDisks {
     /// The whole disk holding the target ("md0", "vda").
     pub top: Option<Disk>,

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, DevNum, ProbeSnapshot, ProgramStats};
 use virtgap_probes::{CapabilityReport, KernelHist};
@@ -22,7 +23,7 @@ use crate::model::host::{Fingerprint, TargetDisks};
 pub const SCHEMA_VERSION: u32 = 3;
 
 /// A latency distribution as sparse buckets with exact count and sum.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Histogram {
     pub count: u64,
     pub sum_ns: f64,
@@ -68,6 +69,11 @@ impl Histogram {
         (self.count > 0).then(|| self.sum_ns / self.count as f64)
     }
 
+    /// Percentile `p` of a kernel histogram, read as its copy in a profile reads it.
+    pub fn kernel_percentile_ns(h: &KernelHist, p: f64) -> Option<f64> {
+        Self::from_kernel(h).percentile_ns(p)
+    }
+
     /// The histogram of `values`, as the workload would record them (for tests).
     #[cfg(test)]
     pub fn of_values(values: &[u64]) -> Self {
@@ -100,36 +106,20 @@ impl Histogram {
             .collect();
     }
 
-    /// Percentile `p` (0–100), interpolated inside the bucket that holds it.
+    /// Percentile `p` (0–100) by virtgap's one rule (`percentile_of_buckets`).
     pub fn percentile_ns(&self, p: f64) -> Option<f64> {
-        let total = self
+        let buckets: Vec<(u64, u64, u64)> = self
             .buckets
             .iter()
-            .fold(0u64, |t, b| t.saturating_add(b[2]));
-        if total == 0 {
-            return None;
-        }
-        let rank = (p / 100.0).clamp(0.0, 1.0) * total as f64;
-        // Exact extremes, when known, bound the interpolation.
-        let clamp = |v: f64| {
-            let lo = self.min_ns.map_or(f64::MIN, |m| m as f64);
-            let hi = self.max_ns.map_or(f64::MAX, |m| m as f64);
-            v.clamp(lo, hi.max(lo))
-        };
-        let mut seen = 0u64;
-        for &[low, high, n] in &self.buckets {
-            if seen.saturating_add(n) as f64 >= rank {
-                let frac = ((rank - seen as f64) / n as f64).clamp(0.0, 1.0);
-                return Some(clamp(low as f64 + frac * high.saturating_sub(low) as f64));
-            }
-            seen = seen.saturating_add(n);
-        }
-        self.buckets.last().map(|b| clamp(b[1] as f64))
+            .map(|&[lo, hi, n]| (lo, hi, n))
+            .collect();
+        let extremes = self.min_ns.zip(self.max_ns);
+        virtgap_workloads::histogram::percentile_of_buckets(&buckets, p, extremes)
     }
 }
 
 /// Latency statistics of one direction of the workload (fio's definitions).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DirectionResult {
     pub ios: u64,
     pub bytes: u64,
@@ -142,7 +132,7 @@ pub struct DirectionResult {
     pub lat_intended: Option<Histogram>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WorkloadResult {
     pub read: DirectionResult,
     pub write: DirectionResult,
@@ -196,7 +186,7 @@ impl Stage {
 }
 
 /// The stage histograms of the workload's own I/Os, over the measured window (the ramp left out).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Stages {
     /// Application-visible latency (`lat`, both directions).
     pub app: Histogram,
@@ -238,7 +228,7 @@ impl Stages {
 
 /// One request-based disk under the target: its read and write stages, per hardware queue,
 /// and the NVMe command latency per queue id (NVMe only).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DeviceProfile {
     pub name: String,
     pub major: u32,
@@ -248,7 +238,7 @@ pub struct DeviceProfile {
     pub nvme_queues: Vec<NvmeQueueLatency>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DeviceStages {
     pub queue: Option<Histogram>,
     pub device: Option<Histogram>,
@@ -257,7 +247,7 @@ pub struct DeviceStages {
 }
 
 /// One hardware queue's share of a disk's stages.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct QueueStages {
     pub hctx: u16,
     pub queue: StageSample,
@@ -267,7 +257,7 @@ pub struct QueueStages {
 }
 
 /// NVMe command latency (setup -> completion) on one queue id (hardware queue + 1).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct NvmeQueueLatency {
     pub qid: u16,
     pub count: u64,
@@ -276,7 +266,7 @@ pub struct NvmeQueueLatency {
 }
 
 /// One CPU's interrupt load over an interval or a run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct CpuLoad {
     pub cpu: u32,
     pub hardirq_ns: u64,
@@ -301,14 +291,14 @@ pub struct CpuLoad {
 }
 
 /// A block stage over one interval, for one device (both ops merged).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StageSample {
     pub count: u64,
     pub sum_ns: u64,
 }
 
 /// Everything measured in one interval.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Interval {
     pub index: u64,
     /// Seconds since the measured window started.
@@ -338,7 +328,7 @@ pub struct Interval {
 }
 
 /// The probes' own cost over the run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SelfOverhead {
     /// None when run statistics were unavailable.
     pub programs: Option<Vec<ProgramCost>>,
@@ -349,7 +339,7 @@ pub struct SelfOverhead {
     pub recorder_cpu_pct: Option<f64>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ProgramCost {
     pub family: String,
     pub name: String,
@@ -357,7 +347,7 @@ pub struct ProgramCost {
     pub run_time_ns: u64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TargetInfo {
     pub description: String,
     pub path: String,
@@ -373,7 +363,7 @@ pub struct TargetInfo {
     pub device_note: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WorkloadInfo {
     pub name: String,
     /// "preset rand4k" or the file path.
@@ -386,7 +376,7 @@ pub struct WorkloadInfo {
     pub fio_equivalent: Option<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RunInfo {
     pub tool_version: String,
     pub command_line: Vec<String>,
@@ -402,8 +392,10 @@ pub struct RunInfo {
     pub complete: bool,
 }
 
-/// The whole profile.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// One recorded run of virtgap (or several, in `runs`): host fingerprint, probe capabilities,
+/// the exact workload, per-interval series and cumulative stage histograms. Latencies are in
+/// nanoseconds, times in seconds unless a field name says otherwise.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Profile {
     pub schema_version: u32,
     pub complete: bool,
@@ -449,7 +441,7 @@ pub struct Profile {
 /// One replicate of `record --runs N`: the workload on a freshly prepared target with its own
 /// ramp. The diff's verdicts compare these, not the intervals inside one run, whose
 /// run-to-run variation no single run can show.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RunRecord {
     /// 1 for the first run.
     pub run: u32,
@@ -485,7 +477,7 @@ pub struct RunRecord {
 /// One interval of the host idle (as far as virtgap is concerned) just before the workload:
 /// the background that host-wide figures per I/O would otherwise carry, more of it per I/O the
 /// fewer I/Os a host does.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct IdleBaseline {
     pub seconds: f64,
     pub hardirq_ns: Option<u64>,
@@ -870,6 +862,18 @@ pub enum ProfileError {
 /// memory when a wrong file is named.
 pub const MAX_PROFILE_BYTES: u64 = 256 << 20;
 
+/// The JSON Schema of a profile file, generated from the types above (`virtgap schema` prints
+/// it; `schema/profile.schema.json` is this, and a test keeps it so).
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(Profile);
+    schema.insert(
+        "$id".into(),
+        format!("https://virtgap.dev/schema/profile-{SCHEMA_VERSION}.json").into(),
+    );
+    schema.insert("title".into(), "virtgap profile".into());
+    schema.to_value()
+}
+
 /// Reads a profile, refusing files that are not profiles, are implausibly large or come from a
 /// newer virtgap; a value that does not fit says where it is (`stages.device.count: …`).
 pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
@@ -916,7 +920,7 @@ pub fn parse(bytes: &[u8], shown: &str) -> Result<Profile, ProfileError> {
         err,
     };
     /// Only the version: every other field is skipped without being kept.
-    #[derive(Deserialize)]
+    #[derive(Deserialize, JsonSchema)]
     struct VersionOnly {
         schema_version: Option<serde_json::Value>,
     }
@@ -1384,7 +1388,7 @@ pub fn device_profiles(total: &ProbeSnapshot, disks: &TargetDisks) -> Vec<Device
 }
 
 /// Hypervisor signals of a run, as a profile keeps them.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Virtualization {
     /// Seconds the probes were attached: the denominator of every rate below but two.
     pub seconds: f64,
@@ -1402,7 +1406,7 @@ pub struct Virtualization {
 }
 
 /// Accesses to one MSR on one CPU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct MsrAccesses {
     pub cpu: u32,
     /// Hexadecimal, as `0x6e0`.
@@ -1435,7 +1439,7 @@ impl Virtualization {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SamplerSection {
     pub frequency_hz: u64,
     /// Samples the kernel-side map had no room for.
@@ -1455,7 +1459,7 @@ impl SamplerSection {
 }
 
 /// One CPU's samples: per category (hypervisor interface, idle, IRQ, ...) and its top symbols.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SampledCpu {
     pub cpu: u32,
     pub samples: u64,
@@ -1464,13 +1468,13 @@ pub struct SampledCpu {
     pub top: Vec<(String, u64)>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct KvmHostSection {
     pub events: Vec<virtgap_probes::model::KvmEventCount>,
     pub exits: Vec<KvmExitFigure>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct KvmExitFigure {
     pub reason: String,
     pub count: u64,
@@ -1478,7 +1482,7 @@ pub struct KvmExitFigure {
 }
 
 /// Entry-to-return time of one paravirt callback.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PvPathFigure {
     pub symbol: String,
     pub count: u64,
@@ -1584,7 +1588,7 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<Virtualization> {
                     symbol: x.symbol.clone(),
                     count: x.hist.count,
                     mean_ns: x.hist.mean_ns(),
-                    p99_ns: x.hist.percentile_ns(99.0),
+                    p99_ns: Histogram::kernel_percentile_ns(&x.hist, 99.0),
                 })
                 .collect()
         }),
@@ -1592,7 +1596,7 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<Virtualization> {
 }
 
 /// The kv workload's outcome, as a profile keeps it (and `--json` prints it).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct KvSection {
     /// True only for a pass at the delivered load; None without a complete slice.
@@ -1618,14 +1622,14 @@ pub struct KvSection {
 }
 
 /// Shares of the scheduled load done (a pass needs 0.99 of both).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct KvDelivered {
     pub client_fraction: f64,
     pub large_block_fraction: f64,
 }
 
 /// Operations per second of each of ACT's streams.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct KvRates {
     pub client_reads_per_s: f64,
     pub client_writes_per_s: f64,
@@ -1647,7 +1651,7 @@ impl KvRates {
 }
 
 /// One slice of ACT's verdict table.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct KvSlice {
     pub start_s: f64,
     pub end_s: f64,
@@ -1671,7 +1675,7 @@ fn judged_on_service() -> String {
 }
 
 /// Operations in a slice and the percentages at or over ACT's limits.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct KvSliceShares {
     pub ops: u64,
     pub pct_at_or_over_1ms: f64,
@@ -1723,6 +1727,49 @@ mod tests {
         );
         assert_eq!(h.mean_ns(), Some(2_650.0));
         assert_eq!(h.buckets.iter().map(|b| b[2]).sum::<u64>(), 4);
+    }
+
+    #[test]
+    fn one_percentile_rule_for_the_workloads_the_kernels_and_the_profiles_histograms() {
+        // A skewed spread: most values near 100 µs, a tail to 5 ms.
+        let values: Vec<u64> = (0..20_000u64)
+            .map(|i| 100_000 + (i * 7919 % 20_000) * (i % 97) / 4)
+            .collect();
+        let mut workload = virtgap_workloads::histogram::LatencyHistogram::new();
+        let mut kernel = KernelHist::default();
+        for &v in &values {
+            workload.record(v);
+            kernel.record(v);
+        }
+        let (from_workload, from_kernel) = (
+            Histogram::from_latency(&workload),
+            Histogram::from_kernel(&kernel),
+        );
+        for p in [0.0, 50.0, 90.0, 99.0, 99.9, 100.0] {
+            // The profile's copy of a histogram reads the same percentile as the original.
+            let w = workload.percentile_ns(p).unwrap();
+            let pw = from_workload.percentile_ns(p).unwrap();
+            assert!(
+                (pw - w as f64).abs() <= 0.5,
+                "p{p}: profile {pw} vs workload {w}"
+            );
+            let k = virtgap_workloads::histogram::percentile_of_buckets(&kernel.buckets(), p, None);
+            assert_eq!(from_kernel.percentile_ns(p), k, "p{p}");
+            // And the rule is the same one: the two layouts agree to their bucket widths.
+            let k = k.unwrap();
+            assert!(
+                (k - pw).abs() / pw <= 0.13,
+                "p{p}: kernel {k} vs workload {pw}"
+            );
+        }
+        assert_eq!(
+            workload.percentile_ns(0.0),
+            Some(*values.iter().min().unwrap())
+        );
+        assert_eq!(
+            workload.percentile_ns(100.0),
+            Some(*values.iter().max().unwrap())
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! than [`SLOW_IO_NS`], and the kernel's requeues, errors and timeouts. A run with any of these
 //! is not steady state, and its figures say so wherever they are shown.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use virtgap_probes::model::BlockSnapshot;
 use virtgap_workloads::histogram::LatencyHistogram;
@@ -16,7 +17,7 @@ pub const SLOW_IO_NS: u64 = 1_000_000_000;
 const MAX_SPANS: usize = 64;
 
 /// Consecutive intervals in which no I/O completed while one was in flight throughout.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StallSpan {
     /// Seconds since the measured window started.
     pub start_s: f64,
@@ -26,7 +27,7 @@ pub struct StallSpan {
 }
 
 /// What stalled in a run (a profile section).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Stalls {
     /// Intervals with no completion while an I/O was in flight through the whole interval.
     pub stalled_intervals: u64,

@@ -1,10 +1,11 @@
 //! The tail autopsy's figures: for the I/Os above a run's app p99 and p99.9, where those I/Os
 //! spent their time, next to the run's mean I/O (pure data; `analysis::tail` computes it).
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// One run's tail autopsy.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TailAutopsy {
     /// The I/Os above the run's app p99, then above its p99.9 (a set is absent when the run
     /// had too few I/Os to have one).
@@ -24,7 +25,7 @@ impl TailAutopsy {
 }
 
 /// The I/Os above one percentile of a run's app latency.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TailSet {
     /// 99 or 99.9.
     pub percentile: f64,
@@ -56,7 +57,7 @@ impl TailSet {
 }
 
 /// Mean nanoseconds per joined I/O on either side of its block request.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SoftwareSplit {
     pub before_request_ns: f64,
     pub after_request_ns: f64,
@@ -64,7 +65,7 @@ pub struct SoftwareSplit {
 
 /// Mean nanoseconds per I/O in each stage; software is app less the block stages (submission,
 /// reaping and anything else outside the block layer).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TailStages {
     pub app_ns: f64,
     pub queue_ns: f64,

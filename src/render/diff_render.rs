@@ -2,7 +2,9 @@
 
 use std::fmt::Write as _;
 
-use crate::analysis::diff::{Basis, ProfileDiff, Row, Scale, TailWaterfall, Unit, Verdict};
+use crate::analysis::diff::{
+    Basis, ProfileDiff, Row, Scale, TailWaterfall, Unit, Verdict, CONFIDENCE,
+};
 use crate::model::profile::{Histogram, Profile, Stage};
 use virtgap_workloads::units;
 
@@ -51,10 +53,12 @@ fn pct(x: f64) -> String {
 /// "inconclusive (≈7 runs per host would resolve ±5%)".
 pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
     let bound = format!("±{}%", percent(d.min_effect));
-    let within_run = if d.basis == Basis::Batches {
-        " (within run)"
-    } else {
-        ""
+    // A row judged as one of a family says its interval's own confidence.
+    let within_run = match (d.basis == Basis::Batches, r.confidence > CONFIDENCE) {
+        (true, false) => " (within run)".to_string(),
+        (true, true) => format!(" ({}% interval, within run)", percent(r.confidence)),
+        (false, true) => format!(" ({}% interval)", percent(r.confidence)),
+        (false, false) => String::new(),
     };
     let w = match r.verdict {
         Verdict::Significant => {
@@ -398,6 +402,7 @@ pub fn csv(d: &ProfileDiff) -> String {
         "effect",
         "effect_low",
         "effect_high",
+        "confidence",
         "share",
         "verdict",
         "runs_needed",
@@ -420,6 +425,7 @@ pub fn csv(d: &ProfileDiff) -> String {
             &frac(r.effect),
             &frac(r.effect_low),
             &frac(r.effect_high),
+            &frac(Some(r.confidence)),
             &num(r.share),
             r.verdict.words(),
             &r.runs_needed.map(|n| n.to_string()).unwrap_or_default(),

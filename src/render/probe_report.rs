@@ -7,6 +7,7 @@ use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, DevNum, IrqSnapshot,
 use virtgap_probes::{CapabilityReport, Family, KernelHist};
 use virtgap_workloads::units;
 
+use crate::model::profile::Histogram;
 use crate::run::pipeline::ProbeResults;
 
 fn opt_latency(v: Option<f64>) -> String {
@@ -128,9 +129,9 @@ fn stage_row(out: &mut impl Write, name: &str, h: &KernelHist) -> io::Result<()>
         name,
         units::count(h.count as f64),
         opt_latency(h.mean_ns()),
-        opt_latency(h.percentile_ns(50.0)),
-        opt_latency(h.percentile_ns(99.0)),
-        opt_latency(h.percentile_ns(99.9)),
+        opt_latency(Histogram::kernel_percentile_ns(h, 50.0)),
+        opt_latency(Histogram::kernel_percentile_ns(h, 99.0)),
+        opt_latency(Histogram::kernel_percentile_ns(h, 99.9)),
     )
 }
 
@@ -276,7 +277,7 @@ pub fn write(
             "  wakeups of the workload's threads: {}, wakeup -> on CPU mean {}, p99 {}",
             w.latency.count,
             opt_latency(w.latency.mean_ns()),
-            opt_latency(w.latency.percentile_ns(99.0))
+            opt_latency(Histogram::kernel_percentile_ns(&w.latency, 99.0))
         )?,
         Some(_) => writeln!(out, "  wakeups of the workload's threads: none seen")?,
         None => writeln!(out, "  wakeups: unavailable ({})", why(Family::Wakeup))?,

@@ -456,7 +456,7 @@ pub fn write_runs(
         writeln!(
             out,
             "  at this spread, about {} runs per host resolve a {:.0}% gap in mean latency",
-            crate::analysis::diff::runs_to_resolve(sd, bound),
+            crate::analysis::diff::runs_to_resolve(sd, bound, crate::analysis::diff::CONFIDENCE),
             min_effect * 100.0
         )?;
     }

@@ -12,6 +12,7 @@ use virtgap_probes::{Family, KernelHist};
 use virtgap_workloads::units;
 
 use super::app::{App, RunState, View};
+use crate::model::profile::Histogram;
 
 /// Below this the screen says so instead of drawing a squashed layout.
 pub const MIN_WIDTH: u16 = 60;
@@ -251,7 +252,10 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         .map(|w| w.latency.clone());
     let hp = |h: &Option<KernelHist>| {
         let h = h.clone();
-        move |q: f64| h.as_ref().and_then(|h| h.percentile_ns(q))
+        move |q: f64| {
+            h.as_ref()
+                .and_then(|h| Histogram::kernel_percentile_ns(h, q))
+        }
     };
     let mut header = vec!["stage", "mean", "p50", "p99", "p99.9"];
     if app.baseline.is_some() {

@@ -15,6 +15,37 @@ pub const FIO_PERCENTILES: [f64; 17] = [
     99.99,
 ];
 
+/// Percentile `p` (0–100) of a distribution kept as buckets of (low, high inclusive, count),
+/// ascending: the one rule for every histogram virtgap keeps (the workload's, the kernel's and
+/// the profile's), so a p99 reads the same in the summary, the TUI, the CSV and the diff. The
+/// rank is p/100 of the count; the value is interpolated linearly inside the bucket holding
+/// that rank, and clamped to the exact extremes when they are known (so p0 and p100 are
+/// exact). `None` when the buckets are empty.
+pub fn percentile_of_buckets(
+    buckets: &[(u64, u64, u64)],
+    p: f64,
+    extremes: Option<(u64, u64)>,
+) -> Option<f64> {
+    let total = buckets.iter().fold(0u64, |t, b| t.saturating_add(b.2));
+    if total == 0 {
+        return None;
+    }
+    let rank = (p / 100.0).clamp(0.0, 1.0) * total as f64;
+    let clamp = |v: f64| match extremes {
+        Some((lo, hi)) => v.clamp(lo as f64, hi.max(lo) as f64),
+        None => v,
+    };
+    let mut seen = 0u64;
+    for &(low, high, n) in buckets {
+        if n > 0 && seen.saturating_add(n) as f64 >= rank {
+            let frac = ((rank - seen as f64) / n as f64).clamp(0.0, 1.0);
+            return Some(clamp(low as f64 + frac * high.saturating_sub(low) as f64));
+        }
+        seen = seen.saturating_add(n);
+    }
+    buckets.last().map(|b| clamp(b.1 as f64))
+}
+
 /// A latency distribution in nanoseconds.
 #[derive(Clone, Debug)]
 pub struct LatencyHistogram {
@@ -113,14 +144,14 @@ impl LatencyHistogram {
         Some((mean_sq - mean * mean).max(0.0).sqrt())
     }
 
-    /// The value at percentile `p` (0–100), within 1% of a recorded value; clamped to the exact
-    /// minimum and maximum so p0 and p100 are exact.
+    /// Percentile `p` (0–100) by virtgap's one rule (`percentile_of_buckets`), to the
+    /// nearest nanosecond.
     pub fn percentile_ns(&self, p: f64) -> Option<u64> {
         if self.count == 0 {
             return None;
         }
-        let v = self.buckets.value_at_quantile((p / 100.0).clamp(0.0, 1.0));
-        Some(v.clamp(self.min_ns, self.max_ns))
+        percentile_of_buckets(&self.buckets(), p, Some((self.min_ns, self.max_ns)))
+            .map(|v| v.round() as u64)
     }
 
     /// How many values exceed `ns` (to bucket precision: a bucket counts when its low end does).
@@ -263,6 +294,21 @@ mod tests {
                 "p{p}: {got} vs {exact}"
             );
         }
+    }
+
+    #[test]
+    fn a_percentile_is_interpolated_inside_its_bucket_and_clamped_to_the_extremes() {
+        // 10 values in [100, 199], 10 in [200, 299].
+        let buckets = [(100, 199, 10), (200, 299, 10)];
+        let at = |p, ext| percentile_of_buckets(&buckets, p, ext).unwrap();
+        assert_eq!(at(25.0, None), 149.5);
+        assert_eq!(at(50.0, None), 199.0);
+        assert_eq!(at(75.0, None), 249.5);
+        assert_eq!(at(100.0, None), 299.0);
+        assert_eq!(at(0.0, Some((130, 250))), 130.0);
+        assert_eq!(at(100.0, Some((130, 250))), 250.0);
+        assert_eq!(percentile_of_buckets(&[], 50.0, None), None);
+        assert_eq!(percentile_of_buckets(&[(5, 9, 0)], 50.0, None), None);
     }
 
     #[test]
