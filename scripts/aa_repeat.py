@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The diff's false-positive rate on this host: REPEATS times, record RUNS plain runs per side
-(interleaved A, B, A, B, ... so a drift of the host falls on both), diff them, and count the
-rows called significant. Every difference found is a false positive: both sides are one host
-running one workload.
+(interleaved A B, B A, A B, ... so a drift of the host, and whatever one run leaves for the
+next, falls on both), diff them, and count the rows called significant. Every difference found
+is a false positive: both sides are one host running one workload.
 
 Prints one line per repeat and a total: significant rows out of judged rows, and how many of
 the repeats had any.
@@ -37,7 +37,8 @@ def main():
         for rep in range(1, opts.repeats + 1):
             a, b = [], []
             for k in range(opts.runs):
-                for side, paths in (("a", a), ("b", b)):
+                order = (("a", a), ("b", b)) if k % 2 == 0 else (("b", b), ("a", a))
+                for side, paths in order:
                     out = os.path.join(tmp, f"{side}{k}.json")
                     record(opts.virtgap, args, out)
                     paths.append(out)

@@ -149,8 +149,9 @@ fn disk_of(path: &Path) -> String {
         .to_string()
 }
 
-/// Records `runs` single-run profiles per side, alternating A and B so a drift of the host
-/// over the experiment falls on both sides alike; returns each side's profile paths.
+/// Records `runs` single-run profiles per side, interleaved A B, B A, A B, ... so a drift of the
+/// host over the experiment and whatever one run leaves for the next (writeback, caches) fall on
+/// both sides alike; returns each side's profile paths.
 fn record_interleaved(
     dir: &Path,
     runs: usize,
@@ -173,8 +174,13 @@ fn record_interleaved_from(
             dir.join(format!("a{k}.json")),
             dir.join(format!("b{k}.json")),
         );
-        record(a.0, a.1, &fa);
-        record(b.0, b.1, &fb);
+        if k % 2 == 0 {
+            record(a.0, a.1, &fa);
+            record(b.0, b.1, &fb);
+        } else {
+            record(b.0, b.1, &fb);
+            record(a.0, a.1, &fa);
+        }
         pa.push(fa);
         pb.push(fb);
     }

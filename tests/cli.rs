@@ -513,6 +513,7 @@ fn record_reports_probe_stages_and_overhead() {
         return;
     }
     let dir = scratch();
+    let profile = dir.path().join("p.json");
     let out = vg()
         .args([
             "record",
@@ -521,8 +522,10 @@ fn record_reports_probe_stages_and_overhead() {
             "--duration",
             "2s",
             "--quiet",
-            "--dir",
+            "-o",
         ])
+        .arg(&profile)
+        .arg("--dir")
         .arg(dir.path())
         .output()
         .unwrap();
@@ -541,6 +544,20 @@ fn record_reports_probe_stages_and_overhead() {
     ] {
         assert!(text.contains(needle), "summary lacks {needle}:\n{text}");
     }
+    // The summary's probe figures cover the profile's window: the measured run, not the idle
+    // interval before it or the ramp.
+    let doc: serde_json::Value = serde_json::from_slice(&std::fs::read(&profile).unwrap()).unwrap();
+    let window = doc["probe_seconds"].as_f64().unwrap();
+    let shown: f64 = text
+        .split("interrupt load per CPU (all sources, ")
+        .nth(1)
+        .and_then(|rest| rest.split(" s)").next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no interrupt load window in:\n{text}"));
+    assert!(
+        (shown - window).abs() < 0.06,
+        "summary's probes cover {shown} s, the profile's {window} s"
+    );
     let out = quick_with(dir.path(), &["--probes", "block,bogus"])
         .output()
         .unwrap();

@@ -143,9 +143,11 @@ pub fn write(
     let Some(report) = &p.report else {
         return writeln!(out, "  probes: off (--no-probes)");
     };
-    let Some(snap) = &p.cumulative else {
+    // The measured window, as the profile keeps it: not the idle interval or the ramp.
+    let Some(window) = p.window() else {
         return writeln!(out, "  probes: no snapshot was taken");
     };
+    let snap = &window;
     let secs = snap.elapsed_ns as f64 / 1e9;
     let why = |family: Family| {
         report
