@@ -776,6 +776,11 @@ pub struct ProbeSnapshot {
 }
 
 impl ProbeSnapshot {
+    /// Slow requests the block probe could not send (its ring buffer was full); 0 without it.
+    pub fn slow_dropped(&self) -> u64 {
+        self.block.as_ref().map_or(0, |b| b.slow_dropped)
+    }
+
     /// The activity between `earlier` and this snapshot.
     pub fn since(&self, earlier: &Self) -> Self {
         fn pair<T>(a: &Option<T>, b: &Option<T>, f: impl Fn(&T, &T) -> T) -> Option<T>

@@ -160,8 +160,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 .probes
                 .cumulative
                 .as_ref()
-                .and_then(|c| c.block.as_ref())
-                .map_or(0, |b| b.slow_dropped);
+                .map_or(0, |c| c.slow_dropped());
             record.tail = crate::run::autopsy::tail_autopsy(
                 &outcome.stats.slow_ios,
                 &outcome.probes.slow_requests,

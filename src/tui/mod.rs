@@ -311,12 +311,7 @@ fn finished_tail(
         return None;
     }
     let profile = saved_profile(app, spec, loaded, target, args).ok()?;
-    let dropped = app
-        .live
-        .probes
-        .as_ref()
-        .and_then(|p| p.block.as_ref())
-        .map_or(0, |b| b.slow_dropped);
+    let dropped = app.live.probes.as_ref().map_or(0, |p| p.slow_dropped());
     crate::run::autopsy::tail_autopsy(
         &app.slow_ios,
         &app.slow_requests,
