@@ -558,6 +558,17 @@ fn record_reports_probe_stages_and_overhead() {
         (shown - window).abs() < 0.06,
         "summary's probes cover {shown} s, the profile's {window} s"
     );
+    // Every figure of the summary is the saved profile's: rendered again from the file, it is
+    // the same text.
+    let saved = virtgap::model::profile::load(&profile).unwrap();
+    let mut again = Vec::new();
+    virtgap::render::summary::write(&mut again, &saved).unwrap();
+    if let Some(tail) = saved.runs.last().and_then(|r| r.tail.as_ref()) {
+        virtgap::render::report::write_tail(&mut again, tail).unwrap();
+    }
+    let again =
+        virtgap_workloads::units::printable(&String::from_utf8(again).unwrap()).into_owned();
+    assert_eq!(text, again, "the summary differs from its profile's");
     let out = quick_with(dir.path(), &["--probes", "block,bogus"])
         .output()
         .unwrap();

@@ -413,7 +413,7 @@ pub struct MsrSnapshot {
 }
 
 /// The least pause time from which the host's writes are scaled to a whole window.
-const MIN_QUIET_NS: u64 = 10_000_000;
+pub const MIN_QUIET_NS: u64 = 10_000_000;
 
 impl MsrSnapshot {
     pub fn since(&self, earlier: &Self) -> Self {

@@ -1489,6 +1489,7 @@ pub(crate) mod tests {
             min_ns: None,
             max_ns: None,
             buckets,
+            sum_sq_ns: None,
         }
     }
 

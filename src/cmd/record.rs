@@ -138,6 +138,8 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 interval_s: outcome.series.point_interval().as_secs_f64(),
                 requested_interval_s: (outcome.series.coarsening() > 1)
                     .then_some(args.interval.0.as_secs_f64()),
+                max_intervals: (outcome.series.coarsening() > 1)
+                    .then_some(outcome.series.max_points() as u64),
                 complete: !outcome.interrupted,
             },
             host: crate::model::host::Fingerprint::this_host(),
@@ -220,6 +222,12 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         probes,
         disks,
     };
+    // The summary is the last run's, from its own profile (before the runs are pooled).
+    let last_profile = runs.last().map(|(profile, record)| {
+        let mut profile = profile.clone();
+        profile.runs = vec![record.clone()];
+        profile
+    });
     if args.output.is_some() || args.csv.is_some() {
         let profile = if runs.len() == 1 {
             let (mut profile, record) = runs.remove(0);
@@ -293,7 +301,9 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         }
         // Names in the summary come from workload files: shown, never obeyed by the terminal.
         let mut text = Vec::new();
-        report::write_summary(&mut text, &report)?;
+        if let Some(profile) = &last_profile {
+            crate::render::summary::write(&mut text, profile)?;
+        }
         if let Some(tail) = run_records.last().and_then(|r| r.tail.as_ref()) {
             report::write_tail(&mut text, tail)?;
         }

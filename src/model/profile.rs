@@ -31,6 +31,10 @@ pub struct Histogram {
     pub max_ns: Option<u64>,
     /// [low ns, high ns inclusive, count] for every non-empty bucket, ascending.
     pub buckets: Vec<[u64; 3]>,
+    /// Sum of the squared values, for the exact standard deviation (the workload's
+    /// histograms; the kernel's keep none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sum_sq_ns: Option<f64>,
 }
 
 impl Histogram {
@@ -45,6 +49,7 @@ impl Histogram {
                 .into_iter()
                 .map(|(l, hi, n)| [l, hi, n])
                 .collect(),
+            sum_sq_ns: Some(h.sum_sq_ns() as f64),
         }
     }
 
@@ -62,11 +67,19 @@ impl Histogram {
             min_ns: None,
             max_ns: None,
             buckets,
+            sum_sq_ns: None,
         }
     }
 
     pub fn mean_ns(&self) -> Option<f64> {
         (self.count > 0).then(|| self.sum_ns / self.count as f64)
+    }
+
+    /// Population standard deviation (fio's), where the sum of squares is kept.
+    pub fn stddev_ns(&self) -> Option<f64> {
+        let mean = self.mean_ns()?;
+        let mean_sq = self.sum_sq_ns? / self.count as f64;
+        Some((mean_sq - mean * mean).max(0.0).sqrt())
     }
 
     /// Percentile `p` of a kernel histogram, read as its copy in a profile reads it.
@@ -87,6 +100,12 @@ impl Histogram {
     /// Adds `other` into this one. Buckets with the same bounds add up (both sources use fixed
     /// bucket layouts, so a run's buckets line up with another run's of the same source).
     pub fn merge(&mut self, other: &Histogram) {
+        // An empty side (a default histogram merged into) has nothing to add or lose.
+        self.sum_sq_ns = match (self.count, other.count) {
+            (_, 0) => self.sum_sq_ns,
+            (0, _) => other.sum_sq_ns,
+            _ => self.sum_sq_ns.zip(other.sum_sq_ns).map(|(a, b)| a + b),
+        };
         self.count = self.count.saturating_add(other.count);
         self.sum_ns += other.sum_ns;
         let pick = |a: Option<u64>, b: Option<u64>, f: fn(u64, u64) -> u64| match (a, b) {
@@ -236,6 +255,18 @@ pub struct DeviceProfile {
     pub stages: DeviceStages,
     pub queues: Vec<QueueStages>,
     pub nvme_queues: Vec<NvmeQueueLatency>,
+    /// The stages of each kind of request on its own: reads, writes, and cache flushes (a
+    /// flush is never queued by the workload: its `device` runs from start to completion).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<OpStages>,
+}
+
+/// One kind of request's stages on one disk.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct OpStages {
+    /// "read", "write" or "flush".
+    pub op: String,
+    pub stages: DeviceStages,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -263,6 +294,9 @@ pub struct NvmeQueueLatency {
     pub count: u64,
     pub sum_ns: u64,
     pub p99_ns: Option<f64>,
+    /// The commands' latency distribution (reads and writes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency: Option<Histogram>,
 }
 
 /// One CPU's interrupt load over an interval or a run.
@@ -275,6 +309,9 @@ pub struct CpuLoad {
     pub softirq_count: u64,
     /// Hard IRQs by name (e.g. "virtio1-req.0") -> count.
     pub irqs: BTreeMap<String, u64>,
+    /// Hard IRQs by name -> time in their handlers, ns (the run's total only, not per interval).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub irq_time_ns: BTreeMap<String, u64>,
     /// IPIs sent from this CPU ("reschedule", "function_call") -> count, one per target CPU.
     pub ipis_sent: BTreeMap<String, u64>,
     /// Cross-CPU calls queued from this CPU by purpose ("block_completion", "wakeup", "other").
@@ -295,6 +332,16 @@ pub struct CpuLoad {
 pub struct StageSample {
     pub count: u64,
     pub sum_ns: u64,
+}
+
+/// Requests the block probe kept whole or lost over the measured window.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BlockCounts {
+    /// Requests whose device time ran to their completion (no completion stage): their
+    /// queue's IRQ is not known here, or did not fire.
+    pub unsplit: u64,
+    /// Requests or histogram entries lost to full probe maps.
+    pub dropped: u64,
 }
 
 /// Everything measured in one interval.
@@ -388,6 +435,9 @@ pub struct RunInfo {
     /// (each interval then spans a power-of-two multiple of it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requested_interval_s: Option<f64>,
+    /// The most intervals this host's series keeps (its coarsening began there), when coarsened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_intervals: Option<u64>,
     /// False when the run was interrupted (Ctrl-C, SIGTERM) before its planned end.
     pub complete: bool,
 }
@@ -415,6 +465,10 @@ pub struct Profile {
     pub probe_seconds: Option<f64>,
     /// (submitting CPU, completing CPU, count) of the workload's block requests.
     pub cpu_pairs: Vec<[u64; 3]>,
+    /// What the block probe could not split or record (None: the block probe did not run, or
+    /// a profile from before these were kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<BlockCounts>,
     /// Hypervisor signals: MSR accesses, the sampler's split of CPU time, host-side KVM events
     /// and paravirt callback times; None when none of their probes attached.
     pub virtualization: Option<Virtualization>,
@@ -677,6 +731,18 @@ pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
     tally(&irq.ipis_sent, |c| &mut c.ipis_sent);
     tally(&irq.cross_cpu_calls, |c| &mut c.cross_cpu_calls);
     cpus.into_values().collect()
+}
+
+/// `cpu_loads` with each hard IRQ's handler time (a run's total: per interval it would grow
+/// every interval by a map per CPU).
+pub fn cpu_loads_with_irq_time(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
+    let mut cpus = cpu_loads(snap);
+    for h in snap.irq.iter().flat_map(|q| &q.hardirqs) {
+        if let (Some(c), true) = (cpus.iter_mut().find(|c| c.cpu == h.cpu), h.count > 0) {
+            *c.irq_time_ns.entry(h.name.clone()).or_default() += h.time_ns;
+        }
+    }
+    cpus
 }
 
 /// Stage samples of the workload's device from one probe interval.
@@ -1241,7 +1307,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             }),
         },
         intervals,
-        cpus: total.map(cpu_loads).unwrap_or_default(),
+        cpus: total.map(cpu_loads_with_irq_time).unwrap_or_default(),
         probe_seconds: secs,
         cpu_pairs: total
             .and_then(|t| t.block.as_ref())
@@ -1252,6 +1318,10 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
                     .collect()
             })
             .unwrap_or_default(),
+        block: total.and_then(|t| t.block.as_ref()).map(|b| BlockCounts {
+            unsplit: b.unsplit,
+            dropped: b.dropped,
+        }),
         virtualization: total.and_then(virtualization),
         calibration: i.calibration,
         kv: i.stats.kv.as_deref().map(crate::render::kv_report::section),
@@ -1363,6 +1433,25 @@ pub fn device_profiles(total: &ProbeSnapshot, disks: &TargetDisks) -> Vec<Device
                     nvme.entry(q.qid).or_default().merge(&q.hist);
                 }
             }
+            let ops = [BlockOp::Read, BlockOp::Write, BlockOp::Flush]
+                .into_iter()
+                .filter_map(|op| {
+                    let block = block?;
+                    let h = |stage| {
+                        let h = block.stage(Some(&[dev]), stage, &[op]);
+                        (h.count > 0).then(|| Histogram::from_kernel(&h))
+                    };
+                    let stages = DeviceStages {
+                        queue: h(BlockStage::Queue),
+                        device: h(BlockStage::Device),
+                        completion: h(BlockStage::Completion),
+                    };
+                    (stages.queue.is_some() || stages.device.is_some()).then(|| OpStages {
+                        op: op.name().to_string(),
+                        stages,
+                    })
+                })
+                .collect();
             DeviceProfile {
                 name: disk.name.clone(),
                 major: disk.major,
@@ -1380,8 +1469,10 @@ pub fn device_profiles(total: &ProbeSnapshot, disks: &TargetDisks) -> Vec<Device
                         count: h.count,
                         sum_ns: h.sum_ns,
                         p99_ns: Histogram::from_kernel(&h).percentile_ns(99.0),
+                        latency: Some(Histogram::from_kernel(&h)),
                     })
                     .collect(),
+                ops,
             }
         })
         .collect()
@@ -1619,6 +1710,26 @@ pub struct KvSection {
     pub read_retries: u64,
     pub mismatches: u64,
     pub slices: Vec<KvSlice>,
+    /// The verdict in a sentence, as the summary prints it (absent in older profiles).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub verdict_text: String,
+    /// Client reads' latencies (absent in older profiles, and with no read done).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_reads: Option<KvClientLatency>,
+    /// Client writes' latencies (an append to the write buffer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_writes: Option<KvClientLatency>,
+}
+
+/// One kind of client operation's latencies: from submission (`lat`; for a read, `service`
+/// is its device read alone) and from its scheduled start (`lat_intended`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct KvClientLatency {
+    pub ops: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<Histogram>,
+    pub lat: Histogram,
+    pub lat_intended: Histogram,
 }
 
 /// Shares of the scheduled load done (a pass needs 0.99 of both).
@@ -1705,8 +1816,10 @@ mod tests {
             min_ns: Some(1),
             max_ns: Some(4),
             buckets: vec![[1, 1, 1], [2, 2, 1], [3, 3, 1], [4, 4, 1]],
+            sum_sq_ns: Some(30.0),
         };
         assert_eq!(h.mean_ns(), Some(2.5));
+        assert_eq!(h.stddev_ns(), Some(1.25f64.sqrt()));
         assert_eq!(h.percentile_ns(100.0), Some(4.0));
         assert_eq!(h.percentile_ns(50.0), Some(2.0));
         assert_eq!(Histogram::default().percentile_ns(50.0), None);

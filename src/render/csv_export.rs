@@ -439,7 +439,7 @@ pub fn export(p: &Profile) -> [(&'static str, String); 5] {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
@@ -451,7 +451,7 @@ mod tests {
     }
 
     /// A small profile with every kind of row, fixed so the output never changes by accident.
-    fn fixture() -> Profile {
+    pub(crate) fn fixture() -> Profile {
         let host = Fingerprint {
             cpuid: Cpuid {
                 hypervisor_bit: true,
@@ -492,6 +492,7 @@ mod tests {
             }],
         };
         let cpu = CpuLoad {
+            irq_time_ns: BTreeMap::new(),
             cpu: 1,
             hardirq_ns: 10_000_000,
             softirq_ns: 50_000_000,
@@ -542,6 +543,7 @@ mod tests {
                 ended_unix_ms: 1_700_000_002_000,
                 interval_s: 1.0,
                 requested_interval_s: None,
+                max_intervals: None,
                 complete: true,
             },
             host,
@@ -594,6 +596,7 @@ mod tests {
                 .collect(),
             cpus: vec![cpu],
             probe_seconds: Some(2.0),
+            block: None,
             cpu_pairs: vec![[1, 1, 2000]],
             virtualization: None,
             calibration: None,

@@ -3,20 +3,12 @@
 
 use std::io::{self, Write};
 
-use crate::model::profile::{KvDelivered, KvRates, KvSection, KvSlice, KvSliceShares};
+use crate::model::profile::{
+    Histogram, KvClientLatency, KvDelivered, KvRates, KvSection, KvSlice, KvSliceShares,
+};
 use virtgap_workloads::act::SliceVerdict;
 use virtgap_workloads::kv::{Behind, KvOutcome, KvVerdict, DELIVERED_MIN, SLIPPED_LAG};
 use virtgap_workloads::units;
-
-fn pct3(v: &SliceVerdict) -> String {
-    if v.reads == 0 {
-        return format!("{:>23}", "-");
-    }
-    format!(
-        "{:>6.2}% {:>6.2}% {:>6.2}%",
-        v.over_1ms_pct, v.over_8ms_pct, v.over_64ms_pct
-    )
-}
 
 pub fn behind_text(who: &Behind, by: std::time::Duration) -> String {
     match who {
@@ -88,13 +80,35 @@ fn outcome_word(v: &KvVerdict) -> &'static str {
     }
 }
 
-pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
+/// A slice's word in the table, from the profile: a slice of a run that did not deliver its
+/// load never reads PASS (`slice_word` decided it when the profile was made).
+fn slice_result(s: &KvSlice) -> &'static str {
+    match (s.complete, s.pass) {
+        (false, _) => "(partial, not judged)",
+        (true, Some(true)) => "PASS",
+        (true, Some(false)) => "FAIL",
+        (true, None) => "within limits at the lighter load done",
+    }
+}
+
+fn shares_text(v: &KvSliceShares) -> String {
+    if v.ops == 0 {
+        return format!("{:>23}", "-");
+    }
+    format!(
+        "{:>6.2}% {:>6.2}% {:>6.2}%",
+        v.pct_at_or_over_1ms, v.pct_at_or_over_8ms, v.pct_at_or_over_64ms
+    )
+}
+
+/// The kv part of the summary, from the profile's kv section.
+pub fn write(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
     writeln!(
         out,
         "  kv store: {} keys, {} records per large block, client reads of {} (every read checked against the index)",
         units::count(k.keys as f64),
         k.records_per_block,
-        match k.read_bytes {
+        match (k.read_bytes_min, k.read_bytes_max) {
             (a, b) if a == b => units::bytes(a),
             (a, b) => format!("{} to {}", units::bytes(a), units::bytes(b)),
         }
@@ -102,29 +116,29 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
     for (name, d, what) in [
         (
             "client reads",
-            &k.client_read,
+            &k.client_reads,
             "service time = the device read",
         ),
         (
             "client writes",
-            &k.client_write,
+            &k.client_writes,
             "an append to the write buffer",
         ),
     ] {
-        if d.ios == 0 {
+        let Some(d) = d.as_ref().filter(|d| d.ops > 0) else {
             continue;
-        }
+        };
         writeln!(
             out,
             "    {name}: {what}; lat_intended counts from the schedule"
         )?;
-        crate::render::report::write_latency_header(out)?;
+        crate::render::summary::write_latency_header(out)?;
         let mut rows = vec![("lat", &d.lat), ("lat_intended", &d.lat_intended)];
-        if name == "client reads" {
-            rows.insert(0, ("service", &d.clat));
+        if let Some(service) = &d.service {
+            rows.insert(0, ("service", service));
         }
         for (row, h) in rows {
-            crate::render::report::write_latency_row(out, row, h)?;
+            crate::render::summary::write_latency_row(out, row, h)?;
         }
     }
     writeln!(
@@ -132,31 +146,31 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
         "    {:<22} {:>12} {:>12}",
         "per second", "target", "achieved"
     )?;
-    let achieved = |n: u64| format!("{:.2}", k.rate(n));
+    let (t, a) = (&k.target, &k.achieved);
     let rows = [
         (
             "client reads",
-            k.read_rps.to_string(),
-            achieved(k.client_read.ios),
+            format!("{:.0}", t.client_reads_per_s),
+            a.client_reads_per_s,
         ),
         (
             "client writes",
-            k.write_rps.to_string(),
-            achieved(k.client_write.ios),
+            format!("{:.0}", t.client_writes_per_s),
+            a.client_writes_per_s,
         ),
         (
             "large-block reads",
-            format!("{:.2}", k.derived.lb_reads_per_s),
-            achieved(k.lb_reads),
+            format!("{:.2}", t.lb_reads_per_s),
+            a.lb_reads_per_s,
         ),
         (
             "large-block writes",
-            format!("{:.2}", k.derived.lb_writes_per_s),
-            achieved(k.lb_writes),
+            format!("{:.2}", t.lb_writes_per_s),
+            a.lb_writes_per_s,
         ),
     ];
     for (name, target, got) in rows {
-        writeln!(out, "    {name:<22} {target:>12} {got:>12}")?;
+        writeln!(out, "    {name:<22} {target:>12} {got:>12.2}")?;
     }
     writeln!(
         out,
@@ -165,17 +179,16 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
     writeln!(
         out,
         "  delivered: {:.1}% of the scheduled client operations, {:.1}% of the large-block operations the store asked for; worst lag {}",
-        k.achieved_fraction() * 100.0,
-        k.large_block_fraction() * 100.0,
-        units::latency(k.worst_lag.as_nanos() as f64)
+        k.delivered.client_fraction * 100.0,
+        k.delivered.large_block_fraction * 100.0,
+        units::latency(k.worst_lag_ns as f64)
     )?;
-    let c = &k.counters;
     writeln!(
         out,
         "  store: {} records relocated by defrag, {} reads retried after a move, {} mismatches",
-        units::count(c.relocated as f64),
-        c.read_retries,
-        c.mismatches
+        units::count(k.relocated as f64),
+        k.read_retries,
+        k.mismatches
     )?;
     writeln!(
         out,
@@ -197,22 +210,31 @@ pub fn write(out: &mut impl Write, k: &KvOutcome) -> io::Result<()> {
         "LB writes >=1/8/64 ms"
     )?;
     for s in &k.slices {
-        let result = slice_word(k, s);
         writeln!(
             out,
-            "    {:<15} {:>9}  {}  {:>8}  {}  {}  {result}",
+            "    {:<15} {:>9}  {}  {:>8}  {}  {}  {}",
             format!("{:.0}-{:.0} s", s.start_s, s.end_s),
-            units::count(s.reads.reads as f64),
-            pct3(&s.reads),
-            s.judged_on.label(),
-            pct3(&s.lb_reads),
-            pct3(&s.lb_writes),
+            units::count(s.reads.ops as f64),
+            shares_text(&s.reads),
+            s.judged_on,
+            shares_text(&s.lb_reads),
+            shares_text(&s.lb_writes),
+            slice_result(s),
         )?;
     }
-    if let Some((who, by)) = &k.behind {
-        writeln!(out, "  {}", behind_text(who, *by))?;
+    if let Some(behind) = &k.behind {
+        writeln!(out, "  {behind}")?;
     }
-    writeln!(out, "  {}", verdict_text(k))
+    writeln!(out, "  {}", k.verdict_text)
+}
+
+fn client_latency(d: &virtgap_workloads::stats::DirStats, reads: bool) -> Option<KvClientLatency> {
+    (d.ios > 0).then(|| KvClientLatency {
+        ops: d.ios,
+        service: reads.then(|| Histogram::from_latency(&d.clat)),
+        lat: Histogram::from_latency(&d.lat),
+        lat_intended: Histogram::from_latency(&d.lat_intended),
+    })
 }
 
 fn shares(v: &SliceVerdict) -> KvSliceShares {
@@ -279,5 +301,8 @@ pub fn section(k: &KvOutcome) -> KvSection {
                 lb_writes: shares(&s.lb_writes),
             })
             .collect(),
+        verdict_text: verdict_text(k),
+        client_reads: client_latency(&k.client_read, true),
+        client_writes: client_latency(&k.client_write, false),
     }
 }

@@ -1,8 +1,9 @@
-//! Pure renderers: the human summary (with its probe and kv parts), fio-style JSON, the CSV
-//! files, and the diff as text, Markdown and SVG.
+//! Pure renderers: the human summary (with its probe and kv parts) from a profile, fio-style
+//! JSON, the CSV files, and the diff as text, Markdown and SVG.
 
 pub mod csv_export;
 pub mod diff_render;
 pub mod kv_report;
 pub mod probe_report;
 pub mod report;
+pub mod summary;

@@ -1,14 +1,22 @@
-//! The probe part of the run summary: block stages, interrupt load per CPU, wakeups, and the
-//! probes' own cost. Pure formatting of a `ProbeResults`.
+//! The probe part of the run summary: block stages, interrupt load per CPU, wakeups,
+//! hypervisor signals and the probes' own cost, from the profile; and the live IPI and MSR
+//! lines the TUI shows.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, DevNum, IrqSnapshot, MsrSnapshot};
-use virtgap_probes::{CapabilityReport, Family, KernelHist};
+use virtgap_probes::model::{CpuEvents, IrqSnapshot, MsrSnapshot};
+use virtgap_probes::virt::SampleCategory;
+use virtgap_probes::{CapabilityReport, Family};
 use virtgap_workloads::units;
 
-use crate::model::profile::Histogram;
-use crate::run::pipeline::ProbeResults;
+use crate::model::profile::{
+    CpuLoad, DeviceProfile, DeviceStages, Histogram, MsrAccesses, OpStages, Profile,
+    SamplerSection, Virtualization,
+};
+
+/// The least time the host's MSR writes must have been counted in for a rate of them.
+const MIN_QUIET_SECONDS: f64 = virtgap_probes::model::MIN_QUIET_NS as f64 / 1e9;
 
 fn opt_latency(v: Option<f64>) -> String {
     v.map(units::latency).unwrap_or_else(|| "-".into())
@@ -101,54 +109,301 @@ pub fn msr_lines(msr: &MsrSnapshot, secs: f64, top: usize) -> Vec<String> {
 }
 
 /// One block-stage table: queue, device and (where measured) completion rows under a title.
-fn stage_table(
-    out: &mut impl Write,
-    title: &str,
-    queue: &KernelHist,
-    device: &KernelHist,
-    completion: &KernelHist,
-) -> io::Result<()> {
+fn stage_table(out: &mut impl Write, title: &str, stages: &DeviceStages) -> io::Result<()> {
     writeln!(out, "  {title}:")?;
     writeln!(
         out,
         "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9}",
         "stage", "requests", "mean", "p50", "p99", "p99.9"
     )?;
-    stage_row(out, "queue", queue)?;
-    stage_row(out, "device", device)?;
-    if !completion.is_empty() {
+    let empty = Histogram::default();
+    stage_row(out, "queue", stages.queue.as_ref().unwrap_or(&empty))?;
+    stage_row(out, "device", stages.device.as_ref().unwrap_or(&empty))?;
+    if let Some(completion) = stages.completion.as_ref().filter(|h| h.count > 0) {
         stage_row(out, "completion", completion)?;
     }
     Ok(())
 }
 
-fn stage_row(out: &mut impl Write, name: &str, h: &KernelHist) -> io::Result<()> {
+fn stage_row(out: &mut impl Write, name: &str, h: &Histogram) -> io::Result<()> {
     writeln!(
         out,
         "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9}",
         name,
-        units::count(h.count as f64),
+        // A count, not a rate: whole below where `units::count` abbreviates.
+        if h.count < 10_000 {
+            h.count.to_string()
+        } else {
+            units::count(h.count as f64)
+        },
         opt_latency(h.mean_ns()),
-        opt_latency(Histogram::kernel_percentile_ns(h, 50.0)),
-        opt_latency(Histogram::kernel_percentile_ns(h, 99.0)),
-        opt_latency(Histogram::kernel_percentile_ns(h, 99.9)),
+        opt_latency(h.percentile_ns(50.0)),
+        opt_latency(h.percentile_ns(99.0)),
+        opt_latency(h.percentile_ns(99.9)),
     )
 }
 
-pub fn write(
+/// Each kind of request's stages, summed over `devices` (the disks of a stacked target).
+fn ops_of(devices: &[&DeviceProfile]) -> Vec<OpStages> {
+    let mut ops: Vec<OpStages> = Vec::new();
+    for op in devices.iter().flat_map(|d| &d.ops) {
+        let Some(mine) = ops.iter_mut().find(|o| o.op == op.op) else {
+            ops.push(op.clone());
+            continue;
+        };
+        for (m, t) in [
+            (&mut mine.stages.queue, &op.stages.queue),
+            (&mut mine.stages.device, &op.stages.device),
+            (&mut mine.stages.completion, &op.stages.completion),
+        ] {
+            match (m.as_mut(), t) {
+                (Some(m), Some(t)) => m.merge(t),
+                (None, Some(t)) => *m = Some(t.clone()),
+                _ => {}
+            }
+        }
+    }
+    ops
+}
+
+/// The block stages of the target's disks, each on its own and a stacked target's together.
+fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
+    let mut groups: Vec<(String, Vec<&DeviceProfile>)> = p
+        .devices
+        .iter()
+        .map(|d| (d.name.clone(), vec![d]))
+        .collect();
+    if let (Some(top), true) = (&p.target.device, p.devices.len() > 1) {
+        groups.push((
+            format!("{top} ({}, summed)", p.target.stage_devices.join(" + ")),
+            p.devices.iter().collect(),
+        ));
+    }
+    for (name, devices) in &groups {
+        for op in ops_of(devices) {
+            if op.op == "flush" {
+                // Never issued itself: one stage, request start -> completion.
+                writeln!(
+                    out,
+                    "  cache flushes of this process on {name} (start -> completion):"
+                )?;
+                stage_row(
+                    out,
+                    "flush",
+                    op.stages.device.as_ref().unwrap_or(&Histogram::default()),
+                )?;
+                continue;
+            }
+            let title = format!("block stages of this process's {} on {name}", op.op);
+            stage_table(out, &title, &op.stages)?;
+        }
+    }
+    if let Some(note) = p
+        .target
+        .device_note
+        .as_deref()
+        .filter(|_| p.target.stage_devices.is_empty())
+    {
+        writeln!(out, "    {note}")?;
+    }
+    let counts = p.block.clone().unwrap_or_default();
+    if counts.unsplit > 0 {
+        writeln!(
+            out,
+            "    {} requests kept device time to their completion (no completion stage): their queue's IRQ is not known here, or did not fire",
+            counts.unsplit
+        )?;
+    }
+    let total: u64 = p.cpu_pairs.iter().map(|x| x[2]).sum();
+    let cross: u64 = p
+        .cpu_pairs
+        .iter()
+        .filter(|x| x[0] != x[1])
+        .map(|x| x[2])
+        .sum();
+    if total > 0 {
+        writeln!(
+            out,
+            "    completed on another CPU than submitted: {:.1}% ({cross} of {total})",
+            cross as f64 / total as f64 * 100.0
+        )?;
+    }
+    if counts.dropped > 0 {
+        writeln!(
+            out,
+            "    {} requests not recorded (probe maps full)",
+            counts.dropped
+        )?;
+    }
+    Ok(())
+}
+
+/// Interrupt time per CPU that handled any, its two busiest IRQs, and the IPIs sent.
+fn write_irq(
     out: &mut impl Write,
-    p: &ProbeResults,
-    disks: &crate::model::host::TargetDisks,
+    p: &Profile,
+    secs: f64,
+    report: &CapabilityReport,
 ) -> io::Result<()> {
-    let Some(report) = &p.report else {
+    writeln!(out, "  interrupt load per CPU (all sources, {secs:.1} s):")?;
+    writeln!(
+        out,
+        "    {:<5} {:>8} {:>8}  busiest IRQs",
+        "cpu", "hardirq", "softirq"
+    )?;
+    for c in p
+        .cpus
+        .iter()
+        .filter(|c| c.hardirq_count + c.softirq_count > 0)
+    {
+        let mut top: Vec<(&String, u64, u64)> = c
+            .irqs
+            .iter()
+            .map(|(name, &n)| (name, n, c.irq_time_ns.get(name).copied().unwrap_or(0)))
+            .collect();
+        top.sort_by_key(|&(_, _, t)| std::cmp::Reverse(t));
+        let busiest: Vec<String> = top
+            .iter()
+            .take(2)
+            .map(|(name, n, t)| {
+                format!(
+                    "{name} {}/s at {} each",
+                    units::count(*n as f64 / secs),
+                    units::latency(*t as f64 / *n as f64)
+                )
+            })
+            .collect();
+        writeln!(
+            out,
+            "    {:<5} {:>7.1}% {:>7.1}%  {}",
+            format!("cpu{}", c.cpu),
+            c.hardirq_ns as f64 / 1e9 / secs * 100.0,
+            c.softirq_ns as f64 / 1e9 / secs * 100.0,
+            busiest.join(", ")
+        )?;
+    }
+    if !report.counts_ipis() {
+        return writeln!(
+            out,
+            "    IPIs sent: not measured (ipi_send_* tracepoints came in Linux 6.4)"
+        );
+    }
+    let rate = |field: fn(&CpuLoad) -> &BTreeMap<String, u64>, kind: &str| {
+        let n: u64 = p.cpus.iter().filter_map(|c| field(c).get(kind)).sum();
+        units::count(n as f64 / secs)
+    };
+    writeln!(
+        out,
+        "    IPIs sent: {}/s reschedule, {}/s function call",
+        rate(|c| &c.ipis_sent, "reschedule"),
+        rate(|c| &c.ipis_sent, "function_call")
+    )?;
+    writeln!(
+        out,
+        "    cross-CPU calls queued: {}/s block completion, {}/s wakeup, {}/s other",
+        rate(|c| &c.cross_cpu_calls, "block_completion"),
+        rate(|c| &c.cross_cpu_calls, "wakeup"),
+        rate(|c| &c.cross_cpu_calls, "other")
+    )
+}
+
+/// The host's MSR writes per second that exit to its hypervisor (and its others), counted while
+/// virtgap's sampler paused; then the writes the sampler's own interrupts made.
+fn write_msr(out: &mut impl Write, v: &Virtualization) -> io::Result<()> {
+    let Some(writes) = &v.msr_writes else {
+        return Ok(());
+    };
+    if v.msr_seconds() < MIN_QUIET_SECONDS {
+        return writeln!(
+            out,
+            "  exit-causing MSR writes: not measured (the sampler did not pause long enough to count the host's)"
+        );
+    }
+    let quiet = v.msr_seconds();
+    let rates = |pick: &dyn Fn(&MsrAccesses) -> bool| -> Option<String> {
+        let mut by: BTreeMap<u32, (String, u64)> = BTreeMap::new();
+        for w in writes.iter().filter(|w| pick(w)) {
+            let msr = u32::from_str_radix(w.msr.trim_start_matches("0x"), 16).unwrap_or(u32::MAX);
+            by.entry(msr).or_insert_with(|| (w.name.clone(), 0)).1 += w.count;
+        }
+        let mut v: Vec<_> = by.into_iter().collect();
+        v.sort_by_key(|(_, (_, n))| std::cmp::Reverse(*n));
+        (!v.is_empty()).then(|| {
+            v.iter()
+                .take(3)
+                .map(|(m, (name, n))| {
+                    format!("{m:#x} {name} {}/s", units::count(*n as f64 / quiet))
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+    };
+    writeln!(
+        out,
+        "  exit-causing MSR writes: {}",
+        rates(&|w| w.exits && w.is_hosts()).unwrap_or_else(|| "none seen".into())
+    )?;
+    if let Some(other) = rates(&|w| !w.exits && w.is_hosts()) {
+        writeln!(out, "  other MSR writes (no exit known here): {other}")?;
+    }
+    if let Some(quiet) = v.msr_quiet_seconds {
+        let sampling = v.seconds - quiet;
+        writeln!(
+            out,
+            "  (counted while virtgap's sampler paused, {:.0}% of the time: its timer changes the host's)",
+            quiet / v.seconds * 100.0
+        )?;
+        if sampling > 0.0 {
+            let own: u64 = writes
+                .iter()
+                .filter(|w| w.by_sampler)
+                .map(|w| w.count)
+                .sum();
+            writeln!(
+                out,
+                "  virtgap's own sampler interrupts caused {}/s MSR writes while it ran (left out above)",
+                units::count(own as f64 / sampling)
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Each sampled CPU's time by category, in the categories' order.
+fn write_sampler(out: &mut impl Write, s: &SamplerSection, window: f64) -> io::Result<()> {
+    writeln!(out, "  sampled CPU time ({} Hz cpu-clock):", s.frequency_hz)?;
+    let sampled = s.seconds(window);
+    for c in &s.cpus {
+        if !c.represents(s.frequency_hz, sampled) {
+            writeln!(
+                out,
+                "    cpu{}: not measured ({} of ~{:.0} expected samples arrived: the kernel dropped the rest, so a split would be biased)",
+                c.cpu,
+                c.samples,
+                s.frequency_hz as f64 * sampled
+            )?;
+            continue;
+        }
+        let total = c.samples.max(1) as f64;
+        let cats: Vec<String> = SampleCategory::ALL
+            .iter()
+            .map(|k| (k.name(), c.in_category(k.name())))
+            .filter(|&(_, n)| n > 0 && n as f64 / total >= 0.005)
+            .map(|(name, n)| format!("{name} {:.1}%", n as f64 / total * 100.0))
+            .collect();
+        writeln!(out, "    cpu{}: {}", c.cpu, cats.join(", "))?;
+    }
+    Ok(())
+}
+
+/// The probe part of the summary, from the profile: its figures cover the measured window.
+pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
+    let Some(report) = &p.capabilities else {
         return writeln!(out, "  probes: off (--no-probes)");
     };
-    // The measured window, as the profile keeps it: not the idle interval or the ramp.
-    let Some(window) = p.window() else {
+    let Some(secs) = p.probe_seconds else {
         return writeln!(out, "  probes: no snapshot was taken");
     };
-    let snap = &window;
-    let secs = snap.elapsed_ns as f64 / 1e9;
     let why = |family: Family| {
         report
             .families
@@ -157,196 +412,63 @@ pub fn write(
             .and_then(|f| f.unavailable.clone())
             .unwrap_or_else(|| "not requested".into())
     };
-
-    match &snap.block {
-        Some(block) => {
-            // Each disk on its own, then a stacked target's disks together.
-            let mut groups: Vec<(String, Vec<DevNum>)> = block
-                .devices
-                .iter()
-                .map(|g| {
-                    let name = p.device_names.get(&g.dev).cloned();
-                    (
-                        name.unwrap_or_else(|| format!("{}:{}", g.dev.0, g.dev.1)),
-                        vec![g.dev],
-                    )
-                })
-                .collect();
-            if let (Some(top), Some(devs)) = (&disks.top, disks.devs().filter(|d| d.len() > 1)) {
-                let members: Vec<&str> = disks.leaves.iter().map(|d| d.name.as_str()).collect();
-                groups.push((
-                    format!("{} ({}, summed)", top.name, members.join(" + ")),
-                    devs,
-                ));
-            }
-            for (name, devs) in &groups {
-                for op in [BlockOp::Read, BlockOp::Write, BlockOp::Flush] {
-                    let queue = block.stage(Some(devs), BlockStage::Queue, &[op]);
-                    let device = block.stage(Some(devs), BlockStage::Device, &[op]);
-                    if device.is_empty() && queue.is_empty() {
-                        continue;
-                    }
-                    if op == BlockOp::Flush {
-                        // Never issued itself: one stage, request start -> completion.
-                        writeln!(
-                            out,
-                            "  cache flushes of this process on {name} (start -> completion):"
-                        )?;
-                        stage_row(out, "flush", &device)?;
-                        continue;
-                    }
-                    let completion = block.stage(Some(devs), BlockStage::Completion, &[op]);
-                    let title = format!("block stages of this process's {} on {name}", op.name());
-                    stage_table(out, &title, &queue, &device, &completion)?;
-                }
-            }
-            if let Some(note) = disks.note.as_deref().filter(|_| disks.leaves.is_empty()) {
-                writeln!(out, "    {note}")?;
-            }
-            if block.unsplit > 0 {
-                writeln!(
-                    out,
-                    "    {} requests kept device time to their completion (no completion stage): their queue's IRQ is not known here, or did not fire",
-                    block.unsplit
-                )?;
-            }
-            let (cross, total) = block.cross_cpu_completions();
-            if total > 0 {
-                writeln!(
-                    out,
-                    "    completed on another CPU than submitted: {:.1}% ({cross} of {total})",
-                    cross as f64 / total as f64 * 100.0
-                )?;
-            }
-            if block.dropped > 0 {
-                writeln!(
-                    out,
-                    "    {} requests not recorded (probe maps full)",
-                    block.dropped
-                )?;
-            }
-        }
-        None => writeln!(out, "  block stages: unavailable ({})", why(Family::Block))?,
+    if report.attached(Family::Block) {
+        write_block(out, p)?;
+    } else {
+        writeln!(out, "  block stages: unavailable ({})", why(Family::Block))?;
     }
-
-    match &snap.irq {
-        Some(irq) if secs > 0.0 => {
-            writeln!(out, "  interrupt load per CPU (all sources, {secs:.1} s):")?;
-            writeln!(
-                out,
-                "    {:<5} {:>8} {:>8}  busiest IRQs",
-                "cpu", "hardirq", "softirq"
-            )?;
-            for (cpu, hard, soft) in irq.cpu_irq_time() {
-                let mut top: Vec<_> = irq
-                    .hardirqs
-                    .iter()
-                    .filter(|h| h.cpu == cpu && h.count > 0)
-                    .collect();
-                top.sort_by_key(|h| std::cmp::Reverse(h.time_ns));
-                let busiest: Vec<String> = top
-                    .iter()
-                    .take(2)
-                    .map(|h| {
-                        format!(
-                            "{} {}/s at {} each",
-                            h.name,
-                            units::count(h.count as f64 / secs),
-                            units::latency(h.time_ns as f64 / h.count as f64)
-                        )
-                    })
-                    .collect();
-                writeln!(
-                    out,
-                    "    {:<5} {:>7.1}% {:>7.1}%  {}",
-                    format!("cpu{cpu}"),
-                    hard as f64 / 1e9 / secs * 100.0,
-                    soft as f64 / 1e9 / secs * 100.0,
-                    busiest.join(", ")
-                )?;
-            }
-            for line in ipi_summary(irq, None, secs, report) {
-                writeln!(out, "    {line}")?;
-            }
-        }
-        Some(_) => {}
-        None => writeln!(out, "  interrupt load: unavailable ({})", why(Family::Irq))?,
+    if !report.attached(Family::Irq) {
+        writeln!(out, "  interrupt load: unavailable ({})", why(Family::Irq))?;
+    } else if secs > 0.0 {
+        write_irq(out, p, secs, report)?;
     }
-
-    match &snap.wakeups {
-        Some(w) if !w.latency.is_empty() => writeln!(
+    match &p.stages.wakeup {
+        Some(w) if w.count > 0 => writeln!(
             out,
             "  wakeups of the workload's threads: {}, wakeup -> on CPU mean {}, p99 {}",
-            w.latency.count,
-            opt_latency(w.latency.mean_ns()),
-            opt_latency(Histogram::kernel_percentile_ns(&w.latency, 99.0))
+            w.count,
+            opt_latency(w.mean_ns()),
+            opt_latency(w.percentile_ns(99.0))
         )?,
         Some(_) => writeln!(out, "  wakeups of the workload's threads: none seen")?,
         None => writeln!(out, "  wakeups: unavailable ({})", why(Family::Wakeup))?,
     }
-
-    if let Some(nvme) = &snap.nvme {
-        let queues: Vec<_> = nvme.queues.iter().filter(|q| !q.hist.is_empty()).collect();
-        if !queues.is_empty() {
-            writeln!(out, "  NVMe command latency per queue (all processes):")?;
-            writeln!(
-                out,
-                "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9}",
-                "queue", "commands", "mean", "p50", "p99", "p99.9"
-            )?;
-            for q in queues {
-                let name = p
-                    .device_names
-                    .get(&q.dev)
-                    .cloned()
-                    .unwrap_or_else(|| format!("{}:{}", q.dev.0, q.dev.1));
-                stage_row(out, &format!("{name} q{} {}", q.qid, q.op.name()), &q.hist)?;
-            }
-        }
-    }
-
-    if let (Some(msr), true) = (&snap.msr, secs > 0.0) {
-        for line in msr_lines(msr, secs, 3) {
-            writeln!(out, "  {line}")?;
-        }
-    }
-    if let Some(sampler) = &snap.sampler {
+    let nvme: Vec<(String, &Histogram)> = p
+        .devices
+        .iter()
+        .flat_map(|d| {
+            d.nvme_queues.iter().filter_map(move |q| {
+                let h = q.latency.as_ref().filter(|h| h.count > 0)?;
+                Some((format!("{} q{}", d.name, q.qid), h))
+            })
+        })
+        .collect();
+    if !nvme.is_empty() {
+        writeln!(out, "  NVMe command latency per queue (reads and writes):")?;
         writeln!(
             out,
-            "  sampled CPU time ({} Hz cpu-clock):",
-            sampler.frequency_hz
+            "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9}",
+            "queue", "commands", "mean", "p50", "p99", "p99.9"
         )?;
-        let sampled = sampler.seconds(secs);
-        for c in &sampler.cpus {
-            if !c.represents(sampler.frequency_hz, sampled) {
-                writeln!(
-                    out,
-                    "    cpu{}: not measured ({} of ~{:.0} expected samples arrived: the kernel dropped the rest, so a split would be biased)",
-                    c.cpu,
-                    c.total(),
-                    sampler.frequency_hz as f64 * sampled
-                )?;
-                continue;
-            }
-            let total = c.total().max(1) as f64;
-            let cats: Vec<String> = c
-                .categories()
-                .into_iter()
-                .filter(|(_, n)| *n as f64 / total >= 0.005)
-                .map(|(k, n)| format!("{} {:.1}%", k.name(), n as f64 / total * 100.0))
-                .collect();
-            writeln!(out, "    cpu{}: {}", c.cpu, cats.join(", "))?;
+        for (name, h) in nvme {
+            stage_row(out, &name, h)?;
         }
     }
-
+    if let Some(v) = p.virtualization.as_ref().filter(|_| secs > 0.0) {
+        write_msr(out, v)?;
+        if let Some(sampler) = &v.sampler {
+            write_sampler(out, sampler, v.seconds)?;
+        }
+    }
     match &report.run_stats_unavailable {
         None if secs > 0.0 => {
-            let runs: u64 = snap.programs.iter().map(|p| p.run_count).sum();
-            let time: u64 = snap.programs.iter().map(|p| p.run_time_ns).sum();
+            let programs = p.self_overhead.programs.as_deref().unwrap_or_default();
+            let runs: u64 = programs.iter().map(|c| c.runs).sum();
+            let time: u64 = programs.iter().map(|c| c.run_time_ns).sum();
             writeln!(
                 out,
                 "  probe overhead: {} programs, {} runs/s, {} per run, {:.2}% of one CPU",
-                snap.programs.len(),
+                programs.len(),
                 units::count(runs as f64 / secs),
                 if runs > 0 {
                     units::latency(time as f64 / runs as f64)
@@ -359,8 +481,8 @@ pub fn write(
         None => {}
         Some(why) => writeln!(out, "  probe overhead: unavailable ({why})")?,
     }
-    if let Some(idle) = p.idle_baseline(disks.devs().as_deref()) {
-        writeln!(out, "  {}", idle_line(&idle))?;
+    if let Some(idle) = p.runs.last().and_then(|r| r.idle.as_ref()) {
+        writeln!(out, "  {}", idle_line(idle))?;
     }
     Ok(())
 }

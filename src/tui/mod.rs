@@ -385,6 +385,7 @@ fn saved_profile(
             interval_s: app.series.point_interval().as_secs_f64(),
             requested_interval_s: (app.series.coarsening() > 1)
                 .then_some(args.interval.0.as_secs_f64()),
+            max_intervals: (app.series.coarsening() > 1).then_some(app.series.max_points() as u64),
             complete: false,
         },
         host: app.host.clone(),

@@ -123,6 +123,11 @@ impl LatencyHistogram {
         self.sum_ns
     }
 
+    /// Sum of the squared values (for the standard deviation of merged histograms).
+    pub fn sum_sq_ns(&self) -> u128 {
+        self.sum_sq_ns
+    }
+
     /// Smallest recorded value, or `None` when empty.
     pub fn min_ns(&self) -> Option<u64> {
         (self.count > 0).then_some(self.min_ns)

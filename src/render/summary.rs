@@ -1,0 +1,304 @@
+//! The human summary of a run, rendered from its assembled profile (the record CSV and the
+//! diff read too): the workload's throughput and latencies, the kv store's verdict, then the
+//! probes' figures (`probe_report`).
+
+use std::io::{self, Write};
+
+use virtgap_workloads::units;
+
+use crate::model::profile::{DirectionResult, Histogram, Interval, Profile};
+
+/// Per-interval IOPS spread of one direction.
+struct Spread {
+    min: f64,
+    max: f64,
+    mean: f64,
+    stddev: f64,
+    samples: usize,
+}
+
+fn spread(values: impl Iterator<Item = f64>) -> Option<Spread> {
+    let v: Vec<f64> = values.collect();
+    if v.is_empty() {
+        return None;
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
+    Some(Spread {
+        min: v.iter().copied().fold(f64::INFINITY, f64::min),
+        max: v.iter().copied().fold(0.0, f64::max),
+        mean,
+        stddev: var.sqrt(),
+        samples: v.len(),
+    })
+}
+
+/// Full-length intervals only: a short last interval would skew the spread. (Lengths are
+/// seconds in the profile: within a microsecond of the longest counts as full.)
+fn full_intervals(intervals: &[Interval]) -> impl Iterator<Item = &Interval> {
+    let secs = |i: &Interval| i.end_s - i.start_s;
+    let longest = intervals.iter().map(secs).fold(0.0, f64::max);
+    intervals
+        .iter()
+        .filter(move |i| longest > 0.0 && secs(i) >= longest - 1e-6)
+}
+
+/// The column heads above `write_latency_row`s.
+pub(crate) fn write_latency_header(out: &mut impl Write) -> io::Result<()> {
+    writeln!(
+        out,
+        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        "latency", "min", "mean", "p50", "p99", "p99.9", "max", "stddev"
+    )
+}
+
+pub(crate) fn write_latency_row(out: &mut impl Write, name: &str, h: &Histogram) -> io::Result<()> {
+    let f = |v: Option<f64>| v.map(units::latency).unwrap_or_else(|| "-".into());
+    writeln!(
+        out,
+        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
+        name,
+        f(h.min_ns.map(|v| v as f64)),
+        f(h.mean_ns()),
+        f(h.percentile_ns(50.0)),
+        f(h.percentile_ns(99.0)),
+        f(h.percentile_ns(99.9)),
+        f(h.max_ns.map(|v| v as f64)),
+        f(h.stddev_ns()),
+    )
+}
+
+/// One direction's throughput line, latency table and per-interval IOPS spread.
+fn write_direction(
+    out: &mut impl Write,
+    p: &Profile,
+    label: &str,
+    d: &DirectionResult,
+    ios: fn(&Interval) -> u64,
+) -> io::Result<()> {
+    let secs = p.results.measured_s;
+    writeln!(
+        out,
+        "  {label}: IOPS {}, BW {}/s ({:.1} MB/s), {} in {:.1} s",
+        units::count(d.iops),
+        units::bytes(d.bw_bytes_per_s as u64),
+        d.bw_bytes_per_s / 1e6,
+        units::bytes(d.bytes),
+        secs
+    )?;
+    write_latency_header(out)?;
+    let mut rows = vec![("slat", &d.slat), ("clat", &d.clat), ("lat", &d.lat)];
+    if let Some(h) = d.lat_intended.as_ref().filter(|h| h.count > 0) {
+        rows.push(("lat_intended", h));
+    }
+    for (name, h) in rows {
+        write_latency_row(out, name, h)?;
+    }
+    let per_interval = full_intervals(&p.intervals).map(|i| ios(i) as f64 / (i.end_s - i.start_s));
+    if let Some(sp) = spread(per_interval) {
+        writeln!(
+            out,
+            "    IOPS per {} s interval: min {}, mean {}, max {}, stddev {:.1}% ({} samples)",
+            p.run.interval_s,
+            units::count(sp.min),
+            units::count(sp.mean),
+            units::count(sp.max),
+            if sp.mean > 0.0 {
+                sp.stddev / sp.mean * 100.0
+            } else {
+                0.0
+            },
+            sp.samples
+        )?;
+    }
+    Ok(())
+}
+
+/// The summary `record` prints, from the profile of the run (for `--runs N`, the last run's
+/// own profile).
+pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
+    let w = &p.workload;
+    // The effective spec is the workload's own TOML, so it parses; a profile edited by hand
+    // may not, and then only the name is shown.
+    let spec = virtgap_workloads::spec::parse(&w.effective_spec, &w.origin).ok();
+    let described = spec.as_ref().map(|s| s.describe()).unwrap_or_default();
+    writeln!(out, "{} ({}): {described}", w.name, w.origin)?;
+    writeln!(out, "  target: {}", p.target.description)?;
+    let r = &p.results;
+    let engine = spec.as_ref().map_or("?", |s| s.engine.name());
+    writeln!(out, "  engine: {engine} ({})", r.engine_features)?;
+    // For kv these are the device I/Os the store issued (record reads and defrag's large-block
+    // reads; large-block writes); client operations are in the kv section below.
+    let labels = if p.kv.is_some() {
+        [
+            "device read (records + defrag)",
+            "device write (large blocks)",
+        ]
+    } else {
+        ["read", "write"]
+    };
+    if r.read.ios > 0 {
+        write_direction(out, p, labels[0], &r.read, |i| i.read_ios)?;
+    }
+    if r.write.ios > 0 {
+        write_direction(out, p, labels[1], &r.write, |i| i.write_ios)?;
+    }
+    if r.read.ios + r.write.ios == 0 {
+        writeln!(out, "  no I/O completed in the measured window")?;
+    }
+    if let Some(stalls) = p.stalls.as_ref().filter(|s| s.found()) {
+        writeln!(out, "  STALLED: {}", stalls.describe())?;
+        writeln!(
+            out,
+            "    the figures above mix the stall with steady state; see the profile's stalls section"
+        )?;
+    }
+    if let (Some(asked), Some(max)) = (p.run.requested_interval_s, p.run.max_intervals) {
+        writeln!(
+            out,
+            "  intervals: {} of {} s each ({:.0}x the interval asked for: a run keeps at most {max} intervals)",
+            p.intervals.len(),
+            p.run.interval_s,
+            p.run.interval_s / asked,
+        )?;
+    }
+    if let Some(lag) = r.max_schedule_lag_ns {
+        writeln!(
+            out,
+            "  schedule: worst lag behind the pacing schedule {}",
+            units::latency(lag as f64)
+        )?;
+    }
+    if r.measured_s > 0.0 {
+        write!(
+            out,
+            "  cpu: usr {:.1}%, sys {:.1}% of one CPU, {} context switches",
+            r.usr_cpu_pct, r.sys_cpu_pct, r.context_switches
+        )?;
+        if let Some(per_io) = r.cpu_ns_per_io {
+            write!(out, ", {} CPU per I/O", units::latency(per_io))?;
+        }
+        writeln!(out)?;
+    }
+    if let Some(kv) = &p.kv {
+        crate::render::kv_report::write(out, kv)?;
+    }
+    crate::render::probe_report::write(out, p)?;
+    if !p.complete {
+        let planned = spec
+            .map(|s| format!(" of {:.0} s", s.duration.0.as_secs_f64()))
+            .unwrap_or_default();
+        writeln!(
+            out,
+            "  (interrupted: {:.1} s{planned} measured)",
+            r.measured_s
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use virtgap_probes::attach::AttachOutcome;
+    use virtgap_probes::{AttachKind, CapabilityReport, Family, FamilyReport};
+
+    use super::*;
+    use crate::model::profile::{
+        BlockCounts, DeviceProfile, DeviceStages, IdleBaseline, OpStages, RunRecord,
+    };
+
+    fn attached(family: Family, tracepoint: &str) -> FamilyReport {
+        FamilyReport {
+            family,
+            unavailable: None,
+            tracepoints: vec![AttachOutcome {
+                tracepoint: tracepoint.into(),
+                attached: Some(AttachKind::TpBtf),
+                reason: None,
+            }],
+            fallback: None,
+        }
+    }
+
+    /// The CSV files' fixture with its probes attached: block stages per kind of request, the
+    /// IRQ load, a wakeup probe that saw none, and an idle baseline.
+    fn probed_profile() -> Profile {
+        let mut p = crate::render::csv_export::tests::fixture();
+        let rand4k = virtgap_workloads::spec::load("rand4k").unwrap();
+        p.workload.origin = rand4k.origin;
+        p.workload.effective_spec = rand4k.spec.to_toml();
+        p.capabilities = Some(CapabilityReport {
+            families: vec![
+                attached(Family::Block, "block_rq_issue"),
+                attached(Family::Irq, "irq_handler_entry"),
+                attached(Family::Wakeup, "sched_wakeup"),
+            ],
+            notes: vec![],
+            run_stats_unavailable: None,
+            maps: vec![],
+        });
+        let h = |values: &[u64]| Histogram::of_values(values);
+        p.devices = vec![DeviceProfile {
+            name: "vda".into(),
+            major: 254,
+            minor: 0,
+            ops: vec![
+                OpStages {
+                    op: "read".into(),
+                    stages: DeviceStages {
+                        queue: Some(h(&[2_000, 2_100])),
+                        device: Some(h(&[399_000, 401_000])),
+                        completion: Some(h(&[9_000, 11_000])),
+                    },
+                },
+                OpStages {
+                    op: "flush".into(),
+                    stages: DeviceStages {
+                        device: Some(h(&[1_500_000])),
+                        ..DeviceStages::default()
+                    },
+                },
+            ],
+            ..DeviceProfile::default()
+        }];
+        p.block = Some(BlockCounts {
+            unsplit: 3,
+            dropped: 0,
+        });
+        p.cpus[0].irq_time_ns = BTreeMap::from([("virtio1-req.0".to_string(), 6_000_000)]);
+        p.stages.wakeup = Some(Histogram::default());
+        p.runs = vec![RunRecord {
+            run: 1,
+            idle: Some(IdleBaseline {
+                seconds: 1.0,
+                hardirq_ns: Some(1_000_000),
+                softirq_ns: Some(2_000_000),
+                ipis_sent: None,
+                msr_writes: None,
+            }),
+            ..RunRecord::default()
+        }];
+        p
+    }
+
+    #[test]
+    fn the_summary_of_a_probed_run_reads_its_profile() {
+        let mut text = Vec::new();
+        write(&mut text, &probed_profile()).unwrap();
+        insta::assert_snapshot!("summary_probed", String::from_utf8(text).unwrap());
+    }
+
+    #[test]
+    fn the_summary_of_a_run_without_probes_says_so() {
+        let mut p = crate::render::csv_export::tests::fixture();
+        p.complete = false;
+        let mut text = Vec::new();
+        write(&mut text, &p).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains("probes: off (--no-probes)"), "{text}");
+        assert!(text.contains("(interrupted: 2.0 s measured)"), "{text}");
+    }
+}
