@@ -124,17 +124,17 @@ def run(args):
                 row[n] = doc["jobs"][0]["read"]["iops"]
                 iops[n].append(row[n])
                 if n == "virtgap":
-                    probes = doc["probes"]["cumulative"]
+                    probes = doc["probes"]
                     progs = probes["programs"]
                     for fam in per_event:
-                        runs = sum(p["run_count"] for p in progs if p["family"] == fam)
+                        runs = sum(p["runs"] for p in progs if p["family"] == fam)
                         ns = sum(p["run_time_ns"] for p in progs if p["family"] == fam)
                         if runs:
                             per_event[fam].append(ns / runs)
                     block_ns = sum(p["run_time_ns"] for p in progs if p["family"] == "block")
                     ios = doc["jobs"][0]["read"]["total_ios"]
                     per_io.append(block_ns / max(ios, 1))
-                    secs = probes["elapsed_ns"] / 1e9
+                    secs = probes["seconds"]
                     cpu_share.append(sum(p["run_time_ns"] for p in progs) / 1e9 / secs * 100)
             print(f"{r + 1:>5} " + " ".join(f"{row[n]:>14.0f}" for n in names), flush=True)
 

@@ -303,13 +303,36 @@ fn read_only_dir_and_missing_o_direct_are_explained() {
 #[test]
 fn null_engine_json_follows_fio_layout_and_stdout_is_clean() {
     let dir = scratch();
-    let out = quick(dir.path()).arg("--json").output().unwrap();
+    let profile = dir.path().join("p.json");
+    let out = quick(dir.path())
+        .arg("--json")
+        .arg("-o")
+        .arg(&profile)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is pure JSON");
+    // Every figure is the saved profile's: the JSON rendered again from the file is the same.
+    // (`record` adds the tail autopsy, which the profile keeps in its run record.)
+    let saved = virtgap::model::profile::load(&profile).unwrap();
+    let mut recorded = doc.clone();
+    let tail = recorded.as_object_mut().unwrap().remove("tail_autopsy");
+    let tail_kept = saved.runs.last().and_then(|r| r.tail.as_ref());
+    assert_eq!(tail, tail_kept.map(|t| serde_json::to_value(t).unwrap()));
+    let again = virtgap::render::report::json(&saved);
+    for (key, value) in recorded.as_object().unwrap() {
+        assert_eq!(
+            Some(value),
+            again.get(key),
+            "--json's {key} is not its profile's"
+        );
+    }
+    assert_eq!(recorded, again);
+    std::fs::remove_file(&profile).unwrap();
     let read = &doc["jobs"][0]["read"];
     assert!(read["iops"].as_f64().unwrap() > 1000.0);
     assert!(read["total_ios"].as_u64().unwrap() > 0);

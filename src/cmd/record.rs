@@ -21,7 +21,7 @@ use virtgap_probes::{CapabilityReport, Family};
 use crate::cli::{RecordArgs, WorkloadsArgs};
 use crate::model::host::TargetDisks;
 use crate::model::profile::RunRecord;
-use crate::render::report::{self, Report};
+use crate::render::report;
 use crate::run::pipeline::{Event, ProbeResults};
 use crate::run::series::{IntervalSeries, SeriesPoint};
 use crate::run::session::start_probes;
@@ -192,36 +192,13 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             break;
         }
     }
-    let Some((prepared, outcome)) = last else {
+    // The last run's target (a temp file removed on drop) stays until the reports are out.
+    let Some((_prepared, outcome)) = last else {
         // Interrupted while preparing the first run: nothing was measured.
         return Ok(signals.exit_code());
     };
-    let (target, disks) = (&prepared.target, &prepared.disks);
     let run_records: Vec<RunRecord> = runs.iter().map(|(_, r)| r.clone()).collect();
-    let RunOutcome {
-        stats,
-        series,
-        points,
-        probes,
-        stalls,
-        interrupted,
-        started,
-        ..
-    } = &outcome;
-    let interrupted = *interrupted;
-    let report = Report {
-        spec: &spec,
-        origin: &loaded.origin,
-        target,
-        stats,
-        series,
-        points,
-        stalls,
-        interrupted,
-        started: *started,
-        probes,
-        disks,
-    };
+    let (stats, interrupted) = (&outcome.stats, outcome.interrupted);
     // The summary is the last run's, from its own profile (before the runs are pooled).
     let last_profile = runs.last().map(|(profile, record)| {
         let mut profile = profile.clone();
@@ -278,7 +255,10 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     }
     let mut out = std::io::stdout().lock();
     if args.json {
-        let mut doc = report::json(&report);
+        let Some(profile) = &last_profile else {
+            return Ok(signals.exit_code());
+        };
+        let mut doc = report::json(profile);
         if let (Some(map), Some(tail)) = (
             doc.as_object_mut(),
             run_records.last().and_then(|r| r.tail.as_ref()),

@@ -1,44 +1,22 @@
-//! Reports of a run: the human summary, and JSON laid out like fio's so fio parsers read it
-//! (`jobs[0].read.iops`, `jobs[0].read.clat_ns.percentile["99.000000"]`, ...).
+//! Reports of a run from its profile: JSON laid out like fio's so fio parsers read it
+//! (`jobs[0].read.iops`, `jobs[0].read.clat_ns.percentile["99.000000"]`, ...), the runs of a
+//! multi-run recording, and the tail autopsy. The human summary is `summary`.
 
 use std::io::{self, Write};
-use std::time::SystemTime;
 
 use serde_json::{json, Map, Value};
-use virtgap_workloads::histogram::{LatencyHistogram, FIO_PERCENTILES};
-use virtgap_workloads::stats::{DirStats, RunStats};
-use virtgap_workloads::target::Target;
+use virtgap_workloads::histogram::FIO_PERCENTILES;
 use virtgap_workloads::units;
-use virtgap_workloads::WorkloadSpec;
 
-use crate::run::pipeline::ProbeResults;
-use crate::run::series::{IntervalSeries, SeriesPoint};
+use crate::model::profile::{DirectionResult, Histogram, Interval, Profile};
 
-/// Everything a report is made from.
-#[derive(Debug)]
-pub struct Report<'a> {
-    pub spec: &'a WorkloadSpec,
-    pub origin: &'a str,
-    pub target: &'a Target,
-    pub stats: &'a RunStats,
-    pub series: &'a IntervalSeries,
-    /// The series' points, read back.
-    pub points: &'a [SeriesPoint],
-    pub stalls: &'a crate::model::stalls::Stalls,
-    pub interrupted: bool,
-    pub started: SystemTime,
-    pub probes: &'a ProbeResults,
-    /// The disks whose block stages are the target's.
-    pub disks: &'a crate::model::host::TargetDisks,
-}
-
-/// Per-interval IOPS and bandwidth spread of one direction.
-struct Spread {
-    min: f64,
-    max: f64,
-    mean: f64,
-    stddev: f64,
-    samples: usize,
+/// Per-interval spread of one quantity.
+pub(crate) struct Spread {
+    pub min: f64,
+    pub max: f64,
+    pub mean: f64,
+    pub stddev: f64,
+    pub samples: usize,
 }
 
 fn spread(values: impl Iterator<Item = f64>) -> Option<Spread> {
@@ -58,74 +36,70 @@ fn spread(values: impl Iterator<Item = f64>) -> Option<Spread> {
     })
 }
 
-/// Full-length intervals only: a short last interval would skew the spread.
-fn full_intervals<'a>(r: &'a Report<'_>) -> impl Iterator<Item = &'a SeriesPoint> {
-    let points = r.points;
-    let longest = points
+/// Full-length intervals only: a short last interval would skew the spread. (Lengths are
+/// seconds in the profile: within a microsecond of the longest counts as full.)
+fn full_intervals(intervals: &[Interval]) -> impl Iterator<Item = &Interval> {
+    let secs = |i: &Interval| i.end_s - i.start_s;
+    let longest = intervals.iter().map(secs).fold(0.0, f64::max);
+    intervals
         .iter()
-        .map(|s| s.end_ns - s.start_ns)
-        .max()
-        .unwrap_or(0);
-    points
-        .iter()
-        .filter(move |s| s.end_ns - s.start_ns == longest && longest > 0)
+        .filter(move |i| longest > 0.0 && secs(i) >= longest - 1e-6)
+}
+
+/// IOPS per full-length interval, with their min, mean, max and spread.
+pub(crate) fn iops_spread(intervals: &[Interval], ios: fn(&Interval) -> u64) -> Option<Spread> {
+    spread(full_intervals(intervals).map(|i| ios(i) as f64 / (i.end_s - i.start_s)))
 }
 
 /// fio's `{min,max,mean,stddev,N,percentile}` object for one latency distribution.
-fn latency_json(h: &LatencyHistogram, percentiles: bool) -> Value {
+fn latency_json(h: &Histogram, percentiles: bool) -> Value {
     let mut m = Map::new();
-    m.insert("min".into(), json!(h.min_ns().unwrap_or(0)));
-    m.insert("max".into(), json!(h.max_ns().unwrap_or(0)));
+    m.insert("min".into(), json!(h.min_ns.unwrap_or(0)));
+    m.insert("max".into(), json!(h.max_ns.unwrap_or(0)));
     m.insert("mean".into(), json!(h.mean_ns().unwrap_or(0.0)));
     m.insert("stddev".into(), json!(h.stddev_ns().unwrap_or(0.0)));
-    m.insert("N".into(), json!(h.count()));
-    if percentiles && !h.is_empty() {
+    m.insert("N".into(), json!(h.count));
+    if percentiles && h.count > 0 {
         let pct: Map<String, Value> = FIO_PERCENTILES
             .iter()
-            .map(|&p| (format!("{p:.6}"), json!(h.percentile_ns(p).unwrap_or(0))))
+            .map(|&q| {
+                let ns = h.percentile_ns(q).map_or(0, |v| v.round() as u64);
+                (format!("{q:.6}"), json!(ns))
+            })
             .collect();
         m.insert("percentile".into(), Value::Object(pct));
     }
     Value::Object(m)
 }
 
-fn direction_json(r: &Report<'_>, d: &DirStats, write: bool) -> Value {
-    let secs = r.stats.seconds();
-    let rate = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };
-    let ios = |s: &SeriesPoint| {
-        if write {
-            s.interval.write_ios
-        } else {
-            s.interval.read_ios
-        }
-    };
-    let bytes = |s: &SeriesPoint| {
-        if write {
-            s.interval.write_bytes
-        } else {
-            s.interval.read_bytes
-        }
-    };
-    let iops = spread(full_intervals(r).map(|s| ios(s) as f64 / s.secs()));
-    let bw_kib = spread(full_intervals(r).map(|s| bytes(s) as f64 / 1024.0 / s.secs()));
+fn direction_json(
+    p: &Profile,
+    d: &DirectionResult,
+    ios: fn(&Interval) -> u64,
+    bytes: fn(&Interval) -> u64,
+) -> Value {
+    let iops = iops_spread(&p.intervals, ios);
+    let bw_kib = spread(
+        full_intervals(&p.intervals).map(|i| bytes(i) as f64 / 1024.0 / (i.end_s - i.start_s)),
+    );
     let mut m = Map::new();
     m.insert("io_bytes".into(), json!(d.bytes));
     m.insert("io_kbytes".into(), json!(d.bytes / 1024));
-    m.insert("bw_bytes".into(), json!(rate(d.bytes) as u64));
-    m.insert("bw".into(), json!((rate(d.bytes) / 1024.0) as u64));
-    m.insert("iops".into(), json!(rate(d.ios)));
-    m.insert("runtime".into(), json!(r.stats.measured_ns / 1_000_000));
+    m.insert("bw_bytes".into(), json!(d.bw_bytes_per_s as u64));
+    m.insert("bw".into(), json!((d.bw_bytes_per_s / 1024.0) as u64));
+    m.insert("iops".into(), json!(d.iops));
+    m.insert(
+        "runtime".into(),
+        json!((p.results.measured_s * 1000.0) as u64),
+    );
     m.insert("total_ios".into(), json!(d.ios));
     m.insert("short_ios".into(), json!(0));
     m.insert("drop_ios".into(), json!(0));
     m.insert("slat_ns".into(), latency_json(&d.slat, false));
     m.insert("clat_ns".into(), latency_json(&d.clat, true));
     m.insert("lat_ns".into(), latency_json(&d.lat, true));
-    if !d.lat_intended.is_empty() {
-        m.insert(
-            "lat_intended_ns".into(),
-            latency_json(&d.lat_intended, true),
-        );
+    if let Some(h) = d.lat_intended.as_ref().filter(|h| h.count > 0) {
+        m.insert("lat_intended_ns".into(), latency_json(h, true));
     }
     if let (Some(iops), Some(bw)) = (iops, bw_kib) {
         m.insert("bw_min".into(), json!(bw.min as u64));
@@ -142,93 +116,88 @@ fn direction_json(r: &Report<'_>, d: &DirStats, write: bool) -> Value {
     Value::Object(m)
 }
 
-pub fn json(r: &Report<'_>) -> Value {
-    let spec = r.spec;
-    let secs = r.stats.seconds();
-    let pct = |ns: u64| {
-        if secs > 0.0 {
-            ns as f64 / 1e9 / secs * 100.0
-        } else {
-            0.0
-        }
-    };
-    let timestamp = r
-        .started
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let intervals: Vec<Value> = r
-        .points
+/// `record --json`: the run's profile laid out like fio's JSON, with virtgap's own keys.
+pub fn json(p: &Profile) -> Value {
+    let w = &p.workload;
+    let spec = virtgap_workloads::spec::parse(&w.effective_spec, &w.origin).ok();
+    let r = &p.results;
+    let intervals: Vec<Value> = p
+        .intervals
         .iter()
-        .map(|s| {
-            let iv = &s.interval;
+        .map(|i| {
+            let secs = i.end_s - i.start_s;
             json!({
-                "start_ms": s.start_ns / 1_000_000,
-                "end_ms": s.end_ns / 1_000_000,
-                "read_ios": iv.read_ios,
-                "write_ios": iv.write_ios,
-                "read_bytes": iv.read_bytes,
-                "write_bytes": iv.write_bytes,
-                "iops": if s.secs() > 0.0 { (iv.read_ios + iv.write_ios) as f64 / s.secs() } else { 0.0 },
-                "lat_p50_ns": iv.lat_p50_ns,
-                "lat_p99_ns": iv.lat_p99_ns,
-                "lat_mean_ns": s.lat_mean_ns(),
+                "start_ms": (i.start_s * 1000.0).round() as u64,
+                "end_ms": (i.end_s * 1000.0).round() as u64,
+                "read_ios": i.read_ios,
+                "write_ios": i.write_ios,
+                "read_bytes": i.read_bytes,
+                "write_bytes": i.write_bytes,
+                "iops": if secs > 0.0 { (i.read_ios + i.write_ios) as f64 / secs } else { 0.0 },
+                "lat_p50_ns": i.lat_p50_ns,
+                "lat_p99_ns": i.lat_p99_ns,
+                "lat_mean_ns": (i.lat_count > 0).then(|| i.lat_sum_ns / i.lat_count as f64),
             })
         })
         .collect();
+    let options = spec.as_ref().map(|s| {
+        json!({
+            "rw": s.fio_rw(),
+            "bs": s.bs.0.to_string(),
+            "iodepth": s.qd.to_string(),
+            "numjobs": s.workers.to_string(),
+            "ioengine": s.engine.name(),
+            "direct": u8::from(s.direct).to_string(),
+        })
+    });
     json!({
-        "virtgap_version": env!("CARGO_PKG_VERSION"),
-        "timestamp": timestamp,
-        "interrupted": r.interrupted,
+        "virtgap_version": p.run.tool_version,
+        "timestamp": p.run.started_unix_ms / 1000,
+        "interrupted": !p.complete,
         "workload": {
-            "name": spec.name,
-            "origin": r.origin,
-            "spec_toml": spec.to_toml(),
-            "fio_equivalent": spec.fio_command(&r.target.path.display().to_string()),
+            "name": w.name,
+            "origin": w.origin,
+            "spec_toml": w.effective_spec,
+            "fio_equivalent": w.fio_equivalent,
         },
         "target": {
-            "description": r.target.describe(),
-            "path": r.target.path.display().to_string(),
-            "size_bytes": r.target.size,
+            "description": p.target.description,
+            "path": p.target.path,
+            "size_bytes": p.target.size_bytes,
         },
         "jobs": [{
-            "jobname": spec.name,
+            "jobname": w.name,
             "groupid": 0,
             "error": 0,
-            "elapsed": (secs.round() as u64),
-            "job options": {
-                "rw": spec.fio_rw(),
-                "bs": spec.bs.0.to_string(),
-                "iodepth": spec.qd.to_string(),
-                "numjobs": spec.workers.to_string(),
-                "ioengine": spec.engine.name(),
-                "direct": u8::from(spec.direct).to_string(),
-            },
-            "read": direction_json(r, &r.stats.read, false),
-            "write": direction_json(r, &r.stats.write, true),
-            "usr_cpu": pct(r.stats.cpu.user_ns),
-            "sys_cpu": pct(r.stats.cpu.system_ns),
-            "ctx": r.stats.cpu.context_switches,
-            "engine_features": r.stats.engine_features,
+            "elapsed": r.measured_s.round() as u64,
+            "job options": options,
+            "read": direction_json(p, &r.read, |i| i.read_ios, |i| i.read_bytes),
+            "write": direction_json(p, &r.write, |i| i.write_ios, |i| i.write_bytes),
+            "usr_cpu": r.usr_cpu_pct,
+            "sys_cpu": r.sys_cpu_pct,
+            "ctx": r.context_switches,
+            "engine_features": r.engine_features,
             "intervals": intervals,
         }],
-        "probes": probes_json(r.probes),
-        "stalls": r.stalls,
-        "kv": r.stats.kv.as_deref().map(crate::render::kv_report::section),
+        "probes": probes_json(p),
+        "stalls": p.stalls,
+        "kv": p.kv,
     })
 }
 
-fn probes_json(p: &ProbeResults) -> Value {
-    match &p.report {
+/// The probes' part of `--json`: what attached, over how long, at what cost, and the
+/// profile's probed sections (null with --no-probes).
+fn probes_json(p: &Profile) -> Value {
+    match &p.capabilities {
         None => Value::Null,
         Some(report) => json!({
             "capabilities": report,
-            "cumulative": p.cumulative,
-            "device_names": p
-                .device_names
-                .iter()
-                .map(|((a, b), n)| (format!("{a}:{b}"), Value::from(n.clone())))
-                .collect::<Map<String, Value>>(),
+            "seconds": p.probe_seconds,
+            "programs": p.self_overhead.programs,
+            "stages": p.stages,
+            "devices": p.devices,
+            "cpus": p.cpus,
+            "virtualization": p.virtualization,
         }),
     }
 }

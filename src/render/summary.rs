@@ -8,42 +8,6 @@ use virtgap_workloads::units;
 
 use crate::model::profile::{DirectionResult, Histogram, Interval, Profile};
 
-/// Per-interval IOPS spread of one direction.
-struct Spread {
-    min: f64,
-    max: f64,
-    mean: f64,
-    stddev: f64,
-    samples: usize,
-}
-
-fn spread(values: impl Iterator<Item = f64>) -> Option<Spread> {
-    let v: Vec<f64> = values.collect();
-    if v.is_empty() {
-        return None;
-    }
-    let n = v.len() as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / n;
-    Some(Spread {
-        min: v.iter().copied().fold(f64::INFINITY, f64::min),
-        max: v.iter().copied().fold(0.0, f64::max),
-        mean,
-        stddev: var.sqrt(),
-        samples: v.len(),
-    })
-}
-
-/// Full-length intervals only: a short last interval would skew the spread. (Lengths are
-/// seconds in the profile: within a microsecond of the longest counts as full.)
-fn full_intervals(intervals: &[Interval]) -> impl Iterator<Item = &Interval> {
-    let secs = |i: &Interval| i.end_s - i.start_s;
-    let longest = intervals.iter().map(secs).fold(0.0, f64::max);
-    intervals
-        .iter()
-        .filter(move |i| longest > 0.0 && secs(i) >= longest - 1e-6)
-}
-
 /// The column heads above `write_latency_row`s.
 pub(crate) fn write_latency_header(out: &mut impl Write) -> io::Result<()> {
     writeln!(
@@ -95,8 +59,7 @@ fn write_direction(
     for (name, h) in rows {
         write_latency_row(out, name, h)?;
     }
-    let per_interval = full_intervals(&p.intervals).map(|i| ios(i) as f64 / (i.end_s - i.start_s));
-    if let Some(sp) = spread(per_interval) {
+    if let Some(sp) = crate::render::report::iops_spread(&p.intervals, ios) {
         writeln!(
             out,
             "    IOPS per {} s interval: min {}, mean {}, max {}, stddev {:.1}% ({} samples)",
