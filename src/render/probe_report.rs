@@ -1,11 +1,11 @@
 //! The probe part of the run summary: block stages, interrupt load per CPU, wakeups,
-//! hypervisor signals and the probes' own cost, from the profile; and the live IPI and MSR
-//! lines the TUI shows.
+//! hypervisor signals and the probes' own cost, from the profile; and the live IPI lines the
+//! TUI shows.
 
 use std::collections::BTreeMap;
 use std::io::{self, Write};
 
-use virtgap_probes::model::{CpuEvents, IrqSnapshot, MsrSnapshot};
+use virtgap_probes::model::{CpuEvents, IrqSnapshot};
 use virtgap_probes::virt::SampleCategory;
 use virtgap_probes::{CapabilityReport, Family};
 use virtgap_workloads::units;
@@ -54,58 +54,6 @@ pub fn ipi_summary(
             rate(&irq.cross_cpu_calls, "other")
         ),
     ]
-}
-
-/// MSR writes per second: the host's that exit to its hypervisor and its others, `top` MSRs
-/// each, counted while virtgap's sampler paused; then the writes the sampler's own interrupts
-/// made while it ran.
-pub fn msr_lines(msr: &MsrSnapshot, secs: f64, top: usize) -> Vec<String> {
-    let rates = |v: Vec<(u32, u64)>, per: f64| -> String {
-        if v.is_empty() {
-            return "none seen".into();
-        }
-        v.iter()
-            .take(top)
-            .map(|(m, n)| {
-                let name = virtgap_probes::virt::msr_name(*m);
-                format!("{m:#x} {name} {}/s", units::count(*n as f64 / per))
-            })
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let window_ns = (secs * 1e9) as u64;
-    if msr.host_scale(window_ns).is_none() {
-        return vec![
-            "exit-causing MSR writes: not measured (the sampler did not pause long enough to count the host's)"
-                .into(),
-        ];
-    }
-    let quiet = msr.quiet_secs(window_ns);
-    let mut lines = vec![format!(
-        "exit-causing MSR writes: {}",
-        rates(
-            msr.top_writes(|c| c.exits && MsrSnapshot::is_hosts(c)),
-            quiet
-        )
-    )];
-    let other = msr.top_writes(|c| !c.exits && MsrSnapshot::is_hosts(c));
-    if !other.is_empty() {
-        lines.push(format!(
-            "other MSR writes (no exit known here): {}",
-            rates(other, quiet)
-        ));
-    }
-    if let Some(own) = msr.sampler_write_rate() {
-        lines.push(format!(
-            "(counted while virtgap's sampler paused, {:.0}% of the time: its timer changes the host's)",
-            quiet / secs * 100.0
-        ));
-        lines.push(format!(
-            "virtgap's own sampler interrupts caused {}/s MSR writes while it ran (left out above)",
-            units::count(own)
-        ));
-    }
-    lines
 }
 
 /// One block-stage table: queue, device and (where measured) completion rows under a title.
