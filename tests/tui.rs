@@ -231,7 +231,13 @@ fn json_paths(v: &serde_json::Value, at: &str, out: &mut std::collections::BTree
             for (k, x) in map {
                 // Maps keyed by what the host had or did (IRQ names, vectors, IPI kinds,
                 // sample categories) are data, not fields.
-                let data = [".irqs", ".vectors", ".ipis_sent", ".categories"];
+                let data = [
+                    ".irqs",
+                    ".irq_time_ns",
+                    ".vectors",
+                    ".ipis_sent",
+                    ".categories",
+                ];
                 let k = if data.iter().any(|d| at.ends_with(d)) {
                     "*"
                 } else {
