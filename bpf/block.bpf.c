@@ -25,6 +25,10 @@
  * its first bio was noted; its start is then the request's own start_time_ns, the moment
  * block_io_start would have fired.
  *
+ * Where bio_entry.bpf.c could attach (fentry or kprobe on submit_bio_noacct), a request whose
+ * first bio is in bio_entry starts when that bio entered the block layer, before blk-throttle
+ * and the tag wait, and is the process's even when a worker builds it from a held bio.
+ *
  * Tracepoint layouts differ by kernel: before 5.11 (5.10.137 for block_rq_issue) block
  * tracepoints took the request queue first. Programs named *_q_* take that layout; user space
  * enables the one matching this kernel's BTF, and one flavour of each tp_btf / raw_tp twin.
@@ -37,6 +41,7 @@
 #include "vg_common.bpf.h"
 #include "vg_filter.bpf.h"
 #include "vg_hist.bpf.h"
+#include "vg_bio_entry.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -220,20 +225,44 @@ static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 d
 	vg_hist_add(h, delta, true);
 }
 
+/*
+ * When `rq`'s first bio entered the block layer, if bio_entry noted it (0: not noted, or too
+ * long ago to be this bio's). The note is used up.
+ */
+static __always_inline __u64 take_bio_entry(struct request *rq, bool btf, __u64 now)
+{
+	__u64 bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio);
+	__u64 *entered, at;
+
+	if (!bio)
+		return 0;
+	entered = bpf_map_lookup_elem(&bio_entry, &bio);
+	if (!entered)
+		return 0;
+	at = *entered;
+	bpf_map_delete_elem(&bio_entry, &bio);
+	return at <= now && now - at < VG_BIO_ENTRY_MAX_AGE_NS ? at : 0;
+}
+
 static __always_inline int on_io_start(struct request *rq, bool btf)
 {
 	__u64 key = (__u64)rq;
 	struct rq_track fresh = { .start_ns = bpf_ktime_get_ns() };
 	__u32 cmd_flags, data_len;
+	__u64 entered;
 
 	/* Newer verifiers type tracepoint pointers as maybe-NULL: check before any use. */
 	if (!rq)
 		return 0;
-	if (!vg_current_wanted()) {
+	/* A held bio's request is built by the throttle's worker: its bio says whose it is. */
+	entered = take_bio_entry(rq, btf, fresh.start_ns);
+	if (!entered && !vg_current_wanted()) {
 		/* The address may have served one of ours that was merged away. */
 		bpf_map_delete_elem(&requests, &key);
 		return 0;
 	}
+	if (entered)
+		fresh.start_ns = entered;
 	cmd_flags = btf ? rq->cmd_flags : BPF_CORE_READ(rq, cmd_flags);
 	data_len = btf ? rq->__data_len : BPF_CORE_READ(rq, __data_len);
 	fresh.flush = op_of_request(cmd_flags, data_len) == VG_OP_FLUSH;
@@ -262,14 +291,20 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 {
 	__u64 bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio);
 	__u64 rq_start = btf ? rq->start_time_ns : BPF_CORE_READ(rq, start_time_ns);
+	__u64 entered = take_bio_entry(rq, btf, now);
 
 	if (filter_tgid) {
-		if (!bio || !bpf_map_lookup_elem(&bios, &bio))
+		bool noted = bio && bpf_map_lookup_elem(&bios, &bio);
+
+		if (noted)
+			bpf_map_delete_elem(&bios, &bio);
+		else if (!entered)
 			return false;
-		bpf_map_delete_elem(&bios, &bio);
 	}
 	/* start_time_ns is 0 when the queue keeps no I/O statistics: no queue time then. */
 	*start = rq_start && rq_start <= now ? rq_start : now;
+	if (entered && entered <= *start)
+		*start = entered;
 	return true;
 }
 

@@ -68,6 +68,9 @@ REQUIRED_FAMILIES = ["block", "irq", "wakeup", "nvme", "msr", "sampler"]
 
 VCPUS = 4
 RUN_SECONDS = 5
+# The throttle step's read limit: 8 reads in flight then wait ~40 ms each, nearly all of it
+# held by blk-throttle before the request exists.
+THROTTLE_IOPS = 200
 # Boots with multi-threaded TCG before falling back to one thread.
 MULTI_ATTEMPTS = 6
 # A step that takes longer is stuck; it is killed so the others still report.
@@ -282,6 +285,16 @@ cat /sys/block/$VIRTIO/stat > /out/virtio.stat.before
 step virtio $RECORD --target /dev/$VIRTIO -o /out/virtio.json
 cat /sys/block/$VIRTIO/stat > /out/virtio.stat.after
 kill $OTHER
+# blk-throttle (cgroup v2 io.max) holds the reads before their requests start: with the
+# bio-entry hook that wait is queue time, and the requests a throttle worker builds are still
+# the workload's.
+mount -t cgroup2 none /sys/fs/cgroup 2>> /out/setup.log
+echo +io > /sys/fs/cgroup/cgroup.subtree_control
+mkdir -p /sys/fs/cgroup/throttled
+echo "$(cat /sys/block/$NVME/dev) riops=@THROTTLE_IOPS@" > /sys/fs/cgroup/throttled/io.max
+step throttle sh -c 'echo $$ > /sys/fs/cgroup/throttled/cgroup.procs && exec "$@"' sh \
+    /bin/virtgap record -w rand4k --qd 8 --workers 1 --duration @SECONDS@s --quiet \
+    --target /dev/$NVME -o /out/throttle.json
 step mdadm mdadm --create /dev/md0 --run --force --level=0 --raid-devices=2 --metadata=1.2 /dev/$R1 /dev/$R2
 echo "md0 $(cat /sys/block/md0/dev 2>/dev/null)" >> /out/devnums
 step md $RECORD --target /dev/md0 -o /out/md.json
@@ -320,6 +333,7 @@ def build_initramfs(kernel, virtgap, work):
                        "@RAID2@": RAID_SERIALS[1], "@VIRTIO@": VIRTIO_SERIAL,
                        "@OUT@": OUT_SERIAL, "@VCPUS@": str(VCPUS),
                        "@SECONDS@": str(RUN_SECONDS),
+                       "@THROTTLE_IOPS@": str(THROTTLE_IOPS),
                        "@STEP_TIMEOUT@": str(STEP_TIMEOUT),
                        "@SYMBOLS_MIB@": str(SYMBOLS_MIB)}.items():
         init = init.replace(key, value)
@@ -590,6 +604,21 @@ def check_rand4k(c, results, name, profile, leaves):
     return devices
 
 
+def check_throttle(c, profile):
+    """Reads held by blk-throttle: their wait is queue time (from the bio's entry), and every
+    request counts, those a throttle worker built from a held bio included."""
+    if not c.check(profile is not None, "throttle: profile written"):
+        return
+    ios = profile["results"]["read"]["ios"]
+    stages = profile.get("stages") or {}
+    app, queue = stages.get("app") or {}, stages.get("queue") or {}
+    mean = lambda h: h.get("sum_ns", 0) / max(h.get("count", 0), 1)
+    c.check(ios > 0 and queue.get("count", 0) >= 0.95 * ios,
+            f"throttle: queue stage counts {queue.get('count')} requests for {ios} reads (>= 95%)")
+    c.check(mean(app) > 5e6 and mean(queue) >= 0.8 * mean(app),
+            f"throttle: queue {mean(queue) / 1e6:.1f} ms of app {mean(app) / 1e6:.1f} ms per read (>= 80%)")
+
+
 def check_tail(c, name, profile, joinable):
     """The tail autopsy: the I/Os above p99 kept, and joined to their requests by disk sector
     (a stacked md device says why it cannot be)."""
@@ -724,7 +753,7 @@ def check_guest(c, console, results):
     devices = read_text(results, "devices").split()
     names = dict(kv.split("=", 1) for kv in devices if "=" in kv)
     check_doctor(c, read_json(results, "doctor.out"), read_text(results, "uname").strip())
-    for step in ["doctor", "offline", "nvme", "virtio", "mdadm", "md"]:
+    for step in ["doctor", "offline", "nvme", "virtio", "throttle", "mdadm", "md"]:
         step_ok(c, results, step)
     check_sampler_cpus(c, read_json(results, "offline.out"))
     nvme = read_json(results, "nvme.json")
@@ -733,6 +762,7 @@ def check_guest(c, console, results):
         check_nvme_queues(c, nvme, found[names["nvme"]])
     check_tail(c, "nvme", nvme, True)
     check_idle(c, "nvme", nvme, read_text(results, "uname").strip())
+    check_throttle(c, read_json(results, "throttle.json"))
     if nvme:
         check_sampler(c, nvme)
         check_pv_timer(c, nvme)

@@ -78,6 +78,10 @@ pub mod hist_check {
     plain_types!(types::vg_hist);
 }
 
+pub mod bio_entry {
+    include!(concat!(env!("OUT_DIR"), "/bio_entry.skel.rs"));
+}
+
 pub mod pvpath {
     include!(concat!(env!("OUT_DIR"), "/pvpath.skel.rs"));
     hist_type!();

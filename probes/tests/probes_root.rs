@@ -41,7 +41,9 @@ fn report_ready(report: &virtgap_probes::CapabilityReport, family: Family) -> bo
         let failed: Vec<String> = report
             .tracepoints
             .iter()
-            .filter(|t| t.attached.is_none())
+            // The bio-entry hook needs fentry or kprobes, which some kernels refuse; without it
+            // the block probe still works (queue time starts at the request).
+            .filter(|t| t.attached.is_none() && t.tracepoint != "submit_bio_noacct")
             .map(|t| format!("{}: {}", t.tracepoint, t.reason.clone().unwrap_or_default()))
             .collect();
         (!failed.is_empty()).then(|| failed.join("; "))

@@ -1325,6 +1325,9 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
             "{lacking} lacks the completion stage in some run (a profile from before it, or a device whose queue IRQ is not known): device is compared as issue -> completion on both sides, and its tails and the completion row are not judged"
         ));
     }
+    if let Some(warning) = queue_start_warning(a_side, b_side) {
+        warnings.push(warning);
+    }
     if basis == Basis::Batches {
         warnings.push(format!(
             "one run on {}: between-run noise is unknown, so verdicts compare batches of intervals within runs and hold for these runs only; record each host with --runs 5 for verdicts that hold",
@@ -1355,6 +1358,37 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         evidence,
         verdict,
     }
+}
+
+/// Whether `p`'s queue stage starts where each bio enters the block layer (the bio-entry
+/// hook attached) rather than where its request starts; None without the block probe.
+fn queue_from_bio_entry(p: &Profile) -> Option<bool> {
+    let report = p.capabilities.as_ref()?;
+    report
+        .attached(virtgap_probes::Family::Block)
+        .then(|| report.tracepoint_attached("submit_bio_noacct"))
+}
+
+/// The queue stages of the two hosts do not start at the same point: one side counts
+/// blk-throttle and tag waits as queue, the other as software.
+fn queue_start_warning(a_side: &[&Profile], b_side: &[&Profile]) -> Option<String> {
+    let starts = |side: &[&Profile]| -> (bool, bool) {
+        let s: Vec<bool> = side
+            .iter()
+            .filter_map(|p| queue_from_bio_entry(p))
+            .collect();
+        (s.contains(&true), s.contains(&false))
+    };
+    let (a, b) = (starts(a_side), starts(b_side));
+    let (entry, request) = match (a, b) {
+        ((true, false), (false, true)) => ("host A", "host B"),
+        ((false, true), (true, false)) => ("host B", "host A"),
+        ((true, true), _) | (_, (true, true)) => ("some runs", "others"),
+        _ => return None,
+    };
+    Some(format!(
+        "the queue stage starts where each bio enters the block layer on {entry} but where its request starts on {request} (no fentry or kprobe there): blk-throttle and tag waits count as queue on one side and as software on the other"
+    ))
 }
 
 #[cfg(test)]
@@ -1943,5 +1977,54 @@ pub(crate) mod tests {
             c.iter().any(|x| x.starts_with("clocksource: tsc vs xen")),
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn queue_stages_that_start_at_different_points_are_flagged() {
+        use virtgap_probes::attach::AttachOutcome;
+        use virtgap_probes::{AttachKind, CapabilityReport, Family, FamilyReport};
+        let with_block = |bio_entry: bool| {
+            let mut p = synthetic(1.0, 1.0, 1.0, 0.0, 3);
+            let hook = |tracepoint: &str, attached: bool| AttachOutcome {
+                tracepoint: tracepoint.into(),
+                attached: attached.then_some(AttachKind::Fentry),
+                reason: (!attached).then(|| "fentry: refused".into()),
+            };
+            p.capabilities = Some(CapabilityReport {
+                families: vec![FamilyReport {
+                    family: Family::Block,
+                    unavailable: None,
+                    tracepoints: vec![
+                        hook("block_rq_issue", true),
+                        hook("submit_bio_noacct", bio_entry),
+                    ],
+                    fallback: None,
+                }],
+                ..Default::default()
+            });
+            p
+        };
+        let flagged = |a: &Profile, b: &Profile| {
+            diff(a, b)
+                .warnings
+                .into_iter()
+                .find(|w| w.contains("the queue stage starts"))
+        };
+        let (entry, request) = (with_block(true), with_block(false));
+        let w = flagged(&entry, &request).expect("flagged");
+        assert!(
+            w.contains("enters the block layer on host A but where its request starts on host B"),
+            "{w}"
+        );
+        let w = flagged(&request, &entry).expect("flagged");
+        assert!(
+            w.contains("on host B but where its request starts on host A"),
+            "{w}"
+        );
+        assert_eq!(flagged(&entry, &entry), None);
+        assert_eq!(flagged(&request, &request), None);
+        // Without the block probe there is no queue stage to compare.
+        let bare = synthetic(1.0, 1.0, 1.0, 0.0, 3);
+        assert_eq!(flagged(&bare, &entry), None);
     }
 }

@@ -18,6 +18,11 @@ const SIGNALS: &[(&str, &str)] = &[
     ("block_io_start", "request start, process filter"),
     ("block_bio_queue", "process filter before block_io_start"),
     ("block_rq_merge", "requests merged away"),
+    ("block_rq_requeue", "requests handed back by the driver"),
+    (
+        "submit_bio_noacct",
+        "queue from the bio's entry (blk-throttle, tag waits)",
+    ),
     ("block_rq_issue", "block queue time"),
     ("block_rq_complete", "device time, cross-CPU completions"),
     ("irq_handler_entry", "hard-IRQ time per CPU and IRQ"),

@@ -125,7 +125,8 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
                 crate::cmd::calibrate::calibrate(1.0)
             });
         }
-        let outcome = record_one(args, &spec, &prepared, verbose)?;
+        // What the probes could not attach is said once, not for every run.
+        let outcome = record_one(args, &spec, &prepared, verbose, verbose && number == 1)?;
         let (target, disks) = (&prepared.target, &prepared.disks);
         // Every probed figure in the profile covers the measured window, as the workload's do.
         let window = outcome.probes.window();
@@ -359,6 +360,7 @@ fn record_one(
     spec: &virtgap_workloads::WorkloadSpec,
     prepared: &Prepared,
     verbose: bool,
+    warn_probes: bool,
 ) -> Result<RunOutcome> {
     let (disks, stop) = (&prepared.disks, &prepared.stop);
     let progress = verbose && std::io::stderr().is_terminal();
@@ -382,7 +384,7 @@ fn record_one(
                     Arc::clone(&slow_request_ns),
                 ));
             }
-            if !args.json {
+            if warn_probes {
                 for line in report_problems(&report) {
                     eprintln!("virtgap: {line}");
                 }

@@ -146,6 +146,16 @@ fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
             stage_table(out, &title, &op.stages)?;
         }
     }
+    let hooked = p
+        .capabilities
+        .as_ref()
+        .is_some_and(|r| r.tracepoint_attached("submit_bio_noacct"));
+    if !hooked && !groups.is_empty() {
+        writeln!(
+            out,
+            "    queue starts at the request here, not at the bio's entry (no fentry or kprobe on submit_bio_noacct): blk-throttle and tag waits count as software"
+        )?;
+    }
     if let Some(note) = p
         .target
         .device_note

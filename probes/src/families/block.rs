@@ -8,9 +8,12 @@ use std::rc::Rc;
 use libbpf_rs::{Link, MapCore, MapFlags, Object, RingBuffer, RingBufferBuilder};
 
 use super::{
-    apply_filter, dev_of, entries, load_tracepoints, percpu_entry, percpu_sum, plain_bytes,
-    LoadContext, LoadResult, LoadedFamily, Slots,
+    apply_filter, dev_of, entries, kprobes_unavailable, leaked_object_slot, load_tracepoints,
+    percpu_entry, percpu_sum, plain_bytes, LoadContext, LoadResult, LoadedFamily, ProcessFilter,
+    Slots,
 };
+use crate::attach::{AttachKind, AttachOutcome};
+use crate::bpf::bio_entry::{BioEntrySkel, BioEntrySkelBuilder};
 use crate::bpf::block::{types, BlockSkel, BlockSkelBuilder};
 use crate::hist::KernelHist;
 use crate::model::{
@@ -25,6 +28,8 @@ const KEYS_PER_QUEUE: u32 = 3 * 5;
 struct BlockProbe<'obj> {
     skel: BlockSkel<'obj>,
     _links: Vec<Link>,
+    /// The bio-entry hook, where it attached (queue time then starts at the bio's entry).
+    _bio_entry: Option<BioEntry>,
     possible_cpus: u32,
     /// The slow-request ring buffer (None: it could not be set up; the autopsy then has none).
     slow_ring: Option<RingBuffer<'obj>>,
@@ -55,12 +60,13 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         // A map that cannot be resized keeps its compiled-in default.
         let _ = open.maps.requests.set_max_entries(inflight);
         let _ = open.maps.bios.set_max_entries(inflight);
+        let _ = open.maps.bio_entry.set_max_entries(inflight);
         let _ = open.maps.block_hists.set_max_entries(hists);
         let _ = open.maps.completions_by_submitter.set_max_entries(cpus);
         let _ = open.maps.queue_irqs.set_max_entries(queue_irqs);
         let _ = open.maps.irq_entered.set_max_entries(queue_irqs);
     };
-    let (skel, links, report) = load_tracepoints(
+    let (skel, links, mut report) = load_tracepoints(
         Family::Block,
         BlockSkelBuilder::default,
         slots,
@@ -83,6 +89,11 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
             );
         }
     }
+    let (bio_entry, outcome) = attach_bio_entry(filter, &skel.maps.bio_entry);
+    report.tracepoints.push(outcome);
+    report
+        .tracepoints
+        .sort_by(|a, b| a.tracepoint.cmp(&b.tracepoint));
     let slow_seen = Rc::new(RefCell::new(Vec::new()));
     let slow_ring = slow_request_ring(&skel, Rc::clone(&slow_seen));
     if slow_ring.is_none() {
@@ -93,11 +104,87 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
     let probe = BlockProbe {
         skel,
         _links: links,
+        _bio_entry: bio_entry,
         possible_cpus: cpus,
         slow_ring,
         slow_seen,
     };
     Ok((Box::new(probe), report))
+}
+
+/// The kernel function every bio passes on entering the block layer, before blk-throttle.
+pub const BIO_ENTRY_SYMBOL: &str = "submit_bio_noacct";
+
+/// The bio-entry hook (`bpf/bio_entry.bpf.c`): its object and link, kept for their life.
+struct BioEntry {
+    _skel: BioEntrySkel<'static>,
+    _link: Link,
+}
+
+/// One way to hook the bio entry: fentry, or a kprobe.
+fn try_bio_entry(
+    kind: AttachKind,
+    filter: Option<ProcessFilter>,
+    map: &libbpf_rs::Map<'_>,
+) -> Result<BioEntry, String> {
+    use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+    use std::os::fd::AsFd;
+    let mut open = BioEntrySkelBuilder::default()
+        .open(leaked_object_slot())
+        .map_err(|e| format!("open: {e}"))?;
+    apply_filter!(open, filter);
+    // The block object's map: what this object writes, the block object reads.
+    open.maps
+        .bio_entry
+        .reuse_fd(map.as_fd())
+        .map_err(|e| format!("map: {e}"))?;
+    let fentry = kind == AttachKind::Fentry;
+    open.progs.bio_entry_fentry.set_autoload(fentry);
+    open.progs.bio_entry_kprobe.set_autoload(!fentry);
+    let (skel, log) = crate::libbpf_log::captured(|| open.load());
+    let skel = skel.map_err(|e| match crate::libbpf_log::why(&log, 3) {
+        Some(why) => format!("load: {e}: {why}"),
+        None => format!("load: {e}"),
+    })?;
+    let link = if fentry {
+        skel.progs.bio_entry_fentry.attach()
+    } else {
+        skel.progs.bio_entry_kprobe.attach()
+    }
+    .map_err(|e| format!("attach: {e}"))?;
+    Ok(BioEntry {
+        _skel: skel,
+        _link: link,
+    })
+}
+
+/// Hooks the bio entry with fentry, or a kprobe where fentry is refused; the outcome says how,
+/// or why neither could (queue time then starts when the request starts).
+fn attach_bio_entry(
+    filter: Option<ProcessFilter>,
+    map: &libbpf_rs::Map<'_>,
+) -> (Option<BioEntry>, AttachOutcome) {
+    let outcome = |attached: Option<AttachKind>, reason: Option<String>| AttachOutcome {
+        tracepoint: BIO_ENTRY_SYMBOL.into(),
+        attached,
+        reason,
+    };
+    let fentry = match try_bio_entry(AttachKind::Fentry, filter, map) {
+        Ok(hook) => return (Some(hook), outcome(Some(AttachKind::Fentry), None)),
+        Err(e) => format!("fentry: {e}"),
+    };
+    const SO: &str =
+        "so queue time starts when the request does (blk-throttle and tag waits count as software)";
+    if let Some(why) = kprobes_unavailable() {
+        return (None, outcome(None, Some(format!("{fentry}; {why}; {SO}"))));
+    }
+    match try_bio_entry(AttachKind::Kprobe, filter, map) {
+        Ok(hook) => (Some(hook), outcome(Some(AttachKind::Kprobe), None)),
+        Err(e) => (
+            None,
+            outcome(None, Some(format!("{fentry}; kprobe: {e}; {SO}"))),
+        ),
+    }
 }
 
 /// A ring buffer over `slow_requests` whose callback decodes each record into `seen`.

@@ -31,6 +31,22 @@ use crate::virt::Symbols;
 /// the raw_tp retry gets a fresh one.
 pub(crate) type Slots = [MaybeUninit<OpenObject>; 2];
 
+/// Why kprobes cannot be used on this kernel, if they cannot.
+pub(crate) fn kprobes_unavailable() -> Option<String> {
+    let pmu = std::path::Path::new("/sys/bus/event_source/devices/kprobe");
+    if !pmu.exists() {
+        return Some("kprobes: not in this kernel (no kprobe PMU; CONFIG_KPROBES off?)".into());
+    }
+    None
+}
+
+/// Storage for one BPF object for the life of the process, for objects beyond a family's two
+/// `Slots` (one per paravirt symbol, the block family's bio-entry hook); each leaks a few
+/// hundred bytes once per probe session, of which a process has one or two.
+pub(crate) fn leaked_object_slot() -> &'static mut MaybeUninit<OpenObject> {
+    Box::leak(Box::new(MaybeUninit::uninit()))
+}
+
 /// What to load.
 #[derive(Clone, Debug)]
 pub struct ProbeConfig {

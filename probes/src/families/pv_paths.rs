@@ -2,14 +2,14 @@
 //! fentry/fexit on each, and kprobes where fentry is refused, reporting per symbol exactly why
 //! neither attached. The programs are in `bpf/pvpath.bpf.c`.
 
-use std::mem::MaybeUninit;
-
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 
 use libbpf_rs::skel::Skel;
 use libbpf_rs::Object;
 
-use super::{LoadContext, LoadResult, LoadedFamily, Slots};
+use super::{
+    kprobes_unavailable, leaked_object_slot, LoadContext, LoadResult, LoadedFamily, Slots,
+};
 use crate::attach::AttachOutcome;
 use crate::bpf;
 use crate::model::ProbeSnapshot;
@@ -32,22 +32,6 @@ pub fn guest_hypervisor() -> Option<&'static str> {
     } else {
         "other"
     })
-}
-
-/// Why kprobes cannot be used on this kernel, if they cannot.
-fn kprobes_unavailable() -> Option<String> {
-    let pmu = std::path::Path::new("/sys/bus/event_source/devices/kprobe");
-    if !pmu.exists() {
-        return Some("kprobes: not in this kernel (no kprobe PMU; CONFIG_KPROBES off?)".into());
-    }
-    None
-}
-
-/// Storage for one BPF object for the life of the process. The number of objects depends on
-/// the kernel (one per paravirt symbol), so they cannot live in the fixed `ProbeStorage`; each
-/// leaks a few hundred bytes once per probe session, of which a process has one or two.
-fn object_slot() -> &'static mut MaybeUninit<libbpf_rs::OpenObject> {
-    Box::leak(Box::new(MaybeUninit::uninit()))
 }
 
 /// Loaded paravirt-path timers: fentry objects (one per symbol) or one kprobe object.
@@ -105,7 +89,7 @@ fn fentry(
     index: u32,
 ) -> Result<(bpf::pvpath::PvpathSkel<'static>, Vec<libbpf_rs::Link>), String> {
     let mut open = bpf::pvpath::PvpathSkelBuilder::default()
-        .open(object_slot())
+        .open(leaked_object_slot())
         .map_err(|e| format!("open: {e}"))?;
     open.progs
         .pv_fentry
@@ -144,7 +128,7 @@ type KprobeLinks = Vec<Result<Vec<libbpf_rs::Link>, String>>;
 /// One kprobe object attached to every symbol, the symbol's index as the attach cookie.
 fn kprobes(symbols: &[&str]) -> Result<(bpf::pvpath::PvpathSkel<'static>, KprobeLinks), String> {
     let mut open = bpf::pvpath::PvpathSkelBuilder::default()
-        .open(object_slot())
+        .open(leaked_object_slot())
         .map_err(|e| format!("open: {e}"))?;
     open.progs.pv_fentry.set_autoload(false);
     open.progs.pv_fexit.set_autoload(false);

@@ -1,0 +1,26 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * When each of the followed process's bios entered the block layer (submit_bio_noacct, in the
+ * submitter's context, before blk-throttle can hold it). bio_entry.bpf.c fills it where the
+ * kernel lets a program attach to that function; block.bpf.c owns it (user space hands its fd
+ * to bio_entry's object) and reads it when a request starts: the request's queue time then
+ * runs from its first bio's entry, so throttling and tag waits are queueing, and a request a
+ * worker builds from a held bio is still the process's.
+ */
+#ifndef VG_BIO_ENTRY_BPF_H
+#define VG_BIO_ENTRY_BPF_H
+
+#include <bpf/bpf_helpers.h>
+#include "virtgap.h"
+
+/* An entry older than this is a recycled bio's left-over (bios merged away are never read). */
+#define VG_BIO_ENTRY_MAX_AGE_NS (10ULL * 1000 * 1000 * 1000)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, VG_MAX_INFLIGHT);
+	__type(key, __u64);
+	__type(value, __u64);
+} bio_entry SEC(".maps");
+
+#endif /* VG_BIO_ENTRY_BPF_H */
