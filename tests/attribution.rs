@@ -112,15 +112,41 @@ fn delta(d: &Value, metric: &str) -> f64 {
         .expect("measured on both hosts")
 }
 
-/// Throttling holds requests before the device: at least 80% of the gap in block queue +
-/// software (submission), under 20% on the device.
-fn assert_gap_in_queue_or_submit(d: &Value) {
-    let queue_or_submit = share(d, "block queue") + share(d, "software: submit + reap");
-    assert!(
-        queue_or_submit >= 0.8,
-        "only {:.0}% of the gap in queue + submit",
-        queue_or_submit * 100.0
-    );
+/// Whether the profile's queue stage starts at the bio's entry (the kernel let the block probe
+/// hook `submit_bio_noacct`).
+fn queue_from_bio_entry(profile: &Path) -> bool {
+    let v: Value = serde_json::from_slice(&std::fs::read(profile).unwrap()).unwrap();
+    v["capabilities"]["families"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|f| f["tracepoints"].as_array().into_iter().flatten())
+        .any(|t| t["tracepoint"] == "submit_bio_noacct" && !t["attached"].is_null())
+}
+
+/// Throttling holds bios before their requests start, not on the device: at least 80% of the
+/// gap on the queue stage where it starts at the bio's entry (`hooked`); without that hook the
+/// wait falls before the request, in software, and queue + software must hold 80%. Under 20%
+/// on the device either way.
+fn assert_gap_in_queue_or_submit(d: &Value, hooked: bool) {
+    let queue = share(d, "block queue");
+    if hooked {
+        assert!(
+            queue >= 0.8,
+            "only {:.0}% of the gap in queue",
+            queue * 100.0
+        );
+    } else {
+        eprintln!(
+            "(no bio-entry hook on this kernel: the throttle's wait is judged as queue + software)"
+        );
+        let queue_or_submit = queue + share(d, "software: submit + reap");
+        assert!(
+            queue_or_submit >= 0.8,
+            "only {:.0}% of the gap in queue + submit",
+            queue_or_submit * 100.0
+        );
+    }
     assert!(
         share(d, "device") < 0.2,
         "device took {:.0}%",
@@ -333,7 +359,7 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
     assert_eq!(iops["verdict"], "significant", "{iops}");
     assert!(iops["effect"].as_f64().unwrap() < 0.0, "{iops}");
     assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
-    assert_gap_in_queue_or_submit(&d);
+    assert_gap_in_queue_or_submit(&d, b.iter().all(|p| queue_from_bio_entry(p)));
 }
 
 /// A cgroup v1 blkio group limiting reads from one disk, removed on drop.
@@ -426,7 +452,7 @@ fn blkio_throttling_shows_up_as_queueing_not_device_time() {
         &b,
     );
     assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
-    assert_gap_in_queue_or_submit(&d);
+    assert_gap_in_queue_or_submit(&d, queue_from_bio_entry(&b));
 }
 
 /// A SCHED_FIFO busy loop pinned to `cpu`, running 2 ms out of every 3.
