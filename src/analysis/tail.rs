@@ -2,7 +2,7 @@
 //! disk, sector and time, and says where the I/Os above the run's p99 and p99.9 spent their time.
 
 use virtgap_probes::model::{BlockOp, SlowRequest};
-use virtgap_workloads::extents::ExtentMap;
+use virtgap_workloads::extents::{ExtentMap, Raid0};
 use virtgap_workloads::slow::SlowIo;
 
 use crate::model::profile::Stages;
@@ -20,6 +20,9 @@ pub struct TailInputs<'a> {
     pub requests: &'a [SlowRequest],
     /// Where the target's bytes sit (Err: why they cannot be joined).
     pub extents: Result<&'a ExtentMap, String>,
+    /// When the target is an md RAID0: how its sectors stripe over the member disks, where
+    /// the requests are.
+    pub stripes: Option<&'a Raid0>,
     /// The run's stages (app from the workload, block stages over the measured window).
     pub stages: &'a Stages,
     pub requests_dropped: u64,
@@ -61,7 +64,7 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
                 .extents
                 .as_ref()
                 .ok()
-                .and_then(|map| request_of(io, map, &requests));
+                .and_then(|map| request_of(io, map, input.stripes, &requests));
             let (queue, device, completion) = match block {
                 Some(r) => {
                     joined += 1;
@@ -135,16 +138,20 @@ fn baseline(stages: &Stages) -> Option<TailStages> {
     })
 }
 
-/// The request that served `io`: on the I/O's disk, covering its first sector, started after
-/// the I/O was created and completed before it was reaped. When the I/O was split, the one that
-/// completed last (the one it waited for).
+/// The request that served `io`: on the I/O's disk (a RAID0 target's member holding it),
+/// covering its first sector, started after the I/O was created and completed before it was
+/// reaped. When the I/O was split, the one that completed last (the one it waited for).
 fn request_of<'r>(
     io: &SlowIo,
     map: &ExtentMap,
+    stripes: Option<&Raid0>,
     by_completion: &[&'r SlowRequest],
 ) -> Option<&'r SlowRequest> {
     let sector = map.sector_of(io.offset)?;
-    let disk = map.disk;
+    let (disk, sector) = match stripes {
+        Some(raid0) => raid0.locate(sector)?,
+        None => (map.disk, sector),
+    };
     let first = by_completion.partition_point(|r| r.complete_ns < io.start_ns);
     by_completion[first..]
         .iter()
@@ -181,6 +188,7 @@ mod tests {
             ios,
             requests,
             extents,
+            stripes: None,
             stages,
             requests_dropped: 0,
         })
@@ -339,5 +347,38 @@ mod tests {
             unjoinable.unjoinable.as_deref(),
             Some("md0 is a stacked device")
         );
+    }
+
+    #[test]
+    fn a_raid0_targets_slow_ios_are_joined_on_the_members_through_its_striping() {
+        let (ios, requests, stages) = run(true);
+        // The map's disk (8, 0) as a RAID0 of 8-sector chunks over (8, 16) and (8, 32), data at
+        // sector 100 of each: the kernel saw every request on a member.
+        let raid0 = Raid0 {
+            chunk_sectors: 8,
+            members: vec![((8, 16), 100), ((8, 32), 100)],
+        };
+        let on_members: Vec<SlowRequest> = requests
+            .iter()
+            .map(|r| {
+                let (dev, sector) = raid0.locate(r.sector).unwrap();
+                SlowRequest { dev, sector, ..*r }
+            })
+            .collect();
+        let map = map();
+        let striped = autopsy(&TailInputs {
+            ios: &ios,
+            requests: &on_members,
+            extents: Ok(&map),
+            stripes: Some(&raid0),
+            stages: &stages,
+            requests_dropped: 0,
+        })
+        .unwrap();
+        let p99 = striped.set(99.0).unwrap();
+        assert_eq!((p99.ios, p99.joined), (10, 10), "{p99:?}");
+        // Read as if the md device itself had them, none matches.
+        let flat = open(&ios, &on_members, Ok(&map), &stages);
+        assert_eq!(flat.set(99.0).unwrap().joined, 0);
     }
 }

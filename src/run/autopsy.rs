@@ -2,7 +2,7 @@
 //! read from the open target, then the pure join (`analysis::tail`).
 
 use virtgap_probes::model::SlowRequest;
-use virtgap_workloads::extents::ExtentMap;
+use virtgap_workloads::extents::{ExtentMap, Raid0};
 use virtgap_workloads::slow::SlowIo;
 
 use crate::model::host::TargetDisks;
@@ -18,24 +18,34 @@ pub fn tail_autopsy(
     disks: &TargetDisks,
     stages: &Stages,
 ) -> Option<TailAutopsy> {
-    // Requests are the leaves': a stacked device's I/O lands on its members at other sectors.
+    // Requests are the leaves': a stacked device's I/O lands on its members at other sectors,
+    // which only an md RAID0's striping lets us follow.
+    let mut stripes = None;
     let extents = match (&disks.top, disks.leaves.as_slice()) {
         (Some(top), [leaf]) if top == leaf => ExtentMap::of_file(&target.file, target.size),
-        (Some(top), leaves) if !leaves.is_empty() => Err(format!(
-            "{} is stacked over {}: its I/Os are not joined to the requests below it",
-            top.name,
-            leaves
-                .iter()
-                .map(|d| d.name.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
+        (Some(top), leaves) if !leaves.is_empty() => Raid0::of_md(&top.name)
+            .map_err(|why| {
+                format!(
+                    "{} is stacked over {}: its I/Os are not joined to the requests below it ({why})",
+                    top.name,
+                    leaves
+                        .iter()
+                        .map(|d| d.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
+            .and_then(|raid0| {
+                stripes = Some(raid0);
+                ExtentMap::of_file(&target.file, target.size)
+            }),
         _ => Err("the target's disk is unknown".into()),
     };
     crate::analysis::tail::autopsy(&crate::analysis::tail::TailInputs {
         ios,
         requests,
         extents: extents.as_ref().map_err(Clone::clone),
+        stripes: stripes.as_ref(),
         stages,
         requests_dropped,
     })

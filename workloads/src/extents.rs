@@ -187,6 +187,88 @@ fn disk_and_start(root: &Path, maj: u32, min: u32) -> Result<((u32, u32), u64), 
     Ok((disk, start))
 }
 
+/// How an md RAID0 device stripes its sectors over its members: a sector of the md device
+/// followed to the member disk and sector its request lands on. Only a single-zone array
+/// (members of one usable size) is mapped; with members of different sizes md adds zones, each
+/// striped over fewer members, and those are refused rather than guessed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Raid0 {
+    /// Sectors per chunk (md's `chunk_size` / 512).
+    pub chunk_sectors: u64,
+    /// In md's device order (`rd0`, `rd1`, …): each member's whole disk and the sector on it
+    /// where the member's data starts (partition start + md's data offset).
+    pub members: Vec<((u32, u32), u64)>,
+}
+
+impl Raid0 {
+    /// The striping of md device `name` (e.g. "md0"), from sysfs.
+    pub fn of_md(name: &str) -> Result<Self, String> {
+        Self::of_md_in(Path::new("/"), name)
+    }
+
+    fn of_md_in(root: &Path, name: &str) -> Result<Self, String> {
+        let md = root.join("sys/block").join(name).join("md");
+        if !md.exists() {
+            return Err(format!(
+                "{name} is not an md device: only md RAID0 striping is mapped"
+            ));
+        }
+        let level = read_trimmed(&md.join("level"))?;
+        if level != "raid0" {
+            return Err(format!(
+                "{name} is md {level}: only RAID0 striping is mapped"
+            ));
+        }
+        let number = |file: &str| -> Result<u64, String> {
+            let path = md.join(file);
+            read_trimmed(&path)?
+                .parse()
+                .map_err(|e| format!("{}: not a number: {e}", path.display()))
+        };
+        let chunk_sectors = number("chunk_size")? / 512;
+        let disks = number("raid_disks")?;
+        if chunk_sectors == 0 || disks == 0 {
+            return Err(format!("{name}: RAID0 with no chunk size or no members"));
+        }
+        let mut members = Vec::new();
+        let mut sizes = Vec::new();
+        for k in 0..disks {
+            let slot = std::fs::canonicalize(md.join(format!("rd{k}")))
+                .map_err(|e| one_line(&format!("{name}: member {k} not in sysfs: {e}")))?;
+            let member = |file: &str| read_trimmed(&slot.join(file));
+            let dev_file = slot.join("block/dev");
+            let (maj, min) = parse_devnum(&read_trimmed(&dev_file)?)
+                .ok_or_else(|| format!("{}: not a MAJ:MIN device number", dev_file.display()))?;
+            let data_offset: u64 = member("offset")?
+                .parse()
+                .map_err(|e| format!("{name}: member {k}'s data offset: {e}"))?;
+            sizes.push(member("size")?);
+            let (disk, start) = disk_and_start(root, maj, min)?;
+            members.push((disk, start + data_offset));
+        }
+        sizes.dedup();
+        if sizes.len() > 1 {
+            return Err(format!(
+                "{name} is a RAID0 over members of different sizes: its zones are not mapped"
+            ));
+        }
+        Ok(Self {
+            chunk_sectors,
+            members,
+        })
+    }
+
+    /// The member disk and sector holding `sector` of the md device (md's `map_sector` for
+    /// its one zone).
+    pub fn locate(&self, sector: u64) -> Option<((u32, u32), u64)> {
+        let n = self.members.len() as u64;
+        let chunk = sector / self.chunk_sectors;
+        let (disk, start) = *self.members.get(usize::try_from(chunk % n).ok()?)?;
+        let on_member = (chunk / n) * self.chunk_sectors + sector % self.chunk_sectors;
+        Some((disk, start.checked_add(on_member)?))
+    }
+}
+
 fn read_trimmed(path: &Path) -> Result<String, String> {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
@@ -985,5 +1067,77 @@ mod tests {
         drop(part);
         drop(direct);
         drop(disk); // autoclear detaches the loop device
+    }
+
+    /// A fake sysfs with md0 striped over nvme1n1 (whole disk) and the partition nvme2n1p1.
+    fn fake_md(root: &Path, level: &str, sizes: (&str, &str)) {
+        let w = |path: &str, text: &str| {
+            let p = root.join(path);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
+        };
+        w("sys/block/md0/md/level", level);
+        w("sys/block/md0/md/chunk_size", "524288\n");
+        w("sys/block/md0/md/raid_disks", "2\n");
+        w("sys/devices/nvme1n1/dev", "259:1\n");
+        w("sys/devices/nvme2n1/dev", "259:2\n");
+        w("sys/devices/nvme2n1/nvme2n1p1/dev", "259:3\n");
+        w("sys/devices/nvme2n1/nvme2n1p1/start", "2048\n");
+        for (k, (member, size)) in [("nvme1n1", sizes.0), ("nvme2n1/nvme2n1p1", sizes.1)]
+            .into_iter()
+            .enumerate()
+        {
+            let slot = format!("sys/block/md0/md/dev-{k}");
+            w(&format!("{slot}/offset"), "4096\n");
+            w(&format!("{slot}/size"), size);
+            std::os::unix::fs::symlink(
+                root.join("sys/devices").join(member),
+                root.join(&slot).join("block"),
+            )
+            .unwrap();
+            std::os::unix::fs::symlink(
+                root.join(&slot),
+                root.join(format!("sys/block/md0/md/rd{k}")),
+            )
+            .unwrap();
+        }
+        std::fs::create_dir_all(root.join("sys/dev/block")).unwrap();
+        for (num, dir) in [
+            ("259:1", "nvme1n1"),
+            ("259:2", "nvme2n1"),
+            ("259:3", "nvme2n1/nvme2n1p1"),
+        ] {
+            std::os::unix::fs::symlink(
+                root.join("sys/devices").join(dir),
+                root.join("sys/dev/block").join(num),
+            )
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn a_raid0_sector_is_followed_to_its_member() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_md(dir.path(), "raid0\n", ("1000\n", "1000\n"));
+        let r = Raid0::of_md_in(dir.path(), "md0").unwrap();
+        // 512 KiB chunks = 1024 sectors; data at sector 4096 of nvme1n1, 2048 + 4096 of nvme2n1.
+        assert_eq!(r.chunk_sectors, 1024);
+        assert_eq!(r.members, vec![((259, 1), 4096), ((259, 2), 6144)]);
+        assert_eq!(r.locate(0), Some(((259, 1), 4096)));
+        assert_eq!(r.locate(1023), Some(((259, 1), 4096 + 1023)));
+        assert_eq!(r.locate(1024), Some(((259, 2), 6144)));
+        assert_eq!(r.locate(2048 + 5), Some(((259, 1), 4096 + 1024 + 5)));
+        assert_eq!(r.locate(3 * 1024 + 7), Some(((259, 2), 6144 + 1024 + 7)));
+
+        let other = tempfile::tempdir().unwrap();
+        fake_md(other.path(), "raid0\n", ("1000\n", "2000\n"));
+        let e = Raid0::of_md_in(other.path(), "md0").unwrap_err();
+        assert!(e.contains("different sizes"), "{e}");
+        let e = Raid0::of_md_in(other.path(), "dm-0").unwrap_err();
+        assert!(e.contains("dm-0 is not an md device"), "{e}");
+        let mirror = tempfile::tempdir().unwrap();
+        fake_md(mirror.path(), "raid1\n", ("1000\n", "1000\n"));
+        let e = Raid0::of_md_in(mirror.path(), "md0").unwrap_err();
+        assert!(e.contains("md raid1: only RAID0"), "{e}");
     }
 }
