@@ -502,6 +502,9 @@ const BLOCK_STAGES: [Metric; 3] = [
 ];
 
 /// Host-wide figures per I/O, listed under the software residual as evidence.
+/// The stages' tail rows (every stage but the app, at each tail percentile): one family.
+const STAGE_TAILS: usize = (Stage::ALL.len() - 1) * TAIL_PERCENTILES.len();
+
 const HOST_WIDE: [Metric; 5] = [
     Metric {
         label: "    wakeup delay per I/O",
@@ -1210,14 +1213,33 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         evidence,
     };
 
+    // The app's tails are the question, at 95%; the stages' tails are evidence of where a tail
+    // went, one family like the host-wide rows (with eight of them at 95% each, an A/A pair
+    // would show one "significant" stage tail about one time in three).
+    let stage_tails = Judging {
+        confidence: 1.0 - (1.0 - CONFIDENCE) / STAGE_TAILS as f64,
+        ..how
+    };
     let mut tails = Vec::new();
     for stage in Stage::ALL {
         for pct in TAIL_PERCENTILES {
             let metric = format!("{} p{pct}", stage.name());
+            let judging = if stage == Stage::App {
+                how
+            } else {
+                stage_tails
+            };
             tails.push(Tail {
                 stage: stage.name().into(),
                 percentile: pct,
-                row: cmp(&metric, Unit::Ns, &|f| f.tail(stage, pct)),
+                row: compare(
+                    &metric,
+                    Unit::Ns,
+                    sides,
+                    judging,
+                    &|f| f.tail(stage, pct),
+                    None,
+                ),
             });
         }
     }
@@ -1756,6 +1778,21 @@ pub(crate) mod tests {
                 "{}: {}",
                 r.metric,
                 r.confidence
+            );
+        }
+        // The stages' tails likewise (eight rows: 1 − 5%/8); the app's tails are at 95%.
+        assert_eq!(STAGE_TAILS, 8);
+        for t in &d.tails {
+            let want = if t.stage == Stage::App.name() {
+                CONFIDENCE
+            } else {
+                1.0 - 0.05 / 8.0
+            };
+            assert!(
+                (t.row.confidence - want).abs() < 1e-12,
+                "{}: {}",
+                t.row.metric,
+                t.row.confidence
             );
         }
     }
