@@ -225,15 +225,21 @@ static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 d
 	vg_hist_add(h, delta, true);
 }
 
+/* Set by user space once bio_entry.bpf.c attached: until then bio_entry stays empty. */
+bool bio_entry_hooked = false;
+
 /*
  * When `rq`'s first bio entered the block layer, if bio_entry noted it (0: not noted, or too
  * long ago to be this bio's). The note is used up.
  */
 static __always_inline __u64 take_bio_entry(struct request *rq, bool btf, __u64 now)
 {
-	__u64 bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio);
-	__u64 *entered, at;
+	__u64 bio, *entered, at;
 
+	/* Every request start of every process passes here: no lookup where nothing is noted. */
+	if (!bio_entry_hooked)
+		return 0;
+	bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio);
 	if (!bio)
 		return 0;
 	entered = bpf_map_lookup_elem(&bio_entry, &bio);

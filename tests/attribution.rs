@@ -115,13 +115,10 @@ fn delta(d: &Value, metric: &str) -> f64 {
 /// Whether the profile's queue stage starts at the bio's entry (the kernel let the block probe
 /// hook `submit_bio_noacct`).
 fn queue_from_bio_entry(profile: &Path) -> bool {
-    let v: Value = serde_json::from_slice(&std::fs::read(profile).unwrap()).unwrap();
-    v["capabilities"]["families"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .flat_map(|f| f["tracepoints"].as_array().into_iter().flatten())
-        .any(|t| t["tracepoint"] == "submit_bio_noacct" && !t["attached"].is_null())
+    virtgap::model::profile::load(profile)
+        .unwrap()
+        .capabilities
+        .is_some_and(|c| c.queue_from_bio_entry())
 }
 
 /// Throttling holds bios before their requests start, not on the device: at least 80% of the

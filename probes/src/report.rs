@@ -69,6 +69,10 @@ pub struct FamilyReport {
     pub fallback: Option<String>,
 }
 
+/// The kernel function the block probe hooks (fentry, else kprobe) where each bio enters the
+/// block layer, before blk-throttle; reported among the block family's tracepoints.
+pub const BIO_ENTRY_HOOK: &str = "submit_bio_noacct";
+
 pub(crate) const NO_NVME: &str = "no NVMe on this host (nvme_core module not loaded)";
 pub(crate) const NOT_A_KVM_HOST: &str = "not a KVM host (no kvm module)";
 
@@ -125,6 +129,12 @@ impl CapabilityReport {
                 && f.unavailable.is_none()
                 && f.tracepoints.iter().any(|t| t.attached.is_some())
         })
+    }
+
+    /// Whether the block probe's queue stage starts at each bio's entry into the block layer
+    /// (its hook on [`BIO_ENTRY_HOOK`] attached), rather than at the request's start.
+    pub fn queue_from_bio_entry(&self) -> bool {
+        self.tracepoint_attached(BIO_ENTRY_HOOK)
     }
 
     /// Whether the tracepoint `tp` attached (in any family).

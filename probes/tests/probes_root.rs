@@ -43,7 +43,9 @@ fn report_ready(report: &virtgap_probes::CapabilityReport, family: Family) -> bo
             .iter()
             // The bio-entry hook needs fentry or kprobes, which some kernels refuse; without it
             // the block probe still works (queue time starts at the request).
-            .filter(|t| t.attached.is_none() && t.tracepoint != "submit_bio_noacct")
+            .filter(|t| {
+                t.attached.is_none() && t.tracepoint != virtgap_probes::report::BIO_ENTRY_HOOK
+            })
             .map(|t| format!("{}: {}", t.tracepoint, t.reason.clone().unwrap_or_default()))
             .collect();
         (!failed.is_empty()).then(|| failed.join("; "))

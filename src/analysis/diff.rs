@@ -1388,7 +1388,7 @@ fn queue_from_bio_entry(p: &Profile) -> Option<bool> {
     let report = p.capabilities.as_ref()?;
     report
         .attached(virtgap_probes::Family::Block)
-        .then(|| report.tracepoint_attached("submit_bio_noacct"))
+        .then(|| report.queue_from_bio_entry())
 }
 
 /// The queue stages of the two hosts do not start at the same point: one side counts

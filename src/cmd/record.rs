@@ -200,20 +200,23 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     };
     let run_records: Vec<RunRecord> = runs.iter().map(|(_, r)| r.clone()).collect();
     let (stats, interrupted) = (&outcome.stats, outcome.interrupted);
-    // The summary is the last run's, from its own profile (before the runs are pooled).
-    let last_profile = runs.last().map(|(profile, record)| {
+    // The summary is the last run's, from its own profile: with several runs, a copy taken
+    // before they are pooled; with one, the profile itself.
+    let last_run = (runs.len() > 1).then(|| {
+        let (profile, record) = &runs[runs.len() - 1];
         let mut profile = profile.clone();
         profile.runs = vec![record.clone()];
         profile
     });
+    let profile = if runs.len() == 1 {
+        let (mut profile, record) = runs.remove(0);
+        profile.runs = vec![record];
+        profile
+    } else {
+        crate::model::profile::pool_runs(runs, &pooled, paced)
+    };
+    let shown = last_run.as_ref().unwrap_or(&profile);
     if args.output.is_some() || args.csv.is_some() {
-        let profile = if runs.len() == 1 {
-            let (mut profile, record) = runs.remove(0);
-            profile.runs = vec![record];
-            profile
-        } else {
-            crate::model::profile::pool_runs(runs, &pooled, paced)
-        };
         if let Some(path) = &args.output {
             let mut bytes = serde_json::to_vec_pretty(&profile)?;
             bytes.push(b'\n');
@@ -256,10 +259,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     }
     let mut out = std::io::stdout().lock();
     if args.json {
-        let Some(profile) = &last_profile else {
-            return Ok(signals.exit_code());
-        };
-        let mut doc = report::json(profile);
+        let mut doc = report::json(shown);
         if let (Some(map), Some(tail)) = (
             doc.as_object_mut(),
             run_records.last().and_then(|r| r.tail.as_ref()),
@@ -282,9 +282,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         }
         // Names in the summary come from workload files: shown, never obeyed by the terminal.
         let mut text = Vec::new();
-        if let Some(profile) = &last_profile {
-            crate::render::summary::write(&mut text, profile)?;
-        }
+        crate::render::summary::write(&mut text, shown)?;
         if let Some(tail) = run_records.last().and_then(|r| r.tail.as_ref()) {
             report::write_tail(&mut text, tail)?;
         }

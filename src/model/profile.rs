@@ -125,6 +125,15 @@ impl Histogram {
             .collect();
     }
 
+    /// Adds `other` into an optional histogram (a stage one side may not have).
+    pub fn merge_into(slot: &mut Option<Histogram>, other: Option<&Histogram>) {
+        match (slot.as_mut(), other) {
+            (Some(mine), Some(other)) => mine.merge(other),
+            (None, Some(other)) => *slot = Some(other.clone()),
+            _ => {}
+        }
+    }
+
     /// Percentile `p` (0–100) by virtgap's one rule (`percentile_of_buckets`).
     pub fn percentile_ns(&self, p: f64) -> Option<f64> {
         let buckets: Vec<(u64, u64, u64)> = self
@@ -1358,11 +1367,7 @@ pub fn pool_runs(mut runs: Vec<(Profile, RunRecord)>, merged: &RunStats, paced: 
             (&mut mine.wakeup, &p.stages.wakeup),
             (&mut mine.flush, &p.stages.flush),
         ] {
-            match (m.as_mut(), t) {
-                (Some(m), Some(t)) => m.merge(t),
-                (None, Some(t)) => *m = Some(t.clone()),
-                _ => {}
-            }
+            Histogram::merge_into(m, t.as_ref());
         }
         let next_index = pooled.intervals.last().map_or(0, |i| i.index + 1);
         for (k, mut iv) in p.intervals.into_iter().enumerate() {

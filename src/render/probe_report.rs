@@ -104,11 +104,7 @@ fn ops_of(devices: &[&DeviceProfile]) -> Vec<OpStages> {
             (&mut mine.stages.device, &op.stages.device),
             (&mut mine.stages.completion, &op.stages.completion),
         ] {
-            match (m.as_mut(), t) {
-                (Some(m), Some(t)) => m.merge(t),
-                (None, Some(t)) => *m = Some(t.clone()),
-                _ => {}
-            }
+            Histogram::merge_into(m, t.as_ref());
         }
     }
     ops
@@ -149,7 +145,7 @@ fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
     let hooked = p
         .capabilities
         .as_ref()
-        .is_some_and(|r| r.tracepoint_attached("submit_bio_noacct"));
+        .is_some_and(CapabilityReport::queue_from_bio_entry);
     if !hooked && !groups.is_empty() {
         writeln!(
             out,

@@ -66,7 +66,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         let _ = open.maps.queue_irqs.set_max_entries(queue_irqs);
         let _ = open.maps.irq_entered.set_max_entries(queue_irqs);
     };
-    let (skel, links, mut report) = load_tracepoints(
+    let (mut skel, links, mut report) = load_tracepoints(
         Family::Block,
         BlockSkelBuilder::default,
         slots,
@@ -90,6 +90,9 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         }
     }
     let (bio_entry, outcome) = attach_bio_entry(filter, &skel.maps.bio_entry);
+    if let (Some(_), Some(bss)) = (&bio_entry, skel.maps.bss_data.as_deref_mut()) {
+        bss.bio_entry_hooked = true;
+    }
     report.tracepoints.push(outcome);
     report
         .tracepoints
@@ -111,9 +114,6 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
     };
     Ok((Box::new(probe), report))
 }
-
-/// The kernel function every bio passes on entering the block layer, before blk-throttle.
-pub const BIO_ENTRY_SYMBOL: &str = "submit_bio_noacct";
 
 /// The bio-entry hook (`bpf/bio_entry.bpf.c`): its object and link, kept for their life.
 struct BioEntry {
@@ -165,7 +165,7 @@ fn attach_bio_entry(
     map: &libbpf_rs::Map<'_>,
 ) -> (Option<BioEntry>, AttachOutcome) {
     let outcome = |attached: Option<AttachKind>, reason: Option<String>| AttachOutcome {
-        tracepoint: BIO_ENTRY_SYMBOL.into(),
+        tracepoint: crate::report::BIO_ENTRY_HOOK.into(),
         attached,
         reason,
     };
