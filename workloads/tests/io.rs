@@ -442,10 +442,10 @@ fn kv_overwrite_race(
 fn kv_store_returns_every_key_latest_value_after_heavy_overwrite_and_defrag() {
     let c = kv_overwrite_race(1536, 1536);
     // Every large block written was full: the records appended fill exactly lb_writes blocks,
-    // bar the one still open.
+    // bar the one still open (which may itself be full, its write not yet counted).
     let appended = c.puts + c.relocated;
     assert!(
-        c.lb_writes * 85 <= appended && appended < (c.lb_writes + 1) * 85,
+        c.lb_writes * 85 <= appended && appended <= (c.lb_writes + 1) * 85,
         "partly empty blocks were written: {c:?}"
     );
 }
