@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 
-use crate::model::profile::{IdleBaseline, Interval, Profile, RunRecord, Stage};
+use crate::model::profile::{IdleBaseline, Interval, Profile, RequestsPerIo, RunRecord, Stage};
 use crate::model::tail::TailStages;
 
 /// The smallest effect `diff` calls a difference unless told otherwise: 5%, the size of gap the
@@ -1266,6 +1266,11 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
             b: saturation(b),
         },
         Evidence {
+            item: "block requests per app I/O".into(),
+            a: requests_per_io(a_side),
+            b: requests_per_io(b_side),
+        },
+        Evidence {
             item: "completions on another CPU".into(),
             a: cross_cpu(a),
             b: cross_cpu(b),
@@ -1350,6 +1355,9 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     if let Some(warning) = queue_start_warning(a_side, b_side) {
         warnings.push(warning);
     }
+    if let Some(warning) = request_unit_warning(a_side, b_side) {
+        warnings.push(warning);
+    }
     if basis == Basis::Batches {
         warnings.push(format!(
             "one run on {}: between-run noise is unknown, so verdicts compare batches of intervals within runs and hold for these runs only; record each host with --runs 5 for verdicts that hold",
@@ -1389,6 +1397,33 @@ fn queue_from_bio_entry(p: &Profile) -> Option<bool> {
     report
         .attached(virtgap_probes::Family::Block)
         .then(|| report.queue_from_bio_entry())
+}
+
+/// A side's block requests per app I/O, over all its profiles.
+fn side_requests_per_io(side: &[&Profile]) -> Option<RequestsPerIo> {
+    side.iter()
+        .filter_map(|p| p.stages.requests_per_io())
+        .reduce(|x, y| RequestsPerIo {
+            requests: x.requests + y.requests,
+            ios: x.ios + y.ios,
+        })
+}
+
+fn requests_per_io(side: &[&Profile]) -> String {
+    side_requests_per_io(side).map_or("not measured".into(), RequestsPerIo::describe)
+}
+
+/// The hosts turn an app I/O into different numbers of block requests (a device that takes
+/// smaller requests splits more): the stages are per request and the app's latency per I/O, so
+/// per-request stages compare unlike units.
+fn request_unit_warning(a_side: &[&Profile], b_side: &[&Profile]) -> Option<String> {
+    let (a, b) = (side_requests_per_io(a_side)?, side_requests_per_io(b_side)?);
+    let (ra, rb) = (a.ratio(), b.ratio());
+    (ra.max(rb) / ra.min(rb) > 1.05).then(|| {
+        format!(
+            "the hosts issue an app I/O as different numbers of block requests (A {ra:.2}, B {rb:.2} per I/O: split or merged differently, e.g. a smaller max_sectors_kb): the block stages are per request and the app's latency per I/O, so the software residual also holds the difference in requests per I/O"
+        )
+    })
 }
 
 /// The queue stages of the two hosts do not start at the same point: one side counts
@@ -2063,5 +2098,42 @@ pub(crate) mod tests {
         // Without the block probe there is no queue stage to compare.
         let bare = synthetic(1.0, 1.0, 1.0, 0.0, 3);
         assert_eq!(flagged(&bare, &entry), None);
+    }
+
+    #[test]
+    fn hosts_that_split_an_io_into_different_numbers_of_requests_are_flagged() {
+        let a = synthetic(1_000.0, 50_000.0, 5_000.0, 0.0, 3);
+        // B's device takes smaller requests: each app I/O became eight.
+        let mut b = a.clone();
+        b.stages.device.as_mut().unwrap().count *= 8;
+        let d = diff(&a, &b);
+        let warning = d
+            .warnings
+            .iter()
+            .find(|w| w.contains("different numbers of block requests"))
+            .expect("flagged");
+        assert!(warning.contains("A 1.00, B 8.00 per I/O"), "{warning}");
+        let row = d
+            .evidence
+            .iter()
+            .find(|e| e.item == "block requests per app I/O")
+            .expect("listed");
+        assert_eq!(row.a, "1.00 (3000 requests for 3000 I/Os)");
+        assert_eq!(row.b, "8.00 (24000 requests for 3000 I/Os)");
+        // The same unit on both sides: no warning.
+        assert!(!diff(&a, &a.clone())
+            .warnings
+            .iter()
+            .any(|w| w.contains("different numbers of block requests")));
+        // Without block stages there is nothing to say.
+        let mut bare = a.clone();
+        bare.stages.device = None;
+        let d = diff(&bare, &b);
+        assert!(!d.warnings.iter().any(|w| w.contains("block requests")));
+        let row = d
+            .evidence
+            .iter()
+            .find(|e| e.item == "block requests per app I/O");
+        assert_eq!(row.unwrap().a, "not measured");
     }
 }

@@ -234,7 +234,46 @@ pub struct Stages {
     pub flush: Option<Histogram>,
 }
 
+/// Block requests per app I/O (see [`Stages::requests_per_io`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RequestsPerIo {
+    pub requests: u64,
+    pub ios: u64,
+}
+
+impl RequestsPerIo {
+    pub fn ratio(self) -> f64 {
+        self.requests as f64 / self.ios as f64
+    }
+
+    /// Whether the block layer kept one request per I/O (within 1%: the probes' window and the
+    /// workload's differ by the requests in flight at its edges).
+    pub fn one_to_one(self) -> bool {
+        (self.ratio() - 1.0).abs() <= 0.01
+    }
+
+    /// "2.00 (7910 requests for 3955 I/Os)".
+    pub fn describe(self) -> String {
+        format!(
+            "{:.2} ({} requests for {} I/Os)",
+            self.ratio(),
+            self.requests,
+            self.ios
+        )
+    }
+}
+
 impl Stages {
+    /// Block requests completed per app I/O over the same window: 1 when every I/O was one
+    /// request, more when the block layer split them, fewer when it merged them or served some
+    /// without one. The block stages are per request and the app's latency per I/O, so where
+    /// this is not 1 the two are not the same unit. None without the block stages.
+    pub fn requests_per_io(&self) -> Option<RequestsPerIo> {
+        let requests = self.device.as_ref()?.count;
+        let ios = self.app.count;
+        (requests > 0 && ios > 0).then_some(RequestsPerIo { requests, ios })
+    }
+
     /// The whole-run histogram of `stage` (None when its probe did not attach).
     pub fn get(&self, stage: Stage) -> Option<&Histogram> {
         match stage {

@@ -1,6 +1,7 @@
 //! Stalls: stretches where the workload's I/Os were in flight and none completed, I/Os slower
-//! than [`SLOW_IO_NS`], and the kernel's requeues, errors and timeouts. A run with any of these
-//! is not steady state, and its figures say so wherever they are shown.
+//! than [`SLOW_IO_NS`], and requests the kernel completed with an error. A run with any of these
+//! is not steady state, and its figures say so wherever they are shown. The kernel's requeues
+//! are kept here too, as a count: they are the driver's backpressure, not a stall.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -46,10 +47,10 @@ pub struct Stalls {
 impl Stalls {
     /// Whether anything stalled.
     pub fn found(&self) -> bool {
-        self.stalled_intervals > 0
-            || self.slow_ios > 0
-            || self.requeued.unwrap_or(0) > 0
-            || self.errors.unwrap_or(0) > 0
+        // Requeues are not in it: a driver hands a request back whenever the device's queue is
+        // full (a virtio ring of 1 MiB reads does so thousands of times a second), and the
+        // request is issued again at once; the summary lists them beside the block stages.
+        self.stalled_intervals > 0 || self.slow_ios > 0 || self.errors.unwrap_or(0) > 0
     }
 
     /// The finding in one line ("no I/O completed for 6 s (3.0–9.0 s) with I/Os in flight; …").
@@ -86,10 +87,11 @@ impl Stalls {
                 units::latency(self.max_lat_ns.unwrap_or(0) as f64)
             ));
         }
-        if let (Some(r), Some(e), Some(t)) = (self.requeued, self.errors, self.timeouts) {
-            if r + e > 0 {
+        if let (Some(e), Some(t)) = (self.errors, self.timeouts) {
+            if e > 0 {
                 parts.push(format!(
-                    "kernel: {r} requeued, {e} completed with an error ({t} timed out)"
+                    "kernel: {e} request{} completed with an error ({t} timed out)",
+                    if e == 1 { "" } else { "s" }
                 ));
             }
         }
@@ -211,5 +213,30 @@ mod tests {
         let s = log.stalls(&[], Some(&BlockSnapshot::default()));
         assert!(!s.found(), "{s:?}");
         assert_eq!(s.describe(), "");
+    }
+
+    #[test]
+    fn requeues_are_the_drivers_backpressure_not_a_stall_but_errors_are_found() {
+        let log = StallLog::default();
+        // A virtio ring full of 1 MiB reads hands requests back thousands of times a second.
+        let busy = BlockSnapshot {
+            requeued: 6949,
+            ..Default::default()
+        };
+        let s = log.stalls(&[], Some(&busy));
+        assert_eq!(s.requeued, Some(6949));
+        assert!(!s.found(), "{s:?}");
+        let failing = BlockSnapshot {
+            requeued: 3,
+            errors: 2,
+            timeouts: 1,
+            ..Default::default()
+        };
+        let s = log.stalls(&[], Some(&failing));
+        assert!(s.found());
+        assert_eq!(
+            s.describe(),
+            "kernel: 2 requests completed with an error (1 timed out)"
+        );
     }
 }

@@ -160,6 +160,18 @@ fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
     {
         writeln!(out, "    {note}")?;
     }
+    if let Some(per_io) = p.stages.requests_per_io().filter(|r| !r.one_to_one()) {
+        let how = if per_io.ratio() > 1.0 {
+            "the block layer split them"
+        } else {
+            "merged, or served without a request"
+        };
+        writeln!(
+            out,
+            "    block requests per app I/O: {} — {how}; the stages above are per request, app latency per I/O",
+            per_io.describe()
+        )?;
+    }
     let counts = p.block.clone().unwrap_or_default();
     if counts.unsplit > 0 {
         writeln!(
@@ -180,6 +192,17 @@ fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
             out,
             "    completed on another CPU than submitted: {:.1}% ({cross} of {total})",
             cross as f64 / total as f64 * 100.0
+        )?;
+    }
+    if let Some(requeued) = p
+        .stalls
+        .as_ref()
+        .and_then(|s| s.requeued)
+        .filter(|&n| n > 0)
+    {
+        writeln!(
+            out,
+            "    handed back by the driver and issued again (device queue full): {requeued} times; the wait counts as queue"
         )?;
     }
     if counts.dropped > 0 {
