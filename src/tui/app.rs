@@ -16,6 +16,9 @@ use crate::run::series::IntervalSeries;
 /// Intervals kept for the sparklines (five minutes at the default 1 s).
 const HISTORY: usize = 300;
 
+/// Slow I/Os, and slow requests, the TUI keeps for the tail autopsy (each ~50 bytes).
+pub const MAX_TAIL_MATERIAL: usize = 500_000;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum View {
     Time,
@@ -159,12 +162,16 @@ pub struct App {
     /// profile; bounded however long the TUI runs.
     pub series: IntervalSeries,
     /// The tail autopsy's material since start or the last reset: the block probe's slow
-    /// requests as they come, the workers' slow I/Os when they finish.
+    /// requests as they come, the workers' slow I/Os as they hand them over (and the rest when
+    /// they finish). At most [`MAX_TAIL_MATERIAL`] of each: past it the older half goes.
     pub slow_requests: Vec<virtgap_probes::model::SlowRequest>,
     pub slow_ios: Vec<virtgap_workloads::slow::SlowIo>,
     /// CLOCK_MONOTONIC at the last reset: slow I/Os and requests before it are left out.
     tail_since_ns: u64,
-    /// The finished run's tail autopsy.
+    /// Where the workers hand their slow I/Os over while they run (None: no block probe).
+    pub tail_watch: Option<std::sync::Arc<virtgap_workloads::slow::TailWatch>>,
+    /// The tail autopsy: of the run so far while it runs (refreshed every few seconds), of the
+    /// whole run once it finished.
     pub tail: Option<crate::model::tail::TailAutopsy>,
     /// The interval of the idle host measured before the workload started.
     pub idle: Option<crate::model::profile::IdleBaseline>,
@@ -204,6 +211,7 @@ impl App {
             slow_requests: Vec::new(),
             slow_ios: Vec::new(),
             tail_since_ns: 0,
+            tail_watch: None,
             tail: None,
             idle: None,
         }
@@ -227,13 +235,46 @@ impl App {
 
     pub fn on_slow_requests(&mut self, mut requests: Vec<virtgap_probes::model::SlowRequest>) {
         self.slow_requests.append(&mut requests);
+        self.bound_tail_material();
     }
 
-    /// Keeps a finished worker's slow I/Os (those since the last reset).
+    /// Keeps slow I/Os a worker handed over or left when it finished (those since the last
+    /// reset).
     pub fn on_slow_ios(&mut self, ios: &[virtgap_workloads::slow::SlowIo]) {
         let since = self.tail_since_ns;
         self.slow_ios
             .extend(ios.iter().filter(|io| io.start_ns >= since));
+        self.bound_tail_material();
+    }
+
+    /// Takes what the workers handed over since the last call.
+    pub fn collect_slow_ios(&mut self) {
+        if let Some(watch) = self.tail_watch.clone() {
+            self.on_slow_ios(&watch.take_handed());
+        }
+    }
+
+    /// A TUI runs for as long as it is left open: past [`MAX_TAIL_MATERIAL`] slow I/Os or
+    /// requests, both drop what came before the middle of the kept I/Os, so the autopsy covers
+    /// the later part of the run (its sets then say fewer I/Os were kept than expected).
+    fn bound_tail_material(&mut self) {
+        if self.slow_ios.len() <= MAX_TAIL_MATERIAL && self.slow_requests.len() <= MAX_TAIL_MATERIAL
+        {
+            return;
+        }
+        let mut starts: Vec<u64> = self.slow_ios.iter().map(|io| io.start_ns).collect();
+        let cutoff = if starts.len() > MAX_TAIL_MATERIAL / 2 {
+            let middle = starts.len() / 2;
+            *starts.select_nth_unstable(middle).1
+        } else {
+            // Few slow I/Os but a flood of requests: keep the later half of the requests.
+            let mut ends: Vec<u64> = self.slow_requests.iter().map(|r| r.complete_ns).collect();
+            let middle = ends.len() / 2;
+            *ends.select_nth_unstable(middle).1
+        };
+        self.slow_ios.retain(|io| io.start_ns >= cutoff);
+        self.slow_requests.retain(|r| r.complete_ns >= cutoff);
+        self.tail_since_ns = self.tail_since_ns.max(cutoff);
     }
 
     /// The data to draw: the frozen copy while paused.
@@ -331,6 +372,7 @@ impl App {
         };
         self.series.clear();
         self.slow_requests.clear();
+        self.slow_ios.clear();
         self.tail_since_ns = virtgap_workloads::slow::monotonic_ns();
         self.tail = None;
         self.message = Some("counters reset".into());
@@ -522,5 +564,49 @@ mod tests {
         a.handle_key(key(KeyCode::Down));
         assert_eq!(a.selected_cpu, Some(0));
         assert_eq!(a.focus_cpu(), 0, "a picked CPU stays picked");
+    }
+
+    #[test]
+    fn a_long_session_keeps_the_later_half_of_its_slow_ios_and_their_requests() {
+        use virtgap_probes::model::{BlockOp, SlowRequest};
+        use virtgap_workloads::slow::SlowIo;
+        let mut a = app();
+        let io = |t: u64| SlowIo {
+            offset: t * 4096,
+            len: 4096,
+            write: false,
+            start_ns: t,
+            end_ns: t + 10,
+        };
+        let request = |t: u64| SlowRequest {
+            dev: (254, 0),
+            sector: t * 8,
+            bytes: 4096,
+            op: BlockOp::Read,
+            start_ns: t + 1,
+            issue_ns: t + 2,
+            irq_ns: None,
+            complete_ns: t + 9,
+        };
+        let n = MAX_TAIL_MATERIAL as u64;
+        a.on_slow_requests((0..n).map(request).collect());
+        a.on_slow_ios(&(0..n).map(io).collect::<Vec<_>>());
+        assert_eq!(
+            a.slow_ios.len(),
+            MAX_TAIL_MATERIAL,
+            "at the bound, nothing goes"
+        );
+        // One more of each: the I/Os before the middle go, with the requests that ended before it.
+        a.on_slow_ios(&[io(n)]);
+        a.on_slow_requests(vec![request(n)]);
+        let middle = n / 2; // the middle index of the n + 1 kept (n is even)
+        assert_eq!(a.slow_ios.first().map(|io| io.start_ns), Some(middle));
+        assert_eq!(a.slow_ios.len() as u64, n + 1 - middle);
+        assert!(a.slow_requests.iter().all(|r| r.complete_ns >= middle));
+        // Those that completed at or after the cutoff (t + 9 >= middle), and the new one.
+        assert_eq!(a.slow_requests.len() as u64, n - (middle - 9) + 1);
+        // Slow I/Os a worker hands over later from before the cutoff are not taken back.
+        a.on_slow_ios(&[io(3)]);
+        assert!(a.slow_ios.iter().all(|io| io.start_ns >= middle));
     }
 }

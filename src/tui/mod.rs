@@ -119,10 +119,12 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         .report
         .as_ref()
         .is_some_and(|r| r.attached(virtgap_probes::Family::Block));
+    // The workers hand their slow I/Os over as they go, so the autopsy shows while they run.
+    app.tail_watch = block_attached
+        .then(|| virtgap_workloads::slow::TailWatch::handing_over(spec.workers, slow_request_ns));
     let options = RunOptions {
         interval: args.interval.0,
-        tail_watch: block_attached
-            .then(|| virtgap_workloads::slow::TailWatch::new(spec.workers, slow_request_ns)),
+        tail_watch: app.tail_watch.clone(),
         ..RunOptions::default()
     };
     let workers = prepared.start(&spec, &options, tx);
@@ -210,7 +212,16 @@ fn event_loop(
     let mut finished = 0;
     let mut redraw = true;
     let mut next_tick = Instant::now();
+    let mut next_tail = Instant::now() + LIVE_TAIL_EVERY;
     loop {
+        if app.state == RunState::Running && Instant::now() >= next_tail {
+            app.collect_slow_ios();
+            if let Some(tail) = tail_so_far(app, spec, loaded, target, args) {
+                app.tail = Some(tail);
+            }
+            next_tail = Instant::now() + LIVE_TAIL_EVERY;
+            redraw = true;
+        }
         if redraw || Instant::now() >= next_tick {
             // A finished run's clock stops with it.
             if app.paused.is_none() && app.state == RunState::Running {
@@ -288,7 +299,8 @@ fn event_loop(
                             if finished == reporting_workers && app.state == RunState::Running =>
                         {
                             app.state = RunState::Finished;
-                            app.tail = finished_tail(app, spec, loaded, target, args);
+                            app.collect_slow_ios();
+                            app.tail = tail_so_far(app, spec, loaded, target, args);
                         }
                         Ok(_) => {}
                     }
@@ -299,8 +311,12 @@ fn event_loop(
     }
 }
 
-/// The finished run's tail autopsy, over the same stages a saved profile holds.
-fn finished_tail(
+/// How often a running workload's tail autopsy is redone.
+const LIVE_TAIL_EVERY: Duration = Duration::from_secs(5);
+
+/// The tail autopsy of the run so far (since start or reset), over the same stages a saved
+/// profile holds.
+fn tail_so_far(
     app: &App,
     spec: &virtgap_workloads::WorkloadSpec,
     loaded: &virtgap_workloads::LoadedSpec,
@@ -330,6 +346,11 @@ fn save(
     target: &virtgap_workloads::Target,
     args: &TuiArgs,
 ) {
+    if app.state == RunState::Running {
+        // The autopsy as of now, not of the last refresh.
+        app.collect_slow_ios();
+        app.tail = tail_so_far(app, spec, loaded, target, args);
+    }
     let profile = match saved_profile(app, spec, loaded, target, args) {
         Ok(p) => p,
         Err(e) => {
@@ -409,7 +430,7 @@ fn saved_profile(
     // One run, as `record` writes it: the diff compares runs.
     let mut run = crate::model::profile::RunRecord::of_profile(&profile, 1);
     run.idle = app.idle.clone();
-    // Once the run finished (mid-run the workers still hold their slow I/Os).
+    // Mid-run, of the slow I/Os the workers have handed over so far.
     run.tail = app.tail.clone();
     profile.runs = vec![run];
     Ok(profile)

@@ -310,19 +310,21 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         table,
     );
 
-    // A finished run's tail autopsy takes the bottom of the view, the sparklines what is left.
+    // The tail autopsy takes the bottom of the view, the sparklines what is left.
     let sparks = match &app.tail {
         Some(tail) => {
             let lines = tail_lines(tail);
-            // The finished run's findings come before its sparklines when room is short.
+            // The findings come before the sparklines when room is short.
             let height = (lines.len() as u16 + 2).min(sparks.height);
             let [rest, panel] =
                 Layout::vertical([Constraint::Min(0), Constraint::Length(height)]).areas(sparks);
+            let title = if app.state == RunState::Running {
+                " tail autopsy so far: the slowest I/Os joined to their block requests "
+            } else {
+                " tail autopsy: the slowest I/Os joined to their block requests "
+            };
             f.render_widget(
-                Paragraph::new(lines).block(
-                    Block::bordered()
-                        .title(" tail autopsy: the slowest I/Os joined to their block requests "),
-                ),
+                Paragraph::new(lines).block(Block::bordered().title(title)),
                 panel,
             );
             rest
@@ -1220,5 +1222,10 @@ mod tests {
         let screen = draw(&app, 160, 50);
         assert!(screen.contains("above p99.9"), "{screen}");
         assert!(screen.contains("device 100%"), "{screen}");
+        assert!(!screen.contains("tail autopsy so far"), "{screen}");
+        // While the workload runs, the panel is the autopsy of the run so far.
+        app.state = RunState::Running;
+        let screen = draw(&app, 160, 50);
+        assert!(screen.contains("tail autopsy so far"), "{screen}");
     }
 }

@@ -10,7 +10,7 @@
 //! autopsy can say without the request's record.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::histogram::LatencyHistogram;
 
@@ -46,17 +46,48 @@ const KEEP_FRACTION: f64 = 0.5;
 pub struct TailWatch {
     worker_ns: Vec<AtomicU64>,
     request_ns: Arc<AtomicU64>,
+    /// Slow I/Os the workers handed over as they ran, for a live view (None: each worker keeps
+    /// its own to the end of the run).
+    handed: Option<Mutex<Vec<SlowIo>>>,
 }
 
 impl TailWatch {
     /// For `workers` workers; `request_ns` is the kernel's threshold (0 until known: every
     /// request is sent while the workers warm up).
     pub fn new(workers: u32, request_ns: Arc<AtomicU64>) -> Arc<Self> {
+        Self::build(workers, request_ns, None)
+    }
+
+    /// As [`TailWatch::new`], for a live view: the workers hand their slow I/Os over every
+    /// [`UPDATE_EVERY`] completions (see [`TailWatch::take_handed`]), keeping only those since.
+    pub fn handing_over(workers: u32, request_ns: Arc<AtomicU64>) -> Arc<Self> {
+        Self::build(workers, request_ns, Some(Mutex::new(Vec::new())))
+    }
+
+    fn build(
+        workers: u32,
+        request_ns: Arc<AtomicU64>,
+        handed: Option<Mutex<Vec<SlowIo>>>,
+    ) -> Arc<Self> {
         request_ns.store(0, Ordering::Relaxed);
         Arc::new(Self {
             worker_ns: (0..workers).map(|_| AtomicU64::new(0)).collect(),
             request_ns,
+            handed,
         })
+    }
+
+    /// The slow I/Os handed over since the last call (none unless made by `handing_over`).
+    pub fn take_handed(&self) -> Vec<SlowIo> {
+        self.handed.as_ref().map_or_else(Vec::new, |h| {
+            std::mem::take(&mut *h.lock().unwrap_or_else(|e| e.into_inner()))
+        })
+    }
+
+    fn hand_over(&self, kept: &mut Vec<SlowIo>) {
+        if let Some(h) = &self.handed {
+            h.lock().unwrap_or_else(|e| e.into_inner()).append(kept);
+        }
     }
 
     /// A worker's new threshold. Workers beyond those the watch was made for (a kv store's
@@ -132,6 +163,9 @@ impl SlowIoKeeper {
                 end_ns: self.origin_ns + end,
             });
         }
+        if n.is_multiple_of(UPDATE_EVERY) && !self.kept.is_empty() {
+            self.watch.hand_over(&mut self.kept);
+        }
     }
 }
 
@@ -192,5 +226,32 @@ mod tests {
         assert!(other.kept.is_empty(), "nothing outside the measured window");
         let lowest = keeper.keep_ns.min(other.keep_ns);
         assert_eq!(request.load(Ordering::Relaxed), lowest / 5 * 4);
+    }
+
+    #[test]
+    fn a_live_watch_takes_the_slow_ios_as_the_workers_go_and_the_rest_stay_for_the_end() {
+        let watch = TailWatch::handing_over(1, Arc::new(AtomicU64::new(0)));
+        let mut keeper = SlowIoKeeper::new(Arc::clone(&watch), 0, 0);
+        // Every I/O is kept while warming up: 300 of them, 256 handed over at the 256th.
+        for i in 0..300u64 {
+            keeper.observe(i * 4096, 4096, false, i, i + 100_000, true);
+        }
+        let handed = watch.take_handed();
+        assert_eq!(handed.len(), 256);
+        assert_eq!(handed[0].offset, 0);
+        assert_eq!(
+            keeper.kept.len(),
+            44,
+            "the rest wait for the next hand-over or the end"
+        );
+        assert!(watch.take_handed().is_empty(), "taken once");
+        // A watch for a recording keeps nothing aside: each worker holds its own to the end.
+        let record = TailWatch::new(1, Arc::new(AtomicU64::new(0)));
+        let mut keeper = SlowIoKeeper::new(Arc::clone(&record), 0, 0);
+        for i in 0..300u64 {
+            keeper.observe(i * 4096, 4096, false, i, i + 100_000, true);
+        }
+        assert!(record.take_handed().is_empty());
+        assert_eq!(keeper.kept.len(), 300);
     }
 }
