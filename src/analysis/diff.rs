@@ -501,10 +501,10 @@ const BLOCK_STAGES: [Metric; 3] = [
     },
 ];
 
-/// Host-wide figures per I/O, listed under the software residual as evidence.
 /// The stages' tail rows (every stage but the app, at each tail percentile): one family.
 const STAGE_TAILS: usize = (Stage::ALL.len() - 1) * TAIL_PERCENTILES.len();
 
+/// Host-wide figures per I/O, listed under the software residual as evidence.
 const HOST_WIDE: [Metric; 5] = [
     Metric {
         label: "    wakeup delay per I/O",
