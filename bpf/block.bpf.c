@@ -292,6 +292,38 @@ static __always_inline int on_bio_queue(struct bio *bio)
 	return 0;
 }
 
+/*
+ * A bio too large for one request is split: the block layer carves `split` off the front and
+ * chains it to the original (its bi_private), which goes on as the rest. Only the original
+ * passed block_bio_queue and submit_bio_noacct, so the split inherits its notes: else, before
+ * block_io_start, every request but the last of a split I/O would be nobody's.
+ */
+static __always_inline int on_split(struct bio *split, bool btf)
+{
+	__u64 key = (__u64)split, parent, *noted;
+
+	if (!split)
+		return 0;
+	parent = btf ? (__u64)split->bi_private : (__u64)BPF_CORE_READ(split, bi_private);
+	if (!parent)
+		return 0;
+	noted = bpf_map_lookup_elem(&bios, &parent);
+	if (noted) {
+		__u64 at = *noted;
+
+		bpf_map_update_elem(&bios, &key, &at, BPF_ANY);
+	}
+	if (bio_entry_hooked) {
+		noted = bpf_map_lookup_elem(&bio_entry, &parent);
+		if (noted) {
+			__u64 at = *noted;
+
+			bpf_map_update_elem(&bio_entry, &key, &at, BPF_ANY);
+		}
+	}
+	return 0;
+}
+
 /* Before block_io_start: whether `rq` is the followed process's, and when it started. */
 static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now, __u64 *start)
 {
@@ -530,6 +562,30 @@ SEC("raw_tp/block_bio_queue")
 int BPF_PROG(block_bio_queue_q_raw, struct request_queue *q, struct bio *bio)
 {
 	return on_bio_queue(bio);
+}
+
+SEC("tp_btf/block_split")
+int BPF_PROG(block_split_btf, struct bio *bio, unsigned int new_sector)
+{
+	return on_split(bio, true);
+}
+
+SEC("raw_tp/block_split")
+int BPF_PROG(block_split_raw, struct bio *bio, unsigned int new_sector)
+{
+	return on_split(bio, false);
+}
+
+SEC("tp_btf/block_split")
+int BPF_PROG(block_split_q_btf, struct request_queue *q, struct bio *bio, unsigned int new_sector)
+{
+	return on_split(bio, true);
+}
+
+SEC("raw_tp/block_split")
+int BPF_PROG(block_split_q_raw, struct request_queue *q, struct bio *bio, unsigned int new_sector)
+{
+	return on_split(bio, false);
 }
 
 SEC("tp_btf/block_rq_issue")

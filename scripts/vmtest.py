@@ -300,6 +300,11 @@ echo "$(cat /sys/block/$NVME/dev) riops=@THROTTLE_IOPS@" > /sys/fs/cgroup/thrott
 step throttle sh -c 'echo $$ > /sys/fs/cgroup/throttled/cgroup.procs && exec "$@"' sh \
     /bin/virtgap record -w rand4k --qd 8 --workers 1 --duration @SECONDS@s --quiet --probes block \
     --target /dev/$NVME -o /out/throttle.json
+# 1 MiB reads on a disk that takes smaller requests (QEMU's NVMe: 512 KiB): each read is split,
+# and the summary says how many requests an app I/O became.
+cat /sys/block/$NVME/queue/max_sectors_kb > /out/split.max_sectors_kb
+step split /bin/virtgap record -w seq1m --qd 4 --workers 1 --duration @SECONDS@s $BLOCK \
+    --target /dev/$NVME -o /out/split.json
 step mdadm mdadm --create /dev/md0 --run --force --level=0 --raid-devices=2 --metadata=1.2 /dev/$R1 /dev/$R2
 echo "md0 $(cat /sys/block/md0/dev 2>/dev/null)" >> /out/devnums
 step md $RECORD $BLOCK --target /dev/md0 -o /out/md.json
@@ -645,6 +650,25 @@ def check_tail(c, name, profile):
             f"{name}: {p99['joined']} of {p99['ios']} I/Os above p99 joined to their request")
 
 
+def check_split(c, results):
+    """1 MiB reads on a disk whose requests are smaller: requests per app I/O as the block layer
+    split them, and the summary saying so."""
+    profile = read_json(results, "split.json")
+    if not c.check(profile is not None, "split: profile written"):
+        return
+    max_kb = int(read_text(results, "split.max_sectors_kb").strip() or 0)
+    ios, requests = profile["stages"]["app"]["count"], stage_count(profile, "device")
+    ratio = requests / max(ios, 1)
+    least = -(-1024 // max_kb) if max_kb else 2
+    c.check(ios > 0 and ratio >= 0.98 * least,
+            f"split: {requests} requests for {ios} reads of 1 MiB ({ratio:.2f} per I/O; "
+            f"max_sectors_kb {max_kb}: at least {least})")
+    summary = read_text(results, "split.out")
+    if least > 1:
+        c.check(f"block requests per app I/O: {ratio:.2f} ({requests} requests for {ios} I/Os)" in summary,
+                "split: the summary gives the requests per app I/O")
+
+
 def check_idle(c, name, profile, release):
     """The idle interval before the workload: one interval long, host-wide figures measured;
     IPIs sent are "not measured" (null), never 0, before the ipi_send_* tracepoints (6.4)."""
@@ -772,7 +796,7 @@ def check_guest(c, console, results, virtgap):
     devices = read_text(results, "devices").split()
     names = dict(kv.split("=", 1) for kv in devices if "=" in kv)
     check_doctor(c, read_json(results, "doctor.out"), read_text(results, "uname").strip())
-    for step in ["doctor", "offline", "nvme", "virtio", "unthrottled", "throttle", "mdadm", "md"]:
+    for step in ["doctor", "offline", "nvme", "virtio", "unthrottled", "throttle", "split", "mdadm", "md"]:
         step_ok(c, results, step)
     check_sampler_cpus(c, read_json(results, "offline.out"))
     nvme = read_json(results, "nvme.json")
@@ -783,6 +807,7 @@ def check_guest(c, console, results, virtgap):
     check_idle(c, "nvme", nvme, read_text(results, "uname").strip())
     check_throttle(c, read_json(results, "throttle.json"))
     check_throttle_diff(c, results, virtgap)
+    check_split(c, results)
     if nvme:
         check_sampler(c, nvme)
         check_pv_timer(c, nvme)

@@ -17,6 +17,10 @@ use crate::model::host::Fingerprint;
 const SIGNALS: &[(&str, &str)] = &[
     ("block_io_start", "request start, process filter"),
     ("block_bio_queue", "process filter before block_io_start"),
+    (
+        "block_split",
+        "split bios keep their process (and bio-entry time)",
+    ),
     ("block_rq_merge", "requests merged away"),
     ("block_rq_requeue", "requests handed back by the driver"),
     (

@@ -162,7 +162,7 @@ fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
     }
     if let Some(per_io) = p.stages.requests_per_io().filter(|r| !r.one_to_one()) {
         let how = if per_io.ratio() > 1.0 {
-            "the block layer split them"
+            "the block layer split them (or a mirror wrote each to several disks)"
         } else {
             "merged, or served without a request"
         };

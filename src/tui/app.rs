@@ -233,8 +233,10 @@ impl App {
         self.probe_total = Some(cumulative);
     }
 
-    pub fn on_slow_requests(&mut self, mut requests: Vec<virtgap_probes::model::SlowRequest>) {
-        self.slow_requests.append(&mut requests);
+    pub fn on_slow_requests(&mut self, requests: Vec<virtgap_probes::model::SlowRequest>) {
+        let since = self.tail_since_ns;
+        self.slow_requests
+            .extend(requests.into_iter().filter(|r| r.complete_ns >= since));
         self.bound_tail_material();
     }
 
@@ -262,15 +264,19 @@ impl App {
         {
             return;
         }
-        let mut starts: Vec<u64> = self.slow_ios.iter().map(|io| io.start_ns).collect();
-        let cutoff = if starts.len() > MAX_TAIL_MATERIAL / 2 {
-            let middle = starts.len() / 2;
-            *starts.select_nth_unstable(middle).1
-        } else {
-            // Few slow I/Os but a flood of requests: keep the later half of the requests.
-            let mut ends: Vec<u64> = self.slow_requests.iter().map(|r| r.complete_ns).collect();
-            let middle = ends.len() / 2;
-            *ends.select_nth_unstable(middle).1
+        // The middle of whichever list is over the bound (the later one when both are).
+        let middle = |mut times: Vec<u64>| -> u64 {
+            let at = times.len() / 2;
+            *times.select_nth_unstable(at).1
+        };
+        let ios_over = self.slow_ios.len() > MAX_TAIL_MATERIAL;
+        let requests_over = self.slow_requests.len() > MAX_TAIL_MATERIAL;
+        let of_ios = || middle(self.slow_ios.iter().map(|io| io.start_ns).collect());
+        let of_requests = || middle(self.slow_requests.iter().map(|r| r.complete_ns).collect());
+        let cutoff = match (ios_over, requests_over) {
+            (true, true) => of_ios().max(of_requests()),
+            (true, false) => of_ios(),
+            _ => of_requests(),
         };
         self.slow_ios.retain(|io| io.start_ns >= cutoff);
         self.slow_requests.retain(|r| r.complete_ns >= cutoff);

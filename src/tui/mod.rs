@@ -213,14 +213,20 @@ fn event_loop(
     let mut redraw = true;
     let mut next_tick = Instant::now();
     let mut next_tail = Instant::now() + LIVE_TAIL_EVERY;
+    // How much material the shown autopsy was made of: redone only when more came.
+    let mut tail_made_of = 0;
     loop {
-        if app.state == RunState::Running && Instant::now() >= next_tail {
+        if app.state == RunState::Running && app.paused.is_none() && Instant::now() >= next_tail {
             app.collect_slow_ios();
-            if let Some(tail) = tail_so_far(app, spec, loaded, target, args) {
-                app.tail = Some(tail);
+            let material = app.slow_ios.len() + app.slow_requests.len();
+            if material != tail_made_of {
+                if let Some(tail) = tail_so_far(app, spec, loaded, target, args) {
+                    app.tail = Some(tail);
+                    redraw = true;
+                }
+                tail_made_of = material;
             }
             next_tail = Instant::now() + LIVE_TAIL_EVERY;
-            redraw = true;
         }
         if redraw || Instant::now() >= next_tick {
             // A finished run's clock stops with it.
@@ -294,7 +300,10 @@ fn event_loop(
                         }
                     }
                     match result {
-                        Err(e) => app.state = RunState::Failed(e.to_string()),
+                        Err(e) => {
+                            app.state = RunState::Failed(e.to_string());
+                            app.collect_slow_ios();
+                        }
                         Ok(_)
                             if finished == reporting_workers && app.state == RunState::Running =>
                         {

@@ -318,10 +318,11 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
             let height = (lines.len() as u16 + 2).min(sparks.height);
             let [rest, panel] =
                 Layout::vertical([Constraint::Min(0), Constraint::Length(height)]).areas(sparks);
-            let title = if app.state == RunState::Running {
-                " tail autopsy so far: the slowest I/Os joined to their block requests "
-            } else {
+            // Whole-run only once the run finished; a running or failed run's is partial.
+            let title = if app.state == RunState::Finished {
                 " tail autopsy: the slowest I/Os joined to their block requests "
+            } else {
+                " tail autopsy so far: the slowest I/Os joined to their block requests "
             };
             f.render_widget(
                 Paragraph::new(lines).block(Block::bordered().title(title)),

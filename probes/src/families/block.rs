@@ -40,8 +40,12 @@ struct BlockProbe<'obj> {
 pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let have_io_start = cx.kernel.has("block_io_start");
     let filter = cx.filter;
-    // Before block_io_start, the filter notes the process's bios at block_bio_queue.
-    let unused = |tp: &str| tp == "block_bio_queue" && (have_io_start || filter.is_none());
+    // Before block_io_start, the filter notes the process's bios at block_bio_queue; a split
+    // bio inherits its original's notes (and its bio-entry time, on any kernel).
+    let unused = |tp: &str| {
+        (tp == "block_bio_queue" && (have_io_start || filter.is_none()))
+            || (tp == "block_split" && filter.is_none())
+    };
     let inflight = cx.host.inflight_capacity();
     let hists = cx.host.hist_keys(|_| true, KEYS_PER_QUEUE);
     let cpus = cx.host.possible_cpus;
