@@ -251,8 +251,8 @@ impl App {
 
     /// Takes what the workers handed over since the last call.
     pub fn collect_slow_ios(&mut self) {
-        if let Some(watch) = self.tail_watch.clone() {
-            self.on_slow_ios(&watch.take_handed());
+        if let Some(handed) = self.tail_watch.as_ref().map(|w| w.take_handed()) {
+            self.on_slow_ios(&handed);
         }
     }
 

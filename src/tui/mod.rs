@@ -308,8 +308,7 @@ fn event_loop(
                             if finished == reporting_workers && app.state == RunState::Running =>
                         {
                             app.state = RunState::Finished;
-                            app.collect_slow_ios();
-                            app.tail = tail_so_far(app, spec, loaded, target, args);
+                            refresh_tail(app, spec, loaded, target, args);
                         }
                         Ok(_) => {}
                     }
@@ -322,6 +321,18 @@ fn event_loop(
 
 /// How often a running workload's tail autopsy is redone.
 const LIVE_TAIL_EVERY: Duration = Duration::from_secs(5);
+
+/// Takes what the workers handed over and redoes the autopsy with it.
+fn refresh_tail(
+    app: &mut App,
+    spec: &virtgap_workloads::WorkloadSpec,
+    loaded: &virtgap_workloads::LoadedSpec,
+    target: &virtgap_workloads::Target,
+    args: &TuiArgs,
+) {
+    app.collect_slow_ios();
+    app.tail = tail_so_far(app, spec, loaded, target, args);
+}
 
 /// The tail autopsy of the run so far (since start or reset), over the same stages a saved
 /// profile holds.
@@ -357,8 +368,7 @@ fn save(
 ) {
     if app.state == RunState::Running {
         // The autopsy as of now, not of the last refresh.
-        app.collect_slow_ios();
-        app.tail = tail_so_far(app, spec, loaded, target, args);
+        refresh_tail(app, spec, loaded, target, args);
     }
     let profile = match saved_profile(app, spec, loaded, target, args) {
         Ok(p) => p,
