@@ -27,7 +27,10 @@
  *
  * Where bio_entry.bpf.c could attach (fentry or kprobe on submit_bio_noacct), a request whose
  * first bio is in bio_entry starts when that bio entered the block layer, before blk-throttle
- * and the tag wait, and is the process's even when a worker builds it from a held bio.
+ * and the tag wait, and is the process's even when a worker builds it from a held bio. Where
+ * it could not, block_bio_remap notes the same moment for the bios it sees: a partition's,
+ * remapped to the whole disk at the top of submit_bio_noacct (and md's or dm's, passed on to
+ * a member). A whole disk's bios then start at their request.
  *
  * Tracepoint layouts differ by kernel: before 5.11 (5.10.137 for block_rq_issue) block
  * tracepoints took the request queue first. Programs named *_q_* take that layout; user space
@@ -225,8 +228,11 @@ static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 d
 	vg_hist_add(h, delta, true);
 }
 
-/* Set by user space once bio_entry.bpf.c attached: until then bio_entry stays empty. */
-bool bio_entry_hooked = false;
+/*
+ * Set by user space once bio entries are noted (bio_entry.bpf.c attached, or block_bio_remap
+ * here): until then bio_entry stays empty.
+ */
+bool bio_entry_noted = false;
 
 /*
  * When `rq`'s first bio entered the block layer, if bio_entry noted it (0: not noted, or too
@@ -237,7 +243,7 @@ static __always_inline __u64 take_bio_entry(struct request *rq, bool btf, __u64 
 	__u64 bio, *entered, at;
 
 	/* Every request start of every process passes here: no lookup where nothing is noted. */
-	if (!bio_entry_hooked)
+	if (!bio_entry_noted)
 		return 0;
 	bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio);
 	if (!bio)
@@ -267,8 +273,10 @@ static __always_inline int on_io_start(struct request *rq, bool btf)
 		bpf_map_delete_elem(&requests, &key);
 		return 0;
 	}
-	if (entered)
+	if (entered) {
 		fresh.start_ns = entered;
+		bump(VG_BLOCK_FROM_BIO_ENTRY);
+	}
 	cmd_flags = btf ? rq->cmd_flags : BPF_CORE_READ(rq, cmd_flags);
 	data_len = btf ? rq->__data_len : BPF_CORE_READ(rq, __data_len);
 	fresh.flush = op_of_request(cmd_flags, data_len) == VG_OP_FLUSH;
@@ -313,7 +321,7 @@ static __always_inline int on_split(struct bio *split, bool btf)
 
 		bpf_map_update_elem(&bios, &key, &at, BPF_ANY);
 	}
-	if (bio_entry_hooked) {
+	if (bio_entry_noted) {
 		noted = bpf_map_lookup_elem(&bio_entry, &parent);
 		if (noted) {
 			__u64 at = *noted;
@@ -341,8 +349,10 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 	}
 	/* start_time_ns is 0 when the queue keeps no I/O statistics: no queue time then. */
 	*start = rq_start && rq_start <= now ? rq_start : now;
-	if (entered && entered <= *start)
+	if (entered && entered <= *start) {
 		*start = entered;
+		bump(VG_BLOCK_FROM_BIO_ENTRY);
+	}
 	return true;
 }
 
@@ -586,6 +596,37 @@ SEC("raw_tp/block_split")
 int BPF_PROG(block_split_q_raw, struct request_queue *q, struct bio *bio, unsigned int new_sector)
 {
 	return on_split(bio, false);
+}
+
+/*
+ * A bio on a partition is remapped to its disk at the top of submit_bio_noacct, in its
+ * submitter's context and before blk-throttle: where no hook on that function loaded, its
+ * entry is noted here (user space leaves these programs out where the hook attached).
+ */
+SEC("tp_btf/block_bio_remap")
+int BPF_PROG(block_bio_remap_btf, struct bio *bio, dev_t dev, sector_t from)
+{
+	return vg_note_bio_entry(bio);
+}
+
+SEC("raw_tp/block_bio_remap")
+int BPF_PROG(block_bio_remap_raw, struct bio *bio, dev_t dev, sector_t from)
+{
+	return vg_note_bio_entry(bio);
+}
+
+SEC("tp_btf/block_bio_remap")
+int BPF_PROG(block_bio_remap_q_btf, struct request_queue *q, struct bio *bio, dev_t dev,
+	     sector_t from)
+{
+	return vg_note_bio_entry(bio);
+}
+
+SEC("raw_tp/block_bio_remap")
+int BPF_PROG(block_bio_remap_q_raw, struct request_queue *q, struct bio *bio, dev_t dev,
+	     sector_t from)
+{
+	return vg_note_bio_entry(bio);
 }
 
 SEC("tp_btf/block_rq_issue")

@@ -300,6 +300,12 @@ echo "$(cat /sys/block/$NVME/dev) riops=@THROTTLE_IOPS@" > /sys/fs/cgroup/thrott
 step throttle sh -c 'echo $$ > /sys/fs/cgroup/throttled/cgroup.procs && exec "$@"' sh \
     /bin/virtgap record -w rand4k --qd 8 --workers 1 --duration @SECONDS@s --quiet --probes block \
     --target /dev/$NVME -o /out/throttle.json
+# Where no fentry or kprobe loads, a partition's bios are noted at block_bio_remap, before the
+# throttle: the same throttled reads on a partition of the NVMe disk with the hook left out.
+step addpart addpart /dev/$NVME 1 2048 524288
+step remap sh -c 'echo $$ > /sys/fs/cgroup/throttled/cgroup.procs && exec "$@"' sh \
+    env VIRTGAP_NO_BIO_ENTRY_HOOK=1 /bin/virtgap record -w rand4k --qd 8 --workers 1 \
+    --duration @SECONDS@s --probes block --target /dev/${NVME}p1 -o /out/remap.json
 # 1 MiB reads on a disk that takes smaller requests (QEMU's NVMe: 512 KiB): each read is split,
 # and the summary says how many requests an app I/O became.
 cat /sys/block/$NVME/queue/max_sectors_kb > /out/split.max_sectors_kb
@@ -323,6 +329,7 @@ def build_initramfs(kernel, virtgap, work):
     shutil.copy2("/bin/busybox", os.path.join(root, "bin", "busybox"))
     copy_with_libs(virtgap, root)
     copy_with_libs(tool("mdadm"), root)
+    copy_with_libs(tool("addpart"), root)
     order = []
     for path in module_files(kernel):
         name = os.path.basename(path)
@@ -614,19 +621,39 @@ def check_rand4k(c, results, name, profile, leaves):
     return devices
 
 
-def check_throttle(c, profile):
+def check_throttle(c, profile, name="throttle"):
     """Reads held by blk-throttle: their wait is queue time (from the bio's entry), and every
     request counts, those a throttle worker built from a held bio included."""
-    if not c.check(profile is not None, "throttle: profile written"):
+    if not c.check(profile is not None, f"{name}: profile written"):
         return
     ios = profile["results"]["read"]["ios"]
     stages = profile.get("stages") or {}
     app, queue = stages.get("app") or {}, stages.get("queue") or {}
     mean = lambda h: h.get("sum_ns", 0) / max(h.get("count", 0), 1)
     c.check(ios > 0 and queue.get("count", 0) >= 0.95 * ios,
-            f"throttle: queue stage counts {queue.get('count')} requests for {ios} reads (>= 95%)")
+            f"{name}: queue stage counts {queue.get('count')} requests for {ios} reads (>= 95%)")
     c.check(mean(app) > 5e6 and mean(queue) >= 0.8 * mean(app),
-            f"throttle: queue {mean(queue) / 1e6:.1f} ms of app {mean(app) / 1e6:.1f} ms per read (>= 80%)")
+            f"{name}: queue {mean(queue) / 1e6:.1f} ms of app {mean(app) / 1e6:.1f} ms per read (>= 80%)")
+
+
+def check_remap(c, results):
+    """The throttled reads again, on a partition with the bio-entry hook left out: noted at
+    block_bio_remap, their wait is still queue time, and the summary says where it starts."""
+    profile = read_json(results, "remap.json")
+    check_throttle(c, profile, "remap")
+    if profile is None:
+        return
+    outcomes = {t["tracepoint"]: t for f in (profile.get("capabilities") or {}).get("families", [])
+                for t in f.get("tracepoints", [])}
+    hook, remap = outcomes.get("submit_bio_noacct", {}), outcomes.get("block_bio_remap", {})
+    c.check(hook.get("attached") is None and remap.get("attached") is not None,
+            f"remap: hook left out, block_bio_remap attached ({remap.get('attached')})")
+    entry = (profile.get("block") or {}).get("from_bio_entry", 0)
+    requests = stage_count(profile, "queue")
+    c.check(requests > 0 and entry >= 0.95 * requests,
+            f"remap: {entry} of {requests} requests started at their bio's entry")
+    c.check("noted at block_bio_remap" in read_text(results, "remap.err") + read_text(results, "remap.out"),
+            "remap: the summary says the queue starts at the bio's entry, noted at block_bio_remap")
 
 
 def check_tail(c, name, profile):
@@ -796,7 +823,8 @@ def check_guest(c, console, results, virtgap):
     devices = read_text(results, "devices").split()
     names = dict(kv.split("=", 1) for kv in devices if "=" in kv)
     check_doctor(c, read_json(results, "doctor.out"), read_text(results, "uname").strip())
-    for step in ["doctor", "offline", "nvme", "virtio", "unthrottled", "throttle", "split", "mdadm", "md"]:
+    for step in ["doctor", "offline", "nvme", "virtio", "unthrottled", "throttle", "addpart", "remap", "split",
+                 "mdadm", "md"]:
         step_ok(c, results, step)
     check_sampler_cpus(c, read_json(results, "offline.out"))
     nvme = read_json(results, "nvme.json")
@@ -807,6 +835,7 @@ def check_guest(c, console, results, virtgap):
     check_idle(c, "nvme", nvme, read_text(results, "uname").strip())
     check_throttle(c, read_json(results, "throttle.json"))
     check_throttle_diff(c, results, virtgap)
+    check_remap(c, results)
     check_split(c, results)
     if nvme:
         check_sampler(c, nvme)
@@ -880,7 +909,7 @@ def main():
     args = p.parse_args()
     if not os.access(args.virtgap, os.X_OK):
         sys.exit(f"vmtest: no virtgap binary at {args.virtgap}; run `just build` first")
-    for name in ["qemu-system-x86_64", "cpio", "mdadm", "modprobe", "depmod", "dpkg-deb", "xz"]:
+    for name in ["qemu-system-x86_64", "cpio", "mdadm", "addpart", "modprobe", "depmod", "dpkg-deb", "xz"]:
         if not tool(name):
             sys.exit(f"vmtest: {name} not found; `./setup.sh vmtest` installs what the tier needs")
     if not os.path.exists("/bin/busybox"):

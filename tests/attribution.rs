@@ -3,13 +3,13 @@
 //!
 //! | injected | how | the diff must say |
 //! |---|---|---|
-//! | block-layer queueing | cgroup v1 blkio read-IOPS throttle below the workload's paced demand | queue or submit, not device |
+//! | block-layer queueing | cgroup v1 blkio read-IOPS throttle below the workload's paced demand, on a partition of a loop disk | queue (≥ 80%; queue + submit where bios cannot be noted at their entry), not device |
 //! | slower device | loop device over a file on a FUSE filesystem that delays each read by 5 ms | device, ≈ the delay at QD 1 |
 //! | completion path | SCHED_FIFO hog on the CPU that takes the disk IRQ and runs the workload | software (wakeup up), not device |
 //! | completion hop | the workload on another CPU than the disk IRQ, rq_affinity 1 then 2 (each completion sent back by IPI) | completion, not device |
 //! | nothing (A/A) | 5 + 5 plain runs, interleaved | no significant difference on any row |
 //! | slow tail | loop over FUSE delaying one 4 KiB block in 500 by 3 ms, QD 1, 5 + 5 runs | p99.9 of app and device significant, the mean moving far less |
-//! | small gap | blkio throttle at 88% of the unthrottled IOPS, 5 + 5 runs interleaved (10 + 10 if inconclusive) | IOPS and mean latency significant; the gap in queue + submit, not device |
+//! | small gap | blkio throttle at 88% of the unthrottled IOPS on a partition of a loop disk, 5 + 5 runs interleaved (10 + 10 if inconclusive) | IOPS and mean latency significant; ≥ 80% of the gap in queue (as above), not device |
 //!
 //! Needs root (cgroups, mounts, loop devices, BPF). Minutes of recording each, so they are not
 //! part of `cargo test`'s default run: `just attribution-check` runs them (CI does too) and
@@ -18,13 +18,14 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde_json::Value;
 
 mod common;
 use common::root_allowed;
 use common::slow_device::{slow_fuse, SlowDevice};
+use virtgap_testkit::block::{BlkioGroup, PartitionedLoop};
 
 fn scratch() -> tempfile::TempDir {
     common::scratch("vg-attr-")
@@ -112,19 +113,19 @@ fn delta(d: &Value, metric: &str) -> f64 {
         .expect("measured on both hosts")
 }
 
-/// Whether the profile's queue stage starts at the bio's entry (the kernel let the block probe
-/// hook `submit_bio_noacct`).
+/// Whether the profile's queue stage starts at each bio's entry into the block layer (noted by
+/// the hook on `submit_bio_noacct`, or at `block_bio_remap` for a partition's bios).
 fn queue_from_bio_entry(profile: &Path) -> bool {
     virtgap::model::profile::load(profile)
         .unwrap()
-        .capabilities
-        .is_some_and(|c| c.queue_from_bio_entry())
+        .queue_start()
+        .is_some_and(|q| q.from_bio_entry())
 }
 
 /// Throttling holds bios before their requests start, not on the device: at least 80% of the
-/// gap on the queue stage where it starts at the bio's entry (`hooked`); without that hook the
-/// wait falls before the request, in software, and queue + software must hold 80%. Under 20%
-/// on the device either way.
+/// gap on the queue stage where it starts at the bio's entry (`hooked`); where bios could not
+/// be noted there the wait falls before the request, in software, and queue + software must
+/// hold 80%. Under 20% on the device either way.
 fn assert_gap_in_queue_or_submit(d: &Value, hooked: bool) {
     let queue = share(d, "block queue");
     if hooked {
@@ -135,7 +136,7 @@ fn assert_gap_in_queue_or_submit(d: &Value, hooked: bool) {
         );
     } else {
         eprintln!(
-            "(no bio-entry hook on this kernel: the throttle's wait is judged as queue + software)"
+            "(bios not noted at their entry here: the throttle's wait is judged as queue + software)"
         );
         let queue_or_submit = queue + share(d, "software: submit + reap");
         assert!(
@@ -264,6 +265,30 @@ fn aa_five_plain_runs_a_side_differ_in_nothing_significant() {
 }
 
 /// Mean IOPS of the runs in the profiles at `paths`.
+/// A partition of a loop disk holding 256 MiB of data, for the throttle experiments: a
+/// partition's bios are noted where they enter the block layer even where no hook on
+/// `submit_bio_noacct` loads (at `block_bio_remap`), so the throttle's wait is queue time.
+fn throttle_target(dir: &Path, what: &str) -> Option<PartitionedLoop> {
+    match PartitionedLoop::new(dir, 256 << 20) {
+        Ok(lo) => Some(lo),
+        Err(why) => {
+            virtgap_testkit::require(what, Err::<(), _>(why));
+            None
+        }
+    }
+}
+
+/// A blkio group throttling reads from `lo`'s disk to `read_iops`.
+fn throttle(lo: &PartitionedLoop, read_iops: u32, what: &str) -> Option<BlkioGroup> {
+    match BlkioGroup::new(read_iops, &lo.disk_dev()) {
+        Ok(g) => Some(g),
+        Err(why) => {
+            virtgap_testkit::require(what, Err::<(), _>(why));
+            None
+        }
+    }
+}
+
 /// The small-gap experiment's throttle: 88% of an unthrottled rate (a ~12% gap).
 fn throttle_at(unthrottled_iops: f64) -> u32 {
     (unthrottled_iops * 0.88) as u32
@@ -290,7 +315,9 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch();
-    let disk = disk_of(dir.path());
+    let Some(lo) = throttle_target(dir.path(), "the small-gap experiment") else {
+        return;
+    };
     let args = [
         "-w",
         "rand4k",
@@ -300,8 +327,8 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
         "256MiB",
         "--duration",
         "4s",
-        "--dir",
-        dir.path().to_str().unwrap(),
+        "--target",
+        lo.partition.to_str().unwrap(),
     ];
     // The throttle is 88% of the unthrottled rate, and follows it: this host's IOPS wander by
     // several % between minutes, and a limit fixed from the first runs can leave a 3% gap by
@@ -313,16 +340,18 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
     for p in &probe {
         record(&[], &args, p);
     }
-    let Some(group) = BlkioGroup::new(throttle_at(mean_iops(&probe)), &disk) else {
-        virtgap_testkit::require(
-            "the small-gap experiment",
-            Err("no cgroup v1 blkio controller"),
-        );
+    let Some(group) = throttle(
+        &lo,
+        throttle_at(mean_iops(&probe)),
+        "the small-gap experiment",
+    ) else {
         return;
     };
     let follow = |a_so_far: &[PathBuf]| {
         if let Some(latest) = a_so_far.last() {
-            group.set_read_iops(throttle_at(mean_iops(std::slice::from_ref(latest))));
+            group
+                .set_read_iops(throttle_at(mean_iops(std::slice::from_ref(latest))))
+                .unwrap();
         }
     };
     let script = group.enter_script();
@@ -359,55 +388,6 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
     assert_gap_in_queue_or_submit(&d, b.iter().all(|p| queue_from_bio_entry(p)));
 }
 
-/// A cgroup v1 blkio group limiting reads from one disk, removed on drop.
-struct BlkioGroup {
-    dir: PathBuf,
-    /// `major:minor` of the limited disk.
-    disk: String,
-}
-
-impl BlkioGroup {
-    fn new(read_iops: u32, disk: &str) -> Option<Self> {
-        let root = Path::new("/sys/fs/cgroup/blkio");
-        if !root.join("blkio.throttle.read_iops_device").exists() {
-            return None;
-        }
-        let stamp = std::time::SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        let dir = root.join(format!("virtgap-attr-{}-{stamp}", std::process::id()));
-        std::fs::create_dir(&dir).unwrap();
-        let group = Self {
-            dir,
-            disk: disk.to_string(),
-        };
-        group.set_read_iops(read_iops);
-        Some(group)
-    }
-
-    /// Sets the group's read limit, in I/Os per second.
-    fn set_read_iops(&self, read_iops: u32) {
-        std::fs::write(
-            self.dir.join("blkio.throttle.read_iops_device"),
-            format!("{} {read_iops}\n", self.disk),
-        )
-        .unwrap();
-    }
-
-    /// A `sh -c` script that moves itself into the group, then runs its arguments.
-    fn enter_script(&self) -> String {
-        let procs = self.dir.join("cgroup.procs");
-        format!("echo $$ > {} && exec \"$0\" \"$@\"", procs.display())
-    }
-}
-
-impl Drop for BlkioGroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.dir);
-    }
-}
-
 #[test]
 #[ignore = "experiment: run by `just attribution-check`"]
 fn blkio_throttling_shows_up_as_queueing_not_device_time() {
@@ -416,9 +396,10 @@ fn blkio_throttling_shows_up_as_queueing_not_device_time() {
     }
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = scratch();
-    let disk = disk_of(dir.path());
-    let Some(group) = BlkioGroup::new(500, &disk) else {
-        virtgap_testkit::require("the blkio experiment", Err("no cgroup v1 blkio controller"));
+    let Some(lo) = throttle_target(dir.path(), "the blkio experiment") else {
+        return;
+    };
+    let Some(group) = throttle(&lo, 500, "the blkio experiment") else {
         return;
     };
     // Paced at 1000 IOPS, throttled to 500: requests wait in the throttle, the device does not.
@@ -433,8 +414,8 @@ fn blkio_throttling_shows_up_as_queueing_not_device_time() {
         "256MiB",
         "--duration",
         "6s",
-        "--dir",
-        dir.path().to_str().unwrap(),
+        "--target",
+        lo.partition.to_str().unwrap(),
     ];
     let (a, b) = (
         dir.path().join("base.json"),

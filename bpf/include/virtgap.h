@@ -102,7 +102,9 @@ enum vg_block_counter {
 	VG_BLOCK_UNSPLIT = 5,
 	/* Slow requests not sent to user space: the ring buffer was full. */
 	VG_BLOCK_SLOW_DROPPED = 6,
-	VG_BLOCK_COUNTERS = 7,
+	/* Requests whose queue time starts at their first bio's entry (see vg_bio_entry.bpf.h). */
+	VG_BLOCK_FROM_BIO_ENTRY = 7,
+	VG_BLOCK_COUNTERS = 8,
 };
 
 /*

@@ -120,6 +120,10 @@ pub struct BlockSnapshot {
     /// Slow requests lost for the tail autopsy: its ring buffer was full.
     #[serde(default)]
     pub slow_dropped: u64,
+    /// Requests whose queue time started at their first bio's entry into the block layer
+    /// (noted by the hook on submit_bio_noacct, or at block_bio_remap), not at the request.
+    #[serde(default)]
+    pub from_bio_entry: u64,
 }
 
 /// One request of the followed process that was slow enough for the tail autopsy: its stage
@@ -214,6 +218,7 @@ impl BlockSnapshot {
             requeued: self.requeued.saturating_sub(earlier.requeued),
             unsplit: self.unsplit.saturating_sub(earlier.unsplit),
             slow_dropped: self.slow_dropped.saturating_sub(earlier.slow_dropped),
+            from_bio_entry: self.from_bio_entry.saturating_sub(earlier.from_bio_entry),
             errors: self.errors.saturating_sub(earlier.errors),
             timeouts: self.timeouts.saturating_sub(earlier.timeouts),
         }

@@ -240,6 +240,81 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
     assert!(none.is_empty(), "{} sent above the threshold", none.len());
 }
 
+/// A bio is noted where it enters the block layer, before blk-throttle can hold it: by the hook
+/// on submit_bio_noacct, or where that cannot load, at block_bio_remap, which a partition's
+/// bios pass first. Reads from a partition of a loop disk throttled to 100 per second wait in
+/// the throttle, and that wait is the queue stage (the request starts only after it).
+#[test]
+fn a_partitions_throttled_reads_wait_in_the_queue_stage() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    const READS: u64 = 100;
+    let lo = match virtgap_testkit::block::PartitionedLoop::new(dir.path(), 4 << 20) {
+        Ok(lo) => lo,
+        Err(why) => {
+            virtgap_testkit::require("the partition's queue-stage check", Err::<(), _>(why));
+            return;
+        }
+    };
+    let group = match virtgap_testkit::block::BlkioGroup::new(100, &lo.disk_dev()) {
+        Ok(g) => g,
+        Err(why) => {
+            virtgap_testkit::require("the partition's queue-stage check", Err::<(), _>(why));
+            return;
+        }
+    };
+    let mut storage = ProbeStorage::default();
+    let config = ProbeConfig::new(vec![Family::Block], Some(std::process::id()));
+    let session = ProbeSession::load(&mut storage, &config);
+    if !family_ready(&session, Family::Block) {
+        return;
+    }
+    let hook = session
+        .report
+        .tracepoint_attached(virtgap_probes::report::BIO_ENTRY_HOOK);
+    let before = session.snapshot();
+    let reads = {
+        let _throttled = group.enter_thread().unwrap();
+        timed_direct_reads(&lo.partition, READS)
+    };
+    let after = session.snapshot();
+    let block = after.block.unwrap().since(&before.block.unwrap());
+    let disk = devnum(
+        &std::fs::canonicalize(format!(
+            "/sys/class/block/{}",
+            lo.disk.file_name().unwrap().to_string_lossy()
+        ))
+        .unwrap(),
+    );
+    let queue = block.stage(Some(&[disk]), BlockStage::Queue, &[BlockOp::Read]);
+    let read_mean = reads.iter().map(|&(_, b, a)| (a - b) as f64).sum::<f64>() / reads.len() as f64;
+    eprintln!(
+        "{} reads, {} requests from their bio's entry ({}); queue mean {:?} ns of a read's {read_mean:.0} ns",
+        queue.count,
+        block.from_bio_entry,
+        if hook { "hook on submit_bio_noacct" } else { "block_bio_remap" },
+        queue.mean_ns()
+    );
+    assert!(
+        (queue.count as i64 - READS as i64).abs() <= 2,
+        "queue stage counted {} of {READS} reads",
+        queue.count
+    );
+    assert!(
+        block.from_bio_entry >= READS * 98 / 100,
+        "only {} of {READS} requests started at their bio's entry",
+        block.from_bio_entry
+    );
+    let queued = queue.mean_ns().unwrap();
+    assert!(
+        queued >= read_mean * 0.8 && queued <= read_mean,
+        "queue stage {queued:.0} ns of a read's {read_mean:.0} ns: the throttle's wait is not queue"
+    );
+}
+
 /// Device time ends where the interrupt handler of the request's queue starts, and the rest up
 /// to the completion is the completion stage: every read gets both, and together with the
 /// queue stage they fall within what the reads took.

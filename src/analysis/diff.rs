@@ -21,7 +21,9 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 
-use crate::model::profile::{IdleBaseline, Interval, Profile, RequestsPerIo, RunRecord, Stage};
+use crate::model::profile::{
+    IdleBaseline, Interval, Profile, QueueStart, RequestsPerIo, RunRecord, Stage,
+};
 use crate::model::tail::TailStages;
 
 /// The smallest effect `diff` calls a difference unless told otherwise: 5%, the size of gap the
@@ -1390,13 +1392,10 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     }
 }
 
-/// Whether `p`'s queue stage starts where each bio enters the block layer (the bio-entry
-/// hook attached) rather than where its request starts; None without the block probe.
+/// Whether `p`'s queue stage starts where each bio enters the block layer rather than where
+/// its request starts; None without the block probe.
 fn queue_from_bio_entry(p: &Profile) -> Option<bool> {
-    let report = p.capabilities.as_ref()?;
-    report
-        .attached(virtgap_probes::Family::Block)
-        .then(|| report.queue_from_bio_entry())
+    p.queue_start().map(QueueStart::from_bio_entry)
 }
 
 /// A side's block requests per app I/O, over all its profiles.
@@ -1444,7 +1443,7 @@ fn queue_start_warning(a_side: &[&Profile], b_side: &[&Profile]) -> Option<Strin
         _ => return None,
     };
     Some(format!(
-        "the queue stage starts where each bio enters the block layer on {entry} but where its request starts on {request} (no fentry or kprobe there): blk-throttle and tag waits count as queue on one side and as software on the other"
+        "the queue stage starts where each bio enters the block layer on {entry} but where its request starts on {request} (no fentry or kprobe there, and a whole disk's bios pass no block_bio_remap): blk-throttle and tag waits count as queue on one side and as software on the other"
     ))
 }
 
@@ -2095,6 +2094,33 @@ pub(crate) mod tests {
         );
         assert_eq!(flagged(&entry, &entry), None);
         assert_eq!(flagged(&request, &request), None);
+        // No hook, but block_bio_remap noted every request's bio (a partition's): the same start.
+        let mut remapped = with_block(false);
+        let requests = remapped.stages.queue.as_ref().unwrap().count;
+        assert!(requests > 0);
+        remapped.block = Some(crate::model::profile::BlockCounts {
+            from_bio_entry: Some(requests),
+            ..Default::default()
+        });
+        assert_eq!(
+            remapped.queue_start(),
+            Some(QueueStart::BioEntry { remap: true })
+        );
+        assert_eq!(flagged(&entry, &remapped), None);
+        assert!(flagged(&remapped, &request).is_some());
+        // Half of them: a mixed start, not the bio's entry.
+        remapped.block.as_mut().unwrap().from_bio_entry = Some(requests / 2);
+        assert_eq!(
+            remapped.queue_start(),
+            Some(QueueStart::Mixed {
+                from_entry: requests / 2,
+                requests
+            })
+        );
+        assert!(flagged(&entry, &remapped).is_some());
+        // A profile from before the count: at the request.
+        remapped.block.as_mut().unwrap().from_bio_entry = None;
+        assert_eq!(remapped.queue_start(), Some(QueueStart::Request));
         // Without the block probe there is no queue stage to compare.
         let bare = synthetic(1.0, 1.0, 1.0, 0.0, 3);
         assert_eq!(flagged(&bare, &entry), None);

@@ -21,6 +21,10 @@ const SIGNALS: &[(&str, &str)] = &[
         "block_split",
         "split bios keep their process (and bio-entry time)",
     ),
+    (
+        "block_bio_remap",
+        "a partition's bio entry where submit_bio_noacct has no hook",
+    ),
     ("block_rq_merge", "requests merged away"),
     ("block_rq_requeue", "requests handed back by the driver"),
     (

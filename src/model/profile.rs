@@ -391,6 +391,34 @@ pub struct BlockCounts {
     pub unsplit: u64,
     /// Requests or histogram entries lost to full probe maps.
     pub dropped: u64,
+    /// Requests whose queue time started at their first bio's entry into the block layer
+    /// (absent in profiles from before this was counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_bio_entry: Option<u64>,
+}
+
+/// Where a profile's queue stage starts (see [`Profile::queue_start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueStart {
+    /// Where each bio entered the block layer: blk-throttle and tag waits are queue.
+    /// `remap`: noted at block_bio_remap (a partition's bios) for want of a hook on
+    /// submit_bio_noacct.
+    BioEntry { remap: bool },
+    /// At the request: blk-throttle and tag waits fall before it, in the software residual.
+    Request,
+    /// At the bio's entry for `from_entry` of `requests` (those block_bio_remap saw), at the
+    /// request for the rest.
+    Mixed { from_entry: u64, requests: u64 },
+}
+
+impl QueueStart {
+    /// Share of requests from the bio's entry above which a remap-noted stage counts as
+    /// starting there (a few requests built without a noted bio: a flush, the window's edge).
+    const WHOLE: f64 = 0.95;
+
+    pub fn from_bio_entry(self) -> bool {
+        matches!(self, Self::BioEntry { .. })
+    }
 }
 
 /// Everything measured in one interval.
@@ -534,7 +562,8 @@ pub struct Profile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stalls: Option<crate::model::stalls::Stalls>,
     /// Each replicate run, in order (absent in version-1 profiles). With more than one run the
-    /// workload results, stage histograms, intervals and CPU loads above pool every run; the
+    /// workload results, stage histograms, intervals, CPU loads and block counts above pool
+    /// every run; the
     /// `virtualization`, `devices`, `kv`, `self_overhead` and `stalls` sections are the first
     /// run's (a stall in any later run is named there too).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -669,6 +698,38 @@ impl RunRecord {
 }
 
 impl Profile {
+    /// Where the queue stage starts: at each bio's entry where the hook on submit_bio_noacct
+    /// attached, or where block_bio_remap noted (nearly) every request's bio; else at the
+    /// request. None without the block probe.
+    pub fn queue_start(&self) -> Option<QueueStart> {
+        let report = self.capabilities.as_ref()?;
+        if !report.attached(virtgap_probes::Family::Block) {
+            return None;
+        }
+        if report.queue_from_bio_entry() {
+            return Some(QueueStart::BioEntry { remap: false });
+        }
+        let from_entry = self.block.as_ref().and_then(|b| b.from_bio_entry);
+        let requests = [&self.stages.queue, &self.stages.flush]
+            .iter()
+            .filter_map(|h| h.as_ref())
+            .map(|h| h.count)
+            .sum::<u64>();
+        Some(match from_entry {
+            Some(n) if n > 0 && requests > 0 => {
+                if n as f64 >= requests as f64 * QueueStart::WHOLE {
+                    QueueStart::BioEntry { remap: true }
+                } else {
+                    QueueStart::Mixed {
+                        from_entry: n,
+                        requests,
+                    }
+                }
+            }
+            _ => QueueStart::Request,
+        })
+    }
+
     /// The replicate runs, with the intervals of each: `runs` as recorded, or — for a
     /// version-1 profile — one run made of the whole profile.
     pub fn replicates(&self) -> Vec<(RunRecord, &[Interval])> {
@@ -1370,6 +1431,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
         block: total.and_then(|t| t.block.as_ref()).map(|b| BlockCounts {
             unsplit: b.unsplit,
             dropped: b.dropped,
+            from_bio_entry: Some(b.from_bio_entry),
         }),
         virtualization: total.and_then(virtualization),
         calibration: i.calibration,
@@ -1432,6 +1494,14 @@ pub fn pool_runs(mut runs: Vec<(Profile, RunRecord)>, merged: &RunStats, paced: 
                 None => pooled.cpu_pairs.push(*pair),
             }
         }
+        pooled.block = match (pooled.block.take(), p.block) {
+            (Some(a), Some(b)) => Some(BlockCounts {
+                unsplit: a.unsplit + b.unsplit,
+                dropped: a.dropped + b.dropped,
+                from_bio_entry: a.from_bio_entry.zip(b.from_bio_entry).map(|(x, y)| x + y),
+            }),
+            (a, b) => a.or(b),
+        };
         let stalled =
             |s: &Option<crate::model::stalls::Stalls>| s.as_ref().is_some_and(|s| s.found());
         if !stalled(&pooled.stalls) && stalled(&p.stalls) {
@@ -1962,5 +2032,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a regular file"), "{err}");
+    }
+
+    /// `record --runs N` pools the block counts with the stages they are read against: the
+    /// share of requests from their bio's entry stays the whole profile's.
+    #[test]
+    fn pooled_runs_sum_their_block_counts() {
+        let run = |from_bio_entry: Option<u64>| {
+            let mut p = crate::analysis::diff::tests::synthetic(1.0, 1.0, 1.0, 0.0, 3);
+            p.block = Some(BlockCounts {
+                unsplit: 2,
+                dropped: 1,
+                from_bio_entry,
+            });
+            let record = RunRecord::of_profile(&p, 1);
+            (p, record)
+        };
+        let stats = RunStats::default();
+        let pooled = pool_runs(vec![run(Some(10)), run(Some(5))], &stats, false);
+        assert_eq!(
+            pooled.block,
+            Some(BlockCounts {
+                unsplit: 4,
+                dropped: 2,
+                from_bio_entry: Some(15),
+            })
+        );
+        // A run from before the count: the pooled count is unknown, not a part.
+        let pooled = pool_runs(vec![run(Some(10)), run(None)], &stats, false);
+        assert_eq!(pooled.block.unwrap().from_bio_entry, None);
     }
 }

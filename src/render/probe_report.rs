@@ -11,7 +11,7 @@ use virtgap_probes::{CapabilityReport, Family};
 use virtgap_workloads::units;
 
 use crate::model::profile::{
-    CpuLoad, DeviceProfile, DeviceStages, Histogram, MsrAccesses, OpStages, Profile,
+    CpuLoad, DeviceProfile, DeviceStages, Histogram, MsrAccesses, OpStages, Profile, QueueStart,
     SamplerSection, Virtualization,
 };
 
@@ -111,6 +111,22 @@ fn ops_of(devices: &[&DeviceProfile]) -> Vec<OpStages> {
 }
 
 /// The block stages of the target's disks, each on its own and a stacked target's together.
+/// Where the queue stage starts, when that is not the plain case of a hook on every bio's entry.
+fn queue_start_line(start: QueueStart) -> Option<String> {
+    match start {
+        QueueStart::BioEntry { remap: false } => None,
+        QueueStart::BioEntry { remap: true } => Some(
+            "queue starts at each bio's entry, noted at block_bio_remap (the target's bios are a partition's; no fentry or kprobe on submit_bio_noacct here): blk-throttle and tag waits count as queue".into(),
+        ),
+        QueueStart::Request => Some(
+            "queue starts at the request here, not at the bio's entry (no fentry or kprobe on submit_bio_noacct here, and block_bio_remap, which notes a partition's bios, noted none of these): blk-throttle and tag waits count as software".into(),
+        ),
+        QueueStart::Mixed { from_entry, requests } => Some(format!(
+            "queue starts at the bio's entry for {from_entry} of {requests} requests (those block_bio_remap saw) and at the request for the rest (no fentry or kprobe on submit_bio_noacct): blk-throttle and tag waits count partly as software"
+        )),
+    }
+}
+
 fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
     let mut groups: Vec<(String, Vec<&DeviceProfile>)> = p
         .devices
@@ -142,15 +158,10 @@ fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
             stage_table(out, &title, &op.stages)?;
         }
     }
-    let hooked = p
-        .capabilities
-        .as_ref()
-        .is_some_and(CapabilityReport::queue_from_bio_entry);
-    if !hooked && !groups.is_empty() {
-        writeln!(
-            out,
-            "    queue starts at the request here, not at the bio's entry (no fentry or kprobe on submit_bio_noacct): blk-throttle and tag waits count as software"
-        )?;
+    if !groups.is_empty() {
+        if let Some(line) = p.queue_start().and_then(queue_start_line) {
+            writeln!(out, "    {line}")?;
+        }
     }
     if let Some(note) = p
         .target

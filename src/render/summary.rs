@@ -230,6 +230,7 @@ mod tests {
         p.block = Some(BlockCounts {
             unsplit: 3,
             dropped: 0,
+            from_bio_entry: Some(0),
         });
         p.cpus[0].irq_time_ns = BTreeMap::from([("virtio1-req.0".to_string(), 6_000_000)]);
         p.stages.wakeup = Some(Histogram::default());

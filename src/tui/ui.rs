@@ -879,6 +879,7 @@ mod tests {
                 slow_dropped: 0,
                 errors: 0,
                 timeouts: 0,
+                from_bio_entry: 0,
             }),
             irq: Some(IrqSnapshot {
                 hardirqs: vec![HardIrq {

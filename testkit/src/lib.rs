@@ -8,6 +8,8 @@
 use std::fmt::Display;
 use std::io::Write;
 
+pub mod block;
+
 /// Whether this is a CI run (`CI` set, as `.ci/run` and most CI services do).
 pub fn in_ci() -> bool {
     std::env::var_os("CI").is_some()

@@ -40,13 +40,19 @@ struct BlockProbe<'obj> {
 pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let have_io_start = cx.kernel.has("block_io_start");
     let filter = cx.filter;
+    let inflight = cx.host.inflight_capacity();
+    // The bio-entry hook first: where it attaches, its map is the one both objects share and
+    // block_bio_remap is left out; where it cannot, the block object notes a partition's bios
+    // itself at block_bio_remap.
+    let (bio_entry, hook_outcome) = attach_bio_entry(filter, inflight);
+    let hooked = bio_entry.is_some();
     // Before block_io_start, the filter notes the process's bios at block_bio_queue; a split
     // bio inherits its original's notes (and its bio-entry time, on any kernel).
     let unused = |tp: &str| {
         (tp == "block_bio_queue" && (have_io_start || filter.is_none()))
             || (tp == "block_split" && filter.is_none())
+            || (tp == REMAP && hooked)
     };
-    let inflight = cx.host.inflight_capacity();
     let hists = cx.host.hist_keys(|_| true, KEYS_PER_QUEUE);
     let cpus = cx.host.possible_cpus;
     let queue_irqs = (cx
@@ -56,7 +62,9 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         .map(|d| d.queue_irqs.len())
         .sum::<usize>() as u32)
         .max(1);
+    let shared_map = std::cell::Cell::new(Ok(()));
     let setup = |open: &mut crate::bpf::block::OpenBlockSkel<'_>, _kind| {
+        use std::os::fd::AsFd;
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.have_io_start = have_io_start;
         }
@@ -65,6 +73,15 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         let _ = open.maps.requests.set_max_entries(inflight);
         let _ = open.maps.bios.set_max_entries(inflight);
         let _ = open.maps.bio_entry.set_max_entries(inflight);
+        if let Some(hook) = &bio_entry {
+            // The hook's map: what that object writes, this one reads.
+            shared_map.set(
+                open.maps
+                    .bio_entry
+                    .reuse_fd(hook.skel.maps.bio_entry.as_fd())
+                    .map_err(|e| e.to_string()),
+            );
+        }
         let _ = open.maps.block_hists.set_max_entries(hists);
         let _ = open.maps.completions_by_submitter.set_max_entries(cpus);
         let _ = open.maps.queue_irqs.set_max_entries(queue_irqs);
@@ -93,11 +110,26 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
             );
         }
     }
-    let (bio_entry, outcome) = attach_bio_entry(filter, &skel.maps.bio_entry);
-    if let (Some(_), Some(bss)) = (&bio_entry, skel.maps.bss_data.as_deref_mut()) {
-        bss.bio_entry_hooked = true;
+    let (bio_entry, hook_outcome) = match (bio_entry, shared_map.into_inner()) {
+        (Some(_), Err(e)) => (
+            None,
+            AttachOutcome {
+                attached: None,
+                reason: Some(format!("sharing its map: {e}; {SO_REQUEST}")),
+                ..hook_outcome
+            },
+        ),
+        (hook, _) => (hook, hook_outcome),
+    };
+    let noted = bio_entry.is_some()
+        || report
+            .tracepoints
+            .iter()
+            .any(|t| t.tracepoint == REMAP && t.attached.is_some());
+    if let (true, Some(bss)) = (noted, skel.maps.bss_data.as_deref_mut()) {
+        bss.bio_entry_noted = true;
     }
-    report.tracepoints.push(outcome);
+    report.tracepoints.push(hook_outcome);
     report
         .tracepoints
         .sort_by(|a, b| a.tracepoint.cmp(&b.tracepoint));
@@ -119,9 +151,19 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
     Ok((Box::new(probe), report))
 }
 
-/// The bio-entry hook (`bpf/bio_entry.bpf.c`): its object and link, kept for their life.
+/// The tracepoint that notes a partition's bios where the hook cannot (see `bpf/block.bpf.c`).
+const REMAP: &str = "block_bio_remap";
+
+/// Set (to anything), the hook is not tried: queue time starts as on a kernel without it.
+const NO_HOOK_VAR: &str = "VIRTGAP_NO_BIO_ENTRY_HOOK";
+
+/// The end of the hook's reason when it did not attach: where queue time starts instead.
+const SO_REQUEST: &str = "so queue time starts at the bio's entry only for bios block_bio_remap sees (on a partition, or passed on by md or dm), else when the request starts (blk-throttle and tag waits count as software)";
+
+/// The bio-entry hook (`bpf/bio_entry.bpf.c`): its object (whose map the block object shares)
+/// and link, kept for their life.
 struct BioEntry {
-    _skel: BioEntrySkel<'static>,
+    skel: BioEntrySkel<'static>,
     _link: Link,
 }
 
@@ -129,19 +171,14 @@ struct BioEntry {
 fn try_bio_entry(
     kind: AttachKind,
     filter: Option<ProcessFilter>,
-    map: &libbpf_rs::Map<'_>,
+    inflight: u32,
 ) -> Result<BioEntry, String> {
     use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-    use std::os::fd::AsFd;
     let mut open = BioEntrySkelBuilder::default()
         .open(leaked_object_slot())
         .map_err(|e| format!("open: {e}"))?;
     apply_filter!(open, filter);
-    // The block object's map: what this object writes, the block object reads.
-    open.maps
-        .bio_entry
-        .reuse_fd(map.as_fd())
-        .map_err(|e| format!("map: {e}"))?;
+    let _ = open.maps.bio_entry.set_max_entries(inflight);
     let fentry = kind == AttachKind::Fentry;
     open.progs.bio_entry_fentry.set_autoload(fentry);
     open.progs.bio_entry_kprobe.set_autoload(!fentry);
@@ -156,37 +193,40 @@ fn try_bio_entry(
         skel.progs.bio_entry_kprobe.attach()
     }
     .map_err(|e| format!("attach: {e}"))?;
-    Ok(BioEntry {
-        _skel: skel,
-        _link: link,
-    })
+    Ok(BioEntry { skel, _link: link })
 }
 
 /// Hooks the bio entry with fentry, or a kprobe where fentry is refused; the outcome says how,
-/// or why neither could (queue time then starts when the request starts).
+/// or why neither could.
 fn attach_bio_entry(
     filter: Option<ProcessFilter>,
-    map: &libbpf_rs::Map<'_>,
+    inflight: u32,
 ) -> (Option<BioEntry>, AttachOutcome) {
     let outcome = |attached: Option<AttachKind>, reason: Option<String>| AttachOutcome {
         tracepoint: crate::report::BIO_ENTRY_HOOK.into(),
         attached,
         reason,
     };
-    let fentry = match try_bio_entry(AttachKind::Fentry, filter, map) {
+    // For the VM tier: block_bio_remap's notes on kernels where the hook would load.
+    if std::env::var_os(NO_HOOK_VAR).is_some() {
+        let why = format!("left out ({NO_HOOK_VAR} is set); {SO_REQUEST}");
+        return (None, outcome(None, Some(why)));
+    }
+    let fentry = match try_bio_entry(AttachKind::Fentry, filter, inflight) {
         Ok(hook) => return (Some(hook), outcome(Some(AttachKind::Fentry), None)),
         Err(e) => format!("fentry: {e}"),
     };
-    const SO: &str =
-        "so queue time starts when the request does (blk-throttle and tag waits count as software)";
     if let Some(why) = kprobes_unavailable() {
-        return (None, outcome(None, Some(format!("{fentry}; {why}; {SO}"))));
+        return (
+            None,
+            outcome(None, Some(format!("{fentry}; {why}; {SO_REQUEST}"))),
+        );
     }
-    match try_bio_entry(AttachKind::Kprobe, filter, map) {
+    match try_bio_entry(AttachKind::Kprobe, filter, inflight) {
         Ok(hook) => (Some(hook), outcome(Some(AttachKind::Kprobe), None)),
         Err(e) => (
             None,
-            outcome(None, Some(format!("{fentry}; kprobe: {e}; {SO}"))),
+            outcome(None, Some(format!("{fentry}; kprobe: {e}; {SO_REQUEST}"))),
         ),
     }
 }
@@ -296,6 +336,10 @@ impl LoadedFamily for BlockProbe<'_> {
         block.slow_dropped = percpu_sum(
             &maps.counters,
             types::vg_block_counter::VG_BLOCK_SLOW_DROPPED.0,
+        );
+        block.from_bio_entry = percpu_sum(
+            &maps.counters,
+            types::vg_block_counter::VG_BLOCK_FROM_BIO_ENTRY.0,
         );
         block.devices.sort_by_key(|d| d.dev);
         snap.block = Some(block);
