@@ -399,9 +399,19 @@ fn confounders(a: &Profile, b: &Profile) -> Vec<String> {
                 irq_cpus(&db),
             );
         }
-        _ => {
-            out.push("target device unknown on one host: queue and IRQ layout not compared".into())
+        (Some(_), None) | (None, Some(_)) => {
+            let unknown = if dev(a).is_none() { "A" } else { "B" };
+            out.push(format!(
+                "target device's queues unknown on host {unknown}: queue and IRQ layout not compared"
+            ))
         }
+        // Neither host lists the target among its disks (a loop, md or dm device): nothing to
+        // compare, and nothing that differs unless the devices do.
+        (None, None) => cmp(
+            "target device",
+            opt(&a.target.device),
+            opt(&b.target.device),
+        ),
     }
     out
 }
@@ -2030,6 +2040,22 @@ pub(crate) mod tests {
         assert!(
             differences[0].starts_with("kv.record_bytes: "),
             "{differences:?}"
+        );
+    }
+
+    #[test]
+    fn a_target_device_no_host_lists_is_not_a_confounder_unless_they_differ() {
+        let mut a = synthetic(1.0, 1.0, 1.0, 0.0, 3);
+        a.target.device = Some("loop0".into());
+        let b = a.clone();
+        let c = confounders(&a, &b);
+        assert!(!c.iter().any(|x| x.contains("target device")), "{c:?}");
+        let mut b = a.clone();
+        b.target.device = Some("md0".into());
+        let c = confounders(&a, &b);
+        assert!(
+            c.iter().any(|x| x == "target device: loop0 vs md0"),
+            "{c:?}"
         );
     }
 
