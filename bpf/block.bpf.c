@@ -62,6 +62,8 @@ struct rq_track {
 	__u32 bytes_left;
 	/* A cache flush (seen at start: the block layer clears REQ_PREFLUSH before completion). */
 	__u32 flush;
+	/* Its start is its first bio's entry into the block layer (see vg_bio_entry.bpf.h). */
+	__u32 from_entry;
 	/* Bytes and first sector as issued, for the slow-request record. */
 	__u32 bytes;
 	__u64 sector;
@@ -108,6 +110,17 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } completions_by_submitter SEC(".maps");
+
+/*
+ * Reads and writes completed per device whose queue time started at their first bio's entry:
+ * set beside the queue stage's count, this says where that device's queue stage starts.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, __u64);
+} from_bio_entry SEC(".maps");
 
 /* First issues per device (major << 20 | minor): requests in flight = these - completions. */
 struct {
@@ -275,7 +288,7 @@ static __always_inline int on_io_start(struct request *rq, bool btf)
 	}
 	if (entered) {
 		fresh.start_ns = entered;
-		bump(VG_BLOCK_FROM_BIO_ENTRY);
+		fresh.from_entry = 1;
 	}
 	cmd_flags = btf ? rq->cmd_flags : BPF_CORE_READ(rq, cmd_flags);
 	data_len = btf ? rq->__data_len : BPF_CORE_READ(rq, __data_len);
@@ -333,7 +346,8 @@ static __always_inline int on_split(struct bio *split, bool btf)
 }
 
 /* Before block_io_start: whether `rq` is the followed process's, and when it started. */
-static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now, __u64 *start)
+static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now, __u64 *start,
+					 __u32 *from_entry)
 {
 	__u64 bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio);
 	__u64 rq_start = btf ? rq->start_time_ns : BPF_CORE_READ(rq, start_time_ns);
@@ -351,7 +365,7 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 	*start = rq_start && rq_start <= now ? rq_start : now;
 	if (entered && entered <= *start) {
 		*start = entered;
-		bump(VG_BLOCK_FROM_BIO_ENTRY);
+		*from_entry = 1;
 	}
 	return true;
 }
@@ -368,7 +382,8 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 		struct rq_track fresh = {};
 
 		/* With block_io_start, a request not seen starting is not ours (or predates us). */
-		if (have_io_start || !claim_by_bio(rq, btf, now, &fresh.start_ns))
+		if (have_io_start ||
+		    !claim_by_bio(rq, btf, now, &fresh.start_ns, &fresh.from_entry))
 			return 0;
 		if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY)) {
 			bump(VG_BLOCK_DROPPED);
@@ -475,6 +490,16 @@ static __always_inline void emit_if_slow(struct rq_track *t, __u64 device_end, _
 	bpf_ringbuf_submit(r, 0);
 }
 
+static __always_inline void count_from_entry(__u32 dev)
+{
+	__u64 one = 1, *n = bpf_map_lookup_elem(&from_bio_entry, &dev);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		bpf_map_update_elem(&from_bio_entry, &dev, &one, BPF_NOEXIST);
+}
+
 static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsigned int nr_bytes,
 				       bool btf)
 {
@@ -497,8 +522,11 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 		t->bytes_left -= nr_bytes;
 		return 0;
 	}
-	if (vg_elapsed(t->start_ns, t->issue_ns, &delta))
+	if (vg_elapsed(t->start_ns, t->issue_ns, &delta)) {
 		record(&t->key, VG_STAGE_QUEUE, delta);
+		if (t->from_entry && (t->key.op == VG_OP_READ || t->key.op == VG_OP_WRITE))
+			count_from_entry(t->key.dev);
+	}
 	device_end = irq_entry_since(t, now);
 	if (vg_elapsed(t->issue_ns, device_end ? device_end : now, &delta)) {
 		record(&t->key, VG_STAGE_DEVICE, delta);

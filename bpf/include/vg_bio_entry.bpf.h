@@ -28,14 +28,19 @@ struct {
 
 /*
  * Notes `bio` as entering now, if it is the followed process's. The latest entry wins: md and
- * dm pass a bio on, and a recycled bio starts anew.
+ * dm pass a bio on, and a recycled bio starts anew. Another process's bio clears a note left
+ * under its address (one of ours merged away), which would make its request look ours.
  */
 static __always_inline int vg_note_bio_entry(struct bio *bio)
 {
 	__u64 key = (__u64)bio, now;
 
-	if (!bio || !vg_current_wanted())
+	if (!bio)
 		return 0;
+	if (!vg_current_wanted()) {
+		bpf_map_delete_elem(&bio_entry, &key);
+		return 0;
+	}
 	now = bpf_ktime_get_ns();
 	bpf_map_update_elem(&bio_entry, &key, &now, BPF_ANY);
 	return 0;

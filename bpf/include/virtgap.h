@@ -102,9 +102,7 @@ enum vg_block_counter {
 	VG_BLOCK_UNSPLIT = 5,
 	/* Slow requests not sent to user space: the ring buffer was full. */
 	VG_BLOCK_SLOW_DROPPED = 6,
-	/* Requests whose queue time starts at their first bio's entry (see vg_bio_entry.bpf.h). */
-	VG_BLOCK_FROM_BIO_ENTRY = 7,
-	VG_BLOCK_COUNTERS = 8,
+	VG_BLOCK_COUNTERS = 7,
 };
 
 /*

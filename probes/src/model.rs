@@ -85,6 +85,11 @@ pub struct DeviceGauge {
     pub inflight: i64,
     pub issued: u64,
     pub completed: u64,
+    /// Reads and writes completed whose queue time started at their first bio's entry into the
+    /// block layer (noted by the hook on submit_bio_noacct, or at block_bio_remap), not at the
+    /// request: beside the queue stage's count, where this device's queue stage starts.
+    #[serde(default)]
+    pub from_bio_entry: u64,
 }
 
 /// Requests completed on `complete_cpu` that were submitted on `submit_cpu`.
@@ -120,10 +125,6 @@ pub struct BlockSnapshot {
     /// Slow requests lost for the tail autopsy: its ring buffer was full.
     #[serde(default)]
     pub slow_dropped: u64,
-    /// Requests whose queue time started at their first bio's entry into the block layer
-    /// (noted by the hook on submit_bio_noacct, or at block_bio_remap), not at the request.
-    #[serde(default)]
-    pub from_bio_entry: u64,
 }
 
 /// One request of the followed process that was slow enough for the tail autopsy: its stage
@@ -192,6 +193,8 @@ impl BlockSnapshot {
                     inflight: d.inflight,
                     issued: d.issued - prev.map_or(0, |p| p.issued.min(d.issued)),
                     completed: d.completed - prev.map_or(0, |p| p.completed.min(d.completed)),
+                    from_bio_entry: d.from_bio_entry
+                        - prev.map_or(0, |p| p.from_bio_entry.min(d.from_bio_entry)),
                 }
             })
             .collect();
@@ -218,7 +221,6 @@ impl BlockSnapshot {
             requeued: self.requeued.saturating_sub(earlier.requeued),
             unsplit: self.unsplit.saturating_sub(earlier.unsplit),
             slow_dropped: self.slow_dropped.saturating_sub(earlier.slow_dropped),
-            from_bio_entry: self.from_bio_entry.saturating_sub(earlier.from_bio_entry),
             errors: self.errors.saturating_sub(earlier.errors),
             timeouts: self.timeouts.saturating_sub(earlier.timeouts),
         }

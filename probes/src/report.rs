@@ -131,8 +131,9 @@ impl CapabilityReport {
         })
     }
 
-    /// Whether the block probe's queue stage starts at each bio's entry into the block layer
-    /// (its hook on [`BIO_ENTRY_HOOK`] attached), rather than at the request's start.
+    /// Whether the hook on [`BIO_ENTRY_HOOK`] attached, so the block probe's queue stage starts
+    /// at every bio's entry into the block layer. Where it did not, a partition's bios may still
+    /// be noted at `block_bio_remap`: a profile's `queue_start` says what a run measured.
     pub fn queue_from_bio_entry(&self) -> bool {
         self.tracepoint_attached(BIO_ENTRY_HOOK)
     }

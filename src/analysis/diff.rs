@@ -1453,7 +1453,7 @@ fn queue_start_warning(a_side: &[&Profile], b_side: &[&Profile]) -> Option<Strin
         _ => return None,
     };
     Some(format!(
-        "the queue stage starts where each bio enters the block layer on {entry} but where its request starts on {request} (no fentry or kprobe there, and a whole disk's bios pass no block_bio_remap): blk-throttle and tag waits count as queue on one side and as software on the other"
+        "the queue stage starts where each bio enters the block layer on {entry} but where its request starts on {request} (for all or some of its requests: no fentry or kprobe there, and a whole disk's bios pass no block_bio_remap): blk-throttle and tag waits count as queue on one side and as software on the other"
     ))
 }
 

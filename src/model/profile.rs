@@ -391,8 +391,9 @@ pub struct BlockCounts {
     pub unsplit: u64,
     /// Requests or histogram entries lost to full probe maps.
     pub dropped: u64,
-    /// Requests whose queue time started at their first bio's entry into the block layer
-    /// (absent in profiles from before this was counted).
+    /// Reads and writes on the target's disks whose queue time started at their first bio's
+    /// entry into the block layer: set against `stages.queue`'s count (absent in profiles from
+    /// before this was counted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_bio_entry: Option<u64>,
 }
@@ -413,7 +414,7 @@ pub enum QueueStart {
 
 impl QueueStart {
     /// Share of requests from the bio's entry above which a remap-noted stage counts as
-    /// starting there (a few requests built without a noted bio: a flush, the window's edge).
+    /// starting there (a few requests built without a noted bio: at the window's edges).
     const WHOLE: f64 = 0.95;
 
     pub fn from_bio_entry(self) -> bool {
@@ -699,8 +700,8 @@ impl RunRecord {
 
 impl Profile {
     /// Where the queue stage starts: at each bio's entry where the hook on submit_bio_noacct
-    /// attached, or where block_bio_remap noted (nearly) every request's bio; else at the
-    /// request. None without the block probe.
+    /// attached, or where block_bio_remap noted (nearly) every read's and write's bio; else at
+    /// the request. None without the block probe.
     pub fn queue_start(&self) -> Option<QueueStart> {
         let report = self.capabilities.as_ref()?;
         if !report.attached(virtgap_probes::Family::Block) {
@@ -710,11 +711,7 @@ impl Profile {
             return Some(QueueStart::BioEntry { remap: false });
         }
         let from_entry = self.block.as_ref().and_then(|b| b.from_bio_entry);
-        let requests = [&self.stages.queue, &self.stages.flush]
-            .iter()
-            .filter_map(|h| h.as_ref())
-            .map(|h| h.count)
-            .sum::<u64>();
+        let requests = self.stages.queue.as_ref().map_or(0, |h| h.count);
         Some(match from_entry {
             Some(n) if n > 0 && requests > 0 => {
                 if n as f64 >= requests as f64 * QueueStart::WHOLE {
@@ -1431,7 +1428,13 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
         block: total.and_then(|t| t.block.as_ref()).map(|b| BlockCounts {
             unsplit: b.unsplit,
             dropped: b.dropped,
-            from_bio_entry: Some(b.from_bio_entry),
+            from_bio_entry: Some(
+                b.devices
+                    .iter()
+                    .filter(|g| devs.as_ref().is_none_or(|d| d.contains(&g.dev)))
+                    .map(|g| g.from_bio_entry)
+                    .sum(),
+            ),
         }),
         virtualization: total.and_then(virtualization),
         calibration: i.calibration,

@@ -110,7 +110,6 @@ fn ops_of(devices: &[&DeviceProfile]) -> Vec<OpStages> {
     ops
 }
 
-/// The block stages of the target's disks, each on its own and a stacked target's together.
 /// Where the queue stage starts, when that is not the plain case of a hook on every bio's entry.
 fn queue_start_line(start: QueueStart) -> Option<String> {
     match start {
@@ -127,6 +126,7 @@ fn queue_start_line(start: QueueStart) -> Option<String> {
     }
 }
 
+/// The block stages of the target's disks, each on its own and a stacked target's together.
 fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
     let mut groups: Vec<(String, Vec<&DeviceProfile>)> = p
         .devices

@@ -859,6 +859,7 @@ mod tests {
                     inflight: 3,
                     issued: 910 * scale,
                     completed: 910 * scale,
+                    from_bio_entry: 0,
                 }],
                 cpu_pairs: vec![
                     CpuPair {
@@ -879,7 +880,6 @@ mod tests {
                 slow_dropped: 0,
                 errors: 0,
                 timeouts: 0,
-                from_bio_entry: 0,
             }),
             irq: Some(IrqSnapshot {
                 hardirqs: vec![HardIrq {

@@ -151,8 +151,12 @@ impl BlkioGroup {
 
     /// Moves the calling thread into the group until the guard drops.
     pub fn enter_thread(&self) -> Result<ThreadInGroup, String> {
+        let home = blkio_cgroup_of_thread()?;
         move_thread(&self.dir.join("tasks"))?;
-        Ok(ThreadInGroup(std::marker::PhantomData))
+        Ok(ThreadInGroup {
+            home,
+            _same_thread: std::marker::PhantomData,
+        })
     }
 }
 
@@ -165,18 +169,42 @@ fn thread_id() -> Result<String, String> {
         .ok_or_else(|| "/proc/thread-self names no thread".into())
 }
 
+/// The `tasks` file of the blkio group the calling thread is in.
+fn blkio_cgroup_of_thread() -> Result<PathBuf, String> {
+    let text = std::fs::read_to_string("/proc/thread-self/cgroup")
+        .map_err(|e| format!("/proc/thread-self/cgroup: {e}"))?;
+    let path = text
+        .lines()
+        .find_map(|l| {
+            let mut fields = l.splitn(3, ':');
+            let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+            controllers.split(',').any(|c| c == "blkio").then_some(path)
+        })
+        .ok_or("this thread is in no blkio cgroup")?;
+    Ok(Path::new("/sys/fs/cgroup/blkio")
+        .join(path.trim_start_matches('/'))
+        .join("tasks"))
+}
+
 fn move_thread(tasks: &Path) -> Result<(), String> {
     std::fs::write(tasks, thread_id()?).map_err(|e| format!("{}: {e}", tasks.display()))
 }
 
-/// A thread moved into a [`BlkioGroup`]: back to the root group on drop (on the same thread:
-/// not `Send`).
+/// A thread moved into a [`BlkioGroup`]: back to the group it came from on drop (on the same
+/// thread: not `Send`).
 #[derive(Debug)]
-pub struct ThreadInGroup(std::marker::PhantomData<*const ()>);
+pub struct ThreadInGroup {
+    /// The `tasks` file of the thread's group before.
+    home: PathBuf,
+    _same_thread: std::marker::PhantomData<*const ()>,
+}
 
 impl Drop for ThreadInGroup {
     fn drop(&mut self) {
-        let _ = move_thread(Path::new("/sys/fs/cgroup/blkio/tasks"));
+        if let Err(e) = move_thread(&self.home) {
+            // The group cannot be removed while the thread is in it: say why it stays.
+            eprintln!("could not move the test thread back to its blkio group: {e}");
+        }
     }
 }
 

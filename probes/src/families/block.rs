@@ -2,7 +2,7 @@
 //! and completions by submitting x completing CPU.
 
 use libbpf_rs::skel::Skel;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use libbpf_rs::{Link, MapCore, MapFlags, Object, RingBuffer, RingBufferBuilder};
@@ -29,7 +29,7 @@ struct BlockProbe<'obj> {
     skel: BlockSkel<'obj>,
     _links: Vec<Link>,
     /// The bio-entry hook, where it attached (queue time then starts at the bio's entry).
-    _bio_entry: Option<BioEntry>,
+    bio_entry_hook: Option<BioEntry>,
     possible_cpus: u32,
     /// The slow-request ring buffer (None: it could not be set up; the autopsy then has none).
     slow_ring: Option<RingBuffer<'obj>>,
@@ -45,13 +45,15 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
     // block_bio_remap is left out; where it cannot, the block object notes a partition's bios
     // itself at block_bio_remap.
     let (bio_entry, hook_outcome) = attach_bio_entry(filter, inflight);
-    let hooked = bio_entry.is_some();
+    // Whether the block object shares the hook's map (set by `setup`, before `unused` is asked).
+    let shared = Cell::new(false);
+    let share_error = RefCell::new(None);
     // Before block_io_start, the filter notes the process's bios at block_bio_queue; a split
-    // bio inherits its original's notes (and its bio-entry time, on any kernel).
+    // bio inherits its original's notes (and, with a filter, its bio-entry time).
     let unused = |tp: &str| {
         (tp == "block_bio_queue" && (have_io_start || filter.is_none()))
             || (tp == "block_split" && filter.is_none())
-            || (tp == REMAP && hooked)
+            || (tp == REMAP && shared.get())
     };
     let hists = cx.host.hist_keys(|_| true, KEYS_PER_QUEUE);
     let cpus = cx.host.possible_cpus;
@@ -62,7 +64,6 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         .map(|d| d.queue_irqs.len())
         .sum::<usize>() as u32)
         .max(1);
-    let shared_map = std::cell::Cell::new(Ok(()));
     let setup = |open: &mut crate::bpf::block::OpenBlockSkel<'_>, _kind| {
         use std::os::fd::AsFd;
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
@@ -75,12 +76,14 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         let _ = open.maps.bio_entry.set_max_entries(inflight);
         if let Some(hook) = &bio_entry {
             // The hook's map: what that object writes, this one reads.
-            shared_map.set(
-                open.maps
-                    .bio_entry
-                    .reuse_fd(hook.skel.maps.bio_entry.as_fd())
-                    .map_err(|e| e.to_string()),
-            );
+            match open
+                .maps
+                .bio_entry
+                .reuse_fd(hook.skel.maps.bio_entry.as_fd())
+            {
+                Ok(()) => shared.set(true),
+                Err(e) => *share_error.borrow_mut() = Some(e.to_string()),
+            }
         }
         let _ = open.maps.block_hists.set_max_entries(hists);
         let _ = open.maps.completions_by_submitter.set_max_entries(cpus);
@@ -110,12 +113,17 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
             );
         }
     }
-    let (bio_entry, hook_outcome) = match (bio_entry, shared_map.into_inner()) {
-        (Some(_), Err(e)) => (
+    // A hook whose map could not be shared notes nothing the block object reads; block_bio_remap
+    // took its place.
+    let (bio_entry, hook_outcome) = match (bio_entry, shared.get()) {
+        (Some(_), false) => (
             None,
             AttachOutcome {
                 attached: None,
-                reason: Some(format!("sharing its map: {e}; {SO_REQUEST}")),
+                reason: Some(format!(
+                    "sharing its map: {}; {SO_REQUEST}",
+                    share_error.into_inner().unwrap_or_default()
+                )),
                 ..hook_outcome
             },
         ),
@@ -143,7 +151,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
     let probe = BlockProbe {
         skel,
         _links: links,
-        _bio_entry: bio_entry,
+        bio_entry_hook: bio_entry,
         possible_cpus: cpus,
         slow_ring,
         slow_seen,
@@ -296,8 +304,9 @@ impl LoadedFamily for BlockProbe<'_> {
         }
         block.stages.sort_by_key(|s| (s.dev, s.hctx, s.op, s.stage));
         // Completed requests are the device stage's count (flushes included).
-        for (dev, issued) in entries::<u32, u64>(&maps.issued) {
-            let dev = dev_of(dev);
+        let from_entry: Vec<(u32, u64)> = entries::<u32, u64>(&maps.from_bio_entry);
+        for (raw_dev, issued) in entries::<u32, u64>(&maps.issued) {
+            let dev = dev_of(raw_dev);
             let completed: u64 = block
                 .stages
                 .iter()
@@ -309,6 +318,10 @@ impl LoadedFamily for BlockProbe<'_> {
                 inflight: issued as i64 - completed as i64,
                 issued,
                 completed,
+                from_bio_entry: from_entry
+                    .iter()
+                    .find(|(d, _)| *d == raw_dev)
+                    .map_or(0, |(_, n)| *n),
             });
         }
         for submit_cpu in 0..self.possible_cpus {
@@ -337,16 +350,15 @@ impl LoadedFamily for BlockProbe<'_> {
             &maps.counters,
             types::vg_block_counter::VG_BLOCK_SLOW_DROPPED.0,
         );
-        block.from_bio_entry = percpu_sum(
-            &maps.counters,
-            types::vg_block_counter::VG_BLOCK_FROM_BIO_ENTRY.0,
-        );
+
         block.devices.sort_by_key(|d| d.dev);
         snap.block = Some(block);
     }
 
     fn objects(&self) -> Vec<&Object> {
-        vec![self.skel.object()]
+        let mut objects = vec![self.skel.object()];
+        objects.extend(self.bio_entry_hook.as_ref().map(|h| h.skel.object()));
+        objects
     }
 
     fn cpu_sized_maps(&self) -> &'static [&'static str] {
