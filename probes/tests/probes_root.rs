@@ -310,8 +310,7 @@ fn a_partitions_throttled_reads_wait_in_the_queue_stage() {
     );
     assert!(
         from_entry >= READS * 98 / 100,
-        "only {} of {READS} requests started at their bio's entry",
-        from_entry
+        "only {from_entry} of {READS} requests started at their bio's entry"
     );
     let queued = queue.mean_ns().unwrap();
     assert!(
