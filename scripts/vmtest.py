@@ -51,7 +51,7 @@ deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian
 # Modules the guest loads, by name; their dependencies come from the kernel's modules.dep.
 # kvm has no hardware to drive under TCG, but loading it gives the kvm-host family its module
 # tracepoints and module BTF to attach to.
-MODULES = ["nvme", "virtio_blk", "virtio_pci", "raid0", "kvm"]
+MODULES = ["nvme", "virtio_blk", "virtio_pci", "raid0", "dm_mod", "kvm"]
 
 # Tracepoints that do not exist before a kernel version: missing there is expected (and the
 # family must still work without them); missing on a newer kernel is a failure.
@@ -311,6 +311,16 @@ step remap sh -c 'echo $$ > /sys/fs/cgroup/throttled/cgroup.procs && exec "$@"' 
 cat /sys/block/$NVME/queue/max_sectors_kb > /out/split.max_sectors_kb
 step split /bin/virtgap record -w seq1m --qd 4 --workers 1 --duration @SECONDS@s $BLOCK \
     --target /dev/$NVME -o /out/split.json
+# An LVM-like device-mapper volume over the two RAID disks: a linear segment on the first,
+# then a stripe over both (128-sector chunks); the tail autopsy follows its table's mapping.
+half=$(( $(cat /sys/block/$R1/size) / 2 ))
+printf '0 %s linear /dev/%s 0\n%s %s striped 2 128 /dev/%s %s /dev/%s 0\n' \
+    $half $R1 $half $((2 * half)) $R1 $half $R2 > /tmp/dm.table
+step dmsetup dmsetup create --noudevsync --noudevrules vgdm /tmp/dm.table
+DM=$(basename $(readlink -f /sys/dev/block/$(dmsetup info -c --noheadings -o major,minor vgdm | tr -d ' ')))
+echo "dm=$DM" >> /out/devices
+step dm $RECORD $BLOCK --target /dev/$DM -o /out/dm.json
+dmsetup remove --noudevsync vgdm 2>> /out/setup.log
 step mdadm mdadm --create /dev/md0 --run --force --level=0 --raid-devices=2 --metadata=1.2 /dev/$R1 /dev/$R2
 echo "md0 $(cat /sys/block/md0/dev 2>/dev/null)" >> /out/devnums
 step md $RECORD $BLOCK --target /dev/md0 -o /out/md.json
@@ -330,6 +340,7 @@ def build_initramfs(kernel, virtgap, work):
     copy_with_libs(virtgap, root)
     copy_with_libs(tool("mdadm"), root)
     copy_with_libs(tool("addpart"), root)
+    copy_with_libs(tool("dmsetup"), root)
     order = []
     for path in module_files(kernel):
         name = os.path.basename(path)
@@ -658,7 +669,7 @@ def check_remap(c, results):
 
 def check_tail(c, name, profile):
     """The tail autopsy: the I/Os above p99 kept, and joined to their requests by disk sector
-    (on an md RAID0 target, through its striping to the member's sector)."""
+    (on an md RAID0 or dm target, through its striping or table to the member's sector)."""
     if profile is None:
         return
     tail = (profile.get("runs") or [{}])[0].get("tail")
@@ -824,7 +835,7 @@ def check_guest(c, console, results, virtgap):
     names = dict(kv.split("=", 1) for kv in devices if "=" in kv)
     check_doctor(c, read_json(results, "doctor.out"), read_text(results, "uname").strip())
     for step in ["doctor", "offline", "nvme", "virtio", "unthrottled", "throttle", "addpart", "remap", "split",
-                 "mdadm", "md"]:
+                 "dmsetup", "dm", "mdadm", "md"]:
         step_ok(c, results, step)
     check_sampler_cpus(c, read_json(results, "offline.out"))
     nvme = read_json(results, "nvme.json")
@@ -851,6 +862,9 @@ def check_guest(c, console, results, virtgap):
         c.check(disk_reads > ios * 1.05,
                 f"virtio: another process's {disk_reads - ios} reads ran meanwhile and were not counted")
     raid = names.get("raid", "?,?").split(",")
+    dm = read_json(results, "dm.json")
+    check_rand4k(c, results, "dm", dm, raid)
+    check_tail(c, "dm", dm)
     md = read_json(results, "md.json")
     check_rand4k(c, results, "md", md, raid)
     check_tail(c, "md", md)
@@ -909,7 +923,7 @@ def main():
     args = p.parse_args()
     if not os.access(args.virtgap, os.X_OK):
         sys.exit(f"vmtest: no virtgap binary at {args.virtgap}; run `just build` first")
-    for name in ["qemu-system-x86_64", "cpio", "mdadm", "addpart", "modprobe", "depmod", "dpkg-deb", "xz"]:
+    for name in ["qemu-system-x86_64", "cpio", "mdadm", "addpart", "dmsetup", "modprobe", "depmod", "dpkg-deb", "xz"]:
         if not tool(name):
             sys.exit(f"vmtest: {name} not found; `./setup.sh vmtest` installs what the tier needs")
     if not os.path.exists("/bin/busybox"):

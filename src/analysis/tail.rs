@@ -2,7 +2,7 @@
 //! disk, sector and time, and says where the I/Os above the run's p99 and p99.9 spent their time.
 
 use virtgap_probes::model::{BlockOp, SlowRequest};
-use virtgap_workloads::extents::{ExtentMap, Raid0};
+use virtgap_workloads::extents::{ExtentMap, StackMap};
 use virtgap_workloads::slow::SlowIo;
 
 use crate::model::profile::Stages;
@@ -20,9 +20,9 @@ pub struct TailInputs<'a> {
     pub requests: &'a [SlowRequest],
     /// Where the target's bytes sit (Err: why they cannot be joined).
     pub extents: Result<&'a ExtentMap, String>,
-    /// When the target is an md RAID0: how its sectors stripe over the member disks, where
-    /// the requests are.
-    pub stripes: Option<&'a Raid0>,
+    /// When the target is stacked (md RAID0, dm linear or striped): how its sectors lie on the
+    /// member disks, where the requests are.
+    pub stripes: Option<&'a StackMap>,
     /// The run's stages (app from the workload, block stages over the measured window).
     pub stages: &'a Stages,
     pub requests_dropped: u64,
@@ -138,18 +138,18 @@ fn baseline(stages: &Stages) -> Option<TailStages> {
     })
 }
 
-/// The request that served `io`: on the I/O's disk (a RAID0 target's member holding it),
+/// The request that served `io`: on the I/O's disk (a stacked target's member holding it),
 /// covering its first sector, started after the I/O was created and completed before it was
 /// reaped. When the I/O was split, the one that completed last (the one it waited for).
 fn request_of<'r>(
     io: &SlowIo,
     map: &ExtentMap,
-    stripes: Option<&Raid0>,
+    stripes: Option<&StackMap>,
     by_completion: &[&'r SlowRequest],
 ) -> Option<&'r SlowRequest> {
     let sector = map.sector_of(io.offset)?;
     let (disk, sector) = match stripes {
-        Some(raid0) => raid0.locate(sector)?,
+        Some(stack) => stack.locate(sector)?,
         None => (map.disk, sector),
     };
     let first = by_completion.partition_point(|r| r.complete_ns < io.start_ns);
@@ -172,6 +172,7 @@ fn request_of<'r>(
 mod tests {
     use super::*;
     use crate::model::profile::Histogram;
+    use virtgap_workloads::extents::Raid0;
 
     fn hist(values: &[u64]) -> Histogram {
         Histogram::of_values(values)
@@ -370,7 +371,9 @@ mod tests {
             ios: &ios,
             requests: &on_members,
             extents: Ok(&map),
-            stripes: Some(&raid0),
+            stripes: Some(&StackMap {
+                segments: vec![(0, u64::MAX, raid0.clone())],
+            }),
             stages: &stages,
             requests_dropped: 0,
         })

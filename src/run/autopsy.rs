@@ -2,7 +2,7 @@
 //! read from the open target, then the pure join (`analysis::tail`).
 
 use virtgap_probes::model::SlowRequest;
-use virtgap_workloads::extents::{ExtentMap, Raid0};
+use virtgap_workloads::extents::{ExtentMap, StackMap};
 use virtgap_workloads::slow::SlowIo;
 
 use crate::model::host::TargetDisks;
@@ -19,11 +19,11 @@ pub fn tail_autopsy(
     stages: &Stages,
 ) -> Option<TailAutopsy> {
     // Requests are the leaves': a stacked device's I/O lands on its members at other sectors,
-    // which only an md RAID0's striping lets us follow.
+    // which md RAID0's striping and dm's linear and striped tables let us follow.
     let mut stripes = None;
     let extents = match (&disks.top, disks.leaves.as_slice()) {
         (Some(top), [leaf]) if top == leaf => ExtentMap::of_file(&target.file, target.size),
-        (Some(top), leaves) if !leaves.is_empty() => Raid0::of_md(&top.name)
+        (Some(top), leaves) if !leaves.is_empty() => StackMap::of(&top.name)
             .map_err(|why| {
                 format!(
                     "{} is stacked over {}: its I/Os are not joined to the requests below it ({why})",
@@ -35,8 +35,8 @@ pub fn tail_autopsy(
                         .join(", ")
                 )
             })
-            .and_then(|raid0| {
-                stripes = Some(raid0);
+            .and_then(|stack| {
+                stripes = Some(stack);
                 ExtentMap::of_file(&target.file, target.size)
             }),
         _ => Err("the target's disk is unknown".into()),

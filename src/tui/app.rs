@@ -149,6 +149,9 @@ pub struct App {
     pub live: Data,
     /// Probe totals at the last reset, subtracted from what the collector reports.
     reset_base: Option<ProbeSnapshot>,
+    /// Probe intervals of the workload's ramp still to come: at its end the counters restart,
+    /// so the probes' totals cover the same window as the workload's measured intervals.
+    ramp_intervals_left: u64,
     /// The raw cumulative probe totals, as reported.
     pub probe_total: Option<ProbeSnapshot>,
     /// Kernel names of the block devices the probes saw, resolved outside the render path.
@@ -197,6 +200,7 @@ impl App {
             message: None,
             live: Data::default(),
             reset_base: None,
+            ramp_intervals_left: 0,
             probe_total: None,
             device_names: Default::default(),
             target_devs: disks.devs(),
@@ -388,7 +392,23 @@ impl App {
         self.report = Some(report);
     }
 
+    /// The workload ramps up for `ramp` before it measures, probe intervals being `interval`
+    /// long: the probes' counters restart where its measured window begins (as the interval
+    /// series drops the ramp's probe intervals).
+    pub fn measure_after_ramp(&mut self, interval: Duration, ramp: Duration) {
+        self.ramp_intervals_left = IntervalSeries::ramp_intervals(interval, ramp);
+    }
+
     pub fn on_probe_snapshot(&mut self, cumulative: ProbeSnapshot, interval: ProbeSnapshot) {
+        if self.ramp_intervals_left > 0 {
+            self.ramp_intervals_left -= 1;
+            if self.ramp_intervals_left == 0 {
+                // The ramp ends here: what it did is not the measured window's.
+                self.reset_base = Some(cumulative.clone());
+                self.tail_since_ns = virtgap_workloads::slow::monotonic_ns();
+                self.slow_requests.clear();
+            }
+        }
         self.live.probes = Some(match &self.reset_base {
             Some(base) => cumulative.since(base),
             None => cumulative.clone(),
@@ -534,6 +554,52 @@ mod tests {
             a.handle_key(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL)),
             Action::Quit
         );
+    }
+
+    /// The probes' counters restart where the workload's measured window begins: what the
+    /// ramp did is in neither the live figures nor a saved profile's totals.
+    #[test]
+    fn the_ramps_probe_counts_are_left_out() {
+        use virtgap_probes::model::{BlockSnapshot, DeviceGauge};
+        let snapshot = |completed: u64| ProbeSnapshot {
+            block: Some(BlockSnapshot {
+                devices: vec![DeviceGauge {
+                    dev: (254, 0),
+                    inflight: 0,
+                    issued: completed,
+                    completed,
+                    from_bio_entry: 0,
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let completed = |a: &App| {
+            a.live
+                .probes
+                .as_ref()
+                .unwrap()
+                .block
+                .as_ref()
+                .unwrap()
+                .devices[0]
+                .completed
+        };
+        let mut a = app();
+        a.on_idle_interval(snapshot(10), &snapshot(10).since(&snapshot(0)));
+        // Two 1-s probe intervals of ramp, then the measured window.
+        a.measure_after_ramp(Duration::from_secs(1), Duration::from_secs(2));
+        a.on_probe_snapshot(snapshot(110), snapshot(110).since(&snapshot(10)));
+        assert_eq!(completed(&a), 100, "the ramp shows while it runs");
+        a.on_probe_snapshot(snapshot(210), snapshot(210).since(&snapshot(110)));
+        a.on_probe_snapshot(snapshot(330), snapshot(330).since(&snapshot(210)));
+        assert_eq!(completed(&a), 120, "only the measured interval counts");
+        // Without a ramp, everything after the idle interval counts.
+        let mut b = app();
+        b.on_idle_interval(snapshot(10), &snapshot(10).since(&snapshot(0)));
+        b.measure_after_ramp(Duration::from_secs(1), Duration::ZERO);
+        b.on_probe_snapshot(snapshot(110), snapshot(110).since(&snapshot(10)));
+        assert_eq!(completed(&b), 100);
     }
 
     #[test]

@@ -98,6 +98,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         prepared.disks.devs(),
         probes.is_some(),
     );
+    app.measure_after_ramp(args.interval.0, spec.ramp.0);
     let collector = probes.map(|(handle, report)| {
         app.on_probe_report(report);
         handle

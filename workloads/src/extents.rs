@@ -269,6 +269,93 @@ impl Raid0 {
     }
 }
 
+/// How a stacked device lays its sectors on the disks below it: md RAID0's striping, or a
+/// device-mapper table of linear and striped targets (LVM's volumes), as segments of the
+/// stacked device each striped over one or more members (a linear target: one member).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackMap {
+    /// Sorted, non-overlapping: (first sector of the stacked device, sectors, the layout there,
+    /// its sectors counted from the segment's start).
+    pub segments: Vec<(u64, u64, Raid0)>,
+}
+
+impl StackMap {
+    /// The layout of stacked device `name` ("md0", "dm-3"), from sysfs and, for dm, its table.
+    pub fn of(name: &str) -> Result<Self, String> {
+        if name.starts_with("dm-") {
+            let dm_name = read_trimmed(&Path::new("/sys/block").join(name).join("dm/name"))?;
+            Self::of_dm_table(Path::new("/"), name, &crate::dm::table(&dm_name)?)
+        } else {
+            Raid0::of_md(name).map(|raid0| Self {
+                segments: vec![(0, u64::MAX, raid0)],
+            })
+        }
+    }
+
+    /// The layout of a dm table's targets; only linear and striped ones are followed.
+    fn of_dm_table(root: &Path, name: &str, table: &[crate::dm::DmTarget]) -> Result<Self, String> {
+        let member = |dev: &str, offset: &str| -> Result<((u32, u32), u64), String> {
+            let (maj, min) = parse_devnum(dev)
+                .ok_or_else(|| format!("{name}: {dev:?} is not a MAJ:MIN device"))?;
+            let offset: u64 = offset
+                .parse()
+                .map_err(|e| format!("{name}: offset {offset:?}: {e}"))?;
+            let (disk, start) = disk_and_start(root, maj, min)?;
+            Ok((disk, start + offset))
+        };
+        let mut segments = Vec::new();
+        for t in table {
+            let p: Vec<&str> = t.params.split_whitespace().collect();
+            let layout = match (t.kind.as_str(), p.as_slice()) {
+                ("linear", [dev, offset]) => Raid0 {
+                    chunk_sectors: t.length.max(1),
+                    members: vec![member(dev, offset)?],
+                },
+                ("striped", [stripes, chunk, rest @ ..]) => {
+                    let n: usize = stripes
+                        .parse()
+                        .map_err(|e| format!("{name}: stripe count {stripes:?}: {e}"))?;
+                    let chunk_sectors: u64 = chunk
+                        .parse()
+                        .map_err(|e| format!("{name}: chunk size {chunk:?}: {e}"))?;
+                    if n == 0 || chunk_sectors == 0 || rest.len() != 2 * n {
+                        return Err(format!(
+                            "{name}: striped target {:?} not understood",
+                            t.params
+                        ));
+                    }
+                    Raid0 {
+                        chunk_sectors,
+                        members: rest
+                            .chunks(2)
+                            .map(|m| member(m[0], m[1]))
+                            .collect::<Result<_, _>>()?,
+                    }
+                }
+                (kind, _) => {
+                    return Err(format!(
+                        "{name} has a dm {kind} target: only linear and striped ones are mapped"
+                    ))
+                }
+            };
+            segments.push((t.start, t.length, layout));
+        }
+        segments.sort_by_key(|s| s.0);
+        Ok(Self { segments })
+    }
+
+    /// The member disk and sector holding `sector` of the stacked device.
+    pub fn locate(&self, sector: u64) -> Option<((u32, u32), u64)> {
+        let i = self
+            .segments
+            .partition_point(|s| s.0 <= sector)
+            .checked_sub(1)?;
+        let (start, length, layout) = &self.segments[i];
+        let within = sector - start;
+        (within < *length).then(|| layout.locate(within))?
+    }
+}
+
 fn read_trimmed(path: &Path) -> Result<String, String> {
     std::fs::read_to_string(path)
         .map(|s| s.trim().to_string())
@@ -1139,5 +1226,48 @@ mod tests {
         fake_md(mirror.path(), "raid1\n", ("1000\n", "1000\n"));
         let e = Raid0::of_md_in(mirror.path(), "md0").unwrap_err();
         assert!(e.contains("md raid1: only RAID0"), "{e}");
+    }
+
+    /// An LVM-like table: a linear segment on a partition, then a striped one over two disks;
+    /// each sector lands where dm's linear and stripe targets send it.
+    #[test]
+    fn a_dm_tables_sectors_are_followed_to_its_members() {
+        use crate::dm::DmTarget;
+        let dir = tempfile::tempdir().unwrap();
+        fake_md(dir.path(), "raid0\n", ("1000\n", "1000\n"));
+        let target = |start, length, kind: &str, params: &str| DmTarget {
+            start,
+            length,
+            kind: kind.into(),
+            params: params.into(),
+        };
+        let table = [
+            target(1000, 4096, "striped", "2 128 259:1 0 259:2 2048"),
+            target(0, 1000, "linear", "259:3 100"),
+        ];
+        let m = StackMap::of_dm_table(dir.path(), "dm-0", &table).unwrap();
+        // Linear on nvme2n1p1 (which starts at 2048 of nvme2n1), 100 sectors in.
+        assert_eq!(m.locate(0), Some(((259, 2), 2048 + 100)));
+        assert_eq!(m.locate(999), Some(((259, 2), 2048 + 100 + 999)));
+        // Striped in 128-sector chunks from sector 1000: chunk 0 on nvme1n1, chunk 1 on
+        // nvme2n1 from 2048, chunk 2 back on nvme1n1 one chunk down.
+        assert_eq!(m.locate(1000), Some(((259, 1), 0)));
+        assert_eq!(m.locate(1000 + 130), Some(((259, 2), 2048 + 2)));
+        assert_eq!(m.locate(1000 + 256 + 5), Some(((259, 1), 128 + 5)));
+        // Past the table: not mapped.
+        assert_eq!(m.locate(1000 + 4096), None);
+        let e =
+            StackMap::of_dm_table(dir.path(), "dm-0", &[target(0, 8, "crypt", "x")]).unwrap_err();
+        assert!(
+            e.contains("dm crypt target: only linear and striped"),
+            "{e}"
+        );
+        let e = StackMap::of_dm_table(
+            dir.path(),
+            "dm-0",
+            &[target(0, 8, "striped", "2 128 259:1 0")],
+        )
+        .unwrap_err();
+        assert!(e.contains("not understood"), "{e}");
     }
 }
