@@ -7,12 +7,13 @@ cd "$(dirname "$0")"
 # Build: clang (BPF objects), libelf/zlib + pkg-config + make + a C compiler (libbpf-sys builds
 # libbpf from source). Run and test: fio (the generator's yardstick), bpftool, python3, tmux,
 # util-linux (unshare, addpart), mount (mount, losetup), procps. The VM tier (`vmtest`): QEMU,
-# a static busybox and mdadm for the guest, cpio/xz/zstd/kmod to pack it, dpkg-dev's tools to
-# unpack kernels.
+# a static busybox, mdadm and dmsetup for the guest, cpio/xz/zstd/kmod to pack it, dpkg-dev's
+# tools to unpack kernels.
 PACKAGES=(clang libelf-dev zlib1g-dev pkg-config make gcc libc6-dev fio bpftool python3 tmux
           util-linux mount procps)
 if [[ "${1:-}" == vmtest ]]; then
-    PACKAGES+=(qemu-system-x86 busybox-static mdadm cpio xz-utils zstd kmod debian-archive-keyring)
+    PACKAGES+=(qemu-system-x86 busybox-static mdadm dmsetup cpio xz-utils zstd kmod
+               debian-archive-keyring)
 fi
 
 missing=()

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""The VM tier: boot real distribution kernels under QEMU (TCG) with emulated NVMe, virtio-blk
-and md RAID0 devices, run virtgap inside, and check what it measured.
+"""The VM tier: boot real distribution kernels under QEMU (TCG) with emulated NVMe, virtio-blk,
+md RAID0 and device-mapper devices, run virtgap inside, and check what it measured.
 
 Each kernel gets one boot. A busybox initramfs carries the release binary, the kernel's own
-storage modules and mdadm; /init runs `virtgap doctor --json` and one short rand4k recording
-per device, then writes its results as a tar archive onto a scratch virtio disk that this
+storage modules, mdadm and dmsetup; /init runs `virtgap doctor --json` and one short rand4k
+recording per device, then writes its results as a tar archive onto a scratch virtio disk that this
 script reads back after the guest powers off. The checks are functional (what loads, what
 attaches, what is counted, which queue and CPU), never timings: TCG is far slower than
 hardware and its timing means nothing.
@@ -16,7 +16,7 @@ host's own apt configuration does not matter; packages are unpacked into the cac
 installed.
 
 Needs root (for nothing but reading /boot-style files and QEMU's speed), qemu-system-x86,
-busybox-static, mdadm, cpio and apt; `./setup.sh vmtest` installs them.
+busybox-static, mdadm, dmsetup, cpio and apt; `./setup.sh vmtest` installs them.
 """
 
 import argparse
