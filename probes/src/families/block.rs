@@ -82,7 +82,10 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
                 .reuse_fd(hook.skel.maps.bio_entry.as_fd())
             {
                 Ok(()) => shared.set(true),
-                Err(e) => *share_error.borrow_mut() = Some(e.to_string()),
+                Err(e) => {
+                    shared.set(false);
+                    *share_error.borrow_mut() = Some(e.to_string());
+                }
             }
         }
         let _ = open.maps.block_hists.set_max_entries(hists);
