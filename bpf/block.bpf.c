@@ -370,6 +370,15 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 	return true;
 }
 
+/* One more for `dev` in `map` (a per-device count: `issued`, `from_bio_entry`). */
+static __always_inline void count_for_device(void *map, __u32 dev)
+{
+	__u64 zero = 0, *n = vg_lookup_or_init(map, &dev, &zero);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
 static __always_inline int on_issue(struct request *rq, bool btf)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
@@ -393,15 +402,8 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 		if (!t)
 			return 0;
 	}
-	if (!t->issue_ns) {
-		__u32 dev = vg_disk_dev(vg_rq_disk(rq));
-		__u64 one = 1, *n = bpf_map_lookup_elem(&issued, &dev);
-
-		if (n)
-			__sync_fetch_and_add(n, 1);
-		else
-			bpf_map_update_elem(&issued, &dev, &one, BPF_NOEXIST);
-	}
+	if (!t->issue_ns)
+		count_for_device(&issued, vg_disk_dev(vg_rq_disk(rq)));
 	/* A requeued request is issued again: its device time counts from this issue. */
 	fill_key(rq, btf, t);
 	t->issue_ns = now;
@@ -490,16 +492,6 @@ static __always_inline void emit_if_slow(struct rq_track *t, __u64 device_end, _
 	bpf_ringbuf_submit(r, 0);
 }
 
-static __always_inline void count_from_entry(__u32 dev)
-{
-	__u64 one = 1, *n = bpf_map_lookup_elem(&from_bio_entry, &dev);
-
-	if (n)
-		__sync_fetch_and_add(n, 1);
-	else
-		bpf_map_update_elem(&from_bio_entry, &dev, &one, BPF_NOEXIST);
-}
-
 static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsigned int nr_bytes,
 				       bool btf)
 {
@@ -525,7 +517,7 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 	if (vg_elapsed(t->start_ns, t->issue_ns, &delta)) {
 		record(&t->key, VG_STAGE_QUEUE, delta);
 		if (t->from_entry && (t->key.op == VG_OP_READ || t->key.op == VG_OP_WRITE))
-			count_from_entry(t->key.dev);
+			count_for_device(&from_bio_entry, t->key.dev);
 	}
 	device_end = irq_entry_since(t, now);
 	if (vg_elapsed(t->issue_ns, device_end ? device_end : now, &delta)) {

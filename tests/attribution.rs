@@ -259,24 +259,7 @@ fn aa_five_plain_runs_a_side_differ_in_nothing_significant() {
 /// partition's bios are noted where they enter the block layer even where no hook on
 /// `submit_bio_noacct` loads (at `block_bio_remap`), so the throttle's wait is queue time.
 fn throttle_target(dir: &Path, what: &str) -> Option<PartitionedLoop> {
-    match PartitionedLoop::new(dir, 256 << 20) {
-        Ok(lo) => Some(lo),
-        Err(why) => {
-            virtgap_testkit::require(what, Err::<(), _>(why));
-            None
-        }
-    }
-}
-
-/// A blkio group throttling reads from `lo`'s disk to `read_iops`.
-fn throttle(lo: &PartitionedLoop, read_iops: u32, what: &str) -> Option<BlkioGroup> {
-    match BlkioGroup::new(read_iops, &lo.disk_dev()) {
-        Ok(g) => Some(g),
-        Err(why) => {
-            virtgap_testkit::require(what, Err::<(), _>(why));
-            None
-        }
-    }
+    virtgap_testkit::ready(what, PartitionedLoop::new(dir, 256 << 20))
 }
 
 /// The small-gap experiment's throttle: 88% of an unthrottled rate (a ~12% gap).
@@ -331,10 +314,9 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
     for p in &probe {
         record(&[], &args, p);
     }
-    let Some(group) = throttle(
-        &lo,
-        throttle_at(mean_iops(&probe)),
+    let Some(group) = virtgap_testkit::ready(
         "the small-gap experiment",
+        BlkioGroup::new(throttle_at(mean_iops(&probe)), &lo.disk_dev()),
     ) else {
         return;
     };
@@ -390,7 +372,9 @@ fn blkio_throttling_shows_up_as_queueing_not_device_time() {
     let Some(lo) = throttle_target(dir.path(), "the blkio experiment") else {
         return;
     };
-    let Some(group) = throttle(&lo, 500, "the blkio experiment") else {
+    let Some(group) =
+        virtgap_testkit::ready("the blkio experiment", BlkioGroup::new(500, &lo.disk_dev()))
+    else {
         return;
     };
     // Paced at 1000 IOPS, throttled to 500: requests wait in the throttle, the device does not.

@@ -191,12 +191,11 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
     const BLOCKS: u64 = 300;
     let path = data_file(dir.path(), BLOCKS);
     let file = std::fs::File::open(&path).unwrap();
-    let map = match virtgap_workloads::extents::ExtentMap::of_file(&file, BLOCKS * 4096) {
-        Ok(m) => m,
-        Err(why) => {
-            virtgap_testkit::require("the slow-request sector check", Err::<(), _>(why));
-            return;
-        }
+    let Some(map) = virtgap_testkit::ready(
+        "the slow-request sector check",
+        virtgap_workloads::extents::ExtentMap::of_file(&file, BLOCKS * 4096),
+    ) else {
+        return;
     };
     let mut storage = ProbeStorage::default();
     let config = ProbeConfig::new(vec![Family::Block], Some(std::process::id()));
@@ -252,19 +251,18 @@ fn a_partitions_throttled_reads_wait_in_the_queue_stage() {
     let _serial = serial();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     const READS: u64 = 100;
-    let lo = match virtgap_testkit::block::PartitionedLoop::new(dir.path(), 4 << 20) {
-        Ok(lo) => lo,
-        Err(why) => {
-            virtgap_testkit::require("the partition's queue-stage check", Err::<(), _>(why));
-            return;
-        }
+    const WHAT: &str = "the partition's queue-stage check";
+    let Some(lo) = virtgap_testkit::ready(
+        WHAT,
+        virtgap_testkit::block::PartitionedLoop::new(dir.path(), 4 << 20),
+    ) else {
+        return;
     };
-    let group = match virtgap_testkit::block::BlkioGroup::new(100, &lo.disk_dev()) {
-        Ok(g) => g,
-        Err(why) => {
-            virtgap_testkit::require("the partition's queue-stage check", Err::<(), _>(why));
-            return;
-        }
+    let Some(group) = virtgap_testkit::ready(
+        WHAT,
+        virtgap_testkit::block::BlkioGroup::new(100, &lo.disk_dev()),
+    ) else {
+        return;
     };
     let mut storage = ProbeStorage::default();
     let config = ProbeConfig::new(vec![Family::Block], Some(std::process::id()));

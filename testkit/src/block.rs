@@ -71,7 +71,7 @@ impl PartitionedLoop {
     pub fn disk_dev(&self) -> String {
         use std::os::unix::fs::MetadataExt;
         let rdev = std::fs::metadata(&self.disk).map_or(0, |m| m.rdev());
-        format!("{}:{}", libc_major(rdev), libc_minor(rdev))
+        format!("{}:{}", libc::major(rdev), libc::minor(rdev))
     }
 }
 
@@ -80,15 +80,6 @@ impl Drop for PartitionedLoop {
         let _ = run(Command::new("losetup").arg("--detach").arg(&self.disk));
         let _ = std::fs::remove_file(&self.backing);
     }
-}
-
-/// glibc's gnu_dev_major / gnu_dev_minor, so this crate needs no libc binding.
-fn libc_major(dev: u64) -> u64 {
-    ((dev >> 32) & 0xffff_f000) | ((dev >> 8) & 0xfff)
-}
-
-fn libc_minor(dev: u64) -> u64 {
-    ((dev >> 12) & 0xffff_ff00) | (dev & 0xff)
 }
 
 /// Writes `bytes` of non-zero data to `path` and syncs it: holes and unwritten extents would

@@ -28,6 +28,18 @@ pub fn require<E: Display>(what: &str, ready: Result<(), E>) -> bool {
     }
 }
 
+/// `require` for a setup step that yields what the test needs: `Some(value)`, or (after the
+/// failure under CI or the recorded skip) `None`.
+pub fn ready<T, E: Display>(what: &str, setup: Result<T, E>) -> Option<T> {
+    match setup {
+        Ok(value) => Some(value),
+        Err(why) => {
+            require(what, Err(why));
+            None
+        }
+    }
+}
+
 /// Records a skip that is right on any machine, CI included: a host condition the test
 /// cannot create (one CPU, a kernel older than the feature).
 pub fn skip(what: &str, why: impl Display) {
