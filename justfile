@@ -102,6 +102,11 @@ bench-kv-vs-act ACT_SRC *ARGS: build
 fuzz DURATION="600":
     VIRTGAP_FUZZ_SECONDS={{DURATION}} cargo test --locked -p virtgap --lib fuzz -- --nocapture --test-threads=1
 
+# Root (loop devices, mounts, memory cgroups, strace); ARGS go to scripts/hostile.py (--only fifo,pipe, --list).
+# The hostile-input sweep (CI runs it after `just test`): each case prints ok or DEFECT; any DEFECT fails
+hostile *ARGS: build
+    python3 scripts/hostile.py --virtgap target/release/virtgap {{ARGS}}
+
 # Root; ARGS go to scripts/soak.py (--every 10s, --interval 1s, --dir DIR, --csv FILE).
 # Soak: rand4k with every probe for DURATION (90s, 10m, 1h): RSS growth, BPF map use, profile size
 soak DURATION="1h" *ARGS: build

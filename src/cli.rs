@@ -108,6 +108,9 @@ pub struct DiffArgs {
     /// Compare even when the two profiles ran different workloads
     #[arg(long)]
     pub force: bool,
+    /// Replace existing --csv and --svg files (never an input profile)
+    #[arg(long)]
+    pub overwrite: bool,
     /// Print Markdown instead of the terminal report
     #[arg(long, conflicts_with = "json")]
     pub markdown: bool,
@@ -255,23 +258,23 @@ pub struct TargetArgs {
 #[command(next_help_heading = "Workload overrides (default: the preset's values)")]
 pub struct WorkloadOverrides {
     /// Measured time, e.g. 10s, 2m
-    #[arg(short, long, value_name = "DURATION")]
-    pub duration: Option<Span>,
+    #[arg(short, long, value_name = "DURATION", value_parser = typed::<Span>)]
+    pub duration: Option<Typed<Span>>,
     /// Time run before measuring, excluded from results
-    #[arg(long, value_name = "DURATION")]
-    pub ramp: Option<Span>,
+    #[arg(long, value_name = "DURATION", value_parser = typed::<Span>)]
+    pub ramp: Option<Typed<Span>>,
     /// Temp file size, or region of --target, e.g. 1GiB
-    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
-    pub size: Option<ByteSize>,
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true, value_parser = typed::<ByteSize>)]
+    pub size: Option<Typed<ByteSize>>,
     /// Bytes per I/O, e.g. 4k, 1MiB
-    #[arg(long, value_name = "BYTES", allow_hyphen_values = true)]
-    pub bs: Option<ByteSize>,
+    #[arg(long, value_name = "BYTES", allow_hyphen_values = true, value_parser = typed::<ByteSize>)]
+    pub bs: Option<Typed<ByteSize>>,
     /// I/Os in flight per worker
     #[arg(long, value_name = "N", value_parser = clamp_u32)]
-    pub qd: Option<u32>,
+    pub qd: Option<Typed<u32>>,
     /// Worker threads, each with its own ring
     #[arg(long, value_name = "N", value_parser = clamp_u32)]
-    pub workers: Option<u32>,
+    pub workers: Option<Typed<u32>>,
     /// read, write or mix
     #[arg(long, value_name = "RW")]
     pub rw: Option<ReadWrite>,
@@ -285,14 +288,14 @@ pub struct WorkloadOverrides {
     #[arg(long, value_name = "DIST")]
     pub distribution: Option<Distribution>,
     /// Pace I/Os at this total rate (open loop; also records lat_intended)
-    #[arg(long, value_name = "IOPS")]
-    pub rate_iops: Option<u64>,
+    #[arg(long, value_name = "IOPS", value_parser = typed::<u64>)]
+    pub rate_iops: Option<Typed<u64>>,
     /// Use the page cache instead of O_DIRECT
     #[arg(long)]
     pub buffered: bool,
     /// I/Os handed to the kernel per submission (1 = each at once)
-    #[arg(long, value_name = "N")]
-    pub submit_batch: Option<u32>,
+    #[arg(long, value_name = "N", value_parser = typed::<u32>)]
+    pub submit_batch: Option<Typed<u32>>,
 
     #[command(flatten)]
     pub kv: KvArgs,
@@ -302,38 +305,38 @@ pub struct WorkloadOverrides {
 #[command(next_help_heading = "KV workload (kv-act, kv-scylla, kv-readonly)")]
 pub struct KvArgs {
     /// ACT x-rating: N x 2000 client reads/s (and N x 1000 writes/s at the default 2:1)
-    #[arg(long = "x", value_name = "N")]
-    pub x: Option<u64>,
+    #[arg(long = "x", value_name = "N", value_parser = typed::<u64>)]
+    pub x: Option<Typed<u64>>,
     /// Client reads per second (instead of the x-rating's)
-    #[arg(long, value_name = "OPS")]
-    pub read_rps: Option<u64>,
+    #[arg(long, value_name = "OPS", value_parser = typed::<u64>)]
+    pub read_rps: Option<Typed<u64>>,
     /// Client writes per second (instead of the x-rating's)
-    #[arg(long, value_name = "OPS")]
-    pub write_rps: Option<u64>,
+    #[arg(long, value_name = "OPS", value_parser = typed::<u64>)]
+    pub write_rps: Option<Typed<u64>>,
     /// Client reads:writes for --x, e.g. 2:1 (ACT), 1:1, 9:1, 19:1, 1:0 (read-only)
     #[arg(long, value_name = "R:W")]
     pub ratio: Option<Ratio>,
     /// Bytes per record, header included (ACT: 1536), or a uniform range like 1KiB-2KiB
-    #[arg(long, value_name = "BYTES[-MAX]")]
-    pub record_bytes: Option<RecordBytes>,
+    #[arg(long, value_name = "BYTES[-MAX]", value_parser = typed::<RecordBytes>)]
+    pub record_bytes: Option<Typed<RecordBytes>>,
     /// Large-block (write buffer) size, a power of two (ACT: 128KiB)
-    #[arg(long, value_name = "BYTES", conflicts_with = "bs")]
-    pub lb_bytes: Option<ByteSize>,
+    #[arg(long, value_name = "BYTES", conflicts_with = "bs", value_parser = typed::<ByteSize>)]
+    pub lb_bytes: Option<Typed<ByteSize>>,
     /// Defragment blocks whose live data fell below this percent (1-99)
-    #[arg(long, value_name = "PCT")]
-    pub defrag_lwm_pct: Option<u64>,
+    #[arg(long, value_name = "PCT", value_parser = typed::<u64>)]
+    pub defrag_lwm_pct: Option<Typed<u64>>,
     /// Load the store to this percent of its record capacity before measuring (1-90)
-    #[arg(long, value_name = "PCT")]
-    pub fill_pct: Option<u64>,
+    #[arg(long, value_name = "PCT", value_parser = typed::<u64>)]
+    pub fill_pct: Option<Typed<u64>>,
     /// Key choice: uniform (ACT) or zipf:THETA, e.g. zipf:0.99
     #[arg(long, value_name = "DIST", conflicts_with = "distribution")]
     pub keys: Option<Distribution>,
     /// Length of one verdict slice [default: 1h, or the whole run when shorter]
-    #[arg(long, value_name = "DURATION")]
-    pub slice: Option<Span>,
+    #[arg(long, value_name = "DURATION", value_parser = typed::<Span>)]
+    pub slice: Option<Typed<Span>>,
     /// Stop with "can't keep up" when a stream falls this far behind schedule
-    #[arg(long, value_name = "DURATION")]
-    pub max_lag: Option<Span>,
+    #[arg(long, value_name = "DURATION", value_parser = typed::<Span>)]
+    pub max_lag: Option<Typed<Span>>,
     /// Large-block writes without O_DSYNC (ACT's disable-odsync)
     #[arg(long)]
     pub no_dsync: bool,
@@ -341,44 +344,102 @@ pub struct KvArgs {
 
 impl WorkloadOverrides {
     pub fn to_overrides(&self) -> Overrides {
+        let mut typed: Vec<(&'static str, String)> = [
+            ("--duration", Typed::text_of(&self.duration)),
+            ("--ramp", Typed::text_of(&self.ramp)),
+            ("--size", Typed::text_of(&self.size)),
+            ("--bs", Typed::text_of(&self.bs)),
+            ("--qd", Typed::text_of(&self.qd)),
+            ("--workers", Typed::text_of(&self.workers)),
+            ("--rate-iops", Typed::text_of(&self.rate_iops)),
+            ("--submit-batch", Typed::text_of(&self.submit_batch)),
+            ("--x", Typed::text_of(&self.kv.x)),
+            ("--read-rps", Typed::text_of(&self.kv.read_rps)),
+            ("--write-rps", Typed::text_of(&self.kv.write_rps)),
+            ("--record-bytes", Typed::text_of(&self.kv.record_bytes)),
+            ("--lb-bytes", Typed::text_of(&self.kv.lb_bytes)),
+            ("--defrag-lwm-pct", Typed::text_of(&self.kv.defrag_lwm_pct)),
+            ("--fill-pct", Typed::text_of(&self.kv.fill_pct)),
+            ("--slice", Typed::text_of(&self.kv.slice)),
+            ("--max-lag", Typed::text_of(&self.kv.max_lag)),
+        ]
+        .into_iter()
+        .filter_map(|(flag, text)| Some((flag, text?.to_string())))
+        .collect();
+        if self.buffered {
+            typed.push(("--buffered", "true".into()));
+        }
         Overrides {
             rw: self.rw,
             rwmix_read: self.rwmix_read,
-            bs: self.bs,
-            qd: self.qd,
-            workers: self.workers,
+            bs: Typed::value_of(&self.bs),
+            qd: Typed::value_of(&self.qd),
+            workers: Typed::value_of(&self.workers),
             engine: self.engine,
             distribution: self.distribution,
-            rate_iops: self.rate_iops,
-            size: self.size,
-            duration: self.duration,
-            ramp: self.ramp,
+            rate_iops: Typed::value_of(&self.rate_iops),
+            size: Typed::value_of(&self.size),
+            duration: Typed::value_of(&self.duration),
+            ramp: Typed::value_of(&self.ramp),
             direct: self.buffered.then_some(false),
-            submit_batch: self.submit_batch,
+            submit_batch: Typed::value_of(&self.submit_batch),
             kv: KvOverrides {
-                x: self.kv.x,
-                read_rps: self.kv.read_rps,
-                write_rps: self.kv.write_rps,
+                x: Typed::value_of(&self.kv.x),
+                read_rps: Typed::value_of(&self.kv.read_rps),
+                write_rps: Typed::value_of(&self.kv.write_rps),
                 ratio: self.kv.ratio,
-                record_bytes: self.kv.record_bytes,
-                lb_bytes: self.kv.lb_bytes,
+                record_bytes: Typed::value_of(&self.kv.record_bytes),
+                lb_bytes: Typed::value_of(&self.kv.lb_bytes),
                 keys: self.kv.keys,
-                defrag_lwm_pct: self.kv.defrag_lwm_pct,
-                fill_pct: self.kv.fill_pct,
-                slice: self.kv.slice,
-                max_lag: self.kv.max_lag,
+                defrag_lwm_pct: Typed::value_of(&self.kv.defrag_lwm_pct),
+                fill_pct: Typed::value_of(&self.kv.fill_pct),
+                slice: Typed::value_of(&self.kv.slice),
+                max_lag: Typed::value_of(&self.kv.max_lag),
                 no_dsync: self.kv.no_dsync,
             },
+            typed,
         }
     }
 }
 
+/// A flag's parsed value with its text as typed, so an error can quote what the user wrote
+/// ("--ramp = 100y") rather than the value's own spelling ("100years").
+#[derive(Clone, Debug, PartialEq)]
+pub struct Typed<T> {
+    pub value: T,
+    pub text: String,
+}
+
+impl<T: Clone> Typed<T> {
+    fn value_of(t: &Option<Self>) -> Option<T> {
+        t.as_ref().map(|t| t.value.clone())
+    }
+
+    fn text_of(t: &Option<Self>) -> Option<&str> {
+        t.as_ref().map(|t| t.text.as_str())
+    }
+}
+
+fn typed<T: std::str::FromStr>(s: &str) -> Result<Typed<T>, String>
+where
+    T::Err: std::fmt::Display,
+{
+    let value = s.parse().map_err(|e: T::Err| e.to_string())?;
+    Ok(Typed {
+        value,
+        text: s.to_string(),
+    })
+}
+
 /// A count that the workload spec range-checks (with the real range in its message): values
 /// past u32 become u32::MAX here so they reach that check instead of clap's "0..=4294967295".
-fn clamp_u32(s: &str) -> Result<u32, String> {
+fn clamp_u32(s: &str) -> Result<Typed<u32>, String> {
     s.trim()
         .parse::<u64>()
-        .map(|n| u32::try_from(n).unwrap_or(u32::MAX))
+        .map(|n| Typed {
+            value: u32::try_from(n).unwrap_or(u32::MAX),
+            text: s.to_string(),
+        })
         .map_err(|_| format!("{s:?} is not a whole number"))
 }
 

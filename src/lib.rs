@@ -1,10 +1,15 @@
 //! virtgap as a library: the profile model, the diff and the renderers for tests and benches to
 //! call directly, and the commands the `virtgap` binary dispatches to.
 
+// First, so that `say!` and `progress!` are in scope in every module below.
+#[macro_use]
+pub mod stderr;
+
 pub mod analysis;
 pub mod cli;
 pub mod cmd;
 #[cfg(test)]
+#[allow(clippy::disallowed_macros)] // a test's report, on the harness's stderr
 mod fuzz;
 pub mod model;
 pub mod render;

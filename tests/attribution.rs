@@ -14,6 +14,8 @@
 //! Needs root (cgroups, mounts, loop devices, BPF). Minutes of recording each, so they are not
 //! part of `cargo test`'s default run: `just attribution-check` runs them (CI does too) and
 //! prints each experiment's table.
+// Test progress, on the harness's stderr: eprintln! is fine here.
+#![allow(clippy::disallowed_macros)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,6 +1,8 @@
 //! The profile file and CSV export, end to end: recorded profiles validate against the JSON
 //! Schema in schema/, interrupted runs still write a valid (incomplete) profile, bad output
 //! paths fail before the workload runs, and every CSV reads back with its declared columns.
+// Test progress, on the harness's stderr: eprintln! is fine here.
+#![allow(clippy::disallowed_macros)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command as StdCommand, Stdio};
@@ -316,7 +318,10 @@ fn read_only_and_full_filesystems_leave_nothing_behind() {
     // is left on the filesystem.
     let full = dir.path().join("full");
     let _full = tmpfs(&full, "size=16k");
+    let rescue = dir.path().join("tmp");
+    std::fs::create_dir(&rescue).unwrap();
     let out = null_record(dir.path(), &["-o", full.join("p.json").to_str().unwrap()])
+        .env("TMPDIR", &rescue)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -327,6 +332,9 @@ fn read_only_and_full_filesystems_leave_nothing_behind() {
         "left behind: {:?}",
         names_in(&full)
     );
+    // The run is not lost: its profile went to the temp directory, as the error says.
+    assert!(stderr.contains("saved as"), "{stderr}");
+    assert_eq!(names_in(&rescue).len(), 1, "{stderr}");
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! The real binary's TUI under tmux: it starts the workload, shows a nonzero IOPS, switches
 //! views on keys, quits on `q`, and leaves no BPF program of ours loaded and no temp file.
+// Test progress, on the harness's stderr: eprintln! is fine here.
+#![allow(clippy::disallowed_macros)]
 
 use std::path::Path;
 use std::process::Command;

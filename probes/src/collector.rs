@@ -27,6 +27,11 @@ pub enum ProbeEvent {
     SlowRequests(Vec<SlowRequest>),
 }
 
+/// The first snapshot comes this soon after attaching (or after one interval, when shorter),
+/// whatever the interval: callers take it as the idle host's baseline before their workload
+/// starts, and a rate over a second of an idle host is as telling as one over an hour.
+pub const FIRST_SNAPSHOT_AFTER: Duration = Duration::from_secs(1);
+
 /// With the msr probe attached, the sampler pauses for the first 1/this of every interval: its
 /// timer moves the host's own timer writes, which the msr probe counts in the pauses instead.
 const SAMPLER_PAUSE_DIVISOR: u32 = 4;
@@ -48,7 +53,8 @@ pub struct ProbeHandle {
 }
 
 impl ProbeHandle {
-    /// Starts the collector. It sends `Attached` first, then a snapshot every `interval` until
+    /// Starts the collector. It sends `Attached` first, a snapshot after
+    /// [`FIRST_SNAPSHOT_AFTER`] (or `interval`, when shorter), then one every `interval` until
     /// stopped, then one final snapshot.
     pub fn start<T>(config: ProbeConfig, interval: Duration, tx: Sender<T>) -> Self
     where
@@ -78,12 +84,13 @@ impl ProbeHandle {
                 };
                 drain_slow(&mut slow);
                 let mut previous = session.snapshot();
-                let mut next = Instant::now() + interval;
+                let mut length = interval.min(FIRST_SNAPSHOT_AFTER);
+                let mut next = Instant::now() + length;
                 loop {
                     if pauses {
                         session.set_sampler_running(false);
                         wait_until(
-                            (Instant::now() + interval / SAMPLER_PAUSE_DIVISOR).min(next),
+                            (Instant::now() + length / SAMPLER_PAUSE_DIVISOR).min(next),
                             &flag,
                             &mut || drain_slow(&mut slow),
                         );
@@ -105,7 +112,8 @@ impl ProbeHandle {
                     if sent.is_err() || flag.load(Ordering::Relaxed) {
                         break;
                     }
-                    next += interval;
+                    length = interval;
+                    next += length;
                 }
                 // The session drops here: links detach, objects unload.
             })

@@ -230,7 +230,7 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
     if args.host {
         match crate::run::microvm::exit_round_trip(2000) {
             Ok(f) => c.figures.push(f),
-            Err(e) => eprintln!("virtgap: --host: {e}"),
+            Err(e) => say!("virtgap: --host: {e}"),
         }
     }
     let mut out = std::io::stdout().lock();

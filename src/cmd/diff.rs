@@ -8,9 +8,34 @@ use crate::cli::DiffArgs;
 use crate::model::profile;
 use crate::render::diff_render;
 use crate::run::output;
+use virtgap_workloads::units;
+
+/// The charts `--svg DIR` writes.
+const SVG_FILES: [&str; 2] = ["waterfall.svg", "stages.svg"];
+
+/// The most bytes of profiles one diff reads, all inputs together: two profiles of the largest
+/// size a profile may have. Parsed, a profile takes about three times its size in memory.
+pub const MAX_DIFF_INPUT_BYTES: u64 = 2 * profile::MAX_PROFILE_BYTES;
 
 pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
+    let inputs: Vec<(&str, &std::path::PathBuf)> = [("profile A", &args.a), ("profile B", &args.b)]
+        .into_iter()
+        .chain(args.with_a.iter().map(|p| ("a --with-a profile", p)))
+        .chain(args.with_b.iter().map(|p| ("a --with-b profile", p)))
+        .collect();
+    // Outputs first, before anything is read: none may be an input, whatever the consent.
+    let mut outputs = output::Outputs::new(args.overwrite, "pass --overwrite to replace it");
+    for (role, path) in &inputs {
+        outputs.input(role, path);
+    }
+    if let Some(path) = &args.csv {
+        outputs.file("--csv", path)?;
+    }
+    if let Some(dir) = &args.svg {
+        outputs.dir("--svg", dir, &SVG_FILES)?;
+    }
+    check_input_budget(inputs.iter().map(|(_, p)| p.as_path()))?;
     let load_side = |first: &std::path::PathBuf, more: &[std::path::PathBuf]| {
         std::iter::once(first)
             .chain(more)
@@ -21,9 +46,9 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let b_side = load_side(&args.b, &args.with_b)?;
     for (path, p) in a_side.iter().chain(&b_side) {
         if !p.complete {
-            eprintln!(
+            say!(
                 "virtgap: warning: {} is incomplete (its run was interrupted); comparing anyway",
-                path.display()
+                units::printable(&path.display().to_string())
             );
         }
     }
@@ -47,21 +72,6 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    if let Some(path) = &args.csv {
-        output::check_output(path, true, "--csv")?;
-    }
-    if let Some(dir) = &args.svg {
-        if dir.exists() && !dir.is_dir() {
-            anyhow::bail!("--svg {} is a file, not a directory", dir.display());
-        }
-        if dir.is_dir() {
-            for name in ["waterfall.svg", "stages.svg"] {
-                output::check_output(&dir.join(name), true, "--svg")?;
-            }
-        } else {
-            output::check_output(dir, false, "--svg")?;
-        }
-    }
     let options = diff::DiffOptions {
         min_effect: args.min_effect,
     };
@@ -80,23 +90,52 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
         } else {
             diff_render::terminal(&d)
         };
-        out.write_all(virtgap_workloads::units::printable(&text).as_bytes())?;
+        out.write_all(units::printable(&text).as_bytes())?;
     }
     if let Some(path) = &args.csv {
-        output::write_atomic(path, diff_render::csv(&d).as_bytes(), true, "--csv")?;
+        outputs.write("--csv", path, diff_render::csv(&d).as_bytes())?;
     }
     if let Some(dir) = &args.svg {
-        if !dir.exists() {
-            std::fs::create_dir(dir)
-                .map_err(|e| anyhow::anyhow!("--svg: cannot create {}: {e}", dir.display()))?;
-        }
         let charts = [
-            ("waterfall.svg", diff_render::waterfall_svg(&d)),
-            ("stages.svg", diff_render::stages_svg(a, b, &d)),
+            diff_render::waterfall_svg(&d),
+            diff_render::stages_svg(a, b, &d),
         ];
-        for (name, svg) in charts {
-            output::write_atomic(&dir.join(name), svg.as_bytes(), true, "--svg")?;
+        for (name, svg) in SVG_FILES.into_iter().zip(charts) {
+            outputs.write("--svg", &dir.join(name), svg.as_bytes())?;
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses inputs whose sizes together pass [`MAX_DIFF_INPUT_BYTES`], from their sizes alone:
+/// nothing is opened (a FIFO is not waited on here) or parsed.
+fn check_input_budget<'a>(paths: impl Iterator<Item = &'a std::path::Path>) -> anyhow::Result<()> {
+    let (count, total) = paths
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .filter(std::fs::Metadata::is_file)
+        .fold((0u32, 0u64), |(n, sum), m| {
+            (n + 1, sum.saturating_add(m.len()))
+        });
+    if total > MAX_DIFF_INPUT_BYTES {
+        anyhow::bail!(
+            "the {count} profiles to compare total {}, over the {} diff reads at once; compare fewer or smaller profiles",
+            units::bytes(total),
+            units::bytes(MAX_DIFF_INPUT_BYTES)
+        );
+    }
+    // Parsed, they take about three times their size: that must fit what this process may
+    // still use (a container's memory cgroup is often far below the host's free memory).
+    if let Some(budget) = virtgap_workloads::memory::available(std::path::Path::new("/")) {
+        let need = total.saturating_mul(3);
+        if need > budget.bytes {
+            anyhow::bail!(
+                "the {count} profiles to compare total {}, about {} once read, over the {} this process may still use ({}); compare fewer or smaller profiles",
+                units::bytes(total),
+                units::bytes(need),
+                units::bytes(budget.bytes),
+                budget.limited_by
+            );
+        }
+    }
+    Ok(())
 }

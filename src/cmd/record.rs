@@ -60,26 +60,42 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     crate::cli::check_interval(&args.interval)?;
 
     if args.fio_equivalent {
+        // The path goes into a shell command as it is: a lossy rendering would name another file.
         let file = match &args.target.target {
-            Some(p) => p.display().to_string(),
-            None => "FILE".to_string(),
+            Some(p) => p.to_str().with_context(|| {
+                format!(
+                    "--fio-equivalent: the --target path {} is not valid UTF-8; name the target by a UTF-8 path (e.g. a symlink to it)",
+                    p.display()
+                )
+            })?,
+            None => "FILE",
         };
-        let Some(fio) = spec.fio_command(&file) else {
+        let Some(fio) = spec.fio_command(file) else {
             bail!(
                 "{} has no fio equivalent: fio cannot run a log-structured key-value store",
                 spec.name
             );
         };
-        println!("{fio}");
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{fio}")?;
+        out.flush()?;
         return Ok(ExitCode::SUCCESS);
     }
 
-    // Output paths are checked before anything runs, so a bad one costs nothing.
+    // Output paths are checked before anything runs, so a bad one costs nothing; none may be a
+    // file this run reads, whatever --force says.
+    let mut outputs = crate::run::output::Outputs::new(args.force, "pass --force to overwrite it");
+    if let Some(file) = crate::run::output::workload_file(&args.workload) {
+        outputs.input("the workload file", file);
+    }
+    if let Some(target) = &args.target.target {
+        outputs.input("the --target", target);
+    }
     if let Some(path) = &args.output {
-        crate::run::output::check_output(path, args.force, "--output")?;
+        outputs.file("--output", path)?;
     }
     if let Some(dir) = &args.csv {
-        crate::run::output::check_csv_dir(dir, args.force)?;
+        outputs.dir("--csv", dir, &crate::render::csv_export::FILES)?;
     }
 
     let verbose = !args.quiet && !args.json;
@@ -90,7 +106,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         bail!("--verify is for rand/seq workloads; kv checks every read against its index anyway");
     }
     if let Some(path) = &args.act_log {
-        crate::run::output::check_output(path, args.force, "--act-log")?;
+        outputs.file("--act-log", path)?;
     }
     let signals = StopSignals::install(true)?;
     let paced = spec.rate_iops.is_some();
@@ -102,7 +118,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     let mut undelivered_kv = false;
     for number in 1..=args.runs {
         if args.runs > 1 && verbose {
-            eprintln!("run {number} of {}", args.runs);
+            say!("run {number} of {}", args.runs);
         }
         let Some(prepared) = prepare(
             &spec,
@@ -120,7 +136,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             }
             calibration = args.calibrate.then(|| {
                 if verbose {
-                    eprintln!("calibrating exit-causing operations (a few seconds)…");
+                    say!("calibrating exit-causing operations (a few seconds)…");
                 }
                 crate::cmd::calibrate::calibrate(1.0)
             });
@@ -174,7 +190,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
             );
         }
         if args.runs > 1 && verbose {
-            eprintln!("  {}", run_line(&record));
+            say!("  {}", run_line(&record));
         }
         runs.push((profile, record));
         let seconds = pooled.measured_ns + outcome.stats.measured_ns;
@@ -216,88 +232,118 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         crate::model::profile::pool_runs(runs, &pooled, paced)
     };
     let shown = last_run.as_ref().unwrap_or(&profile);
-    if args.output.is_some() || args.csv.is_some() {
-        if let Some(path) = &args.output {
-            let mut bytes = serde_json::to_vec_pretty(&profile)?;
-            bytes.push(b'\n');
-            crate::run::output::write_atomic(path, &bytes, args.force, "--output")?;
-            if !args.quiet && !args.json {
-                eprintln!(
-                    "wrote profile {} ({})",
-                    path.display(),
-                    units::bytes(bytes.len() as u64)
-                );
+    // The summary first: whatever becomes of the files below, what ran reaches stdout.
+    let printed = (|| -> Result<()> {
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            let mut doc = report::json(shown);
+            if let (Some(map), Some(tail)) = (
+                doc.as_object_mut(),
+                run_records.last().and_then(|r| r.tail.as_ref()),
+            ) {
+                map.insert("tail_autopsy".into(), serde_json::to_value(tail)?);
             }
-        }
-        if let Some(dir) = &args.csv {
-            if !dir.exists() {
-                std::fs::create_dir(dir)
-                    .with_context(|| format!("creating --csv {}", dir.display()))?;
+            if args.runs > 1 {
+                if let Some(map) = doc.as_object_mut() {
+                    map.insert("runs".into(), serde_json::to_value(&run_records)?);
+                }
             }
-            for (name, text) in crate::render::csv_export::export(&profile) {
-                crate::run::output::write_atomic(
-                    &dir.join(name),
-                    text.as_bytes(),
-                    args.force,
-                    "--csv",
+            serde_json::to_writer_pretty(&mut out, &doc)?;
+            writeln!(out)?;
+        } else {
+            if args.runs > 1 {
+                writeln!(
+                    out,
+                    "(the summary below is the last run's; the runs follow it, and the profile keeps them all)\n"
                 )?;
             }
-            if !args.quiet && !args.json {
-                eprintln!(
-                    "wrote {} CSV files into {}",
-                    crate::render::csv_export::FILES.len(),
-                    dir.display()
+            // Names in the summary come from workload files: shown, never obeyed by the terminal.
+            let mut text = Vec::new();
+            crate::render::summary::write(&mut text, shown)?;
+            if let Some(tail) = run_records.last().and_then(|r| r.tail.as_ref()) {
+                report::write_tail(&mut text, tail)?;
+            }
+            if args.runs > 1 {
+                report::write_runs(
+                    &mut text,
+                    &run_records,
+                    crate::analysis::diff::DEFAULT_MIN_EFFECT,
+                )?;
+            }
+            out.write_all(units::printable(&String::from_utf8_lossy(&text)).as_bytes())?;
+        }
+        out.flush()?;
+        Ok(())
+    })();
+    let mut all_written = true;
+    if args.output.is_some() || args.csv.is_some() || args.act_log.is_some() {
+        use crate::run::output::Pending;
+        let mut profile_json = serde_json::to_vec_pretty(&profile)?;
+        profile_json.push(b'\n');
+        let csv = args
+            .csv
+            .as_ref()
+            .map(|_| crate::render::csv_export::export(&profile));
+        let mut files = Vec::new();
+        if let Some(path) = &args.output {
+            files.push(Pending {
+                flag: "--output",
+                path: path.clone(),
+                bytes: &profile_json,
+            });
+        }
+        if let (Some(dir), Some(csv)) = (&args.csv, &csv) {
+            files.extend(csv.iter().map(|(name, text)| Pending {
+                flag: "--csv",
+                path: dir.join(name),
+                bytes: text.as_bytes(),
+            }));
+        }
+        if let (Some(path), Some(kv)) = (&args.act_log, &stats.kv) {
+            files.push(Pending {
+                flag: "--act-log",
+                path: path.clone(),
+                bytes: kv.act_log.as_bytes(),
+            });
+        }
+        // What cannot be written where asked is saved under the temp dir, the profile with it.
+        let profile_name = args
+            .output
+            .as_deref()
+            .and_then(std::path::Path::file_name)
+            .map_or("profile.json".into(), |n| n.to_string_lossy().into_owned());
+        let written = outputs.write_all(&files, (&profile_name, &profile_json));
+        all_written = written.iter().all(|&w| w);
+        // Every file a flag names was written (and there was one: no ACT log without kv).
+        let done = |flag: &str| {
+            let mut of_flag = files.iter().zip(&written).filter(|(f, _)| f.flag == flag);
+            of_flag.clone().next().is_some() && of_flag.all(|(_, &w)| w)
+        };
+        let name =
+            |path: &std::path::Path| units::printable(&path.display().to_string()).into_owned();
+        if verbose {
+            if let Some(path) = args.output.as_deref().filter(|_| done("--output")) {
+                say!(
+                    "wrote profile {} ({})",
+                    name(path),
+                    units::bytes(profile_json.len() as u64)
                 );
             }
-        }
-    }
-    if let (Some(path), Some(kv)) = (&args.act_log, &stats.kv) {
-        crate::run::output::write_atomic(path, kv.act_log.as_bytes(), args.force, "--act-log")?;
-        if !args.quiet && !args.json {
-            eprintln!("wrote ACT log {}", path.display());
-        }
-    }
-    let mut out = std::io::stdout().lock();
-    if args.json {
-        let mut doc = report::json(shown);
-        if let (Some(map), Some(tail)) = (
-            doc.as_object_mut(),
-            run_records.last().and_then(|r| r.tail.as_ref()),
-        ) {
-            map.insert("tail_autopsy".into(), serde_json::to_value(tail)?);
-        }
-        if args.runs > 1 {
-            if let Some(map) = doc.as_object_mut() {
-                map.insert("runs".into(), serde_json::to_value(&run_records)?);
+            if let Some(dir) = args.csv.as_deref().filter(|_| done("--csv")) {
+                say!(
+                    "wrote {} CSV files into {}",
+                    crate::render::csv_export::FILES.len(),
+                    name(dir)
+                );
+            }
+            if let Some(path) = args.act_log.as_deref().filter(|_| done("--act-log")) {
+                say!("wrote ACT log {}", name(path));
             }
         }
-        serde_json::to_writer_pretty(&mut out, &doc)?;
-        writeln!(out)?;
-    } else {
-        if args.runs > 1 {
-            writeln!(
-                out,
-                "(the summary below is the last run's; the runs follow it, and the profile keeps them all)\n"
-            )?;
-        }
-        // Names in the summary come from workload files: shown, never obeyed by the terminal.
-        let mut text = Vec::new();
-        crate::render::summary::write(&mut text, shown)?;
-        if let Some(tail) = run_records.last().and_then(|r| r.tail.as_ref()) {
-            report::write_tail(&mut text, tail)?;
-        }
-        if args.runs > 1 {
-            report::write_runs(
-                &mut text,
-                &run_records,
-                crate::analysis::diff::DEFAULT_MIN_EFFECT,
-            )?;
-        }
-        out.write_all(units::printable(&String::from_utf8_lossy(&text)).as_bytes())?;
     }
-    out.flush()?;
+    printed?;
     if interrupted {
-        eprintln!(
+        say!(
             "virtgap: interrupted after {:.1} s of measurement",
             stats.seconds()
         );
@@ -305,7 +351,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     }
     if let Some(kv) = stats.kv.as_deref() {
         if let Some((who, by)) = &kv.behind {
-            eprintln!(
+            say!(
                 "virtgap: {}; stopped after {:.1} s",
                 crate::render::kv_report::behind_text(who, *by),
                 stats.seconds()
@@ -313,10 +359,10 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         }
         use virtgap_workloads::kv::KvVerdict;
         if let KvVerdict::NotDelivered { .. } | KvVerdict::Mismatches(_) = kv.verdict() {
-            eprintln!("virtgap: {}", crate::render::kv_report::verdict_text(kv));
+            say!("virtgap: {}", crate::render::kv_report::verdict_text(kv));
         }
     }
-    if undelivered_kv {
+    if undelivered_kv || !all_written {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
@@ -384,7 +430,7 @@ fn record_one(
             }
             if warn_probes {
                 for line in report_problems(&report) {
-                    eprintln!("virtgap: {line}");
+                    say!("virtgap: {line}");
                 }
             }
             probes.report = Some(report);
@@ -394,7 +440,7 @@ fn record_one(
     };
     if collector.is_some() {
         if verbose {
-            eprintln!("measuring the idle host for one interval before the workload starts");
+            say!("measuring the idle host for a second before the workload starts");
         }
         let idle = crate::run::session::wait_for_idle_interval(&rx, stop, args.interval.0, |ev| {
             probes.add(ev);
@@ -408,7 +454,7 @@ fn record_one(
     let handle = prepared.start(spec, &options, tx);
     if verbose {
         // Where a log (or a script waiting to signal the run) sees measurement begin.
-        eprintln!(
+        say!(
             "running {}: {:.1} s ramp, then {:.1} s measured",
             spec.name,
             spec.ramp.0.as_secs_f64(),
@@ -488,7 +534,7 @@ fn record_one(
         .points()
         .context("reading back the run's interval series")?;
     if let Some(problem) = series.spool_problem() {
-        eprintln!("warning: the interval series was held in memory: {problem}");
+        say!("warning: the interval series was held in memory: {problem}");
     }
     let run_wall = run_start.elapsed().as_secs_f64();
     let recorder_cpu_ns = virtgap_workloads::stats::CpuTime::of_this_process()
@@ -496,7 +542,7 @@ fn record_one(
         .saturating_sub(cpu_start)
         .saturating_sub(stats.cpu.user_ns + stats.cpu.system_ns);
     if progress {
-        eprint!("\r\x1b[2K");
+        crate::stderr::clear_progress();
     }
     if let Some(e) = errors.into_iter().next() {
         return Err(e).context("the workload failed");
@@ -553,32 +599,38 @@ impl Prepared {
 
 /// Opens the target with every safety check, and fills a temp file (with a progress line on a
 /// terminal when `verbose`). None: interrupted while filling.
-/// Refuses a workload whose buffers alone would take more than half the memory this host has
-/// available: such a run would swap or be killed mid-way rather than measure anything.
+/// Refuses a workload whose buffers alone would take more than half the memory this process
+/// may use — the host's available memory, or less under a memory cgroup's limit: such a run
+/// would swap or be killed mid-way (by a cgroup's limit, silently) rather than measure anything.
 fn check_memory(spec: &virtgap_workloads::WorkloadSpec) -> Result<()> {
     let need = spec.worker_memory_bytes();
-    let Some(available) = mem_available() else {
+    let Some(budget) = mem_available() else {
         return Ok(());
     };
-    if need > available / 2 {
+    if need > budget.bytes / 2 {
+        let (whose, fix) = match budget.limited_by {
+            virtgap_workloads::memory::Limit::Host => ("this host has available".to_string(), ""),
+            ref cgroup => (
+                format!("this process may use under {cgroup}"),
+                ", or raise the cgroup's limit",
+            ),
+        };
         bail!(
-            "the workload's buffers need about {} ({} workers x qd {} x {} bs), over half of the {} this host has available; lower --workers, --qd or --bs",
+            "the workload's buffers need about {} ({} workers x qd {} x {} bs), over half of the {} {whose}; lower --workers, --qd or --bs{fix}",
             units::bytes(need),
             spec.workers,
             spec.qd,
             units::bytes(spec.bs.0),
-            units::bytes(available)
+            units::bytes(budget.bytes),
         );
     }
     Ok(())
 }
 
-/// MemAvailable from /proc/meminfo, in bytes.
-fn mem_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+/// What this process may still allocate: the host's MemAvailable or its memory cgroup's room,
+/// the smaller.
+fn mem_available() -> Option<virtgap_workloads::memory::MemoryBudget> {
+    virtgap_workloads::memory::available(std::path::Path::new("/"))
 }
 
 pub fn prepare(
@@ -610,12 +662,12 @@ pub fn prepare(
     };
     let target = target::open(&req, &SysRoot::default())?;
     if let Some(w) = &target.warning {
-        eprintln!("virtgap: warning: {w}");
+        say!("virtgap: warning: {w}");
     }
     let disks = target_disks(&target);
     if let Some(note) = &disks.note {
         if verbose || disks.leaves.is_empty() {
-            eprintln!("virtgap: {note}");
+            say!("virtgap: {note}");
         }
     }
     let progress = verbose && std::io::stderr().is_terminal();
@@ -633,15 +685,15 @@ pub fn prepare(
     if target.needs_fill() {
         if verbose && !progress {
             // Without a terminal for the progress line, a log still sees the phase begin.
-            eprintln!("preparing {}…", target.describe());
+            say!("preparing {}…", target.describe());
         }
         let started = Instant::now();
         let mut last_draw = Instant::now();
         let result = target::fill(&target, &stop, |done| {
             if progress && last_draw.elapsed() >= Duration::from_millis(200) {
                 last_draw = Instant::now();
-                eprint!(
-                    "\rpreparing {}: {} of {} written  ",
+                progress!(
+                    "preparing {}: {} of {} written",
                     target.describe(),
                     units::bytes(done),
                     units::bytes(target.size)
@@ -649,18 +701,18 @@ pub fn prepare(
             }
         });
         if progress {
-            eprint!("\r\x1b[2K");
+            crate::stderr::clear_progress();
         }
         match result {
             Ok(()) => {}
             Err(TargetError::Interrupted) => {
-                eprintln!("virtgap: interrupted while preparing the temp file; nothing measured");
+                say!("virtgap: interrupted while preparing the temp file; nothing measured");
                 return Ok(None);
             }
             Err(e) => return Err(e.into()),
         }
         if verbose {
-            eprintln!(
+            say!(
                 "prepared {} in {:.1} s",
                 target.describe(),
                 started.elapsed().as_secs_f64()
@@ -686,14 +738,14 @@ fn load_kv_store(
 ) -> Result<Option<LoadedStore>> {
     let progress = verbose && std::io::stderr().is_terminal();
     if verbose && !progress {
-        eprintln!("loading the kv store on {}…", target.describe());
+        say!("loading the kv store on {}…", target.describe());
     }
     let mut last_draw = Instant::now();
     let loaded = kv::prepare(spec, target, stop, |p| {
         if progress && last_draw.elapsed() >= Duration::from_millis(200) {
             last_draw = Instant::now();
-            eprint!(
-                "\r{} the kv store on {}: {:.0}%  ",
+            progress!(
+                "{} the kv store on {}: {:.0}%",
                 p.phase,
                 target.describe(),
                 100.0 * p.done as f64 / p.total.max(1) as f64
@@ -701,14 +753,14 @@ fn load_kv_store(
         }
     });
     if progress {
-        eprint!("\r\x1b[2K");
+        crate::stderr::clear_progress();
     }
     let Some(loaded) = loaded.context("loading the kv store")? else {
-        eprintln!("virtgap: interrupted while loading the kv store; nothing measured");
+        say!("virtgap: interrupted while loading the kv store; nothing measured");
         return Ok(None);
     };
     if verbose {
-        eprintln!(
+        say!(
             "loaded {} keys into {} and aged them with {} overwrites in {:.1} s",
             loaded.keys,
             target.describe(),
@@ -796,6 +848,5 @@ fn draw_progress(elapsed: Duration, total: Duration, last: Option<&SeriesPoint>)
             line.push_str(&format!(", p99 lat {}", units::latency(p99 as f64)));
         }
     }
-    eprint!("\r\x1b[2K{line}");
-    let _ = std::io::stderr().flush();
+    progress!("{line}");
 }

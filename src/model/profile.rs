@@ -1025,11 +1025,23 @@ pub enum ProfileError {
     NotProfile { path: String, err: String },
     #[error("{path}: schema version {found} is newer than this virtgap understands ({SCHEMA_VERSION}); upgrade virtgap")]
     Newer { path: String, found: u64 },
+    #[error("{path}: profile schema version {found}; this virtgap reads versions {MIN_SCHEMA_VERSION} to {SCHEMA_VERSION}")]
+    Unsupported { path: String, found: u64 },
+    #[error("{path}: profile schema version {found}, but it has {field}, which version {since} added: its schema_version is wrong (set it to the version that wrote the file)")]
+    VersionMismatch {
+        path: String,
+        found: u64,
+        field: String,
+        since: u32,
+    },
     #[error(
         "{path} is {size} bytes, over the {MAX_PROFILE_BYTES}-byte limit for a profile; is it one?"
     )]
     TooLarge { path: String, size: u64 },
 }
+
+/// The oldest schema version virtgap reads (there was never a version 0).
+pub const MIN_SCHEMA_VERSION: u32 = 1;
 
 /// The largest profile virtgap reads: far above a day-long run's, far below what would exhaust
 /// memory when a wrong file is named.
@@ -1047,40 +1059,27 @@ pub fn json_schema() -> serde_json::Value {
     schema.to_value()
 }
 
-/// Reads a profile, refusing files that are not profiles, are implausibly large or come from a
-/// newer virtgap; a value that does not fit says where it is (`stages.device.count: …`).
+/// Reads a profile, refusing files that are not profiles, are not regular files (a FIFO without
+/// waiting for a writer), are implausibly large or come from a newer virtgap; a value that does
+/// not fit says where it is (`stages.device.count: …`).
 pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
-    use std::io::Read;
+    use virtgap_workloads::input::{read_bounded, InputError};
     let shown = path.display().to_string();
-    let read_err = |err| ProfileError::Read {
-        path: shown.clone(),
-        err,
-    };
-    let file = std::fs::File::open(path).map_err(read_err)?;
-    let meta = file.metadata().map_err(read_err)?;
-    if !meta.is_file() {
-        return Err(ProfileError::NotProfile {
-            path: shown,
-            err: "not a regular file".into(),
-        });
-    }
-    if meta.len() > MAX_PROFILE_BYTES {
-        return Err(ProfileError::TooLarge {
-            path: shown,
-            size: meta.len(),
-        });
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    // The file may grow after the size check: never read past the limit.
-    file.take(MAX_PROFILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read_err)?;
-    if bytes.len() as u64 > MAX_PROFILE_BYTES {
-        return Err(ProfileError::TooLarge {
-            path: shown,
-            size: bytes.len() as u64,
-        });
-    }
+    // A FIFO, a device or a file over the limit is refused before anything is read from it.
+    let bytes = read_bounded(path, MAX_PROFILE_BYTES).map_err(|e| match e {
+        InputError::Io(err) => ProfileError::Read {
+            path: shown.clone(),
+            err,
+        },
+        InputError::NotRegular(kind) => ProfileError::NotProfile {
+            path: shown.clone(),
+            err: format!("{kind}, not a regular file"),
+        },
+        InputError::TooLarge { size, .. } => ProfileError::TooLarge {
+            path: shown.clone(),
+            size,
+        },
+    })?;
     parse(&bytes, &shown)
 }
 
@@ -1111,17 +1110,70 @@ pub fn parse(bytes: &[u8], shown: &str) -> Result<Profile, ProfileError> {
             found: version,
         });
     }
+    if version < u64::from(MIN_SCHEMA_VERSION) {
+        return Err(ProfileError::Unsupported {
+            path: shown.to_string(),
+            found: version,
+        });
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let profile: Profile = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let at = e.path().to_string();
         not_profile(format!("{at}: {}", e.into_inner()))
     })?;
+    if let Some((field, since)) = newer_than(&profile, version) {
+        return Err(ProfileError::VersionMismatch {
+            path: shown.to_string(),
+            found: version,
+            field,
+            since,
+        });
+    }
     validate(&profile).map_err(not_profile)?;
     Ok(profile)
 }
 
+/// A section a profile of schema `version` cannot have, with the version that added it: read
+/// as its version says, such a profile would be misread (before version 3, `stages.device` runs
+/// to the request's completion).
+fn newer_than(p: &Profile, version: u64) -> Option<(String, u32)> {
+    if version >= 3 {
+        return None;
+    }
+    let stages = std::iter::once(("stages".to_string(), p.stages.completion.is_some())).chain(
+        p.runs
+            .iter()
+            .enumerate()
+            .map(|(n, r)| (format!("runs[{n}].stages"), r.stages.completion.is_some())),
+    );
+    let devices = p.devices.iter().enumerate().flat_map(|(n, d)| {
+        std::iter::once((
+            format!("devices[{n}].stages"),
+            d.stages.completion.is_some(),
+        ))
+        .chain(d.ops.iter().enumerate().map(move |(m, o)| {
+            (
+                format!("devices[{n}].ops[{m}].stages"),
+                o.stages.completion.is_some(),
+            )
+        }))
+    });
+    let intervals = p.intervals.iter().enumerate().map(|(n, iv)| {
+        (
+            format!("intervals[{n}].stages"),
+            iv.stages.contains_key(Stage::Completion.name()),
+        )
+    });
+    let (at, _) = stages
+        .chain(devices)
+        .chain(intervals)
+        .find(|(_, has)| *has)?;
+    Some((format!("{at}.completion"), 3))
+}
+
 /// Checks what the types cannot: times and rates finite and not negative, intervals that end
-/// after they start. The first problem found is named by its field path.
+/// after they start, histograms whose buckets, count and sum agree. The first problem found is
+/// named by its field path.
 fn validate(p: &Profile) -> Result<(), String> {
     let non_negative = |at: &str, v: f64| {
         if v.is_finite() && v >= 0.0 {
@@ -1147,12 +1199,14 @@ fn validate(p: &Profile) -> Result<(), String> {
         Ok(())
     };
     at_most("run.interval_s", p.run.interval_s, MAX_SECONDS)?;
-    // A window shorter than a millisecond is no run: rates over it would be absurd or infinite.
-    const MIN_WINDOW_S: f64 = 1e-3;
+    // Windows are measured with nanosecond clocks: a shorter one is no measurement, and rates
+    // over it could be infinite. Anything longer is a window record writes (`-d 100us`, or a
+    // run interrupted at its start).
+    const MIN_WINDOW_S: f64 = 1e-9;
     let window = |at: &str, v: f64| {
         at_most(at, v, MAX_SECONDS)?;
         if v > 0.0 && v < MIN_WINDOW_S {
-            return Err(format!("{at}: {v} s is shorter than any run"));
+            return Err(format!("{at}: {} s is shorter than any run", number(v)));
         }
         Ok(())
     };
@@ -1304,6 +1358,189 @@ fn validate(p: &Profile) -> Result<(), String> {
                 "intervals[{n}]: ends ({} s) no later than it starts ({} s)",
                 iv.end_s, iv.start_s
             ));
+        }
+    }
+    for (at, h) in histograms(p) {
+        histogram_ok(h, MAX_U64, MAX_NS_SUM).map_err(|e| format!("{at}: {e}"))?;
+    }
+    Ok(())
+}
+
+/// `v` as an error shows it: in exponent form where the plain one would run to dozens of digits.
+fn number(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-6..1e16).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        v.to_string()
+    }
+}
+
+/// Every histogram of a profile, named by its field path.
+fn histograms<'a>(p: &'a Profile) -> Vec<(String, &'a Histogram)> {
+    fn named<'a>(
+        at: String,
+        found: impl IntoIterator<Item = (&'static str, Option<&'a Histogram>)>,
+    ) -> impl Iterator<Item = (String, &'a Histogram)> {
+        found
+            .into_iter()
+            .filter_map(move |(name, h)| Some((format!("{at}.{name}"), h?)))
+    }
+    let stages = |at: String, s: &'a Stages| {
+        named(
+            at,
+            [
+                ("app", Some(&s.app)),
+                ("queue", s.queue.as_ref()),
+                ("device", s.device.as_ref()),
+                ("completion", s.completion.as_ref()),
+                ("wakeup", s.wakeup.as_ref()),
+                ("flush", s.flush.as_ref()),
+            ],
+        )
+    };
+    let mut out: Vec<(String, &'a Histogram)> = stages("stages".into(), &p.stages).collect();
+    for (n, r) in p.runs.iter().enumerate() {
+        out.extend(stages(format!("runs[{n}].stages"), &r.stages));
+    }
+    for (dir, d) in [("read", &p.results.read), ("write", &p.results.write)] {
+        let at = format!("results.{dir}");
+        out.push((format!("{at}.slat"), &d.slat));
+        out.push((format!("{at}.clat"), &d.clat));
+        out.push((format!("{at}.lat"), &d.lat));
+        if let Some(h) = &d.lat_intended {
+            out.push((format!("{at}.lat_intended"), h));
+        }
+    }
+    let device_stages = |at: String, s: &'a DeviceStages| {
+        named(
+            at,
+            [
+                ("queue", s.queue.as_ref()),
+                ("device", s.device.as_ref()),
+                ("completion", s.completion.as_ref()),
+            ],
+        )
+    };
+    for (n, d) in p.devices.iter().enumerate() {
+        out.extend(device_stages(format!("devices[{n}].stages"), &d.stages));
+        for (m, o) in d.ops.iter().enumerate() {
+            out.extend(device_stages(
+                format!("devices[{n}].ops[{m}].stages"),
+                &o.stages,
+            ));
+        }
+        for (m, q) in d.nvme_queues.iter().enumerate() {
+            if let Some(h) = &q.latency {
+                out.push((format!("devices[{n}].nvme_queues[{m}].latency"), h));
+            }
+        }
+    }
+    if let Some(kv) = &p.kv {
+        for (name, c) in [
+            ("client_reads", &kv.client_reads),
+            ("client_writes", &kv.client_writes),
+        ] {
+            let Some(c) = c else { continue };
+            let at = format!("kv.{name}");
+            if let Some(h) = &c.service {
+                out.push((format!("{at}.service"), h));
+            }
+            out.push((format!("{at}.lat"), &c.lat));
+            out.push((format!("{at}.lat_intended"), &c.lat_intended));
+        }
+    }
+    out
+}
+
+/// What any histogram virtgap writes satisfies: finite, non-negative sums; buckets in order,
+/// each `low <= high`, holding the histogram's count; a sum that values within its bounds can
+/// give. Counts at most `max_count`, sums at most `max_sum` (beyond any real run).
+///
+/// A histogram with extremes (`min_ns`, `max_ns`) is the workload's, counted in one place: it
+/// must hold exactly. One without is the kernel's, read while the probes may still be adding to
+/// it: the read can catch a few values in flight, counted in one field and not yet in another.
+fn histogram_ok(h: &Histogram, max_count: u64, max_sum: f64) -> Result<(), String> {
+    for (name, v) in [("sum_ns", Some(h.sum_ns)), ("sum_sq_ns", h.sum_sq_ns)] {
+        match v {
+            Some(v) if !(v.is_finite() && v >= 0.0) => {
+                return Err(format!(
+                    "{name} {} is not a finite, non-negative number",
+                    number(v)
+                ))
+            }
+            _ => {}
+        }
+    }
+    if h.count > max_count || h.sum_ns > max_sum {
+        return Err(format!(
+            "count {} and sum_ns {} are beyond any real run",
+            h.count,
+            number(h.sum_ns)
+        ));
+    }
+    let mut total: u64 = 0;
+    let mut previous_high: Option<u64> = None;
+    for (i, &[low, high, n]) in h.buckets.iter().enumerate() {
+        if low > high {
+            return Err(format!("buckets[{i}]: low {low} above high {high}"));
+        }
+        if previous_high.is_some_and(|p| low <= p) {
+            return Err(format!(
+                "buckets[{i}]: starts at {low}, not after the bucket before it"
+            ));
+        }
+        previous_high = Some(high);
+        total = total
+            .checked_add(n)
+            .filter(|t| *t <= max_count)
+            .ok_or_else(|| format!("buckets[{i}]: counts beyond any real run"))?;
+    }
+    // The float sum is rounded: bounds get a hair of room.
+    let fits = |sum: f64, bound: f64| sum <= bound * (1.0 + 1e-9) + 1.0;
+    match h.min_ns.zip(h.max_ns) {
+        Some((min, max)) => {
+            if h.count == 0 || min > max {
+                return Err(format!(
+                    "min_ns {min} and max_ns {max} for {} values",
+                    h.count
+                ));
+            }
+            if total != h.count {
+                return Err(format!(
+                    "its buckets hold {total} values, its count is {}",
+                    h.count
+                ));
+            }
+            let (low, high) = (h.count as f64 * min as f64, h.count as f64 * max as f64);
+            if !fits(h.sum_ns, high) || !fits(low, h.sum_ns) {
+                return Err(format!(
+                    "sum_ns {} is not what {} values from {min} to {max} ns add up to",
+                    number(h.sum_ns),
+                    h.count
+                ));
+            }
+        }
+        None => {
+            // At most one value in flight per CPU adding to it, on hosts of up to a few
+            // hundred busy CPUs; more for a larger count (pooled runs each read once).
+            let slack = 256 + h.count / 1024;
+            if total.abs_diff(h.count) > slack {
+                return Err(format!(
+                    "its buckets hold {total} values, its count is {}",
+                    h.count
+                ));
+            }
+            // Values in flight may be in the sum but in no bucket yet: each at most u64::MAX.
+            let top = previous_high.unwrap_or(0) as f64;
+            let n = h.count.max(total) as f64;
+            if !fits(h.sum_ns, n * top + slack as f64 * u64::MAX as f64) {
+                return Err(format!(
+                    "sum_ns {} is more than {} values of at most {} ns add up to",
+                    number(h.sum_ns),
+                    h.count,
+                    previous_high.unwrap_or(0)
+                ));
+            }
         }
     }
     Ok(())
@@ -2035,6 +2272,183 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a regular file"), "{err}");
+    }
+
+    /// A profile kept as test data, as a JSON tree to edit.
+    fn seed(name: &str) -> serde_json::Value {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data")
+            .join(name);
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    }
+
+    fn parsed(doc: &serde_json::Value) -> Result<Profile, ProfileError> {
+        parse(doc.to_string().as_bytes(), "p.json")
+    }
+
+    fn refusal(doc: &serde_json::Value) -> String {
+        match parsed(doc) {
+            Ok(_) => panic!("accepted: {doc}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("b.json");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: `c` is a NUL-terminated path that outlives the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(load(&fifo).map(|_| ()).map_err(|e| e.to_string())));
+        let err = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("load returns at once, not blocked in open")
+            .unwrap_err();
+        assert!(
+            err.ends_with("not a virtgap profile (a FIFO, not a regular file)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn only_schema_versions_virtgap_wrote_are_read_and_as_themselves() {
+        let mut doc = seed("fuzz-seeds/rand4k-two-runs.json");
+        assert_eq!(doc["schema_version"], 2);
+        parsed(&doc).unwrap();
+        doc["schema_version"] = 0.into();
+        assert_eq!(
+            refusal(&doc),
+            "p.json: profile schema version 0; this virtgap reads versions 1 to 3"
+        );
+        // A version-2 profile has no completion stage: one with it was version 3, and its
+        // device stage would be read as running to completion.
+        doc["stages"]["completion"] = doc["stages"]["queue"].clone();
+        doc["schema_version"] = 3.into();
+        parsed(&doc).unwrap();
+        doc["schema_version"] = 2.into();
+        assert_eq!(
+            refusal(&doc),
+            "p.json: profile schema version 2, but it has stages.completion, which version 3 \
+             added: its schema_version is wrong (set it to the version that wrote the file)"
+        );
+        let mut doc = seed("minimal-profile.json");
+        doc["schema_version"] = 1.into();
+        parsed(&doc).unwrap();
+    }
+
+    #[test]
+    fn histograms_no_run_gives_are_refused() {
+        let base = seed("fuzz-seeds/rand4k-two-runs.json");
+        parsed(&base).unwrap();
+        let refused = |edit: &dyn Fn(&mut serde_json::Value), why: &str| {
+            let mut doc = base.clone();
+            edit(&mut doc);
+            let err = refusal(&doc);
+            assert!(err.contains(why), "{why:?} not in: {err}");
+        };
+        fn app(d: &mut serde_json::Value) -> &mut serde_json::Value {
+            &mut d["stages"]["app"]
+        }
+        fn device(d: &mut serde_json::Value) -> &mut serde_json::Value {
+            &mut d["stages"]["device"]
+        }
+        refused(
+            &|d| app(d)["sum_ns"] = (-1e20).into(),
+            "stages.app: sum_ns -1e20 is not a finite, non-negative number",
+        );
+        refused(
+            &|d| app(d)["sum_ns"] = 1.7e308.into(),
+            "stages.app: count 195915 and sum_ns 1.7e308 are beyond any real run",
+        );
+        refused(
+            &|d| device(d)["sum_ns"] = 1.7e308.into(),
+            "stages.device: count 195925 and sum_ns 1.7e308",
+        );
+        refused(
+            &|d| d["runs"][1]["stages"]["app"]["sum_sq_ns"] = (-1.0).into(),
+            "runs[1].stages.app: sum_sq_ns -1 is not",
+        );
+        // A mean outside the extremes, or past the top bucket's bound.
+        refused(
+            &|d| {
+                let max = app(d)["max_ns"].as_f64().unwrap();
+                app(d)["sum_ns"] = (max * 195915.0 * 1.01).into();
+            },
+            "stages.app: sum_ns",
+        );
+        refused(
+            &|d| device(d)["sum_ns"] = 1e22.into(),
+            "stages.device: sum_ns 1e22 is more than 195925 values",
+        );
+        // Buckets that do not hold the count.
+        refused(
+            &|d| {
+                let n = app(d)["buckets"][0][2].as_u64().unwrap();
+                app(d)["buckets"][0][2] = (n + 1).into();
+            },
+            "stages.app: its buckets hold 195916 values, its count is 195915",
+        );
+        refused(
+            &|d| device(d)["count"] = 1_000_000.into(),
+            "stages.device: its buckets hold 195925 values, its count is 1000000",
+        );
+        refused(
+            &|d| d["results"]["read"]["clat"]["buckets"] = serde_json::json!([]),
+            "results.read.clat: its buckets hold 0 values",
+        );
+        // Buckets upside down or out of order.
+        refused(
+            &|d| {
+                let b = &mut device(d)["buckets"][0];
+                let (lo, hi) = (b[0].clone(), b[1].clone());
+                b[0] = hi;
+                b[1] = lo;
+            },
+            "stages.device: buckets[0]: low",
+        );
+        refused(
+            &|d| app(d)["buckets"].as_array_mut().unwrap().swap(0, 1),
+            "stages.app: buckets[1]: starts at",
+        );
+        refused(
+            &|d| {
+                app(d)["min_ns"] = 10.into();
+                app(d)["max_ns"] = 5.into();
+            },
+            "stages.app: min_ns 10 and max_ns 5",
+        );
+        refused(
+            &|d| d["devices"][0]["stages"]["queue"]["buckets"][0][2] = u64::MAX.into(),
+            "devices[0].stages.queue: buckets[0]: counts beyond any real run",
+        );
+        // The kernel's histograms are read while the probes run: a value in flight, counted and
+        // summed but in no bucket yet, is what record writes.
+        let mut doc = base.clone();
+        let count = device(&mut doc)["count"].as_u64().unwrap();
+        device(&mut doc)["count"] = (count + 3).into();
+        let sum = device(&mut doc)["sum_ns"].as_f64().unwrap();
+        device(&mut doc)["sum_ns"] = (sum + 3e9).into();
+        parsed(&doc).unwrap();
+    }
+
+    #[test]
+    fn windows_as_short_as_record_writes_are_read() {
+        // Interrupted while measuring the idle host: the workload ran 0.2 ms.
+        let mut doc = seed("fuzz-seeds/rand4k-two-runs.json");
+        doc["complete"] = false.into();
+        doc["results"]["measured_s"] = 0.000185487.into();
+        doc["runs"][1]["measured_s"] = 0.000185487.into();
+        doc["runs"][1]["complete"] = false.into();
+        parsed(&doc).unwrap();
+        // `record -d 100us` completes in 0.1 ms.
+        doc["complete"] = true.into();
+        doc["results"]["measured_s"] = 0.0001.into();
+        parsed(&doc).unwrap();
+        // Shorter than a nanosecond clock measures is no window.
+        doc["results"]["measured_s"] = 1e-12.into();
+        assert!(refusal(&doc).contains("results.measured_s: 1e-12 s is shorter than any run"));
     }
 
     /// `record --runs N` pools the block counts with the stages they are read against: the

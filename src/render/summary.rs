@@ -117,6 +117,9 @@ pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
             "    the figures above mix the stall with steady state; see the profile's stalls section"
         )?;
     }
+    if let Some(pauses) = p.stalls.as_ref().and_then(|s| s.describe_pauses()) {
+        writeln!(out, "  PAUSED: {pauses}")?;
+    }
     if let (Some(asked), Some(max)) = (p.run.requested_interval_s, p.run.max_intervals) {
         writeln!(
             out,

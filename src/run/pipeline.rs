@@ -38,7 +38,8 @@ pub struct ProbeResults {
     at_measure_start: Option<ProbeSnapshot>,
     /// The block probe's slow requests, for the tail autopsy (when asked for).
     pub slow_requests: Vec<virtgap_probes::model::SlowRequest>,
-    /// The interval before the workload started (see [`Self::set_idle`]).
+    /// The idle window before the workload started, a second or the interval when shorter
+    /// (see [`Self::set_idle`]); its figures are read as rates over its own length.
     idle: Option<ProbeSnapshot>,
     /// The totals at its end: where the window starts when there is no ramp.
     at_idle_end: Option<ProbeSnapshot>,

@@ -112,7 +112,7 @@ impl IntervalSeries {
             probes_seen: 0,
             waiting_probes: VecDeque::new(),
             waiting_samples: VecDeque::new(),
-            stall_log: StallLog::default(),
+            stall_log: StallLog::watching(),
             max_points: None,
         }
     }
@@ -199,7 +199,7 @@ impl IntervalSeries {
         self.tail = None;
         self.span = 1;
         self.origin = None;
-        self.stall_log = StallLog::default();
+        self.stall_log = self.stall_log.cleared();
         self.max_points = None;
     }
 

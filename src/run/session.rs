@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use virtgap_probes::collector::FIRST_SNAPSHOT_AFTER;
 use virtgap_probes::{
     CapabilityReport, Family, ProbeConfig, ProbeEvent, ProbeHandle, ProbeSnapshot,
 };
@@ -77,15 +78,18 @@ pub fn start_probes(
 }
 
 /// Waits for the collector's first snapshot, taken with nothing of virtgap's running but the
-/// probes: the idle baseline, as (totals at its end, its own activity). Other probe events go to
-/// `other`. None after a few intervals without one, or on a stop (the run has no baseline then).
+/// probes: the idle baseline, as (totals at its end, its own activity). It covers at most
+/// [`FIRST_SNAPSHOT_AFTER`] whatever `interval` is, so a long interval does not hold the workload
+/// back. Other probe events go to `other`. None after a few times that without one, or on a stop
+/// (the run has no baseline then).
 pub fn wait_for_idle_interval(
     rx: &Receiver<Event>,
     stop: &std::sync::atomic::AtomicBool,
     interval: Duration,
     mut other: impl FnMut(ProbeEvent),
 ) -> Option<(ProbeSnapshot, ProbeSnapshot)> {
-    let deadline = std::time::Instant::now() + interval * 3 + Duration::from_secs(1);
+    let idle = interval.min(FIRST_SNAPSHOT_AFTER);
+    let deadline = std::time::Instant::now() + idle * 3 + Duration::from_secs(1);
     while std::time::Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
         match rx.recv_timeout(Duration::from_millis(100)) {
             Ok(Event::Probe(ProbeEvent::Snapshot {

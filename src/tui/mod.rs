@@ -47,7 +47,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         None => None,
     };
     if let Some(path) = &args.save {
-        crate::run::output::check_output(path, true, "--save")?;
+        crate::run::output::tui_save(args, path, true)?;
     }
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
@@ -106,7 +106,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     if collector.is_some() {
         // One interval of the idle host first, as `record` measures it (the screen is not up
         // yet: the line goes where the target's preparation printed its own).
-        eprintln!("measuring the idle host for one interval before the workload starts");
+        say!("measuring the idle host for a second before the workload starts");
         let idle = crate::run::session::wait_for_idle_interval(&rx, stop, args.interval.0, |ev| {
             if let ProbeEvent::SlowRequests(slow) = ev {
                 app.on_slow_requests(slow);
@@ -385,10 +385,20 @@ fn save(
     });
     let result = serde_json::to_vec_pretty(&profile)
         .map_err(anyhow::Error::from)
-        .and_then(|bytes| crate::run::output::write_atomic(&path, &bytes, true, "--save"));
+        .and_then(|bytes| {
+            // Checked again as it is now; an explicit --save is consent to replace that file.
+            let outputs = crate::run::output::tui_save(args, &path, args.save.is_some())?;
+            Ok(outputs.write("--save", &path, &bytes)?)
+        });
     app.message = Some(match result {
-        Ok(()) => format!("saved profile {}", path.display()),
-        Err(e) => format!("save failed: {e:#}"),
+        Ok(()) => format!(
+            "saved profile {}",
+            virtgap_workloads::units::printable(&path.display().to_string())
+        ),
+        Err(e) => format!(
+            "save failed: {}",
+            virtgap_workloads::units::printable(&format!("{e:#}"))
+        ),
     });
 }
 

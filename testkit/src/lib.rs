@@ -4,6 +4,8 @@
 //! printed and, when `VIRTGAP_SKIP_LOG` names a file (`just test` sets it), appended to it as
 //! one line, which `just test` lists after the run. Under CI (`CI` set) a missing capability
 //! the project's CI machines have fails the test instead: a test that skips in CI cannot fail.
+// Test helpers: their notes go to the harness's stderr, where eprintln! is fine.
+#![allow(clippy::disallowed_macros)]
 
 use std::fmt::Display;
 use std::io::Write;

@@ -1,7 +1,10 @@
 //! Helpers shared by the end-to-end tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Numbers the memory cgroups one test binary makes.
+static NEXT_CGROUP: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 pub mod slow_device;
 
@@ -31,4 +34,95 @@ pub fn names_in(dir: &Path) -> Vec<String> {
         .collect();
     v.sort();
     v
+}
+
+/// A memory cgroup of `limit` bytes, a child of this process's own, removed on drop.
+pub struct MemoryCgroup {
+    pub dir: PathBuf,
+}
+
+impl MemoryCgroup {
+    pub fn new(limit: u64) -> Result<Self, String> {
+        let mountinfo =
+            std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| e.to_string())?;
+        let membership = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| e.to_string())?;
+        // Where the v2 hierarchy, or the v1 one of the memory controller, is mounted (whole).
+        let mount = |v2: bool| {
+            mountinfo.lines().find_map(|l| {
+                let (head, tail) = l.split_once(" - ")?;
+                let head: Vec<&str> = head.split(' ').collect();
+                let mut tail = tail.split(' ');
+                let (fstype, _, options) = (tail.next()?, tail.next()?, tail.next()?);
+                let fits = if v2 {
+                    fstype == "cgroup2"
+                } else {
+                    fstype == "cgroup" && options.split(',').any(|o| o == "memory")
+                };
+                (fits && head.get(3) == Some(&"/")).then(|| PathBuf::from(head[4]))
+            })
+        };
+        let own = |v2: bool| {
+            membership.lines().find_map(|l| {
+                let mut parts = l.splitn(3, ':');
+                let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+                let fits = if v2 {
+                    id == "0" && controllers.is_empty()
+                } else {
+                    controllers.split(',').any(|c| c == "memory")
+                };
+                fits.then(|| path.trim_start_matches('/').to_string())
+            })
+        };
+        let name = format!(
+            "vg-test-{}-{}",
+            std::process::id(),
+            NEXT_CGROUP.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let (dir, limit_file) = if let (Some(m), Some(own)) = (mount(false), own(false)) {
+            (m.join(own).join(&name), "memory.limit_in_bytes")
+        } else if let (Some(m), Some(own)) = (mount(true), own(true)) {
+            // A v2 cgroup with processes cannot enable controllers for children: then the group
+            // goes beside this process's, under its parent.
+            let own = m.join(own);
+            let parent = [own.as_path(), own.parent().unwrap_or(&own)]
+                .into_iter()
+                .find(|dir| {
+                    std::fs::read_to_string(dir.join("cgroup.subtree_control"))
+                        .is_ok_and(|c| c.split_whitespace().any(|c| c == "memory"))
+                })
+                .ok_or_else(|| {
+                    format!(
+                        "the memory controller is not enabled for children of {} or its parent",
+                        own.display()
+                    )
+                })?;
+            (parent.join(&name), "memory.max")
+        } else {
+            return Err("no memory cgroup hierarchy mounted at its root".into());
+        };
+        std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let group = Self { dir };
+        std::fs::write(group.dir.join(limit_file), limit.to_string())
+            .map_err(|e| format!("{limit_file}: {e}"))?;
+        Ok(group)
+    }
+}
+
+impl MemoryCgroup {
+    /// `program` run inside the group (a shell moves itself in, then execs it).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> std::process::Command {
+        let mut cmd = std::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg("echo $$ > \"$0\"/cgroup.procs && exec \"$@\"")
+            .arg(&self.dir)
+            .arg(program);
+        cmd
+    }
+}
+
+impl Drop for MemoryCgroup {
+    fn drop(&mut self) {
+        // Empty once its one process has exited.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
 }

@@ -35,6 +35,9 @@ pub const MAX_QD: u32 = 4096;
 pub const MAX_WORKERS: u32 = 1024;
 /// One pebibyte: anything larger is a typo, not a target.
 pub const MAX_SIZE: u64 = 1 << 50;
+/// The fastest pacing accepted (a billion I/Os per second is past any device). It also keeps
+/// the rate within TOML's signed 64-bit integers, so the effective spec always serializes.
+pub const MAX_RATE_IOPS: u64 = 1_000_000_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SpecError {
@@ -344,6 +347,10 @@ pub fn preset_text(name: &str) -> Option<&'static str> {
     PRESETS.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
 }
 
+/// The largest workload file read: a hand-written spec is a few hundred bytes; past this the
+/// file named is not one, and reading it whole could take all memory (`-w /dev/zero`).
+pub const MAX_WORKLOAD_FILE_BYTES: u64 = 1 << 20;
+
 /// Resolves `name_or_path`: a preset name, or a path to a TOML file (anything containing a '/'
 /// or ending in ".toml", or an existing file).
 pub fn load(name_or_path: &str) -> Result<LoadedSpec, SpecError> {
@@ -361,9 +368,17 @@ pub fn load(name_or_path: &str) -> Result<LoadedSpec, SpecError> {
             source_text: text.to_string(),
         });
     }
-    let text = std::fs::read_to_string(name_or_path).map_err(|err| SpecError::Read {
+    let read_err = |err: std::io::Error| SpecError::Read {
         path: name_or_path.to_string(),
         err,
+    };
+    let bytes = crate::input::read_bounded(Path::new(name_or_path), MAX_WORKLOAD_FILE_BYTES)
+        .map_err(|e| read_err(e.into()))?;
+    let text = String::from_utf8(bytes).map_err(|_| {
+        read_err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "it is not UTF-8 text",
+        ))
     })?;
     let spec = parse(&text, name_or_path)?;
     Ok(LoadedSpec {
@@ -550,6 +565,13 @@ impl WorkloadSpec {
                     "must be above zero; remove the key for a closed-loop run",
                 ));
             }
+            if rate > MAX_RATE_IOPS {
+                return Err(Self::invalid(
+                    "rate_iops",
+                    rate,
+                    format!("beyond any device: give at most {MAX_RATE_IOPS} I/Os per second"),
+                ));
+            }
         }
         self.validate_kv()
     }
@@ -706,9 +728,26 @@ impl WorkloadSpec {
         s
     }
 
-    /// The fio command line that runs the same job on `filename` (None for kv: fio has no
+    /// The fio command line that runs the same job on `filename`, each argument shell-quoted
+    /// so that any name or path pastes into a shell as one word (None for kv: fio has no
     /// log-structured store).
     pub fn fio_command(&self, filename: &str) -> Option<String> {
+        let words = self.fio_argv(filename)?;
+        let quoted: Vec<String> = words
+            .iter()
+            .map(|w| match w.split_once('=') {
+                // `--filename='a b'`: the option stays readable, its value is quoted.
+                Some((opt, value)) if opt.starts_with("--") && is_plain_option(opt) => {
+                    format!("{opt}={}", shell_word(value))
+                }
+                _ => shell_word(w),
+            })
+            .collect();
+        Some(quoted.join(" "))
+    }
+
+    /// The fio argument vector that runs the same job on `filename`, unquoted (None for kv).
+    pub fn fio_argv(&self, filename: &str) -> Option<Vec<String>> {
         if self.pattern == Pattern::Kv {
             return None;
         }
@@ -764,7 +803,25 @@ impl WorkloadSpec {
         }
         args.push("--group_reporting".into());
         args.push("--output-format=json".into());
-        Some(args.join(" "))
+        Some(args)
+    }
+}
+
+/// An option name that needs no quoting: `--` then letters, digits, `_` and `-`.
+fn is_plain_option(opt: &str) -> bool {
+    opt.len() > 2
+        && opt[2..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// `text` as one POSIX shell word. A NUL cannot be passed in an argument at all; no name or path
+/// that reaches here holds one (spec names refuse control characters, paths come from argv), and
+/// it is dropped rather than let the quoting fail.
+fn shell_word(text: &str) -> String {
+    match shlex::try_quote(text) {
+        Ok(word) => word.into_owned(),
+        Err(_) => shell_word(&text.replace('\0', "")),
     }
 }
 
@@ -785,6 +842,9 @@ pub struct Overrides {
     pub direct: Option<bool>,
     pub submit_batch: Option<u32>,
     pub kv: KvOverrides,
+    /// Each flag's value as the user typed it ("--ramp", "100y"): an error about that flag
+    /// quotes it instead of the parsed value's own spelling.
+    pub typed: Vec<(&'static str, String)>,
 }
 
 impl Overrides {
@@ -841,12 +901,20 @@ impl Overrides {
         next.validate().map_err(|e| match e {
             SpecError::Invalid {
                 key, value, reason, ..
-            } => SpecError::Invalid {
-                origin: String::new(),
-                key: flag_for_key(key, next.kv.is_some()),
-                value,
-                reason,
-            },
+            } => {
+                let flag = flag_for_key(key, next.kv.is_some());
+                let value = self
+                    .typed
+                    .iter()
+                    .find(|(f, _)| *f == flag)
+                    .map_or(value, |(_, text)| text.clone());
+                SpecError::Invalid {
+                    origin: String::new(),
+                    key: flag,
+                    value,
+                    reason,
+                }
+            }
             other => other,
         })?;
         next.resolve();
@@ -855,22 +923,34 @@ impl Overrides {
     }
 }
 
+/// The command-line flag that sets a spec key (keys no flag sets, such as `name`, stay as
+/// they are).
 fn flag_for_key(key: &'static str, kv: bool) -> &'static str {
     match key {
         "bs" if kv => "--lb-bytes",
+        "distribution" if kv => "--keys",
         "qd" => "--qd",
         "workers" => "--workers",
         "bs" => "--bs",
         "size" => "--size",
         "duration" => "--duration",
+        "ramp" => "--ramp",
+        "rw" => "--rw",
+        "engine" => "--engine",
+        "distribution" => "--distribution",
+        "direct" => "--buffered",
         "rate_iops" => "--rate-iops",
         "rwmix_read" => "--rwmix-read",
         "submit_batch" => "--submit-batch",
         "x" => "--x",
+        "read_rps" => "--read-rps",
+        "write_rps" => "--write-rps",
+        "ratio" => "--ratio",
         "defrag_lwm_pct" => "--defrag-lwm-pct",
         "fill_pct" => "--fill-pct",
         "record_bytes" | "record_bytes_max" => "--record-bytes",
         "slice" => "--slice",
+        "max_lag" => "--max-lag",
         other => other,
     }
 }
@@ -1129,5 +1209,153 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("only to kv workloads"), "{e}");
+    }
+
+    #[test]
+    fn fio_command_is_one_shell_word_per_argument() {
+        let mut spec = load("rand4k").unwrap().spec;
+        for (name, file) in [
+            ("x; id #", "/tmp/x; echo INJECTED #"),
+            ("$(id)", "/tmp/`id` 'q' \"d\" $HOME\nline2"),
+            ("plain", "/data/f"),
+            ("", "-"),
+        ] {
+            spec.name = name.into();
+            let argv = spec.fio_argv(file).unwrap();
+            assert!(argv.contains(&format!("--filename={file}")), "{argv:?}");
+            assert!(argv.contains(&format!("--name={name}")), "{argv:?}");
+            let line = spec.fio_command(file).unwrap();
+            assert_eq!(shlex::split(&line), Some(argv), "{line}");
+        }
+        spec.name = "rand4k".into();
+        assert_eq!(
+            spec.fio_command("/data/f").unwrap().split(' ').nth(2),
+            Some("--filename=/data/f"),
+            "plain words stay unquoted"
+        );
+    }
+
+    #[test]
+    fn rates_past_toml_integers_are_refused_before_anything_runs() {
+        let mut spec = load("rand4k").unwrap().spec;
+        let e = Overrides {
+            rate_iops: Some(9_223_372_036_854_775_808),
+            ..Default::default()
+        }
+        .apply(&mut spec)
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("--rate-iops = 9223372036854775808: "), "{e}");
+        assert!(!e.contains('\n'), "{e}");
+        // Every integer a spec serializes is bounded by validation, so to_toml cannot fail.
+        let mut fast = load("rand4k").unwrap().spec;
+        Overrides {
+            rate_iops: Some(MAX_RATE_IOPS),
+            ..Default::default()
+        }
+        .apply(&mut fast)
+        .unwrap();
+        assert!(fast.to_toml().contains("rate_iops = 1000000000"));
+        let text = preset_text("rand4k").unwrap().to_string() + "rate_iops = 9223372036854775807\n";
+        let e = parse(&text, "my.toml").unwrap_err().to_string();
+        assert!(e.contains("rate_iops = 9223372036854775807"), "{e}");
+        let kv = load("kv-act").unwrap().spec;
+        for kv_overrides in [
+            KvOverrides {
+                x: Some(u64::MAX),
+                ..Default::default()
+            },
+            KvOverrides {
+                read_rps: Some(u64::MAX),
+                ..Default::default()
+            },
+            KvOverrides {
+                write_rps: Some(u64::MAX),
+                ..Default::default()
+            },
+            KvOverrides {
+                fill_pct: Some(u64::MAX),
+                ..Default::default()
+            },
+            KvOverrides {
+                defrag_lwm_pct: Some(u64::MAX),
+                ..Default::default()
+            },
+        ] {
+            let mut s = kv.clone();
+            let o = Overrides {
+                kv: kv_overrides,
+                ..Default::default()
+            };
+            assert!(o.apply(&mut s).is_err(), "{o:?}");
+        }
+    }
+
+    #[test]
+    fn errors_name_the_flag_given_and_its_value_as_typed() {
+        let kv = load("kv-act").unwrap().spec;
+        let e = Overrides {
+            kv: KvOverrides {
+                read_rps: Some(1_000_000_001),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+        .apply(&mut kv.clone())
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("--read-rps = 1000000001: "), "{e}");
+        let e = Overrides {
+            kv: KvOverrides {
+                write_rps: Some(2_000_000_000),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+        .apply(&mut kv.clone())
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("--write-rps = 2000000000: "), "{e}");
+        let e = Overrides {
+            kv: KvOverrides {
+                x: Some(100_001),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+        .apply(&mut kv.clone())
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("--x = 100001: "), "{e}");
+
+        let mut spec = load("rand4k").unwrap().spec;
+        let hundred_years: Span = "100y".parse().unwrap();
+        let e = Overrides {
+            ramp: Some(hundred_years),
+            typed: vec![("--ramp", "100y".into())],
+            ..Default::default()
+        }
+        .apply(&mut spec)
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("--ramp = 100y: longer than a year"), "{e}");
+        // Without the text as typed, the flag is still named.
+        let e = Overrides {
+            ramp: Some(hundred_years),
+            ..Default::default()
+        }
+        .apply(&mut spec)
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("--ramp = "), "{e}");
+        let e = Overrides {
+            qd: Some(u32::MAX),
+            typed: vec![("--qd", "5000000000".into())],
+            ..Default::default()
+        }
+        .apply(&mut spec)
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("--qd = 5000000000: "), "{e}");
     }
 }

@@ -1,5 +1,7 @@
 //! Real O_DIRECT I/O on temp files: reads see the data written there, writes land where they
 //! were sent, every engine completes what it was asked, and pacing holds its rate.
+// Test progress, on the harness's stderr: eprintln! is fine here.
+#![allow(clippy::disallowed_macros)]
 
 use std::os::fd::AsRawFd;
 use std::sync::atomic::AtomicBool;

@@ -155,14 +155,40 @@ impl KvSpec {
     pub fn validate(&self, lb_bytes: u64) -> Result<(), Invalid> {
         // Far past any device (x 100000 is 200M reads/s): beyond it the arithmetic of a load
         // means nothing.
+        const MAX_X: u64 = 100_000;
         const MAX_RATE: u64 = 1_000_000_000;
-        let (reads, writes) = self.rates();
-        if self.x.is_some_and(|x| x > 100_000) || reads > MAX_RATE || writes > MAX_RATE {
+        if let Some(x) = self.x.filter(|&x| x > MAX_X) {
             return Err((
                 "x",
-                self.x.unwrap_or(0).to_string(),
-                "the load is beyond any device: x must be at most 100000 and read_rps/write_rps at most 1000000000".into(),
+                x.to_string(),
+                format!("the load is beyond any device: x must be at most {MAX_X}"),
             ));
+        }
+        // The key at fault is the one that set the rate: an explicit rate, else the x-rating
+        // (through the ratio, for writes).
+        let (reads, writes) = self.rates();
+        for (rate, explicit, key, what) in [
+            (reads, self.read_rps, "read_rps", "reads"),
+            (writes, self.write_rps, "write_rps", "writes"),
+        ] {
+            if rate <= MAX_RATE {
+                continue;
+            }
+            return Err(match explicit {
+                Some(r) => (
+                    key,
+                    r.to_string(),
+                    format!("the load is beyond any device: give at most {MAX_RATE} client {what}/s"),
+                ),
+                None => (
+                    "x",
+                    self.x.unwrap_or(0).to_string(),
+                    format!(
+                        "the load is beyond any device: at ratio {} this x-rating asks for {rate} client {what}/s, over {MAX_RATE}",
+                        self.ratio
+                    ),
+                ),
+            });
         }
         // ACT's own rules (a load, the low-water mark, the block and record sizes), named by
         // the key at fault.
@@ -400,6 +426,25 @@ mod tests {
         assert!(kv("x = 1").validate(128 << 10).is_ok());
         assert!("3".parse::<Ratio>().is_err());
         assert!("0:0".parse::<Ratio>().is_err());
+    }
+
+    #[test]
+    fn a_load_beyond_any_device_names_the_key_that_set_it() {
+        let e = kv("x = 1\nread_rps = 1000000001")
+            .validate(128 << 10)
+            .unwrap_err();
+        assert_eq!((e.0, e.1.as_str()), ("read_rps", "1000000001"));
+        let e = kv("write_rps = 9223372036854775807\nread_rps = 1")
+            .validate(128 << 10)
+            .unwrap_err();
+        assert_eq!(e.0, "write_rps");
+        // The x-rating through the ratio: x is the key to change.
+        let e = kv("x = 1000\nratio = \"1:1000\"")
+            .validate(128 << 10)
+            .unwrap_err();
+        assert_eq!((e.0, e.1.as_str()), ("x", "1000"));
+        assert!(e.2.contains("2000000000 client writes/s"), "{}", e.2);
+        assert_eq!(kv("x = 100001").validate(128 << 10).unwrap_err().0, "x");
     }
 
     #[test]
