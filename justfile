@@ -97,10 +97,11 @@ kv-ladder DURATION="60s" +RATINGS="1 4 8 16 20": build
 bench-kv-vs-act ACT_SRC *ARGS: build
     python3 scripts/bench_kv_vs_act.py --act-src {{ACT_SRC}} --virtgap target/release/virtgap {{ARGS}}
 
-# Panics fail the run; their inputs land in target/fuzz-failures/ (the normal test run does 20 s).
+# From a fresh seed (every `cargo test` runs a short seeded pass); panics fail the run, each one's
+# shrunk input and a note on replaying it land in target/fuzz-failures/.
 # Fuzz the profile and workload-file readers and their consumers for DURATION seconds
 fuzz DURATION="600":
-    VIRTGAP_FUZZ_SECONDS={{DURATION}} cargo test --locked -p virtgap --lib fuzz -- --nocapture --test-threads=1
+    VIRTGAP_FUZZ_SECONDS={{DURATION}} cargo test --locked -p virtgap-fuzz --test fuzz -- --nocapture --test-threads=1
 
 # Root (loop devices, mounts, memory cgroups, strace); ARGS go to scripts/hostile.py (--only fifo,pipe, --list).
 # The hostile-input sweep (CI runs it after `just test`): each case prints ok or DEFECT; any DEFECT fails

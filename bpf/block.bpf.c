@@ -44,6 +44,7 @@
 #include "vg_common.bpf.h"
 #include "vg_filter.bpf.h"
 #include "vg_hist.bpf.h"
+#include "vg_maps.bpf.h"
 #include "vg_bio_entry.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -166,21 +167,7 @@ struct {
 /* Written by user space while attached (0: every request, until the tail is known). */
 __u64 slow_request_ns = 0;
 
-/* All zeroes: the initial value of a new histogram (too large for the BPF stack). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct vg_hist);
-} zero_hist SEC(".maps");
-
-static __always_inline void bump(__u32 counter)
-{
-	__u64 *c = bpf_map_lookup_elem(&counters, &counter);
-
-	if (c)
-		(*c)++;
-}
+VG_ZERO_HIST_MAP;
 
 /*
  * Reads from the request. tp_btf programs dereference kernel pointers directly (plain loads
@@ -235,7 +222,7 @@ static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 d
 	key->stage = stage;
 	h = vg_lookup_or_init(&block_hists, key, init);
 	if (!h) {
-		bump(VG_BLOCK_DROPPED);
+		vg_bump(&counters, VG_BLOCK_DROPPED);
 		return;
 	}
 	vg_hist_add(h, delta, true);
@@ -294,7 +281,7 @@ static __always_inline int on_io_start(struct request *rq, bool btf)
 	data_len = btf ? rq->__data_len : BPF_CORE_READ(rq, __data_len);
 	fresh.flush = op_of_request(cmd_flags, data_len) == VG_OP_FLUSH;
 	if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY))
-		bump(VG_BLOCK_DROPPED);
+		vg_bump(&counters, VG_BLOCK_DROPPED);
 	return 0;
 }
 
@@ -370,15 +357,6 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 	return true;
 }
 
-/* One more for `dev` in `map` (a per-device count: `issued`, `from_bio_entry`). */
-static __always_inline void count_for_device(void *map, __u32 dev)
-{
-	__u64 zero = 0, *n = vg_lookup_or_init(map, &dev, &zero);
-
-	if (n)
-		__sync_fetch_and_add(n, 1);
-}
-
 static __always_inline int on_issue(struct request *rq, bool btf)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
@@ -395,15 +373,18 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 		    !claim_by_bio(rq, btf, now, &fresh.start_ns, &fresh.from_entry))
 			return 0;
 		if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY)) {
-			bump(VG_BLOCK_DROPPED);
+			vg_bump(&counters, VG_BLOCK_DROPPED);
 			return 0;
 		}
 		t = bpf_map_lookup_elem(&requests, &key);
 		if (!t)
 			return 0;
 	}
-	if (!t->issue_ns)
-		count_for_device(&issued, vg_disk_dev(vg_rq_disk(rq)));
+	if (!t->issue_ns) {
+		__u32 dev = vg_disk_dev(vg_rq_disk(rq));
+
+		vg_count(&issued, &dev, true);
+	}
 	/* A requeued request is issued again: its device time counts from this issue. */
 	fill_key(rq, btf, t);
 	t->issue_ns = now;
@@ -425,7 +406,7 @@ static __always_inline void complete_unissued(struct request *rq, bool btf, stru
 	__u64 delta;
 
 	if (!t->flush) {
-		bump(VG_BLOCK_UNSEEN);
+		vg_bump(&counters, VG_BLOCK_UNSEEN);
 		return;
 	}
 	t->key.dev = vg_disk_dev(vg_rq_disk(rq));
@@ -445,9 +426,9 @@ static __always_inline void count_error(__u64 raw_error)
 
 	if (!err)
 		return;
-	bump(VG_BLOCK_ERRORS);
+	vg_bump(&counters, VG_BLOCK_ERRORS);
 	if (err == -110 || err == 2)
-		bump(VG_BLOCK_TIMEOUTS);
+		vg_bump(&counters, VG_BLOCK_TIMEOUTS);
 }
 
 /*
@@ -477,7 +458,7 @@ static __always_inline void emit_if_slow(struct rq_track *t, __u64 device_end, _
 		return;
 	r = bpf_ringbuf_reserve(&slow_requests, sizeof(*r), 0);
 	if (!r) {
-		bump(VG_BLOCK_SLOW_DROPPED);
+		vg_bump(&counters, VG_BLOCK_SLOW_DROPPED);
 		return;
 	}
 	r->start_ns = t->start_ns;
@@ -516,8 +497,11 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 	}
 	if (vg_elapsed(t->start_ns, t->issue_ns, &delta)) {
 		record(&t->key, VG_STAGE_QUEUE, delta);
-		if (t->from_entry && (t->key.op == VG_OP_READ || t->key.op == VG_OP_WRITE))
-			count_for_device(&from_bio_entry, t->key.dev);
+		if (t->from_entry && (t->key.op == VG_OP_READ || t->key.op == VG_OP_WRITE)) {
+			__u32 dev = t->key.dev;
+
+			vg_count(&from_bio_entry, &dev, true);
+		}
 	}
 	device_end = irq_entry_since(t, now);
 	if (vg_elapsed(t->issue_ns, device_end ? device_end : now, &delta)) {
@@ -527,7 +511,7 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 		if (n)
 			(*n)++;
 		if (!device_end)
-			bump(VG_BLOCK_UNSPLIT);
+			vg_bump(&counters, VG_BLOCK_UNSPLIT);
 		else if (vg_elapsed(device_end, now, &delta))
 			record(&t->key, VG_STAGE_COMPLETION, delta);
 		emit_if_slow(t, device_end, now);
@@ -704,7 +688,7 @@ int BPF_PROG(block_rq_requeue_btf, struct request *rq)
 	__u64 key = (__u64)rq;
 
 	if (bpf_map_lookup_elem(&requests, &key))
-		bump(VG_BLOCK_REQUEUED);
+		vg_bump(&counters, VG_BLOCK_REQUEUED);
 	return 0;
 }
 
@@ -714,7 +698,7 @@ int BPF_PROG(block_rq_requeue_raw, struct request *rq)
 	__u64 key = (__u64)rq;
 
 	if (bpf_map_lookup_elem(&requests, &key))
-		bump(VG_BLOCK_REQUEUED);
+		vg_bump(&counters, VG_BLOCK_REQUEUED);
 	return 0;
 }
 

@@ -33,3 +33,5 @@ int hist_feed(__u64 *ctx)
 }
 
 struct vg_hist vg_abi_hist = {};
+/* Puts the histogram's layout constants in this skeleton's types, for `probes/src/hist.rs`. */
+enum vg_limits vg_abi_limits = VG_HIST_SLOTS;

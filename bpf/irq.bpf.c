@@ -18,6 +18,7 @@
 #include "virtgap.h"
 #include "vg_common.bpf.h"
 #include "vg_hist.bpf.h"
+#include "vg_maps.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -112,13 +113,7 @@ struct {
 	__type(value, struct vg_count_time);
 } csds SEC(".maps");
 
-/* Map-full events: entries not recorded. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} dropped SEC(".maps");
+VG_DROPPED_MAP;
 
 static __always_inline int hardirq_entry(int irq)
 {
@@ -167,10 +162,7 @@ static __always_inline int hardirq_exit(int irq)
 		return 0;
 	st = vg_lookup_or_init(&hardirqs, &key, init);
 	if (!st) {
-		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
-
-		if (d)
-			(*d)++;
+		vg_bump(&dropped, 0);
 		return 0;
 	}
 	/* Keyed by CPU: only this CPU writes this entry, no atomics needed. */

@@ -14,6 +14,7 @@
 #include "vg_common.bpf.h"
 #include "vg_filter.bpf.h"
 #include "vg_hist.bpf.h"
+#include "vg_maps.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -44,25 +45,14 @@ struct {
 	__type(value, __u64);
 } events SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct vg_hist);
-} zero_hist SEC(".maps");
+VG_ZERO_HIST_MAP;
 
 static __always_inline int count_event(__u32 event)
 {
 	struct vg_kvm_key key = { .tgid = bpf_get_current_pid_tgid() >> 32, .event = event };
-	__u64 one = 1, *n;
 
-	if (!vg_current_wanted())
-		return 0;
-	n = bpf_map_lookup_elem(&events, &key);
-	if (n)
-		__sync_fetch_and_add(n, 1);
-	else
-		bpf_map_update_elem(&events, &key, &one, BPF_NOEXIST);
+	if (vg_current_wanted())
+		vg_count(&events, &key, true);
 	return 0;
 }
 

@@ -25,6 +25,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "virtgap.h"
+#include "vg_maps.bpf.h"
 #include "vg_sampler_stamp.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -46,7 +47,6 @@ struct {
 	__type(value, __u64);
 } msrs SEC(".maps");
 
-
 static __always_inline bool samplers_write(void)
 {
 	__u32 zero = 0;
@@ -58,17 +58,12 @@ static __always_inline bool samplers_write(void)
 static __always_inline int count(unsigned int msr, __u32 access)
 {
 	struct vg_msr_key key = { .msr = msr, .access = access };
-	__u64 one = 1, *n;
 
 	if (access == VG_MSR_WRITE && samplers_write())
 		key.access = VG_MSR_WRITE_BY_SAMPLER;
 	else if (access == VG_MSR_WRITE && sampler_running)
 		key.access = VG_MSR_WRITE_WHILE_SAMPLING;
-	n = bpf_map_lookup_elem(&msrs, &key);
-	if (n)
-		(*n)++;
-	else
-		bpf_map_update_elem(&msrs, &key, &one, BPF_NOEXIST);
+	vg_count(&msrs, &key, false);
 	return 0;
 }
 

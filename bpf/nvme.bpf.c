@@ -13,6 +13,7 @@
 #include "virtgap.h"
 #include "vg_common.bpf.h"
 #include "vg_hist.bpf.h"
+#include "vg_maps.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -35,28 +36,8 @@ struct {
 	__type(value, struct vg_hist);
 } nvme_hists SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct vg_hist);
-} zero_hist SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} dropped SEC(".maps");
-
-static __always_inline void bump_dropped(void)
-{
-	__u32 zero = 0;
-	__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
-
-	if (d)
-		(*d)++;
-}
+VG_ZERO_HIST_MAP;
+VG_DROPPED_MAP;
 
 static __always_inline int on_setup(struct request *rq)
 {
@@ -66,7 +47,7 @@ static __always_inline int on_setup(struct request *rq)
 	if (!rq)
 		return 0;
 	if (bpf_map_update_elem(&commands, &key, &now, BPF_ANY))
-		bump_dropped();
+		vg_bump(&dropped, 0);
 	return 0;
 }
 
@@ -91,7 +72,7 @@ static __always_inline int on_complete(struct request *rq)
 		if (h)
 			vg_hist_add(h, delta, true);
 		else
-			bump_dropped();
+			vg_bump(&dropped, 0);
 	}
 	bpf_map_delete_elem(&commands, &key);
 	return 0;

@@ -13,6 +13,7 @@
 #include "virtgap.h"
 #include "vg_common.bpf.h"
 #include "vg_hist.bpf.h"
+#include "vg_maps.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -52,12 +53,7 @@ struct {
 	__type(value, struct vg_hist);
 } durations SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct vg_hist);
-} zero_hist SEC(".maps");
+VG_ZERO_HIST_MAP;
 
 static __always_inline int enter(__u32 index)
 {

@@ -12,6 +12,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "virtgap.h"
+#include "vg_maps.bpf.h"
 #include "vg_sampler_stamp.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -30,20 +31,14 @@ struct samples_map {
 struct samples_map samples_first SEC(".maps");
 struct samples_map samples_second SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} dropped SEC(".maps");
-
+VG_DROPPED_MAP;
 
 SEC("perf_event")
 int sample(struct bpf_perf_event_data *ctx)
 {
 	struct vg_sample_key key = { .cpu = bpf_get_smp_processor_id() };
 	void *map = fill_second ? (void *)&samples_second : (void *)&samples_first;
-	__u64 one = 1, *n, *stamp;
+	__u64 *stamp;
 	__u32 zero = 0;
 
 	/*
@@ -57,15 +52,8 @@ int sample(struct bpf_perf_event_data *ctx)
 	key.user = (__s64)key.ip >= 0;
 	if (key.user)
 		key.ip = 0;
-	n = bpf_map_lookup_elem(map, &key);
-	if (n) {
-		__sync_fetch_and_add(n, 1);
-	} else if (bpf_map_update_elem(map, &key, &one, BPF_NOEXIST)) {
-		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
-
-		if (d)
-			(*d)++;
-	}
+	if (!vg_count(map, &key, true))
+		vg_bump(&dropped, 0);
 	return 0;
 }
 

@@ -17,6 +17,7 @@
 #include "vg_common.bpf.h"
 #include "vg_filter.bpf.h"
 #include "vg_hist.bpf.h"
+#include "vg_maps.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -39,12 +40,7 @@ struct {
 	__type(value, struct vg_hist);
 } wakeup_hist SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} dropped SEC(".maps");
+VG_DROPPED_MAP;
 
 /* Before 5.14 the task state was a `long state`. */
 struct task_struct___old_state {
@@ -79,13 +75,8 @@ static __always_inline bool workload_thread(struct task_struct *p, bool btf)
 
 static __always_inline void stamp(__u32 pid, __u64 now)
 {
-	if (bpf_map_update_elem(&woken, &pid, &now, BPF_ANY)) {
-		__u32 zero = 0;
-		__u64 *d = bpf_map_lookup_elem(&dropped, &zero);
-
-		if (d)
-			(*d)++;
-	}
+	if (bpf_map_update_elem(&woken, &pid, &now, BPF_ANY))
+		vg_bump(&dropped, 0);
 }
 
 static __always_inline int on_wakeup(struct task_struct *p, bool btf)

@@ -220,9 +220,11 @@ pub struct ProbeArgs {
     #[arg(long, conflicts_with = "probes")]
     pub no_probes: bool,
 
-    /// Probe families to attach, comma-separated: block, irq, wakeup, nvme, msr, sampler,
-    /// kvm-host, pv-paths [default: all]
-    #[arg(long, value_name = "LIST")]
+    // The help names the families as the probes crate defines them.
+    #[arg(long, value_name = "LIST", help = format!(
+        "Probe families to attach, comma-separated: {} [default: all]",
+        virtgap_probes::Family::ALL.map(virtgap_probes::Family::name).join(", ")
+    ))]
     pub probes: Option<String>,
 
     /// Sampler rate per CPU; each sample interrupts its CPU and reprograms its timer (the
@@ -458,4 +460,27 @@ pub fn check_interval(interval: &Span) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+impl TargetArgs {
+    /// The target as the run takes it.
+    pub fn options(&self) -> crate::run::prepare::TargetOptions {
+        crate::run::prepare::TargetOptions {
+            target: self.target.clone(),
+            dir: self.dir.clone(),
+            destroy_data: self.destroy_data.clone(),
+        }
+    }
+}
+
+impl ProbeArgs {
+    /// The probes as the run takes them.
+    pub fn choice(&self) -> crate::run::session::ProbeChoice {
+        crate::run::session::ProbeChoice {
+            no_probes: self.no_probes,
+            families: self.probes.clone(),
+            sample_hz: self.sample_hz,
+            vmm_pid: self.vmm_pid,
+        }
+    }
 }

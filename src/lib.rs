@@ -8,9 +8,6 @@ pub mod stderr;
 pub mod analysis;
 pub mod cli;
 pub mod cmd;
-#[cfg(test)]
-#[allow(clippy::disallowed_macros)] // a test's report, on the harness's stderr
-mod fuzz;
 pub mod model;
 pub mod render;
 pub mod run;

@@ -95,13 +95,14 @@ fn diff_runs(name: &str, a: &[PathBuf], b: &[PathBuf]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// The diff's row named `metric`: a waterfall, throughput or tail row ("app p99.9").
+/// The diff's row of `metric`, by its identifier: a waterfall, throughput or tail row
+/// ("app_p99_9").
 fn row<'a>(d: &'a Value, metric: &str) -> &'a Value {
     let rows = |section: &str| d[section].as_array().unwrap().iter();
     rows("waterfall")
         .chain(rows("throughput"))
         .chain(rows("tails").map(|t| &t["row"]))
-        .find(|r| r["metric"].as_str().unwrap().trim() == metric)
+        .find(|r| r["metric"] == metric)
         .unwrap_or_else(|| panic!("no row {metric}"))
 }
 
@@ -118,7 +119,7 @@ fn delta(d: &Value, metric: &str) -> f64 {
 /// Whether the profile's queue stage starts at each bio's entry into the block layer (noted by
 /// the hook on `submit_bio_noacct`, or at `block_bio_remap` for a partition's bios).
 fn queue_from_bio_entry(profile: &Path) -> bool {
-    virtgap::model::profile::load(profile)
+    virtgap::model::file::load(profile)
         .unwrap()
         .queue_start()
         .is_some_and(|q| q.from_bio_entry())
@@ -132,16 +133,16 @@ fn assert_gap_in_queue(d: &Value, from_bio_entry: bool) {
         from_bio_entry,
         "the throttled runs' queue stage does not start at the bio's entry on a partition"
     );
-    let queue = share(d, "block queue");
+    let queue = share(d, "queue_mean");
     assert!(
         queue >= 0.8,
         "only {:.0}% of the gap in queue",
         queue * 100.0
     );
     assert!(
-        share(d, "device") < 0.2,
+        share(d, "device_mean") < 0.2,
         "device took {:.0}%",
-        share(d, "device") * 100.0
+        share(d, "device_mean") * 100.0
     );
 }
 
@@ -341,8 +342,7 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
     // Even so, a host's noise can leave 5 + 5 runs short: then, as the diff itself advises,
     // five more runs a side.
     let resolved = |d: &Value| {
-        row(d, "IOPS")["verdict"] == "significant"
-            && row(d, "app latency (mean)")["verdict"] == "significant"
+        row(d, "iops")["verdict"] == "significant" && row(d, "app_mean")["verdict"] == "significant"
     };
     if !resolved(&d) {
         let (a2, b2) =
@@ -356,10 +356,10 @@ fn a_twelve_percent_throttle_is_found_over_five_runs_a_side() {
         );
     }
     assert_eq!(d["basis"], "runs");
-    let iops = row(&d, "IOPS");
+    let iops = row(&d, "iops");
     assert_eq!(iops["verdict"], "significant", "{iops}");
     assert!(iops["effect"].as_f64().unwrap() < 0.0, "{iops}");
-    assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
+    assert_eq!(row(&d, "app_mean")["verdict"], "significant");
     assert_gap_in_queue(&d, b.iter().all(|p| queue_from_bio_entry(p)));
 }
 
@@ -406,7 +406,7 @@ fn blkio_throttling_shows_up_as_queueing_not_device_time() {
         &a,
         &b,
     );
-    assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
+    assert_eq!(row(&d, "app_mean")["verdict"], "significant");
     assert_gap_in_queue(&d, queue_from_bio_entry(&b));
 }
 
@@ -488,22 +488,19 @@ fn a_cpu_hog_on_the_irq_cpu_shows_up_in_the_completion_path() {
         &a,
         &b,
     );
-    assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
-    let software = share(&d, "software: submit + reap");
+    assert_eq!(row(&d, "app_mean")["verdict"], "significant");
+    let software = share(&d, "software_mean");
     assert!(
         software >= 0.8,
         "only {:.0}% of the gap in software",
         software * 100.0
     );
     assert!(
-        share(&d, "device") < 0.2,
+        share(&d, "device_mean") < 0.2,
         "device took {:.0}%",
-        share(&d, "device") * 100.0
+        share(&d, "device_mean") * 100.0
     );
-    assert!(
-        delta(&d, "wakeup delay per I/O") > 0.0,
-        "wakeup delay went up"
-    );
+    assert!(delta(&d, "wakeup_per_io") > 0.0, "wakeup delay went up");
 }
 
 /// A disk's `queue/rq_affinity`, set for an experiment and restored on drop.
@@ -582,12 +579,9 @@ fn a_completion_sent_to_another_cpu_shows_up_as_completion_not_device() {
         &a,
         &b,
     );
-    let completion = row(&d, "completion: IRQ -> request done");
+    let completion = row(&d, "completion_mean");
     assert_eq!(completion["verdict"], "significant", "{completion}");
-    let (hop, device) = (
-        delta(&d, "completion: IRQ -> request done"),
-        delta(&d, "device"),
-    );
+    let (hop, device) = (delta(&d, "completion_mean"), delta(&d, "device_mean"));
     assert!(hop > 0.0, "the completion stage grew by {hop} ns");
     // Single runs: the device stage's own run-to-run noise is a few µs here.
     assert!(
@@ -640,15 +634,15 @@ fn a_slower_device_shows_up_as_device_time_of_the_injected_size() {
         &a,
         &b,
     );
-    assert_eq!(row(&d, "app latency (mean)")["verdict"], "significant");
-    let device = share(&d, "device");
+    assert_eq!(row(&d, "app_mean")["verdict"], "significant");
+    let device = share(&d, "device_mean");
     assert!(
         device >= 0.8,
         "only {:.0}% of the gap in device",
         device * 100.0
     );
     let injected = DELAY.as_nanos() as f64;
-    let measured = delta(&d, "device");
+    let measured = delta(&d, "device_mean");
     assert!(
         (measured - injected).abs() <= 0.2 * injected,
         "device time grew by {measured:.0} ns for an injected {injected:.0} ns"
@@ -713,12 +707,12 @@ fn a_slow_tail_is_found_in_the_p999_while_the_mean_barely_moves() {
         &b,
     );
     assert_eq!(d["basis"], "runs");
-    let app_tail = row(&d, "app p99.9");
+    let app_tail = row(&d, "app_p99_9");
     assert_eq!(app_tail["verdict"], "significant", "{app_tail}");
-    let device_tail = row(&d, "device p99.9");
+    let device_tail = row(&d, "device_p99_9");
     assert_eq!(device_tail["verdict"], "significant", "{device_tail}");
     let tail_effect = app_tail["effect"].as_f64().unwrap();
-    let mean_effect = row(&d, "app latency (mean)")["effect"].as_f64().unwrap();
+    let mean_effect = row(&d, "app_mean")["effect"].as_f64().unwrap();
     assert!(
         mean_effect < tail_effect / 5.0,
         "the mean moved {:.0}%, the p99.9 {:.0}%",
@@ -726,7 +720,7 @@ fn a_slow_tail_is_found_in_the_p999_while_the_mean_barely_moves() {
         tail_effect * 100.0
     );
     assert!(
-        delta(&d, "device") > 0.8 * delta(&d, "app latency (mean)"),
+        delta(&d, "device_mean") > 0.8 * delta(&d, "app_mean"),
         "the added time is the device's"
     );
     // The tail autopsy, one host: the slow I/Os' excess over the mean I/O is the device's,

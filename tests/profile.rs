@@ -665,30 +665,46 @@ fn a_device_that_stops_answering_is_reported_as_a_stall() {
     assert!(text.contains("host B stalled during a run"), "{text}");
 }
 
-/// Through the library, no binary: the model reads a profile, the diff compares it with itself
-/// and finds nothing, and the schema's stage names are the model's.
+/// Through the library, no binary: the model reads a profile, and the diff finds a slower
+/// device put into a copy of it — where the time went, which way, and nothing else moving —
+/// while the profile against itself moves nothing.
 #[test]
-fn the_library_loads_a_profile_and_diffs_it_with_itself_to_nothing() {
-    use virtgap::analysis::diff::{diff, Verdict};
-    use virtgap::model::profile::{load, Stage};
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/minimal-profile.json");
-    let p = load(&path).unwrap();
-    let d = diff(&p, &p);
-    assert!(d.spec_differences.is_empty(), "{:?}", d.spec_differences);
-    assert_eq!(d.verdict, None);
-    for row in d.waterfall.rows().chain(&d.throughput) {
-        assert_ne!(row.verdict, Verdict::Significant, "{}", row.metric);
-        if let Some(delta) = row.delta {
-            assert_eq!(delta, 0.0, "{}", row.metric);
-        }
+fn the_library_finds_a_slower_device_put_into_a_copy_of_a_profile() {
+    use virtgap::analysis::diff::{diff, BreakdownPart, MetricId, Verdict};
+    use virtgap::model::file::load;
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/fuzz-seeds/rand4k-two-runs.json");
+    let a = load(&path).unwrap();
+    // B: each run's requests spend twice as long on the device, and its I/Os that much longer.
+    let mut b = a.clone();
+    for run in &mut b.runs {
+        let device = run.stages.device.as_mut().unwrap();
+        let extra = device.sum_ns;
+        device.sum_ns += extra;
+        run.stages.app.sum_ns += extra;
     }
-    assert_eq!(p.stages.get(Stage::App), Some(&p.stages.app));
-    for stage in Stage::ALL {
-        assert!(
-            d.tails.iter().any(|t| t.stage == stage.name()) || p.stages.get(stage).is_none(),
-            "no tail row for {}",
-            stage.name()
-        );
+    let device_row = MetricId::Stage(BreakdownPart::Device);
+    let d = diff(&a, &b);
+    let row = d.row(device_row).expect("a device row");
+    assert_eq!(row.verdict, Verdict::Significant, "{row:?}");
+    let (ra, rb) = (row.a.unwrap(), row.b.unwrap());
+    assert!(
+        (rb / ra - 2.0).abs() < 0.01,
+        "B's device mean is twice A's: {ra} -> {rb}"
+    );
+    let queue = d.row(MetricId::Stage(BreakdownPart::Queue)).unwrap();
+    assert_eq!(queue.delta, Some(0.0), "{queue:?}");
+    assert_eq!(
+        d.verdict,
+        Some(BreakdownPart::Device),
+        "the gap is put on the device"
+    );
+    // The same profile on both sides: nothing moves.
+    let same = diff(&a, &a);
+    assert_eq!(same.verdict, None);
+    for row in same.waterfall.rows().chain(&same.throughput) {
+        assert_ne!(row.verdict, Verdict::Significant, "{:?}", row.metric);
+        assert_eq!(row.delta.unwrap_or(0.0), 0.0, "{:?}", row.metric);
     }
 }
 

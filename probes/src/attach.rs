@@ -107,6 +107,8 @@ pub struct KernelTracepoints {
     /// None when the kernel exposes no BTF; then only raw_tp programs are tried.
     btf: Option<Btf<'static>>,
     modules: Vec<ModuleBtf>,
+    /// The modules whose tracepoints the families use, loaded or not.
+    traced: Vec<TracedModule>,
 }
 
 impl std::fmt::Debug for KernelTracepoints {
@@ -121,25 +123,46 @@ impl std::fmt::Debug for KernelTracepoints {
     }
 }
 
-/// Modules whose tracepoints a family may use, with their tracepoints' name prefix and
-/// tracefs event system.
-const TRACED_MODULES: &[(&str, &str, &str)] =
-    &[("nvme_core", "nvme_", "nvme"), ("kvm", "kvm_", "kvm")];
+/// A kernel module whose tracepoints a family uses (a family's definition names it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TracedModule {
+    pub name: &'static str,
+    /// Its tracepoints' name prefix.
+    pub prefix: &'static str,
+    /// Its tracefs event system.
+    pub system: &'static str,
+}
+
+impl TracedModule {
+    /// Whether the module is loaded.
+    pub fn loaded(&self) -> bool {
+        std::path::Path::new("/sys/module").join(self.name).exists()
+    }
+}
 
 impl KernelTracepoints {
-    pub fn load() -> Self {
+    /// Reads vmlinux's BTF, and that of the `traced` modules that are loaded.
+    pub fn load(traced: &[TracedModule]) -> Self {
         let btf = Btf::from_vmlinux().ok();
         let modules = btf
             .as_ref()
             .map(|vmlinux| {
-                TRACED_MODULES
+                traced
                     .iter()
-                    .filter(|(m, ..)| std::path::Path::new("/sys/kernel/btf").join(m).exists())
-                    .filter_map(|(m, ..)| ModuleBtf::load(m, vmlinux))
+                    .filter(|m| {
+                        std::path::Path::new("/sys/kernel/btf")
+                            .join(m.name)
+                            .exists()
+                    })
+                    .filter_map(|m| ModuleBtf::load(m.name, vmlinux))
                     .collect()
             })
             .unwrap_or_default();
-        Self { btf, modules }
+        Self {
+            btf,
+            modules,
+            traced: traced.to_vec(),
+        }
     }
 
     pub fn has_btf(&self) -> bool {
@@ -160,11 +183,11 @@ impl KernelTracepoints {
             return true;
         }
         // A module tracepoint whose module is loaded but exposes no BTF.
-        TRACED_MODULES.iter().any(|(module, prefix, system)| {
-            name.starts_with(prefix)
-                && std::path::Path::new("/sys/module").join(module).exists()
-                && !self.has_module_btf(module)
-                && tracefs_has(system, name).unwrap_or(true)
+        self.traced.iter().any(|m| {
+            name.starts_with(m.prefix)
+                && m.loaded()
+                && !self.has_module_btf(m.name)
+                && tracefs_has(m.system, name).unwrap_or(true)
         })
     }
 
@@ -379,7 +402,7 @@ mod tests {
     /// The running kernel's BTF answers for a tracepoint whose layout is known on it.
     #[test]
     fn this_kernels_block_rq_issue_layout_is_read_from_btf() {
-        let kernel = KernelTracepoints::load();
+        let kernel = KernelTracepoints::load(&[]);
         if !kernel.has_btf() {
             virtgap_testkit::require("the BTF layout test", Err("no kernel BTF on this host"));
             return;

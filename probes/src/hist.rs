@@ -5,31 +5,39 @@
 
 use serde::{Deserialize, Serialize};
 
-pub const SUB_BITS: u32 = 3;
-pub const SLOTS: usize = 320;
+use crate::bpf::hist_check::types::vg_limits;
+
+/// Sub-buckets per power of two, as log2 (`VG_HIST_SUB_BITS` in `bpf/include/virtgap.h`).
+pub const SUB_BITS: u32 = vg_limits::VG_HIST_SUB_BITS.0;
+/// Slots of a histogram (`VG_HIST_SLOTS`); the last one holds every larger value.
+pub const SLOTS: usize = vg_limits::VG_HIST_SLOTS.0 as usize;
+
+/// Sub-buckets per power of two.
+const SUBS: u64 = 1 << SUB_BITS;
 
 /// The slot a value falls in (the same arithmetic as `vg_hist_slot` in BPF).
 pub fn slot_of(v: u64) -> usize {
-    if v < (1 << SUB_BITS) {
+    if v < SUBS {
         return v as usize;
     }
     let e = 63 - v.leading_zeros();
-    let slot = (((e - SUB_BITS + 1) << SUB_BITS) as u64 + ((v >> (e - SUB_BITS)) & 7)) as usize;
+    let slot =
+        (((e - SUB_BITS + 1) << SUB_BITS) as u64 + ((v >> (e - SUB_BITS)) & (SUBS - 1))) as usize;
     slot.min(SLOTS - 1)
 }
 
 /// Inclusive value range [low, high] of a slot.
 pub fn slot_bounds(slot: usize) -> (u64, u64) {
-    if slot < (1 << SUB_BITS) {
+    if (slot as u64) < SUBS {
         return (slot as u64, slot as u64);
     }
     let e = (slot >> SUB_BITS) as u32 + SUB_BITS - 1;
-    let sub = (slot & 7) as u64;
-    let low = (8 + sub) << (e - SUB_BITS);
+    let sub = slot as u64 & (SUBS - 1);
+    let low = (SUBS + sub) << (e - SUB_BITS);
     let high = if slot == SLOTS - 1 {
         u64::MAX
     } else {
-        ((9 + sub) << (e - SUB_BITS)) - 1
+        ((SUBS + sub + 1) << (e - SUB_BITS)) - 1
     };
     (low, high)
 }

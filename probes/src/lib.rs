@@ -4,11 +4,12 @@
 //! - [`families`]: one module per probe family (setup, load, read), driven by a table.
 //! - [`session`]: walks the table, reports capabilities, reads maps.
 //! - [`collector`]: the one thread that owns a session and sends snapshots every interval.
-//! - [`model`], [`hist`] and [`report`]: the plain data.
+//! - [`model`], [`hist`] and [`report`]: the plain data; [`error`]: what goes wrong, typed.
 
 pub mod attach;
 mod bpf;
 pub mod collector;
+pub mod error;
 pub mod families;
 pub mod hist;
 mod libbpf_log;
@@ -22,17 +23,18 @@ pub mod virt;
 
 pub use attach::AttachKind;
 pub use collector::{ProbeEvent, ProbeHandle};
-pub use families::{ProbeConfig, ProbeStorage};
+pub use error::{NoPermission, Unavailable};
+pub use families::{FamilyDef, ProbeConfig, ProbeStorage};
 pub use hist::KernelHist;
 pub use model::ProbeSnapshot;
 pub use report::{CapabilityReport, Family, FamilyReport};
 pub use session::ProbeSession;
 
 /// Whether this process may load BPF programs at all, and if not, why.
-pub fn bpf_permission() -> Result<(), String> {
+pub fn bpf_permission() -> Result<(), NoPermission> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return Ok(());
     }
-    Err("not root: tracing needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE".into())
+    Err(NoPermission)
 }

@@ -464,8 +464,7 @@ impl MsrSnapshot {
         c.write && !c.by_sampler && !c.while_sampling
     }
 
-    /// Writes of `msr` summed over CPUs.
-    /// Writes to `msr`, the sampler's own included.
+    /// Writes to `msr` summed over CPUs, the sampler's own included.
     pub fn writes(&self, msr: u32) -> u64 {
         self.counts
             .iter()

@@ -5,13 +5,31 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::attach::AttachOutcome;
+use crate::error::Unavailable;
 
-/// The probe families.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
-)]
-#[serde(rename_all = "snake_case")]
-pub enum Family {
+/// Declares [`Family`] and `Family::ALL` from one list. Each family's definition (name,
+/// signals, loader) is `Family::def`, in `families/`.
+macro_rules! declare_families {
+    ($($(#[doc = $doc:literal])* $variant:ident,)*) => {
+        /// The probe families.
+        #[derive(
+            Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+            JsonSchema,
+        )]
+        #[serde(rename_all = "snake_case")]
+        pub enum Family {
+            $($(#[doc = $doc])* $variant,)*
+        }
+
+        impl Family {
+            /// Every family, in the order the session loads them (the msr object before the
+            /// sampler's, which shares one of its maps).
+            pub const ALL: [Family; [$(Family::$variant),*].len()] = [$(Family::$variant,)*];
+        }
+    };
+}
+
+declare_families! {
     Block,
     Irq,
     Wakeup,
@@ -26,42 +44,13 @@ pub enum Family {
     PvPaths,
 }
 
-impl Family {
-    pub const ALL: [Family; 8] = [
-        Family::Block,
-        Family::Irq,
-        Family::Wakeup,
-        Family::Nvme,
-        Family::Msr,
-        Family::Sampler,
-        Family::KvmHost,
-        Family::PvPaths,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Block => "block",
-            Self::Irq => "irq",
-            Self::Wakeup => "wakeup",
-            Self::Nvme => "nvme",
-            Self::Msr => "msr",
-            Self::Sampler => "sampler",
-            Self::KvmHost => "kvm-host",
-            Self::PvPaths => "pv-paths",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|f| f.name() == s)
-    }
-}
-
 /// One family's outcome.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct FamilyReport {
     pub family: Family,
     /// Why the whole family is unavailable, if it is.
-    pub unavailable: Option<String>,
+    #[schemars(with = "Option<String>")]
+    pub unavailable: Option<Unavailable>,
     /// Per tracepoint: attached how, or why not.
     pub tracepoints: Vec<AttachOutcome>,
     /// Why the preferred flavour (tp_btf) did not load, when a fallback did.
@@ -73,14 +62,11 @@ pub struct FamilyReport {
 /// block layer, before blk-throttle; reported among the block family's tracepoints.
 pub const BIO_ENTRY_HOOK: &str = "submit_bio_noacct";
 
-pub(crate) const NO_NVME: &str = "no NVMe on this host (nvme_core module not loaded)";
-pub(crate) const NOT_A_KVM_HOST: &str = "not a KVM host (no kvm module)";
-
 impl FamilyReport {
-    pub(crate) fn unavailable(family: Family, reason: impl Into<String>) -> Self {
+    pub(crate) fn unavailable(family: Family, reason: Unavailable) -> Self {
         Self {
             family,
-            unavailable: Some(reason.into()),
+            unavailable: Some(reason),
             tracepoints: vec![],
             fallback: None,
         }
@@ -89,7 +75,7 @@ impl FamilyReport {
     /// The family watches hardware or a hypervisor role this host does not have, so nothing
     /// is lost by it being unavailable.
     pub fn watches_nothing_here(&self) -> bool {
-        matches!(self.unavailable.as_deref(), Some(NO_NVME | NOT_A_KVM_HOST))
+        matches!(self.unavailable, Some(Unavailable::NothingToWatch(_)))
     }
 }
 

@@ -9,6 +9,7 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, ProgramInput};
 
 use crate::bpf::hist_check::{types, HistCheckSkelBuilder};
+use crate::error::{BpfError, HistMismatch, SelfTestError};
 use crate::hist::{slot_bounds, KernelHist, SLOTS};
 
 /// Values that probe every part of the layout: the exact range, each power of two and its
@@ -33,7 +34,7 @@ pub fn probe_values() -> Vec<u64> {
 }
 
 /// Runs the self-test; Ok(values checked) or what went wrong.
-pub fn histogram_self_test() -> Result<usize, String> {
+pub fn histogram_self_test() -> Result<usize, SelfTestError> {
     crate::bpf_permission()?;
     crate::libbpf_log::install();
     let mut slot = MaybeUninit::uninit();
@@ -42,10 +43,7 @@ pub fn histogram_self_test() -> Result<usize, String> {
             .open(&mut slot)
             .and_then(|open| open.load())
     });
-    let skel = skel.map_err(|e| match crate::libbpf_log::why(&log, 4) {
-        Some(why) => format!("load: {e}: {why}"),
-        None => format!("load: {e}"),
-    })?;
+    let skel = skel.map_err(|e| BpfError::load(None, e, &log, 4))?;
     let values = probe_values();
     for atomic in [0u64, 1] {
         for &v in &values {
@@ -58,29 +56,29 @@ pub fn histogram_self_test() -> Result<usize, String> {
                 .progs
                 .hist_feed
                 .test_run(input)
-                .map_err(|e| format!("BPF_PROG_TEST_RUN: {e}"))?;
+                .map_err(SelfTestError::TestRun)?;
             if out.return_value != 0 {
-                return Err("the test program found no histogram".into());
+                return Err(SelfTestError::NoHistogram);
             }
         }
         let raw = skel
             .maps
             .hist_check
             .lookup(&(atomic as u32).to_ne_bytes(), MapFlags::ANY)
-            .map_err(|e| format!("reading the histogram: {e}"))?
-            .ok_or("the histogram is missing")?;
+            .map_err(SelfTestError::Read)?
+            .ok_or(SelfTestError::Missing)?;
         let mut h = types::vg_hist::default();
-        plain::copy_from_bytes(&mut h, &raw).map_err(|_| "histogram size mismatch")?;
-        check(&KernelHist::from(&h), &values).map_err(|e| {
-            let variant = if atomic == 1 { "atomic" } else { "plain" };
-            format!("{variant} adds: {e}")
+        plain::copy_from_bytes(&mut h, &raw).map_err(|_| SelfTestError::SizeMismatch)?;
+        check(&KernelHist::from(&h), &values).map_err(|wrong| SelfTestError::Wrong {
+            atomic: atomic == 1,
+            wrong,
         })?;
     }
     Ok(values.len())
 }
 
 /// Whether `h` holds exactly `values`: per slot, the values whose bounds contain them.
-fn check(h: &KernelHist, values: &[u64]) -> Result<(), String> {
+fn check(h: &KernelHist, values: &[u64]) -> Result<(), HistMismatch> {
     let mut expected = vec![0u64; SLOTS];
     for &v in values {
         let slot = (0..SLOTS)
@@ -88,25 +86,27 @@ fn check(h: &KernelHist, values: &[u64]) -> Result<(), String> {
                 let (lo, hi) = slot_bounds(s);
                 lo <= v && v <= hi
             })
-            .ok_or_else(|| format!("no slot's bounds hold {v}"))?;
+            .ok_or(HistMismatch::NoSlot(v))?;
         expected[slot] += 1;
     }
     if let Some(s) = (0..SLOTS).find(|&s| h.slots[s] != expected[s]) {
-        let (lo, hi) = slot_bounds(s);
-        return Err(format!(
-            "slot {s} [{lo}, {hi}] ns holds {} values, expected {}",
-            h.slots[s], expected[s]
-        ));
+        let (low, high) = slot_bounds(s);
+        return Err(HistMismatch::Slot {
+            slot: s,
+            low,
+            high,
+            held: h.slots[s],
+            expected: expected[s],
+        });
     }
     let sum = values.iter().fold(0u64, |a, &v| a.wrapping_add(v));
     if h.count != values.len() as u64 || h.sum_ns != sum {
-        return Err(format!(
-            "count {} / sum {} where {} / {} were added",
-            h.count,
-            h.sum_ns,
-            values.len(),
-            sum
-        ));
+        return Err(HistMismatch::Totals {
+            count: h.count,
+            sum: h.sum_ns,
+            added: values.len() as u64,
+            added_sum: sum,
+        });
     }
     Ok(())
 }
@@ -127,6 +127,9 @@ mod tests {
         let s = crate::hist::slot_of(5_000);
         h.slots[s] -= 1;
         h.slots[s + 1] += 1;
-        assert!(check(&h, &values).unwrap_err().contains("slot"));
+        assert!(matches!(
+            check(&h, &values),
+            Err(HistMismatch::Slot { slot, .. }) if slot == s
+        ));
     }
 }

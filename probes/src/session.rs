@@ -11,8 +11,9 @@ use std::time::Instant;
 use libbpf_rs::Object;
 
 use crate::attach::KernelTracepoints;
+use crate::error::{BpfError, Unavailable};
 use crate::families::{
-    HostShape, LoadContext, Loaded, ProbeConfig, ProbeStorage, ProcessFilter, SharedMaps, TABLE,
+    HostShape, LoadContext, Loaded, ProbeConfig, ProbeStorage, ProcessFilter, SharedMaps,
 };
 use crate::model::{ProbeSnapshot, ProgramStats};
 use crate::report::{CapabilityReport, Family, FamilyReport};
@@ -46,14 +47,19 @@ impl<'a> ProbeSession<'a> {
         let permission = crate::bpf_permission();
         let stats_fd = match &permission {
             Ok(()) => enable_run_stats()
-                .map_err(|e| report.run_stats_unavailable = Some(e))
+                .map_err(|e| report.run_stats_unavailable = Some(e.to_string()))
                 .ok(),
             Err(e) => {
-                report.run_stats_unavailable = Some(e.clone());
+                report.run_stats_unavailable = Some(e.to_string());
                 None
             }
         };
-        let kernel = KernelTracepoints::load();
+        let traced: Vec<_> = Family::ALL
+            .iter()
+            .flat_map(|f| f.def().modules)
+            .copied()
+            .collect();
+        let kernel = KernelTracepoints::load(&traced);
         // Read once: the irq probe, the sampler and the paravirt timers all need it.
         let symbols = Arc::new(crate::virt::Symbols::load());
         let host = HostShape::read();
@@ -69,20 +75,21 @@ impl<'a> ProbeSession<'a> {
             shared: &shared,
         };
         let mut families = Vec::new();
-        for (def, slots) in TABLE.iter().zip(storage.slots.iter_mut()) {
-            if !config.families.contains(&def.family) {
+        for (family, slots) in Family::ALL.into_iter().zip(storage.slots.iter_mut()) {
+            if !config.families.contains(&family) {
                 continue;
             }
-            if let Err(why) = &permission {
-                report
-                    .families
-                    .push(FamilyReport::unavailable(def.family, why.clone()));
+            if let Err(why) = permission {
+                report.families.push(FamilyReport::unavailable(
+                    family,
+                    Unavailable::NoPermission(why),
+                ));
                 continue;
             }
-            match (def.load)(&cx, slots) {
+            match (family.def().load)(&cx, slots) {
                 Ok((loaded, r)) => {
                     report.families.push(r);
-                    families.push((def.family, loaded));
+                    families.push((family, loaded));
                 }
                 Err(r) => report.families.push(r),
             }
@@ -180,16 +187,15 @@ impl<'a> ProbeSession<'a> {
 }
 
 /// Holds kernel BPF run-time statistics on while the fd lives (only our run pays for them).
-fn enable_run_stats() -> Result<OwnedFd, String> {
+fn enable_run_stats() -> Result<OwnedFd, BpfError> {
     // SAFETY: plain syscall wrapper; a non-negative return is a new fd we own.
     let fd = unsafe {
         libbpf_rs::libbpf_sys::bpf_enable_stats(libbpf_rs::libbpf_sys::BPF_STATS_RUN_TIME)
     };
     if fd < 0 {
-        return Err(format!(
-            "BPF_ENABLE_STATS: {}",
-            std::io::Error::from_raw_os_error(-fd)
-        ));
+        return Err(BpfError::EnableStats(std::io::Error::from_raw_os_error(
+            -fd,
+        )));
     }
     // SAFETY: fd is a fresh descriptor returned by the kernel, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })

@@ -39,19 +39,23 @@ fn report_ready(report: &virtgap_probes::CapabilityReport, family: Family) -> bo
         .iter()
         .find(|f| f.family == family)
         .expect("family reported");
-    let problem = report.unavailable.clone().or_else(|| {
-        let failed: Vec<String> = report
-            .tracepoints
-            .iter()
-            // The bio-entry hook needs fentry or kprobes, which some kernels refuse; without it
-            // the block probe still works (queue time starts at the request).
-            .filter(|t| {
-                t.attached.is_none() && t.tracepoint != virtgap_probes::report::BIO_ENTRY_HOOK
-            })
-            .map(|t| format!("{}: {}", t.tracepoint, t.reason.clone().unwrap_or_default()))
-            .collect();
-        (!failed.is_empty()).then(|| failed.join("; "))
-    });
+    let problem = report
+        .unavailable
+        .as_ref()
+        .map(ToString::to_string)
+        .or_else(|| {
+            let failed: Vec<String> = report
+                .tracepoints
+                .iter()
+                // The bio-entry hook needs fentry or kprobes, which some kernels refuse; without it
+                // the block probe still works (queue time starts at the request).
+                .filter(|t| {
+                    t.attached.is_none() && t.tracepoint != virtgap_probes::report::BIO_ENTRY_HOOK
+                })
+                .map(|t| format!("{}: {}", t.tracepoint, t.reason.clone().unwrap_or_default()))
+                .collect();
+            (!failed.is_empty()).then(|| failed.join("; "))
+        });
     virtgap_testkit::require(
         &format!("the {} probe checks", family.name()),
         problem.map_or(Ok(()), Err),

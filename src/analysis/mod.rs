@@ -1,4 +1,6 @@
-//! Comparing profiles: the diff of two hosts (pure functions of two profiles).
+//! Comparing profiles, in numbers: the diff of two hosts and the tail autopsy's join (pure
+//! functions of profiles), and the statistics they judge by.
 
 pub mod diff;
+pub mod stats;
 pub mod tail;

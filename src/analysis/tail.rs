@@ -5,10 +5,10 @@ use virtgap_probes::model::{BlockOp, SlowRequest};
 use virtgap_workloads::extents::{ExtentMap, StackMap};
 use virtgap_workloads::slow::SlowIo;
 
-use crate::model::profile::Stages;
-use crate::model::tail::{SoftwareSplit, TailAutopsy, TailSet, TailStages};
+use crate::model::stages::{StageBreakdown, Stages};
+use crate::model::tail::{SoftwareSplit, TailAutopsy, TailSet};
 
-/// The percentiles whose sets the autopsy opens.
+/// The tail percentiles: the sets the autopsy opens, and the tails the diff compares.
 pub const TAIL_PERCENTILES: [f64; 2] = [99.0, 99.9];
 
 /// What one run left for the autopsy.
@@ -55,7 +55,7 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
         if slow.is_empty() {
             continue;
         }
-        let mut sum = TailStages::default();
+        let mut per_io = Vec::with_capacity(slow.len());
         let mut joined = 0;
         let mut split = SoftwareSplit::default();
         for io in &slow {
@@ -85,26 +85,15 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
                     baseline.completion_ns,
                 ),
             };
-            sum.app_ns += app_ns;
-            sum.queue_ns += queue;
-            sum.device_ns += device;
-            sum.completion_ns += completion;
-            sum.software_ns += app_ns - queue - device - completion;
+            per_io.push(StageBreakdown::of(app_ns, queue, device, completion));
         }
-        let n = slow.len() as f64;
         sets.push(TailSet {
             percentile: p,
             threshold_ns: threshold,
             expected_ios: expected,
             ios: slow.len() as u64,
             joined,
-            mean: TailStages {
-                app_ns: sum.app_ns / n,
-                queue_ns: sum.queue_ns / n,
-                device_ns: sum.device_ns / n,
-                completion_ns: sum.completion_ns / n,
-                software_ns: sum.software_ns / n,
-            },
+            mean: StageBreakdown::mean_of(&per_io).unwrap_or_default(),
             joined_software: (joined > 0).then(|| SoftwareSplit {
                 before_request_ns: split.before_request_ns / joined as f64,
                 after_request_ns: split.after_request_ns / joined as f64,
@@ -119,23 +108,12 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
     })
 }
 
-/// The run's mean I/O: app from the workload, block stages per request, software the rest.
-fn baseline(stages: &Stages) -> Option<TailStages> {
-    let mean =
-        |h: Option<&crate::model::profile::Histogram>| h.and_then(|h| h.mean_ns()).unwrap_or(0.0);
-    let app_ns = stages.app.mean_ns()?;
-    let (queue_ns, device_ns, completion_ns) = (
-        mean(stages.queue.as_ref()),
-        mean(stages.device.as_ref()),
-        mean(stages.completion.as_ref()),
-    );
-    Some(TailStages {
-        app_ns,
-        queue_ns,
-        device_ns,
-        completion_ns,
-        software_ns: app_ns - queue_ns - device_ns - completion_ns,
-    })
+/// The run's mean I/O: app from the workload, block stages per request, software the rest (all
+/// of app when the block stages are missing).
+fn baseline(stages: &Stages) -> Option<StageBreakdown> {
+    stages
+        .breakdown()
+        .or_else(|| Some(StageBreakdown::of(stages.app.mean_ns()?, 0.0, 0.0, 0.0)))
 }
 
 /// The request that served `io`: on the I/O's disk (a stacked target's member holding it),
@@ -171,7 +149,7 @@ fn request_of<'r>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::profile::Histogram;
+    use crate::model::histogram::Histogram;
     use virtgap_workloads::extents::Raid0;
 
     fn hist(values: &[u64]) -> Histogram {

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use crate::analysis::diff;
 use crate::cli::DiffArgs;
-use crate::model::profile;
+use crate::model::{file, profile};
 use crate::render::diff_render;
 use crate::run::output;
 use virtgap_workloads::units;
@@ -15,7 +15,7 @@ const SVG_FILES: [&str; 2] = ["waterfall.svg", "stages.svg"];
 
 /// The most bytes of profiles one diff reads, all inputs together: two profiles of the largest
 /// size a profile may have. Parsed, a profile takes about three times its size in memory.
-pub const MAX_DIFF_INPUT_BYTES: u64 = 2 * profile::MAX_PROFILE_BYTES;
+pub const MAX_DIFF_INPUT_BYTES: u64 = 2 * file::MAX_PROFILE_BYTES;
 
 pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
@@ -39,7 +39,7 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let load_side = |first: &std::path::PathBuf, more: &[std::path::PathBuf]| {
         std::iter::once(first)
             .chain(more)
-            .map(|path| Ok((path.clone(), profile::load(path)?)))
+            .map(|path| Ok((path.clone(), file::load(path)?)))
             .collect::<anyhow::Result<Vec<_>>>()
     };
     let a_side = load_side(&args.a, &args.with_a)?;
@@ -68,7 +68,11 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
                 "{} and {} ran different workloads ({}); pass --force to compare anyway",
                 first_path.display(),
                 path.display(),
-                differences.join(", ")
+                differences
+                    .iter()
+                    .map(diff_render::spec_difference)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }
@@ -80,8 +84,7 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let d = diff::diff_hosts(&a_profiles, &b_profiles, &options);
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &d)?;
-        writeln!(out)?;
+        writeln!(out, "{}", diff_render::json(&d)?)?;
     } else {
         // Host names, workload names and labels come from other hosts' profiles: shown, never
         // obeyed by the terminal.

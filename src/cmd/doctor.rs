@@ -8,77 +8,10 @@ use std::process::ExitCode;
 use anyhow::Result;
 use serde::Serialize;
 use virtgap_probes::FamilyReport;
-use virtgap_probes::{CapabilityReport, Family, ProbeConfig, ProbeSession, ProbeStorage};
+use virtgap_probes::{CapabilityReport, ProbeConfig, ProbeSession, ProbeStorage};
 
 use crate::cli::DoctorArgs;
 use crate::model::host::Fingerprint;
-
-/// What each tracepoint gives the user.
-const SIGNALS: &[(&str, &str)] = &[
-    ("block_io_start", "request start, process filter"),
-    ("block_bio_queue", "process filter before block_io_start"),
-    (
-        "block_split",
-        "split bios keep their process (and bio-entry time)",
-    ),
-    (
-        "block_bio_remap",
-        "a partition's bio entry where submit_bio_noacct has no hook",
-    ),
-    ("block_rq_merge", "requests merged away"),
-    ("block_rq_requeue", "requests handed back by the driver"),
-    (
-        "submit_bio_noacct",
-        "queue from the bio's entry (blk-throttle, tag waits)",
-    ),
-    ("block_rq_issue", "block queue time"),
-    ("block_rq_complete", "device time, cross-CPU completions"),
-    ("irq_handler_entry", "hard-IRQ time per CPU and IRQ"),
-    ("irq_handler_exit", "hard-IRQ time per CPU and IRQ"),
-    ("softirq_entry", "softirq time per CPU and vector"),
-    ("softirq_exit", "softirq time per CPU and vector"),
-    ("local_timer_entry", "local timer interrupts"),
-    ("local_timer_exit", "local timer interrupts"),
-    ("reschedule_entry", "reschedule IPIs received"),
-    ("reschedule_exit", "reschedule IPIs received"),
-    ("call_function_entry", "call-function IPIs received"),
-    ("call_function_exit", "call-function IPIs received"),
-    (
-        "call_function_single_entry",
-        "call-function-single IPIs received",
-    ),
-    (
-        "call_function_single_exit",
-        "call-function-single IPIs received",
-    ),
-    ("irq_work_entry", "irq-work interrupts"),
-    ("irq_work_exit", "irq-work interrupts"),
-    ("ipi_send_cpu", "IPIs sent, by purpose"),
-    ("ipi_send_cpumask", "IPIs sent, by purpose"),
-    ("sched_wakeup", "wakeup latency of the workload"),
-    ("sched_wakeup_new", "wakeup latency of the workload"),
-    ("sched_switch", "wakeup latency of the workload"),
-    ("nvme_setup_cmd", "NVMe latency per queue (qid)"),
-    ("nvme_complete_rq", "NVMe latency per queue (qid)"),
-    ("write_msr", "exit-causing MSR writes by MSR"),
-    ("read_msr", "MSR reads by MSR"),
-    ("kvm_exit", "host: exit -> entry time by reason"),
-    ("kvm_entry", "host: exit -> entry time by reason"),
-    ("kvm_pio", "host: port I/O exits per VM"),
-    ("kvm_mmio", "host: MMIO exits per VM"),
-    ("kvm_msr", "host: MSR exits per VM"),
-    ("kvm_hypercall", "host: hypercalls per VM"),
-];
-
-fn signal_of(tracepoint: &str) -> &'static str {
-    if tracepoint.starts_with("cpu-clock") {
-        return "sampled kernel IPs per CPU";
-    }
-    SIGNALS
-        .iter()
-        .find(|(tp, _)| *tp == tracepoint)
-        .map_or("paravirt callback timing", |(_, s)| s)
-}
 
 /// One row of the probe table.
 #[derive(Clone, Debug, Serialize)]
@@ -133,17 +66,7 @@ fn family_rows(f: &FamilyReport) -> Vec<ProbeRow> {
         return vec![ProbeRow {
             family: f.family.name().into(),
             tracepoint: "(all)".into(),
-            signal: match f.family {
-                Family::Block => "block queue and device time",
-                Family::Irq => "interrupt load per CPU",
-                Family::Wakeup => "wakeup latency of the workload",
-                Family::Nvme => "NVMe latency per queue (qid)",
-                Family::Msr => "exit-causing MSR writes",
-                Family::Sampler => "where each CPU's time goes (sampled)",
-                Family::KvmHost => "host-side KVM exits",
-                Family::PvPaths => "paravirt callback timing",
-            }
-            .into(),
+            signal: f.family.def().gives.into(),
             status: format!("unavailable: {why}"),
             available: false,
         }];
@@ -153,7 +76,13 @@ fn family_rows(f: &FamilyReport) -> Vec<ProbeRow> {
         .map(|t| ProbeRow {
             family: f.family.name().into(),
             tracepoint: t.tracepoint.clone(),
-            signal: signal_of(&t.tracepoint).into(),
+            // Every attach point of the objects has its signal (a probes test checks); one
+            // that does not is still the family's.
+            signal: f
+                .family
+                .signal(&t.tracepoint)
+                .unwrap_or(f.family.def().gives)
+                .into(),
             status: match (t.attached, &t.reason) {
                 (Some(kind), _) => format!("attached via {}", kind.name()),
                 (None, Some(why)) => format!("unavailable: {why}"),
@@ -171,16 +100,7 @@ pub fn degraded_views(report: &CapabilityReport) -> Vec<String> {
         if f.watches_nothing_here() {
             continue;
         }
-        let what = match f.family {
-            Family::Block => "Where the time goes: queue and device stages",
-            Family::Irq => "CPUs: interrupt load per CPU",
-            Family::Wakeup => "Where the time goes: wakeup delay",
-            Family::Nvme => "Devices: NVMe latency per queue",
-            Family::KvmHost => "Hypervisor: host-side exits",
-            Family::Msr => "Hypervisor: MSR writes",
-            Family::Sampler => "Hypervisor: sampled CPU split",
-            Family::PvPaths => "Hypervisor: PV path timings",
-        };
+        let what = f.family.def().view;
         if let Some(why) = &f.unavailable {
             out.push(format!("{what}: missing ({why})"));
         } else {
@@ -231,7 +151,7 @@ fn histogram_self_test() -> SelfTest {
         },
         Err(e) => SelfTest {
             ok: false,
-            detail: e,
+            detail: e.to_string(),
         },
     }
 }

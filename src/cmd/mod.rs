@@ -11,7 +11,7 @@ pub mod record;
 pub fn schema() -> anyhow::Result<std::process::ExitCode> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, &crate::model::profile::json_schema())?;
+    serde_json::to_writer_pretty(&mut out, &crate::model::file::json_schema())?;
     writeln!(out)?;
     Ok(std::process::ExitCode::SUCCESS)
 }

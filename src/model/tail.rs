@@ -4,6 +4,8 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::model::stages::StageBreakdown;
+
 /// One run's tail autopsy.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct TailAutopsy {
@@ -39,19 +41,19 @@ pub struct TailSet {
     /// run's means (their request was too short to be sent: under 0.4 of the running p99).
     pub joined: u64,
     /// The set's mean per I/O.
-    pub mean: TailStages,
+    pub mean: StageBreakdown,
     /// Of the joined I/Os' software time, the mean before their request started (the
     /// application, the submission syscall, throttling and tag waits before the block layer
     /// takes the bio) and after it completed (waking and reaping); None when none was joined.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub joined_software: Option<SoftwareSplit>,
     /// The run's mean per I/O (per request for the block stages), the excess's zero.
-    pub baseline: TailStages,
+    pub baseline: StageBreakdown,
 }
 
 impl TailSet {
     /// The set's mean less the run's mean, per stage: where the tail's extra time went.
-    pub fn excess(&self) -> TailStages {
+    pub fn excess(&self) -> StageBreakdown {
         self.mean.minus(&self.baseline)
     }
 }
@@ -61,58 +63,4 @@ impl TailSet {
 pub struct SoftwareSplit {
     pub before_request_ns: f64,
     pub after_request_ns: f64,
-}
-
-/// Mean nanoseconds per I/O in each stage; software is app less the block stages (submission,
-/// reaping and anything else outside the block layer).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct TailStages {
-    pub app_ns: f64,
-    pub queue_ns: f64,
-    pub device_ns: f64,
-    pub completion_ns: f64,
-    pub software_ns: f64,
-}
-
-impl TailStages {
-    /// The stages that add up to app, with their names as the waterfall prints them.
-    pub fn parts(&self) -> [(&'static str, f64); 4] {
-        [
-            ("queue", self.queue_ns),
-            ("device", self.device_ns),
-            ("completion", self.completion_ns),
-            ("software", self.software_ns),
-        ]
-    }
-
-    pub fn minus(&self, other: &Self) -> Self {
-        Self {
-            app_ns: self.app_ns - other.app_ns,
-            queue_ns: self.queue_ns - other.queue_ns,
-            device_ns: self.device_ns - other.device_ns,
-            completion_ns: self.completion_ns - other.completion_ns,
-            software_ns: self.software_ns - other.software_ns,
-        }
-    }
-
-    /// The mean of several runs' figures.
-    pub fn mean_of<'a>(all: impl IntoIterator<Item = &'a TailStages>) -> Option<Self> {
-        let mut sum = Self::default();
-        let mut n = 0.0;
-        for s in all {
-            sum.app_ns += s.app_ns;
-            sum.queue_ns += s.queue_ns;
-            sum.device_ns += s.device_ns;
-            sum.completion_ns += s.completion_ns;
-            sum.software_ns += s.software_ns;
-            n += 1.0;
-        }
-        (n > 0.0).then(|| Self {
-            app_ns: sum.app_ns / n,
-            queue_ns: sum.queue_ns / n,
-            device_ns: sum.device_ns / n,
-            completion_ns: sum.completion_ns / n,
-            software_ns: sum.software_ns / n,
-        })
-    }
 }

@@ -2,7 +2,9 @@
 //! names, a schema version in every row) that open in a spreadsheet or pandas without cleanup.
 //! Pure: a profile in, file contents out.
 
-use crate::model::profile::{Profile, Stage};
+use crate::model::interval::{CpuLoad, Interval};
+use crate::model::profile::Profile;
+use crate::model::stages::Stage;
 
 /// Version of the CSV layout; bump when columns or metric names change.
 pub const CSV_SCHEMA_VERSION: u32 = 1;
@@ -61,152 +63,140 @@ fn num(v: f64) -> String {
 /// `intervals.csv`: one row per interval x metric, labelled by cpu / device / stage / name.
 pub fn intervals(p: &Profile) -> String {
     let mut w = writer(&INTERVAL_COLUMNS);
-    let v = CSV_SCHEMA_VERSION.to_string();
     let device = p.target.device.clone().unwrap_or_default();
     for iv in &p.intervals {
-        let secs = iv.end_s - iv.start_s;
-        let rate = |x: f64| if secs > 0.0 { x / secs } else { 0.0 };
-        let mut row =
-            |metric: &str, cpu: String, dev: &str, stage: &str, name: &str, value: f64| {
-                w.write_record([
-                    v.as_str(),
-                    &iv.index.to_string(),
-                    &num(iv.start_s),
-                    &num(iv.end_s),
-                    metric,
-                    &cpu,
-                    dev,
-                    stage,
-                    name,
-                    &num(value),
-                ])
-                .expect("writing to memory");
-            };
-        row(
-            "read_iops",
-            String::new(),
-            "",
-            "",
-            "",
-            rate(iv.read_ios as f64),
-        );
-        row(
-            "write_iops",
-            String::new(),
-            "",
-            "",
-            "",
-            rate(iv.write_ios as f64),
-        );
-        row(
-            "read_bw_bytes_per_s",
-            String::new(),
-            "",
-            "",
-            "",
-            rate(iv.read_bytes as f64),
-        );
-        row(
-            "write_bw_bytes_per_s",
-            String::new(),
-            "",
-            "",
-            "",
-            rate(iv.write_bytes as f64),
-        );
-        if iv.lat_count > 0 {
-            row(
-                "lat_mean_ns",
-                String::new(),
-                "",
-                "app",
-                "",
-                iv.lat_sum_ns / iv.lat_count as f64,
-            );
-        }
-        if let Some(p50) = iv.lat_p50_ns {
-            row("lat_p50_ns", String::new(), "", "app", "", p50 as f64);
-        }
-        if let Some(p99) = iv.lat_p99_ns {
-            row("lat_p99_ns", String::new(), "", "app", "", p99 as f64);
-        }
-        for (stage, s) in &iv.stages {
-            let dev = if stage == Stage::Wakeup.name() {
-                ""
-            } else {
-                device.as_str()
-            };
-            row("stage_count", String::new(), dev, stage, "", s.count as f64);
-            if s.count > 0 {
-                row(
-                    "stage_mean_ns",
-                    String::new(),
-                    dev,
-                    stage,
-                    "",
-                    s.sum_ns as f64 / s.count as f64,
-                );
-            }
-        }
+        let mut rows = IntervalRows {
+            w: &mut w,
+            iv,
+            version: CSV_SCHEMA_VERSION.to_string(),
+        };
+        rows.workload();
+        rows.stages(&device);
         for c in &iv.cpus {
-            let cpu = c.cpu.to_string();
-            row(
-                "hardirq_pct",
-                cpu.clone(),
-                "",
-                "",
-                "",
-                rate(c.hardirq_ns as f64 / 1e9) * 100.0,
-            );
-            row(
-                "softirq_pct",
-                cpu.clone(),
-                "",
-                "",
-                "",
-                rate(c.softirq_ns as f64 / 1e9) * 100.0,
-            );
-            let states = [
-                ("user_pct", c.user_ns),
-                ("system_pct", c.system_ns),
-                ("steal_pct", c.steal_ns),
-            ];
-            for (metric, ns) in states {
-                if let Some(ns) = ns {
-                    row(
-                        metric,
-                        cpu.clone(),
-                        "",
-                        "",
-                        "",
-                        rate(ns as f64 / 1e9) * 100.0,
-                    );
-                }
-            }
-            for (name, n) in &c.irqs {
-                row("irqs_per_s", cpu.clone(), "", "", name, rate(*n as f64));
-            }
-            for (metric, counts) in [
-                ("ipis_sent_per_s", &c.ipis_sent),
-                ("cross_cpu_calls_per_s", &c.cross_cpu_calls),
-            ] {
-                for (kind, n) in counts {
-                    row(metric, cpu.clone(), "", "", kind, rate(*n as f64));
-                }
-            }
+            rows.cpu(c);
         }
         if let Some(ns) = iv.probe_run_ns {
-            row(
-                "probe_cpu_pct",
-                String::new(),
-                "",
-                "",
-                "",
-                rate(ns as f64 / 1e9) * 100.0,
-            );
+            let pct = rows.rate(ns as f64 / 1e9) * 100.0;
+            rows.row("probe_cpu_pct", None, "", "", "", pct);
         }
     }
     finish(w)
+}
+
+/// The rows of one interval of `intervals.csv`.
+struct IntervalRows<'a> {
+    w: &'a mut csv::Writer<Vec<u8>>,
+    iv: &'a Interval,
+    version: String,
+}
+
+impl IntervalRows<'_> {
+    /// Per second of the interval.
+    fn rate(&self, x: f64) -> f64 {
+        let secs = self.iv.end_s - self.iv.start_s;
+        if secs > 0.0 {
+            x / secs
+        } else {
+            0.0
+        }
+    }
+
+    fn row(
+        &mut self,
+        metric: &str,
+        cpu: Option<u32>,
+        dev: &str,
+        stage: &str,
+        name: &str,
+        value: f64,
+    ) {
+        let iv = self.iv;
+        self.w
+            .write_record([
+                self.version.as_str(),
+                &iv.index.to_string(),
+                &num(iv.start_s),
+                &num(iv.end_s),
+                metric,
+                &cpu.map(|c| c.to_string()).unwrap_or_default(),
+                dev,
+                stage,
+                name,
+                &num(value),
+            ])
+            .expect("writing to memory");
+    }
+
+    /// Throughput and the app latency.
+    fn workload(&mut self) {
+        let iv = self.iv;
+        for (metric, x) in [
+            ("read_iops", iv.read_ios),
+            ("write_iops", iv.write_ios),
+            ("read_bw_bytes_per_s", iv.read_bytes),
+            ("write_bw_bytes_per_s", iv.write_bytes),
+        ] {
+            let value = self.rate(x as f64);
+            self.row(metric, None, "", "", "", value);
+        }
+        if iv.lat_count > 0 {
+            let mean = iv.lat_sum_ns / iv.lat_count as f64;
+            self.row("lat_mean_ns", None, "", "app", "", mean);
+        }
+        if let Some(p50) = iv.lat_p50_ns {
+            self.row("lat_p50_ns", None, "", "app", "", p50 as f64);
+        }
+        if let Some(p99) = iv.lat_p99_ns {
+            self.row("lat_p99_ns", None, "", "app", "", p99 as f64);
+        }
+    }
+
+    /// Each probed stage's count and mean (block stages on the target's `device`).
+    fn stages(&mut self, device: &str) {
+        for (stage, s) in &self.iv.stages {
+            let dev = if stage == Stage::Wakeup.name() {
+                ""
+            } else {
+                device
+            };
+            self.row("stage_count", None, dev, stage, "", s.count as f64);
+            if s.count > 0 {
+                let mean = s.sum_ns as f64 / s.count as f64;
+                self.row("stage_mean_ns", None, dev, stage, "", mean);
+            }
+        }
+    }
+
+    /// One CPU's interrupt load, time by state, IRQs, IPIs and cross-CPU calls.
+    fn cpu(&mut self, c: &CpuLoad) {
+        let cpu = Some(c.cpu);
+        let shares = [
+            ("hardirq_pct", Some(c.hardirq_ns)),
+            ("softirq_pct", Some(c.softirq_ns)),
+            ("user_pct", c.user_ns),
+            ("system_pct", c.system_ns),
+            ("steal_pct", c.steal_ns),
+        ];
+        for (metric, ns) in shares {
+            if let Some(ns) = ns {
+                let pct = self.rate(ns as f64 / 1e9) * 100.0;
+                self.row(metric, cpu, "", "", "", pct);
+            }
+        }
+        for (name, n) in &c.irqs {
+            let value = self.rate(*n as f64);
+            self.row("irqs_per_s", cpu, "", "", name, value);
+        }
+        for (metric, counts) in [
+            ("ipis_sent_per_s", &c.ipis_sent),
+            ("cross_cpu_calls_per_s", &c.cross_cpu_calls),
+        ] {
+            for (kind, n) in counts {
+                let value = self.rate(*n as f64);
+                self.row(metric, cpu, "", "", kind, value);
+            }
+        }
+    }
 }
 
 /// `histograms.csv`: the cumulative stage histograms, one row per non-empty bucket.
@@ -443,8 +433,11 @@ pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
+    use crate::model::histogram::Histogram;
     use crate::model::host::{BlockDeviceInfo, Cpuid, Fingerprint, HwQueue, QueueIrq};
+    use crate::model::interval::{CpuLoad, Interval, StageSample};
     use crate::model::profile::*;
+    use crate::model::stages::Stages;
 
     fn hist(values: &[u64]) -> Histogram {
         Histogram::of_values(values)

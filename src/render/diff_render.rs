@@ -1,12 +1,88 @@
-//! Renders a `ProfileDiff`: terminal text (fits 100 columns), Markdown, CSV, and SVG charts.
+//! Renders a `ProfileDiff`: terminal text (fits 100 columns), Markdown, CSV, JSON and SVG
+//! charts. Every word of the diff is written here: row labels, verdicts, evidence, warnings.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
+use serde::Serialize;
+
 use crate::analysis::diff::{
-    Basis, ProfileDiff, Row, Scale, TailWaterfall, Unit, Verdict, CONFIDENCE,
+    Basis, BreakdownPart, BusiestIrqCpu, Confounder, Host, HostEvidence, HostTrait, Hosts,
+    MetricId, ProfileDiff, QueueStartSplit, Row, Scale, Setting, SpecDifference, SpecKey,
+    SpecValue, TailWaterfall, Unit, Verdict, Warning,
 };
-use crate::model::profile::{Histogram, Profile, Stage};
+use crate::analysis::stats::CONFIDENCE;
+use crate::model::histogram::Histogram;
+use crate::model::profile::Profile;
+use crate::model::stages::Stage;
 use virtgap_workloads::units;
+
+const NOT_MEASURED: &str = "not measured";
+
+/// A row's label (without its indent in the terminal's table). `above_idle`: the host-wide
+/// figures are above each host's idle activity.
+pub fn label(metric: MetricId, above_idle: bool) -> Cow<'static, str> {
+    use MetricId::*;
+    // Above idle, short enough for the terminal's label column.
+    let fixed = match metric {
+        AppMean => "app latency (mean)",
+        Stage(BreakdownPart::Queue) => "block queue",
+        Stage(BreakdownPart::Device) => "device",
+        Stage(BreakdownPart::Completion) => "completion: IRQ -> request done",
+        Stage(BreakdownPart::Software) => "software: submit + reap",
+        WakeupPerIo => "wakeup delay per I/O",
+        HardirqPerIo if above_idle => "hard-IRQ time per I/O, above idle",
+        HardirqPerIo => "hard-IRQ time per I/O (all IRQs)",
+        SoftirqPerIo if above_idle => "softirq time per I/O, above idle",
+        SoftirqPerIo => "softirq time per I/O (all)",
+        IpisPerIo if above_idle => "IPIs sent per I/O, above idle",
+        IpisPerIo => "IPIs sent per I/O",
+        MsrExitsPerIo if above_idle => "MSR exits per I/O, above idle",
+        MsrExitsPerIo => "exit-causing MSR writes per I/O",
+        EstMsrExitTimePerIo if above_idle => "est. exit time per I/O, above idle",
+        EstMsrExitTimePerIo => "est. MSR exit time per I/O",
+        FlushMean => "cache flush latency (mean)",
+        Iops => "IOPS",
+        Tail { stage, percentile } => return format!("{} p{percentile}", stage.name()).into(),
+    };
+    fixed.into()
+}
+
+/// The indent of a row's label in the terminal's table: stages under the app, evidence under
+/// the software residual.
+fn indent(metric: MetricId) -> usize {
+    use MetricId::*;
+    match metric {
+        Stage(_) => 2,
+        WakeupPerIo | HardirqPerIo | SoftirqPerIo | IpisPerIo | MsrExitsPerIo
+        | EstMsrExitTimePerIo | FlushMean => 4,
+        AppMean | Iops | Tail { .. } => 0,
+    }
+}
+
+fn row_label(d: &ProfileDiff, r: &Row) -> Cow<'static, str> {
+    label(r.metric, d.above_idle)
+}
+
+/// A tail waterfall's stage, as its rows name it.
+fn part_name(part: BreakdownPart) -> &'static str {
+    match part {
+        BreakdownPart::Queue => "queue",
+        BreakdownPart::Device => "device",
+        BreakdownPart::Completion => "completion",
+        BreakdownPart::Software => "software",
+    }
+}
+
+pub fn verdict_words(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Significant => "significant",
+        Verdict::Equivalent => "equivalent",
+        Verdict::Inconclusive => "inconclusive",
+        Verdict::InsufficientData => "too few replicates",
+        Verdict::NotMeasured => NOT_MEASURED,
+    }
+}
 
 fn value(v: Option<f64>, unit: Unit) -> String {
     // An empty float sum is -0.0; show it as 0.
@@ -49,9 +125,59 @@ fn pct(x: f64) -> String {
     format!("{:.1}", x * 100.0)
 }
 
+/// A significant row's effect: "B slower by 8.1% [5.9, 10.4]", or "B slower x2.29 [x2.27,
+/// x2.32]" for a change of 2x or more.
+fn significant_text(r: &Row, within_run: &str) -> String {
+    let (e, lo, hi) = (
+        r.effect.unwrap_or(0.0),
+        r.effect_low.unwrap_or(0.0),
+        r.effect_high.unwrap_or(0.0),
+    );
+    let (up, down) = match r.unit {
+        Unit::Ns => ("slower", "faster"),
+        Unit::Iops | Unit::PerIo => ("higher", "lower"),
+    };
+    let of = match r.scale {
+        Scale::Ratio => "",
+        Scale::Difference => " of app latency",
+    };
+    // A fall is shown as how much lower B is than A; a change of 2x or more as a factor —
+    // B/A up, A/B down — so the words read alike whichever host is A.
+    let word = if e >= 0.0 { up } else { down };
+    let ratio = 1.0 + e;
+    if r.scale == Scale::Ratio && (ratio >= 2.0 || ratio <= 0.5) {
+        let factor = |x: f64| {
+            let f = if e >= 0.0 { 1.0 + x } else { 1.0 / (1.0 + x) };
+            format!("x{}", sig3(f))
+        };
+        let (near, far) = if e >= 0.0 { (lo, hi) } else { (hi, lo) };
+        format!(
+            "B {word} {} [{}, {}]{within_run}",
+            factor(e),
+            factor(near),
+            factor(far)
+        )
+    } else {
+        let (e, lo, hi) = if e >= 0.0 {
+            (e, lo, hi)
+        } else {
+            (-e, -hi, -lo)
+        };
+        format!(
+            "B {word} by {}%{of} [{}, {}]{within_run}",
+            pct(e),
+            pct(lo),
+            pct(hi)
+        )
+    }
+}
+
 /// The row's verdict in words: "B slower by 8.1% [5.9, 10.4]", "equivalent within ±5%",
 /// "inconclusive (≈7 runs per host would resolve ±5%)".
 pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
+    if r.estimated && r.verdict != Verdict::NotMeasured {
+        return "estimated from counts, not judged".into();
+    }
     let bound = format!("±{}%", percent(d.min_effect));
     // A row judged as one of a family says its interval's own confidence.
     let within_run = match (d.basis == Basis::Batches, r.confidence > CONFIDENCE) {
@@ -60,68 +186,20 @@ pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
         (false, true) => format!(" ({}% interval)", percent(r.confidence)),
         (false, false) => String::new(),
     };
-    let w = match r.verdict {
-        Verdict::Significant => {
-            let (e, lo, hi) = (
-                r.effect.unwrap_or(0.0),
-                r.effect_low.unwrap_or(0.0),
-                r.effect_high.unwrap_or(0.0),
-            );
-            let (up, down) = match r.unit {
-                Unit::Ns => ("slower", "faster"),
-                Unit::Iops | Unit::PerIo => ("higher", "lower"),
-            };
-            let of = match r.scale {
-                Scale::Ratio => "",
-                Scale::Difference => " of app latency",
-            };
-            // A fall is shown as how much lower B is than A; a change of 2x or more as a
-            // factor — B/A up, A/B down — so the words read alike whichever host is A.
-            let word = if e >= 0.0 { up } else { down };
-            let ratio = 1.0 + e;
-            if r.scale == Scale::Ratio && (ratio >= 2.0 || ratio <= 0.5) {
-                let factor = |x: f64| {
-                    let f = if e >= 0.0 { 1.0 + x } else { 1.0 / (1.0 + x) };
-                    format!("x{}", sig3(f))
-                };
-                let (near, far) = if e >= 0.0 { (lo, hi) } else { (hi, lo) };
-                format!(
-                    "B {word} {} [{}, {}]{within_run}",
-                    factor(e),
-                    factor(near),
-                    factor(far)
-                )
-            } else {
-                let (e, lo, hi) = if e >= 0.0 {
-                    (e, lo, hi)
-                } else {
-                    (-e, -hi, -lo)
-                };
-                format!(
-                    "B {word} by {}%{of} [{}, {}]{within_run}",
-                    pct(e),
-                    pct(lo),
-                    pct(hi)
-                )
-            }
-        }
+    match r.verdict {
+        Verdict::Significant => significant_text(r, &within_run),
         Verdict::Equivalent => format!("equivalent within {bound}{within_run}"),
         Verdict::Inconclusive => match r.runs_needed {
             Some(n) => format!("inconclusive (≈{n} runs per host would resolve {bound})"),
             None => format!("inconclusive at {bound} (between-run noise unknown: --runs 5)"),
         },
-        Verdict::InsufficientData => match (d.basis, r.scale) {
-            (Basis::Batches, _) if r.metric.contains(" p99") => {
-                "no verdict: tails need 2+ runs per host".into()
-            }
-            _ => r.verdict.words().into(),
-        },
-        Verdict::NotMeasured => r.verdict.words().into(),
-    };
-    if r.estimated && r.verdict != Verdict::NotMeasured {
-        return "estimated from counts, not judged".into();
+        Verdict::InsufficientData
+            if d.basis == Basis::Batches && matches!(r.metric, MetricId::Tail { .. }) =>
+        {
+            "no verdict: tails need 2+ runs per host".into()
+        }
+        Verdict::InsufficientData | Verdict::NotMeasured => verdict_words(r.verdict).into(),
     }
-    w
 }
 
 /// A percentage as typed: 5 for 5%, 2.5 for 2.5%.
@@ -143,18 +221,218 @@ fn runs_line(d: &ProfileDiff) -> String {
     )
 }
 
+fn host_letter(host: Host) -> &'static str {
+    match host {
+        Host::A => "A",
+        Host::B => "B",
+    }
+}
+
+/// A warning in words.
+pub fn warning(w: &Warning) -> String {
+    match w {
+        Warning::Incomplete(host) => format!(
+            "a profile of {} is incomplete (its run was interrupted)",
+            host_letter(*host)
+        ),
+        Warning::NoProbes(host) => format!(
+            "a profile of {} was recorded without probes: only app latency compares",
+            host_letter(*host)
+        ),
+        Warning::Stalled(host, stalls) => format!(
+            "host {} stalled during a run ({}): its figures are not steady state",
+            host_letter(*host),
+            stalls.describe()
+        ),
+        Warning::CompletionFolded(lacking) => format!(
+            "{} lacks the completion stage in some run (a profile from before it, or a device whose queue IRQ is not known): device is compared as issue -> completion on both sides, and its tails and the completion row are not judged",
+            match lacking {
+                Hosts::A => "host A",
+                Hosts::B => "host B",
+                Hosts::Both => "both hosts",
+            }
+        ),
+        Warning::QueueStart(split) => {
+            let (entry, request) = match split {
+                QueueStartSplit::EntryOnA => ("host A", "host B"),
+                QueueStartSplit::EntryOnB => ("host B", "host A"),
+                QueueStartSplit::Mixed => ("some runs", "others"),
+            };
+            format!(
+                "the queue stage starts where each bio enters the block layer on {entry} but where its request starts on {request} (for all or some of its requests: no fentry or kprobe there, and a whole disk's bios pass no block_bio_remap): blk-throttle and tag waits count as queue on one side and as software on the other"
+            )
+        }
+        Warning::RequestsPerIo { a, b } => format!(
+            "the hosts issue an app I/O as different numbers of block requests (A {a:.2}, B {b:.2} per I/O: split or merged differently, e.g. a smaller max_sectors_kb): the block stages are per request and the app's latency per I/O, so the software residual also holds the difference in requests per I/O"
+        ),
+        Warning::OneRun(on) => format!(
+            "one run on {}: between-run noise is unknown, so verdicts compare batches of intervals within runs and hold for these runs only; record each host with --runs 5 for verdicts that hold",
+            match on {
+                Hosts::Both => "each host",
+                Hosts::A => "host A",
+                Hosts::B => "host B",
+            }
+        ),
+    }
+}
+
+fn setting(s: &Setting) -> String {
+    match s {
+        Setting::Count(n) => n.to_string(),
+        Setting::Text(t) => t.clone(),
+        Setting::List(v) => v.join(";"),
+        Setting::Unknown => "unknown".into(),
+    }
+}
+
+/// A host difference in words: "CPU count: 2 vs 72".
+pub fn confounder(c: &Confounder) -> String {
+    match c {
+        Confounder::Differs { what, a, b } => {
+            let what = match what {
+                HostTrait::CpuCount => "CPU count",
+                HostTrait::CpuModel => "CPU model",
+                HostTrait::Clocksource => "clocksource",
+                HostTrait::Kernel => "kernel",
+                HostTrait::TargetQueues => "target device queues",
+                HostTrait::IoScheduler => "I/O scheduler",
+                HostTrait::RqAffinity => "rq_affinity",
+                HostTrait::IrqAffinity => "IRQ affinity of the target's queues",
+                HostTrait::TargetDevice => "target device",
+            };
+            format!("{what}: {} vs {}", setting(a), setting(b))
+        }
+        Confounder::TargetQueuesUnknown(host) => format!(
+            "target device's queues unknown on host {}: queue and IRQ layout not compared",
+            host_letter(*host)
+        ),
+    }
+}
+
+/// A workload difference in words: "qd: 32 vs 1".
+pub fn spec_difference(x: &SpecDifference) -> String {
+    let key: Cow<str> = match x.key {
+        SpecKey::Workload(k) => k.into(),
+        SpecKey::KvLoad => "kv load".into(),
+        SpecKey::Kv(k) => format!("kv.{k}").into(),
+    };
+    let show = |v: &Option<SpecValue>| match v {
+        None => "(unset)".to_string(),
+        Some(SpecValue::Toml(t)) => t.clone(),
+        Some(SpecValue::KvLoad {
+            reads_per_s,
+            writes_per_s,
+        }) => format!("{reads_per_s} reads/s + {writes_per_s} writes/s"),
+        Some(SpecValue::Unreadable) => "(unreadable)".into(),
+    };
+    format!("{key}: {} vs {}", show(&x.a), show(&x.b))
+}
+
+/// One evidence item in words: what it is and each host's value.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EvidenceLine {
+    pub item: &'static str,
+    pub a: String,
+    pub b: String,
+}
+
+fn busiest_irq_cpu(e: &HostEvidence) -> String {
+    match e.busiest_irq_cpu {
+        BusiestIrqCpu::NotMeasured => NOT_MEASURED.into(),
+        BusiestIrqCpu::NoneSeen => "no interrupts seen".into(),
+        BusiestIrqCpu::Cpu { cpu, share } => {
+            format!("CPU {cpu} at {:.1}% in IRQ+softirq", share * 100.0)
+        }
+    }
+}
+
+fn msr_exit_rates(e: &HostEvidence) -> String {
+    match e.msr_exit_rates.as_deref() {
+        None => NOT_MEASURED.into(),
+        Some([]) => "none seen".into(),
+        Some(rates) => rates
+            .iter()
+            .take(3)
+            .map(|r| format!("{:#x} {} {:.0}/s", r.msr, r.name, r.per_s))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+fn hypervisor_share(e: &HostEvidence) -> String {
+    let Some(cpus) = &e.hypervisor_share else {
+        return NOT_MEASURED.into();
+    };
+    cpus.iter()
+        .map(|c| match c.share {
+            None => format!("cpu{} not measured", c.cpu),
+            Some(share) => format!("cpu{} {:.1}%", c.cpu, share * 100.0),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The evidence in words, item by item (stalls only when a host was checked for them).
+pub fn evidence(d: &ProfileDiff) -> Vec<EvidenceLine> {
+    let (a, b) = (&d.evidence.a, &d.evidence.b);
+    let line = |item, say: &dyn Fn(&HostEvidence) -> String| EvidenceLine {
+        item,
+        a: say(a),
+        b: say(b),
+    };
+    let mut lines = vec![
+        line("busiest IRQ CPU", &busiest_irq_cpu),
+        line("block requests per app I/O", &|e| {
+            e.requests_per_io.map_or(
+                NOT_MEASURED.into(),
+                crate::render::probe_report::requests_per_io,
+            )
+        }),
+        line("completions on another CPU", &|e| {
+            e.cross_cpu.map_or(NOT_MEASURED.into(), |c| {
+                format!("{:.1}% of {:.0}", c.cross / c.total * 100.0, c.total)
+            })
+        }),
+        line("steal (all CPUs)", &|e| {
+            e.steal.map_or(NOT_MEASURED.into(), |s| {
+                format!(
+                    "{:.2}% of CPU time ({:.0} ms)",
+                    s.steal_ns / s.cpu_ns * 100.0,
+                    s.steal_ns / 1e6
+                )
+            })
+        }),
+        line("exit-causing MSR writes per second", &msr_exit_rates),
+        line("hypervisor-interface share of samples", &hypervisor_share),
+        line("recording self-overhead", &|e| {
+            e.probe_cpu_pct.map_or(NOT_MEASURED.into(), |v| {
+                format!("probes {v:.2}% of one CPU")
+            })
+        }),
+    ];
+    // Stalls are findings in their own right: shown whenever either side was checked for them.
+    if a.stalls.is_some() || b.stalls.is_some() {
+        lines.push(line("stalls", &|e| match &e.stalls {
+            None => "not checked".to_string(),
+            Some(s) if s.found() => s.describe(),
+            Some(_) => "none".to_string(),
+        }));
+    }
+    lines
+}
+
 /// One compared row, in two lines: the figures, then the verdict.
 fn terminal_row(s: &mut String, r: &Row, d: &ProfileDiff) {
+    let indent = indent(r.metric);
     let figures = format!(
         "{:<38} {:>10} {:>10} {:>11} {:>5}",
-        r.metric,
+        format!("{:indent$}{}", "", row_label(d, r)),
         value(r.a, r.unit),
         value(r.b, r.unit),
         signed(r.delta, r.unit),
         share(r),
     );
     let _ = writeln!(s, "{}", figures.trim_end());
-    let indent = r.metric.len() - r.metric.trim_start().len();
     let _ = writeln!(s, "{:indent$}  -> {}", "", verdict_text(r, d));
 }
 
@@ -172,21 +450,25 @@ fn wrap(text: &str, width: usize, indent: usize) -> String {
     textwrap::fill(text.trim_start(), options)
 }
 
+fn workload(d: &ProfileDiff) -> String {
+    format!("{} ({})", d.workload, d.workload_origin)
+}
+
 /// Plain text for a terminal, at most 100 columns wide.
 pub fn terminal(d: &ProfileDiff) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "A: {}", d.host_a);
-    let _ = writeln!(s, "B: {}", d.host_b);
-    let _ = writeln!(s, "workload: {}", d.workload);
+    let _ = writeln!(s, "A: {}", d.host_a.describe());
+    let _ = writeln!(s, "B: {}", d.host_b.describe());
+    let _ = writeln!(s, "workload: {}", workload(d));
     let _ = writeln!(s, "{}", runs_line(d));
     for x in &d.spec_differences {
-        let _ = writeln!(s, "  workload differs: {x}");
+        let _ = writeln!(s, "  workload differs: {}", spec_difference(x));
     }
     for c in &d.confounders {
-        let _ = writeln!(s, "  confounder: {c}");
+        let _ = writeln!(s, "  confounder: {}", confounder(c));
     }
     for w in &d.warnings {
-        let _ = writeln!(s, "{}", wrap(&format!("  warning: {w}"), 100, 4));
+        let _ = writeln!(s, "{}", wrap(&format!("  warning: {}", warning(w)), 100, 4));
     }
     let _ = writeln!(
         s,
@@ -201,14 +483,15 @@ pub fn terminal(d: &ProfileDiff) -> String {
         terminal_row(&mut s, r, d);
     }
     let _ = writeln!(s, "\ntails:");
-    for t in &d.tails {
-        terminal_row(&mut s, &t.row, d);
+    for r in &d.tails {
+        terminal_row(&mut s, r, d);
     }
-    if let Some((stage, delta)) = &d.tail_mover {
+    if let Some(m) = &d.tail_mover {
         let _ = writeln!(
             s,
-            "the {stage} stage's p99 moved most: {}",
-            signed(Some(*delta), Unit::Ns)
+            "the {} stage's p99 moved most: {}",
+            m.stage.name(),
+            signed(Some(m.delta_ns), Unit::Ns)
         );
     }
     for w in &d.tail_waterfalls {
@@ -228,7 +511,7 @@ pub fn terminal(d: &ProfileDiff) -> String {
         terminal_row(&mut s, r, d);
     }
     let _ = writeln!(s, "\nevidence:");
-    for e in &d.evidence {
+    for e in evidence(d) {
         let _ = writeln!(s, "  {}:\n    A: {}\n    B: {}", e.item, e.a, e.b);
     }
     let _ = writeln!(
@@ -264,7 +547,7 @@ fn tail_rows(w: &TailWaterfall) -> Vec<(String, String, String, String, String)>
     std::iter::once(app)
         .chain(w.rows.iter().map(|r| {
             (
-                format!("  {}", r.stage),
+                format!("  {}", part_name(r.stage)),
                 value(Some(r.a_ns), Unit::Ns),
                 value(Some(r.b_ns), Unit::Ns),
                 signed(Some(r.delta_ns), Unit::Ns),
@@ -279,19 +562,16 @@ fn tail_rows(w: &TailWaterfall) -> Vec<(String, String, String, String, String)>
 fn verdict_sentence(d: &ProfileDiff) -> String {
     let app = &d.waterfall.app;
     let bound = format!("±{}%", percent(d.min_effect));
-    match (&d.verdict, app.verdict) {
-        (Some(stage), _) => {
-            let r = d
-                .waterfall
-                .stages
-                .iter()
-                .find(|r| r.metric.trim() == stage)
-                .expect("verdict names a row");
+    match (d.verdict, app.verdict) {
+        (Some(part), _) => {
+            let stage = MetricId::Stage(part);
+            let r = d.row(stage).expect("the verdict names a stage's row");
             format!(
-                "mean latency: {} ({}); {:.0}% of that is in {stage}",
+                "mean latency: {} ({}); {:.0}% of that is in {}",
                 verdict_text(app, d),
                 signed(app.delta, Unit::Ns),
-                r.share.unwrap_or(0.0) * 100.0
+                r.share.unwrap_or(0.0) * 100.0,
+                label(stage, d.above_idle)
             )
         }
         (None, Verdict::Significant) => format!(
@@ -313,19 +593,19 @@ pub fn markdown(d: &ProfileDiff) -> String {
     let _ = writeln!(
         s,
         "- **A:** {}\n- **B:** {}\n- **workload:** {}\n- {}",
-        d.host_a,
-        d.host_b,
-        d.workload,
+        d.host_a.describe(),
+        d.host_b.describe(),
+        workload(d),
         runs_line(d)
     );
     for x in &d.spec_differences {
-        let _ = writeln!(s, "- workload differs: {x}");
+        let _ = writeln!(s, "- workload differs: {}", spec_difference(x));
     }
     for c in &d.confounders {
-        let _ = writeln!(s, "- confounder: {c}");
+        let _ = writeln!(s, "- confounder: {}", confounder(c));
     }
     for w in &d.warnings {
-        let _ = writeln!(s, "- warning: {w}");
+        let _ = writeln!(s, "- warning: {}", warning(w));
     }
     let _ = writeln!(s, "\n**Verdict:** {}\n", verdict_sentence(d));
     let _ = writeln!(s, "## Where the time goes\n");
@@ -338,7 +618,7 @@ pub fn markdown(d: &ProfileDiff) -> String {
             let _ = writeln!(
                 s,
                 "| {} | {} | {} | {} | {} | {} |",
-                r.metric.trim(),
+                row_label(d, r),
                 value(r.a, r.unit),
                 value(r.b, r.unit),
                 signed(r.delta, r.unit),
@@ -349,12 +629,13 @@ pub fn markdown(d: &ProfileDiff) -> String {
     };
     table(&mut s, &mut d.waterfall.rows());
     let _ = writeln!(s, "\n## Tails\n");
-    table(&mut s, &mut d.tails.iter().map(|t| &t.row));
-    if let Some((stage, delta)) = &d.tail_mover {
+    table(&mut s, &mut d.tails.iter());
+    if let Some(m) = &d.tail_mover {
         let _ = writeln!(
             s,
-            "\nThe **{stage}** stage's p99 moved most ({}).",
-            signed(Some(*delta), Unit::Ns)
+            "\nThe **{}** stage's p99 moved most ({}).",
+            m.stage.name(),
+            signed(Some(m.delta_ns), Unit::Ns)
         );
     }
     for w in &d.tail_waterfalls {
@@ -370,10 +651,18 @@ pub fn markdown(d: &ProfileDiff) -> String {
     let _ = writeln!(s, "\n## Throughput\n");
     table(&mut s, &mut d.throughput.iter());
     let _ = writeln!(s, "\n## Evidence\n\n| | A | B |\n|---|---|---|");
-    for e in &d.evidence {
+    for e in evidence(d) {
         let _ = writeln!(s, "| {} | {} | {} |", e.item, e.a, e.b);
     }
     s
+}
+
+fn unit_key(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Ns => "ns",
+        Unit::PerIo => "per_io",
+        Unit::Iops => "iops",
+    }
 }
 
 /// CSV: one row per metric: the hosts' values, the difference with its interval, the effect
@@ -409,14 +698,9 @@ pub fn csv(d: &ProfileDiff) -> String {
     ])
     .expect("writing to memory");
     for r in d.rows() {
-        let unit = match r.unit {
-            Unit::Ns => "ns",
-            Unit::PerIo => "per_io",
-            Unit::Iops => "iops",
-        };
         w.write_record([
-            r.metric.trim(),
-            unit,
+            &*row_label(d, r),
+            unit_key(r.unit),
             &num(r.a),
             &num(r.b),
             &num(r.delta),
@@ -427,12 +711,100 @@ pub fn csv(d: &ProfileDiff) -> String {
             &frac(r.effect_high),
             &frac(Some(r.confidence)),
             &num(r.share),
-            r.verdict.words(),
+            verdict_words(r.verdict),
             &r.runs_needed.map(|n| n.to_string()).unwrap_or_default(),
         ])
         .expect("writing to memory");
     }
     String::from_utf8(w.into_inner().expect("flushing to memory")).expect("UTF-8")
+}
+
+/// A compared row in `--json`: its figures, its metric's identifier ("device_mean") and the
+/// label the reports show it by.
+#[derive(Serialize)]
+struct JsonRow<'a> {
+    #[serde(flatten)]
+    row: &'a Row,
+    label: Cow<'static, str>,
+}
+
+fn labelled<'a>(d: &ProfileDiff, row: &'a Row) -> JsonRow<'a> {
+    JsonRow {
+        row,
+        label: row_label(d, row),
+    }
+}
+
+/// A tail row in `--json`, with its stage and percentile.
+#[derive(Serialize)]
+struct JsonTail<'a> {
+    stage: &'static str,
+    percentile: f64,
+    row: JsonRow<'a>,
+}
+
+/// `diff --json`: the comparison's numbers, with the words the reports show beside them.
+#[derive(Serialize)]
+struct JsonDiff<'a> {
+    host_a: String,
+    host_b: String,
+    workload: String,
+    min_effect: f64,
+    runs_a: usize,
+    runs_b: usize,
+    basis: Basis,
+    spec_differences: Vec<String>,
+    confounders: Vec<String>,
+    warnings: Vec<String>,
+    waterfall: Vec<JsonRow<'a>>,
+    tails: Vec<JsonTail<'a>>,
+    /// The stage whose p99 moved most, and the move in ns.
+    tail_mover: Option<(&'static str, f64)>,
+    tail_waterfalls: &'a [TailWaterfall],
+    throughput: Vec<JsonRow<'a>>,
+    evidence: Vec<EvidenceLine>,
+    /// The label of the stage with the largest significant share of the gap.
+    verdict: Option<Cow<'static, str>>,
+}
+
+/// The diff as pretty-printed JSON: every row keyed by its metric's identifier (`metric`,
+/// snake case) with the label the text report uses (`label`); evidence, warnings and
+/// differences as the text report words them.
+pub fn json(d: &ProfileDiff) -> serde_json::Result<String> {
+    let labelled = |row| labelled(d, row);
+    let doc = JsonDiff {
+        host_a: d.host_a.describe(),
+        host_b: d.host_b.describe(),
+        workload: workload(d),
+        min_effect: d.min_effect,
+        runs_a: d.runs_a,
+        runs_b: d.runs_b,
+        basis: d.basis,
+        spec_differences: d.spec_differences.iter().map(spec_difference).collect(),
+        confounders: d.confounders.iter().map(confounder).collect(),
+        warnings: d.warnings.iter().map(warning).collect(),
+        waterfall: d.waterfall.rows().map(labelled).collect(),
+        tails: d
+            .tails
+            .iter()
+            .filter_map(|row| match row.metric {
+                MetricId::Tail { stage, percentile } => Some(JsonTail {
+                    stage: stage.name(),
+                    percentile,
+                    row: labelled(row),
+                }),
+                _ => None,
+            })
+            .collect(),
+        tail_mover: d.tail_mover.map(|m| (m.stage.name(), m.delta_ns)),
+        tail_waterfalls: &d.tail_waterfalls,
+        throughput: d.throughput.iter().map(labelled).collect(),
+        evidence: evidence(d),
+        verdict: d
+            .verdict
+            .map(|part| label(MetricId::Stage(part), d.above_idle)),
+    };
+    serde_json::to_string_pretty(&doc)
 }
 
 // The charts are drawn as SVG directly: plotters needs a font rasterizer (system fonts or an
@@ -475,8 +847,8 @@ pub fn waterfall_svg(d: &ProfileDiff) -> String {
 <rect x="20" y="42" width="12" height="12" fill="{COLOR_A}"/><text x="38" y="53">A: {}</text>
 <rect x="20" y="60" width="12" height="12" fill="{COLOR_B}"/><text x="38" y="71">B: {}</text>
 "#,
-        esc(&d.host_a),
-        esc(&d.host_b)
+        esc(&d.host_a.describe()),
+        esc(&d.host_b.describe())
     );
     for (i, r) in rows.iter().enumerate() {
         let y = 95.0 + i as f64 * 70.0;
@@ -484,7 +856,7 @@ pub fn waterfall_svg(d: &ProfileDiff) -> String {
             s,
             r#"<text x="20" y="{}">{}</text>"#,
             y + 22.0,
-            esc(r.metric.trim())
+            esc(&row_label(d, r))
         );
         for (j, (v, color, host)) in [(r.a, COLOR_A, "A"), (r.b, COLOR_B, "B")]
             .into_iter()
@@ -510,7 +882,7 @@ pub fn waterfall_svg(d: &ProfileDiff) -> String {
             r.share.map_or(String::new(), |x| format!(
                 "({:.0}% of the gap, {})",
                 x * 100.0,
-                r.verdict.words()
+                verdict_words(r.verdict)
             ))
         );
     }
@@ -533,8 +905,8 @@ pub fn stages_svg(a: &Profile, b: &Profile, d: &ProfileDiff) -> String {
 <rect x="20" y="38" width="12" height="12" fill="{COLOR_A}"/><text x="38" y="49">A: {}</text>
 <rect x="20" y="54" width="12" height="12" fill="{COLOR_B}"/><text x="38" y="65">B: {}</text>
 "#,
-        esc(&d.host_a),
-        esc(&d.host_b)
+        esc(&d.host_a.describe()),
+        esc(&d.host_b.describe())
     );
     for (i, (stage, ha, hb)) in stages.iter().enumerate() {
         let y0 = top + 20.0 + i as f64 * (ph + 50.0);
@@ -622,7 +994,6 @@ pub fn stages_svg(a: &Profile, b: &Profile, d: &ProfileDiff) -> String {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
     use crate::analysis::diff::{diff, tests::synthetic};
 
@@ -656,6 +1027,105 @@ mod tests {
                 && text.contains("(+520.5 µs); 96% of that is in\n         device"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn every_label_with_its_indent_fits_the_terminal_label_column() {
+        let (a, b) = pair();
+        let d = diff(&a, &b);
+        for above_idle in [false, true] {
+            for r in d.rows() {
+                let width = indent(r.metric) + label(r.metric, above_idle).chars().count();
+                assert!(width <= 38, "{:?}: {width}", r.metric);
+            }
+        }
+    }
+
+    #[test]
+    fn rows_are_labelled_from_their_metric_and_the_idle_baseline() {
+        assert_eq!(
+            label(MetricId::HardirqPerIo, false),
+            "hard-IRQ time per I/O (all IRQs)"
+        );
+        assert_eq!(
+            label(MetricId::HardirqPerIo, true),
+            "hard-IRQ time per I/O, above idle"
+        );
+        assert_eq!(label(MetricId::WakeupPerIo, true), "wakeup delay per I/O");
+        let tail = MetricId::Tail {
+            stage: Stage::Device,
+            percentile: 99.9,
+        };
+        assert_eq!(label(tail, false), "device p99.9");
+        assert_eq!(tail.key(), "device_p99_9");
+        assert_eq!(MetricId::Stage(BreakdownPart::Queue).key(), "queue_mean");
+    }
+
+    #[test]
+    fn warnings_differences_and_evidence_are_worded_from_their_figures() {
+        assert_eq!(
+            warning(&Warning::QueueStart(QueueStartSplit::EntryOnB))
+                .split(" (")
+                .next(),
+            Some("the queue stage starts where each bio enters the block layer on host B but where its request starts on host A")
+        );
+        assert!(
+            warning(&Warning::RequestsPerIo { a: 1.0, b: 8.0 }).contains("(A 1.00, B 8.00 per I/O")
+        );
+        assert!(warning(&Warning::CompletionFolded(Hosts::Both))
+            .starts_with("both hosts lacks the completion stage"));
+        assert!(warning(&Warning::OneRun(Hosts::A)).starts_with("one run on host A: "));
+        assert_eq!(
+            spec_difference(&SpecDifference {
+                key: SpecKey::KvLoad,
+                a: Some(SpecValue::KvLoad {
+                    reads_per_s: 2000,
+                    writes_per_s: 1000
+                }),
+                b: None,
+            }),
+            "kv load: 2000 reads/s + 1000 writes/s vs (unset)"
+        );
+        assert_eq!(
+            confounder(&Confounder::Differs {
+                what: HostTrait::IrqAffinity,
+                a: Setting::List(vec!["0".into(), "1".into()]),
+                b: Setting::Unknown,
+            }),
+            "IRQ affinity of the target's queues: 0;1 vs unknown"
+        );
+        let (a, b) = pair();
+        let mut bare = a.clone();
+        bare.stages.device = None;
+        let lines = evidence(&diff(&bare, &b));
+        let requests = lines
+            .iter()
+            .find(|e| e.item == "block requests per app I/O")
+            .unwrap();
+        assert_eq!(requests.a, "not measured");
+        assert_eq!(requests.b, "1.00 (10000 requests for 10000 I/Os)");
+    }
+
+    #[test]
+    fn json_keys_rows_by_metric_and_keeps_their_labels() {
+        let (a, b) = pair();
+        let d = diff(&a, &b);
+        let doc: serde_json::Value = serde_json::from_str(&json(&d).unwrap()).unwrap();
+        let waterfall = doc["waterfall"].as_array().unwrap();
+        assert_eq!(waterfall.len(), d.waterfall.rows().count());
+        assert_eq!(waterfall[0]["metric"], "app_mean");
+        assert_eq!(waterfall[0]["label"], "app latency (mean)");
+        assert_eq!(waterfall[2]["metric"], "device_mean");
+        assert_eq!(doc["tails"][1]["row"]["metric"], "app_p99_9");
+        assert_eq!(doc["tails"][1]["row"]["label"], "app p99.9");
+        assert_eq!(doc["tails"][1]["stage"], "app");
+        assert_eq!(doc["verdict"], "device");
+        assert_eq!(doc["tail_mover"][0], "device");
+        assert_eq!(doc["evidence"][0]["item"], "busiest IRQ CPU");
+        assert!(doc["warnings"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("one run on each host"));
     }
 
     #[test]

@@ -3,43 +3,39 @@
 
 use std::io::{self, Write};
 
-use crate::model::profile::{
-    Histogram, KvClientLatency, KvDelivered, KvRates, KvSection, KvSlice, KvSliceShares,
-};
-use virtgap_workloads::act::SliceVerdict;
-use virtgap_workloads::kv::{Behind, KvOutcome, KvVerdict, DELIVERED_MIN, SLIPPED_LAG};
+use crate::model::kv::{JudgedOn, KvBehind, KvOutcome, KvSection, KvSlice, KvSliceShares};
+use virtgap_workloads::kv::{DELIVERED_MIN, SLIPPED_LAG};
 use virtgap_workloads::units;
 
-pub fn behind_text(who: &Behind, by: std::time::Duration) -> String {
-    match who {
-        Behind::Generator => format!(
-            "can't keep up: client operations fell {:.1} s behind schedule (the generator: try more client threads with --workers, or more reads in flight per ring with --qd)",
-            by.as_secs_f64()
+/// Why the run stopped, when a stream fell too far behind.
+pub fn behind_text(b: &KvBehind) -> String {
+    let by = b.by_ns as f64 / 1e9;
+    match &b.stream {
+        None => format!(
+            "can't keep up: client operations fell {by:.1} s behind schedule (the generator: try more client threads with --workers, or more reads in flight per ring with --qd)"
         ),
-        Behind::Device(stream) => format!(
-            "can't keep up: {stream} fell {:.1} s behind (the device)",
-            by.as_secs_f64()
-        ),
+        Some(stream) => format!("can't keep up: {stream} fell {by:.1} s behind (the device)"),
     }
 }
 
 /// The one-line verdict.
-pub fn verdict_text(k: &KvOutcome) -> String {
-    let load = format!("{} reads/s + {} writes/s", k.read_rps, k.write_rps);
-    match k.verdict() {
-        KvVerdict::Pass => format!("PASS at {load} on this target"),
-        KvVerdict::Fail => format!("FAIL at {load} on this target"),
-        KvVerdict::NotDelivered {
-            client,
-            large_blocks,
-            behind,
-        } => {
-            let who = match behind {
-                Some(Behind::Generator) => "the generator was behind",
-                Some(Behind::Device(_)) => "the device was behind",
-                None if large_blocks < DELIVERED_MIN => {
-                    "the device was behind on large blocks"
-                }
+pub fn verdict_text(k: &KvSection) -> String {
+    let load = format!(
+        "{:.0} reads/s + {:.0} writes/s",
+        k.target.client_reads_per_s, k.target.client_writes_per_s
+    );
+    match k.outcome {
+        KvOutcome::Pass => format!("PASS at {load} on this target"),
+        KvOutcome::Fail => format!("FAIL at {load} on this target"),
+        KvOutcome::NotDelivered => {
+            let (client, large_blocks) = (
+                k.delivered.client_fraction,
+                k.delivered.large_block_fraction,
+            );
+            let who = match &k.behind {
+                Some(b) if !b.is_device() => "the generator was behind",
+                Some(_) => "the device was behind",
+                None if large_blocks < DELIVERED_MIN => "the device was behind on large blocks",
                 None => "client operations fell behind their schedule: the generator, or reads waiting on the device",
             };
             format!(
@@ -49,40 +45,27 @@ pub fn verdict_text(k: &KvOutcome) -> String {
                 DELIVERED_MIN * 100.0
             )
         }
-        KvVerdict::Mismatches(n) => {
-            format!("FAIL: {n} reads returned data other than what was written")
-        }
-        KvVerdict::NoCompleteSlice => {
+        KvOutcome::Mismatches => format!(
+            "FAIL: {} reads returned data other than what was written",
+            k.mismatches
+        ),
+        KvOutcome::NoCompleteSlice => {
             "no verdict: no complete slice (set --slice no longer than the run)".into()
         }
     }
 }
 
-/// A slice's result: a slice of a run that did not deliver its load never reads PASS.
-pub fn slice_word(k: &KvOutcome, s: &virtgap_workloads::kv::SliceResult) -> &'static str {
-    let delivered = !matches!(k.verdict(), KvVerdict::NotDelivered { .. });
-    match (s.complete, s.reads.pass) {
-        (false, _) => "(partial, not judged)",
-        (true, true) if delivered => "PASS",
-        (true, true) => "within limits at the lighter load done",
-        (true, false) => "FAIL",
+/// What a slice's reads were judged on, as the table says it.
+pub fn judged_on_word(j: JudgedOn) -> &'static str {
+    match j {
+        JudgedOn::Service => "service",
+        JudgedOn::Intended => "intended",
     }
 }
 
-/// The verdict as a word, for JSON and CSV.
-fn outcome_word(v: &KvVerdict) -> &'static str {
-    match v {
-        KvVerdict::Pass => "pass",
-        KvVerdict::Fail => "fail",
-        KvVerdict::NotDelivered { .. } => "not_delivered",
-        KvVerdict::Mismatches(_) => "mismatches",
-        KvVerdict::NoCompleteSlice => "no_complete_slice",
-    }
-}
-
-/// A slice's word in the table, from the profile: a slice of a run that did not deliver its
-/// load never reads PASS (`slice_word` decided it when the profile was made).
-fn slice_result(s: &KvSlice) -> &'static str {
+/// A slice's word in the table: a slice of a run that did not deliver its load never reads
+/// PASS (its `pass` is None then).
+pub fn slice_result(s: &KvSlice) -> &'static str {
     match (s.complete, s.pass) {
         (false, _) => "(partial, not judged)",
         (true, Some(true)) => "PASS",
@@ -113,6 +96,31 @@ pub fn write(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
             (a, b) => format!("{} to {}", units::bytes(a), units::bytes(b)),
         }
     )?;
+    write_client_latencies(out, k)?;
+    write_rates(out, k)?;
+    writeln!(
+        out,
+        "  delivered: {:.1}% of the scheduled client operations, {:.1}% of the large-block operations the store asked for; worst lag {}",
+        k.delivered.client_fraction * 100.0,
+        k.delivered.large_block_fraction * 100.0,
+        units::latency(k.worst_lag_ns as f64)
+    )?;
+    writeln!(
+        out,
+        "  store: {} records relocated by defrag, {} reads retried after a move, {} mismatches",
+        units::count(k.relocated as f64),
+        k.read_retries,
+        k.mismatches
+    )?;
+    write_slices(out, k)?;
+    if let Some(behind) = &k.behind {
+        writeln!(out, "  {}", behind_text(behind))?;
+    }
+    writeln!(out, "  {}", verdict_text(k))
+}
+
+/// Client reads' and writes' latency tables.
+fn write_client_latencies(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
     for (name, d, what) in [
         (
             "client reads",
@@ -132,15 +140,20 @@ pub fn write(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
             out,
             "    {name}: {what}; lat_intended counts from the schedule"
         )?;
-        crate::render::summary::write_latency_header(out)?;
+        crate::render::latency_table::write_latency_header(out)?;
         let mut rows = vec![("lat", &d.lat), ("lat_intended", &d.lat_intended)];
         if let Some(service) = &d.service {
             rows.insert(0, ("service", service));
         }
         for (row, h) in rows {
-            crate::render::summary::write_latency_row(out, row, h)?;
+            crate::render::latency_table::write_latency_row(out, row, h)?;
         }
     }
+    Ok(())
+}
+
+/// ACT's streams per second: target and achieved.
+fn write_rates(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
     writeln!(
         out,
         "    {:<22} {:>12} {:>12}",
@@ -176,20 +189,11 @@ pub fn write(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
         out,
         "    (large-block targets are ACT's derived rates: writes / floor(block / record) x 100 / (100 - defrag-lwm))"
     )?;
-    writeln!(
-        out,
-        "  delivered: {:.1}% of the scheduled client operations, {:.1}% of the large-block operations the store asked for; worst lag {}",
-        k.delivered.client_fraction * 100.0,
-        k.delivered.large_block_fraction * 100.0,
-        units::latency(k.worst_lag_ns as f64)
-    )?;
-    writeln!(
-        out,
-        "  store: {} records relocated by defrag, {} reads retried after a move, {} mismatches",
-        units::count(k.relocated as f64),
-        k.read_retries,
-        k.mismatches
-    )?;
+    Ok(())
+}
+
+/// The verdict table, one row per slice.
+fn write_slices(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
     writeln!(
         out,
         "  verdict per slice (ACT: < 5% of reads >= 1 ms, < 1% >= 8 ms, < 0.1% >= 64 ms; large blocks informational)"
@@ -216,93 +220,11 @@ pub fn write(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
             format!("{:.0}-{:.0} s", s.start_s, s.end_s),
             units::count(s.reads.ops as f64),
             shares_text(&s.reads),
-            s.judged_on,
+            judged_on_word(s.judged_on),
             shares_text(&s.lb_reads),
             shares_text(&s.lb_writes),
             slice_result(s),
         )?;
     }
-    if let Some(behind) = &k.behind {
-        writeln!(out, "  {behind}")?;
-    }
-    writeln!(out, "  {}", k.verdict_text)
-}
-
-fn client_latency(d: &virtgap_workloads::stats::DirStats, reads: bool) -> Option<KvClientLatency> {
-    (d.ios > 0).then(|| KvClientLatency {
-        ops: d.ios,
-        service: reads.then(|| Histogram::from_latency(&d.clat)),
-        lat: Histogram::from_latency(&d.lat),
-        lat_intended: Histogram::from_latency(&d.lat_intended),
-    })
-}
-
-fn shares(v: &SliceVerdict) -> KvSliceShares {
-    KvSliceShares {
-        ops: v.reads,
-        pct_at_or_over_1ms: v.over_1ms_pct,
-        pct_at_or_over_8ms: v.over_8ms_pct,
-        pct_at_or_over_64ms: v.over_64ms_pct,
-    }
-}
-
-/// The profile's (and `--json`'s) kv section.
-pub fn section(k: &KvOutcome) -> KvSection {
-    KvSection {
-        verdict: match k.verdict() {
-            KvVerdict::Pass => Some(true),
-            KvVerdict::NoCompleteSlice => None,
-            _ => Some(false),
-        },
-        outcome: outcome_word(&k.verdict()).to_string(),
-        delivered: KvDelivered {
-            client_fraction: k.achieved_fraction(),
-            large_block_fraction: k.large_block_fraction(),
-        },
-        behind: k.behind.as_ref().map(|(who, by)| behind_text(who, *by)),
-        keys: k.keys,
-        records_per_block: k.records_per_block,
-        read_bytes_min: k.read_bytes.0,
-        read_bytes_max: k.read_bytes.1,
-        service_threads: k.service_threads,
-        achieved_fraction: k.achieved_fraction(),
-        worst_lag_ns: k.worst_lag.as_nanos() as u64,
-        target: KvRates {
-            client_reads_per_s: k.read_rps as f64,
-            client_writes_per_s: k.write_rps as f64,
-            lb_reads_per_s: k.derived.lb_reads_per_s,
-            lb_writes_per_s: k.derived.lb_writes_per_s,
-        },
-        achieved: KvRates {
-            client_reads_per_s: k.rate(k.client_read.ios),
-            client_writes_per_s: k.rate(k.client_write.ios),
-            lb_reads_per_s: k.rate(k.lb_reads),
-            lb_writes_per_s: k.rate(k.lb_writes),
-        },
-        relocated: k.counters.relocated,
-        read_retries: k.counters.read_retries,
-        mismatches: k.counters.mismatches,
-        slices: k
-            .slices
-            .iter()
-            .map(|s| KvSlice {
-                start_s: s.start_s,
-                end_s: s.end_s,
-                complete: s.complete,
-                pass: match slice_word(k, s) {
-                    "PASS" => Some(true),
-                    "FAIL" => Some(false),
-                    _ => None,
-                },
-                judged_on: s.judged_on.label().to_string(),
-                worst_lag_ns: s.worst_lag.as_nanos() as u64,
-                reads: shares(&s.reads),
-                lb_reads: shares(&s.lb_reads),
-                lb_writes: shares(&s.lb_writes),
-            })
-            .collect(),
-        verdict_text: verdict_text(k),
-        client_reads: client_latency(&k.client_read, true),
-        client_writes: client_latency(&k.client_write, false),
-    }
+    Ok(())
 }

@@ -3,7 +3,10 @@
 
 pub mod csv_export;
 pub mod diff_render;
+pub mod host;
 pub mod kv_report;
+pub mod latency_table;
 pub mod probe_report;
 pub mod report;
+pub mod stalls;
 pub mod summary;

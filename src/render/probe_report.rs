@@ -10,13 +10,12 @@ use virtgap_probes::virt::SampleCategory;
 use virtgap_probes::{CapabilityReport, Family};
 use virtgap_workloads::units;
 
-use crate::model::profile::{
-    CpuLoad, DeviceProfile, DeviceStages, Histogram, MsrAccesses, OpStages, Profile, QueueStart,
-    SamplerSection, Virtualization,
-};
-
-/// The least time the host's MSR writes must have been counted in for a rate of them.
-const MIN_QUIET_SECONDS: f64 = virtgap_probes::model::MIN_QUIET_NS as f64 / 1e9;
+use crate::model::devices::{DeviceProfile, DeviceStages, OpStages};
+use crate::model::histogram::Histogram;
+use crate::model::interval::CpuLoad;
+use crate::model::profile::Profile;
+use crate::model::stages::QueueStart;
+use crate::model::virtualization::{MsrRate, MsrWrites, SamplerSection, Virtualization};
 
 fn opt_latency(v: Option<f64>) -> String {
     v.map(units::latency).unwrap_or_else(|| "-".into())
@@ -180,7 +179,7 @@ fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
         writeln!(
             out,
             "    block requests per app I/O: {} — {how}; the stages above are per request, app latency per I/O",
-            per_io.describe()
+            requests_per_io(per_io)
         )?;
     }
     let counts = p.block.clone().unwrap_or_default();
@@ -298,59 +297,53 @@ fn write_irq(
 /// The host's MSR writes per second that exit to its hypervisor (and its others), counted while
 /// virtgap's sampler paused; then the writes the sampler's own interrupts made.
 fn write_msr(out: &mut impl Write, v: &Virtualization) -> io::Result<()> {
-    let Some(writes) = &v.msr_writes else {
+    if v.msr_writes.is_none() {
         return Ok(());
-    };
-    if v.msr_seconds() < MIN_QUIET_SECONDS {
+    }
+    let (Some(exiting), Some(other)) = (
+        v.msr_write_rates(MsrWrites::Exiting),
+        v.msr_write_rates(MsrWrites::Other),
+    ) else {
         return writeln!(
             out,
             "  exit-causing MSR writes: not measured (the sampler did not pause long enough to count the host's)"
         );
-    }
-    let quiet = v.msr_seconds();
-    let rates = |pick: &dyn Fn(&MsrAccesses) -> bool| -> Option<String> {
-        let mut by: BTreeMap<u32, (String, u64)> = BTreeMap::new();
-        for w in writes.iter().filter(|w| pick(w)) {
-            let msr = u32::from_str_radix(w.msr.trim_start_matches("0x"), 16).unwrap_or(u32::MAX);
-            by.entry(msr).or_insert_with(|| (w.name.clone(), 0)).1 += w.count;
-        }
-        let mut v: Vec<_> = by.into_iter().collect();
-        v.sort_by_key(|(_, (_, n))| std::cmp::Reverse(*n));
-        (!v.is_empty()).then(|| {
-            v.iter()
-                .take(3)
-                .map(|(m, (name, n))| {
-                    format!("{m:#x} {name} {}/s", units::count(*n as f64 / quiet))
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
+    };
+    let top3 = |rates: &[MsrRate]| {
+        rates
+            .iter()
+            .take(3)
+            .map(|r| format!("{:#x} {} {}/s", r.msr, r.name, units::count(r.per_s)))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     writeln!(
         out,
         "  exit-causing MSR writes: {}",
-        rates(&|w| w.exits && w.is_hosts()).unwrap_or_else(|| "none seen".into())
+        if exiting.is_empty() {
+            "none seen".into()
+        } else {
+            top3(&exiting)
+        }
     )?;
-    if let Some(other) = rates(&|w| !w.exits && w.is_hosts()) {
-        writeln!(out, "  other MSR writes (no exit known here): {other}")?;
+    if !other.is_empty() {
+        writeln!(
+            out,
+            "  other MSR writes (no exit known here): {}",
+            top3(&other)
+        )?;
     }
     if let Some(quiet) = v.msr_quiet_seconds {
-        let sampling = v.seconds - quiet;
         writeln!(
             out,
             "  (counted while virtgap's sampler paused, {:.0}% of the time: its timer changes the host's)",
             quiet / v.seconds * 100.0
         )?;
-        if sampling > 0.0 {
-            let own: u64 = writes
-                .iter()
-                .filter(|w| w.by_sampler)
-                .map(|w| w.count)
-                .sum();
+        if let Some(own) = v.sampler_msr_writes_per_s() {
             writeln!(
                 out,
                 "  virtgap's own sampler interrupts caused {}/s MSR writes while it ran (left out above)",
-                units::count(own as f64 / sampling)
+                units::count(own)
             )?;
         }
     }
@@ -397,7 +390,7 @@ pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
             .families
             .iter()
             .find(|f| f.family == family)
-            .and_then(|f| f.unavailable.clone())
+            .and_then(|f| f.unavailable.as_ref().map(ToString::to_string))
             .unwrap_or_else(|| "not requested".into())
     };
     if report.attached(Family::Block) {
@@ -491,5 +484,14 @@ fn idle_line(idle: &crate::model::profile::IdleBaseline) -> String {
         time(idle.softirq_ns),
         rate(idle.ipis_sent),
         rate(idle.msr_writes)
+    )
+}
+/// "2.00 (7910 requests for 3955 I/Os)".
+pub fn requests_per_io(r: crate::model::stages::RequestsPerIo) -> String {
+    format!(
+        "{:.2} ({} requests for {} I/Os)",
+        r.ratio(),
+        r.requests,
+        r.ios
     )
 }

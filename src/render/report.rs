@@ -8,7 +8,10 @@ use serde_json::{json, Map, Value};
 use virtgap_workloads::histogram::FIO_PERCENTILES;
 use virtgap_workloads::units;
 
-use crate::model::profile::{DirectionResult, Histogram, Interval, Profile};
+use crate::analysis::stats;
+use crate::model::histogram::Histogram;
+use crate::model::interval::Interval;
+use crate::model::profile::{DirectionResult, Profile};
 
 /// Per-interval spread of one quantity.
 pub(crate) struct Spread {
@@ -251,9 +254,7 @@ pub fn write_runs(
             .filter(|x| *x > 0.0)
             .map(f64::ln)
             .collect();
-        crate::analysis::diff::moments(&logs)
-            .filter(|&(_, _, n)| n >= 2)
-            .map(|(_, sd, _)| sd)
+        stats::moments(&logs).filter(|m| m.n >= 2).map(|m| m.sd)
     };
     let parts: Vec<String> = metrics
         .iter()
@@ -268,7 +269,7 @@ pub fn write_runs(
         writeln!(
             out,
             "  at this spread, about {} runs per host resolve a {:.0}% gap in mean latency",
-            crate::analysis::diff::runs_to_resolve(sd, bound, crate::analysis::diff::CONFIDENCE),
+            stats::runs_to_resolve(sd, bound, stats::CONFIDENCE),
             min_effect * 100.0
         )?;
     }
@@ -298,7 +299,7 @@ pub fn write_tail(out: &mut dyn Write, tail: &crate::model::tail::TailAutopsy) -
                label: &str,
                ios: String,
                joined: String,
-               s: &crate::model::tail::TailStages| {
+               s: &crate::model::stages::StageBreakdown| {
         writeln!(
             out,
             "    {label:<22} {ios:>7} {joined:>7} {:>9} {:>9} {:>9} {:>9} {:>9}",

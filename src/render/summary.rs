@@ -6,32 +6,9 @@ use std::io::{self, Write};
 
 use virtgap_workloads::units;
 
-use crate::model::profile::{DirectionResult, Histogram, Interval, Profile};
-
-/// The column heads above `write_latency_row`s.
-pub(crate) fn write_latency_header(out: &mut impl Write) -> io::Result<()> {
-    writeln!(
-        out,
-        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        "latency", "min", "mean", "p50", "p99", "p99.9", "max", "stddev"
-    )
-}
-
-pub(crate) fn write_latency_row(out: &mut impl Write, name: &str, h: &Histogram) -> io::Result<()> {
-    let f = |v: Option<f64>| v.map(units::latency).unwrap_or_else(|| "-".into());
-    writeln!(
-        out,
-        "    {:<13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}",
-        name,
-        f(h.min_ns.map(|v| v as f64)),
-        f(h.mean_ns()),
-        f(h.percentile_ns(50.0)),
-        f(h.percentile_ns(99.0)),
-        f(h.percentile_ns(99.9)),
-        f(h.max_ns.map(|v| v as f64)),
-        f(h.stddev_ns()),
-    )
-}
+use crate::model::interval::Interval;
+use crate::model::profile::{DirectionResult, Profile};
+use crate::render::latency_table::{write_latency_header, write_latency_row};
 
 /// One direction's throughput line, latency table and per-interval IOPS spread.
 fn write_direction(
@@ -172,9 +149,9 @@ mod tests {
     use virtgap_probes::{AttachKind, CapabilityReport, Family, FamilyReport};
 
     use super::*;
-    use crate::model::profile::{
-        BlockCounts, DeviceProfile, DeviceStages, IdleBaseline, OpStages, RunRecord,
-    };
+    use crate::model::devices::{DeviceProfile, DeviceStages, OpStages};
+    use crate::model::histogram::Histogram;
+    use crate::model::profile::{BlockCounts, IdleBaseline, RunRecord};
 
     fn attached(family: Family, tracepoint: &str) -> FamilyReport {
         FamilyReport {

@@ -6,7 +6,7 @@ use virtgap_workloads::extents::{ExtentMap, StackMap};
 use virtgap_workloads::slow::SlowIo;
 
 use crate::model::host::TargetDisks;
-use crate::model::profile::Stages;
+use crate::model::stages::Stages;
 use crate::model::tail::TailAutopsy;
 
 /// What the run's workers kept and the block probe sent, joined on `target`'s disk.

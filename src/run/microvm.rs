@@ -7,7 +7,7 @@ use std::time::Instant;
 use kvm_bindings::kvm_userspace_memory_region;
 use kvm_ioctls::{Kvm, VcpuExit};
 
-use crate::cmd::calibrate::Figure;
+use crate::model::calibration::Figure;
 
 /// Guest-physical address the code is loaded at.
 const CODE_ADDR: u64 = 0x1000;

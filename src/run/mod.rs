@@ -1,11 +1,20 @@
-//! What a run is made of, shared by `record` and the TUI: its start (probes attached before the
-//! workload), the one event channel, the interval series it fills, the tail autopsy at its end, signals that stop it, safe
-//! output files, and the micro-guest that drives host-side KVM probes.
+//! What a run is made of, shared by `record` and the TUI: the target made ready (`prepare`),
+//! the probes attached before the workload (`session`), the one event channel (`pipeline`), the
+//! one recorder of its events (`recorder`: the interval series, the probes' window, the idle
+//! baseline, the tail autopsy's material) and the profile assembled from it (`assemble`), the
+//! signals that stop it, safe output files, calibration, and the micro-guest that drives
+//! host-side KVM probes.
 
+pub mod assemble;
 pub mod autopsy;
+pub mod calibrate;
+pub mod host;
 pub mod microvm;
 pub mod output;
 pub mod pipeline;
+pub mod prepare;
+pub mod recorder;
 pub mod series;
 pub mod session;
 pub mod signals;
+pub mod stalls;

@@ -383,17 +383,24 @@ pub fn workload_file(name: &str) -> Option<&Path> {
     is_path.then_some(path)
 }
 
-/// The TUI's `--save` file (or the name `s` makes up) checked against the files the TUI reads.
-/// An explicit `--save` is consent to replace that file; a made-up name never replaces one.
-pub fn tui_save(args: &crate::cli::TuiArgs, path: &Path, force: bool) -> Result<Outputs> {
+/// The TUI's `--save` file (or the name `s` makes up) checked against the files the TUI reads:
+/// its workload file (`-w`), `--target` and `--baseline`. An explicit `--save` is consent to
+/// replace that file; a made-up name never replaces one.
+pub fn tui_save(
+    workload: &str,
+    target: Option<&Path>,
+    baseline: Option<&Path>,
+    path: &Path,
+    force: bool,
+) -> Result<Outputs> {
     let mut outputs = Outputs::new(force, "name it with --save to overwrite it");
-    if let Some(file) = workload_file(&args.workload) {
+    if let Some(file) = workload_file(workload) {
         outputs.input("the workload file", file);
     }
-    if let Some(target) = &args.target.target {
+    if let Some(target) = target {
         outputs.input("the --target", target);
     }
-    if let Some(baseline) = &args.baseline {
+    if let Some(baseline) = baseline {
         outputs.input("the --baseline profile", baseline);
     }
     outputs.file("--save", path)?;

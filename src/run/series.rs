@@ -17,8 +17,9 @@ use virtgap_probes::model::{DevNum, ProbeSnapshot};
 use virtgap_workloads::histogram::CompactHistogram;
 use virtgap_workloads::stats::IntervalSample;
 
-use crate::model::profile::{Interval, ProbeInterval};
-use crate::model::stalls::StallLog;
+use crate::model::interval::Interval;
+use crate::run::assemble::ProbeInterval;
+use crate::run::stalls::StallLog;
 
 /// Points kept at most: an hour at 1 s intervals coarsens to 2 s, a day to 64 s.
 pub const MAX_POINTS: usize = 2048;
@@ -91,15 +92,15 @@ pub struct IntervalSeries {
 }
 
 impl IntervalSeries {
-    /// `ramp` is the workload's warm-up: the probe intervals in it are dropped. `probes`: whether
-    /// probe intervals will come to be joined.
+    /// The first `ramp_intervals` probe intervals fall in the workload's warm-up and are
+    /// dropped (see [`crate::run::recorder::ramp_intervals`]). `probes`: whether probe intervals
+    /// will come to be joined.
     pub fn new(
         interval: Duration,
-        ramp: Duration,
+        ramp_intervals: u64,
         devs: Option<Vec<DevNum>>,
         probes: bool,
     ) -> Self {
-        let skip = Self::ramp_intervals(interval, ramp);
         Self {
             interval,
             span: 1,
@@ -108,7 +109,7 @@ impl IntervalSeries {
             origin: None,
             devs,
             probes_expected: probes,
-            probe_skip: skip,
+            probe_skip: ramp_intervals,
             probes_seen: 0,
             waiting_probes: VecDeque::new(),
             waiting_samples: VecDeque::new(),
@@ -118,11 +119,6 @@ impl IntervalSeries {
     }
 
     /// The points so far, read back from where they wait.
-    /// How many probe intervals of `interval` fall in a ramp of `ramp`.
-    pub fn ramp_intervals(interval: Duration, ramp: Duration) -> u64 {
-        (ramp.as_secs_f64() / interval.as_secs_f64().max(1e-9)).round() as u64
-    }
-
     pub fn points(&self) -> io::Result<Vec<SeriesPoint>> {
         let mut points = Vec::with_capacity(self.len());
         self.settled.read(|p| points.push(p))?;
@@ -223,7 +219,7 @@ impl IntervalSeries {
         let origin = *self.origin.get_or_insert(sample.index);
         let raw = sample.index.saturating_sub(origin);
         let mut point = SeriesPoint {
-            interval: crate::model::profile::interval(sample, probe),
+            interval: crate::run::assemble::interval(sample, probe),
             start_ns: sample.start_ns,
             end_ns: sample.end_ns,
             lat: sample.lat.compact(),
@@ -442,7 +438,7 @@ mod tests {
 
     #[test]
     fn probe_intervals_join_the_workload_interval_of_the_same_second_after_the_ramp() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::from_secs(2), None, true);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 2, None, true);
         // Probes run ahead of the workload's first measured interval by the ramp.
         for p in 0..4 {
             s.add_probe(&probe(p));
@@ -468,7 +464,7 @@ mod tests {
 
     #[test]
     fn without_probe_intervals_the_workload_does_not_wait_for_ever() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::ZERO, None, true);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, true);
         for i in 0..20 {
             s.add_sample(sample(i, 1));
         }
@@ -481,7 +477,7 @@ mod tests {
 
     #[test]
     fn a_long_run_keeps_a_bounded_series_with_exact_sums() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::ZERO, None, false);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false);
         let mut all = LatencyHistogram::new();
         let mut first_eight = LatencyHistogram::new();
         let n = 5 * MAX_POINTS as u64 + 3;
@@ -526,7 +522,7 @@ mod tests {
 
     #[test]
     fn intervals_of_a_host_with_many_cpus_keep_the_series_within_its_byte_budget() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::ZERO, None, true);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, true);
         let mut snap = probe(0);
         snap.cpu_times = (0..192)
             .map(|cpu| virtgap_probes::procfs::CpuTimes {
@@ -534,32 +530,29 @@ mod tests {
                 ..Default::default()
             })
             .collect();
-        for i in 0..6000 {
+        // About 500 such points fit the budget: twice that makes the series coarsen at least
+        // once, which is what must keep it within the budget.
+        for i in 0..1200 {
             s.add_probe(&snap);
             s.add_sample(sample(i, 1));
         }
+        assert!(s.coarsening() > 1, "the series never had to coarsen");
         s.finish();
-        let json = serde_json::to_vec_pretty(
-            &s.points()
-                .unwrap()
-                .into_iter()
-                .map(|p| p.interval)
-                .collect::<Vec<_>>(),
-        )
-        .unwrap()
-        .len();
+        let intervals: Vec<_> = s
+            .points()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.interval)
+            .collect();
+        let json = serde_json::to_vec_pretty(&intervals).unwrap().len();
         assert!(json <= SERIES_JSON_BUDGET, "{json} bytes");
-        assert!(
-            s.points().unwrap().len() >= MIN_POINTS / 2,
-            "{}",
-            s.points().unwrap().len()
-        );
-        assert_eq!(s.points().unwrap()[0].interval.cpus.len(), 192);
+        assert!(intervals.len() >= MIN_POINTS / 2, "{}", intervals.len());
+        assert_eq!(intervals[0].cpus.len(), 192);
     }
 
     #[test]
     fn points_stay_in_memory_when_their_file_cannot_be_written() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::ZERO, None, false);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false);
         let path = tempfile::NamedTempFile::new().unwrap();
         // Opened read-only: every write fails as a full disk's would.
         s.settled.file = Some(File::open(path.path()).unwrap());
@@ -580,7 +573,7 @@ mod tests {
 
     #[test]
     fn a_point_read_back_is_the_point_written() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::ZERO, None, false);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false);
         for i in 0..3 {
             s.add_sample(sample(i, 5 + i));
         }
@@ -600,7 +593,7 @@ mod tests {
 
     #[test]
     fn a_cleared_series_starts_again_from_the_next_interval() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), Duration::ZERO, None, false);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false);
         for i in 0..5 {
             s.add_sample(sample(i, 2));
         }

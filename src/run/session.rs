@@ -12,16 +12,25 @@ use virtgap_probes::{
     CapabilityReport, Family, ProbeConfig, ProbeEvent, ProbeHandle, ProbeSnapshot,
 };
 
-use crate::cli::ProbeArgs;
-use crate::run::pipeline::Event;
+use crate::run::pipeline::{Carries, Event};
+
+/// The probes the user asked for (`--no-probes`, `--probes LIST`, `--sample-hz`, `--vmm-pid`).
+#[derive(Clone, Debug, Default)]
+pub struct ProbeChoice {
+    pub no_probes: bool,
+    /// Family names, comma-separated (None: all).
+    pub families: Option<String>,
+    pub sample_hz: u64,
+    pub vmm_pid: Option<u32>,
+}
 
 /// The probes to load, or None for a pure workload run. The workload runs in this process, so
 /// the block and wakeup probes follow it.
-pub fn probe_config(args: &ProbeArgs, interval: Duration) -> Result<Option<ProbeConfig>> {
+pub fn probe_config(args: &ProbeChoice, interval: Duration) -> Result<Option<ProbeConfig>> {
     if args.no_probes {
         return Ok(None);
     }
-    let mut families = match &args.probes {
+    let mut families = match &args.families {
         None => Family::ALL.to_vec(),
         Some(list) => list
             .split(',')
@@ -57,12 +66,12 @@ pub fn probe_config(args: &ProbeArgs, interval: Duration) -> Result<Option<Probe
 /// so the workload's first I/Os are traced: the collector and what attached. Call before the
 /// workload starts, while `rx` carries nothing else. With `slow_request_ns`, the block probe
 /// sends the requests at least that long (the tail autopsy's; the workload moves it).
-pub fn start_probes(
-    args: &ProbeArgs,
+pub fn start_probes<T: Carries>(
+    args: &ProbeChoice,
     interval: Duration,
     slow_request_ns: Option<Arc<AtomicU64>>,
-    tx: &Sender<Event>,
-    rx: &Receiver<Event>,
+    tx: &Sender<T>,
+    rx: &Receiver<T>,
 ) -> Result<Option<(ProbeHandle, CapabilityReport)>> {
     let Some(mut config) = probe_config(args, interval)? else {
         return Ok(None);
@@ -71,8 +80,11 @@ pub fn start_probes(
         config.slow_request_ns = slow_request_ns;
     }
     let handle = ProbeHandle::start(config, interval, tx.clone());
-    match rx.recv_timeout(Duration::from_secs(60)) {
-        Ok(Event::Probe(ProbeEvent::Attached(report))) => Ok(Some((handle, report))),
+    match rx
+        .recv_timeout(Duration::from_secs(60))
+        .map(Carries::into_event)
+    {
+        Ok(Ok(Event::Probe(ProbeEvent::Attached(report)))) => Ok(Some((handle, report))),
         _ => bail!("the probe collector did not start"),
     }
 }
@@ -82,8 +94,8 @@ pub fn start_probes(
 /// [`FIRST_SNAPSHOT_AFTER`] whatever `interval` is, so a long interval does not hold the workload
 /// back. Other probe events go to `other`. None after a few times that without one, or on a stop
 /// (the run has no baseline then).
-pub fn wait_for_idle_interval(
-    rx: &Receiver<Event>,
+pub fn wait_for_idle_interval<T: Carries>(
+    rx: &Receiver<T>,
     stop: &std::sync::atomic::AtomicBool,
     interval: Duration,
     mut other: impl FnMut(ProbeEvent),
@@ -91,13 +103,16 @@ pub fn wait_for_idle_interval(
     let idle = interval.min(FIRST_SNAPSHOT_AFTER);
     let deadline = std::time::Instant::now() + idle * 3 + Duration::from_secs(1);
     while std::time::Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(Event::Probe(ProbeEvent::Snapshot {
+        match rx
+            .recv_timeout(Duration::from_millis(100))
+            .map(Carries::into_event)
+        {
+            Ok(Ok(Event::Probe(ProbeEvent::Snapshot {
                 cumulative,
                 interval,
-            })) => return Some((*cumulative, *interval)),
-            Ok(Event::Probe(ev)) => other(ev),
-            Ok(Event::Workload(_)) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            }))) => return Some((*cumulative, *interval)),
+            Ok(Ok(Event::Probe(ev))) => other(ev),
+            Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return None,
         }
     }

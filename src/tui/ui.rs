@@ -8,11 +8,13 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Clear, Paragraph, Row, Sparkline, Table, Tabs, Wrap};
 use ratatui::Frame;
 use virtgap_probes::model::{BlockOp, BlockStage};
-use virtgap_probes::{Family, KernelHist};
+use virtgap_probes::{Family, ProbeSnapshot};
 use virtgap_workloads::units;
 
 use super::app::{App, RunState, View};
-use crate::model::profile::Histogram;
+use crate::model::histogram::Histogram;
+use crate::model::stages::{Stage, StageBreakdown};
+use crate::model::virtualization::MsrWrites;
 
 /// Below this the screen says so instead of drawing a squashed layout.
 pub const MIN_WIDTH: u16 = 60;
@@ -86,8 +88,7 @@ fn render_header(f: &mut Frame<'_>, app: &App, area: Rect) {
         RunState::Failed(e) => format!(" · FAILED: {e}"),
     };
     let (attached, unavailable) = app
-        .report
-        .as_ref()
+        .report()
         .map_or((0, 0), |r| (r.attached_count(), r.unavailable_count()));
     let lines = vec![
         Line::from(vec!["virtgap ".bold(), Span::raw(app.host.describe())]),
@@ -108,62 +109,21 @@ fn render_header(f: &mut Frame<'_>, app: &App, area: Rect) {
 }
 
 /// Mean latency of the workload's I/Os split into software | queue | device | completion
-/// (each per request; completion 0 where no request had the stage).
-#[derive(Clone, Copy, Debug)]
-struct StageMeans {
-    app: f64,
-    software: f64,
-    queue: f64,
-    device: f64,
-    completion: f64,
-}
-
-fn stage_means(app: &App) -> (Option<f64>, Option<StageMeans>) {
+/// (each per request; completion 0 where no request had the stage), from the shown data as a
+/// profile's stages.
+fn stage_means(app: &App) -> (Option<f64>, Option<StageBreakdown>) {
     let d = app.shown();
-    let app_mean = d.app.mean_ns();
-    let block = d.probes.as_ref().and_then(|p| p.block.as_ref());
-    let dev = app.target_devs();
-    let ops = [BlockOp::Read, BlockOp::Write];
-    let split = block.and_then(|b| {
-        let device = b.stage(dev, BlockStage::Device, &ops);
-        let completion = b.stage(dev, BlockStage::Completion, &ops);
-        let queue = b.stage(dev, BlockStage::Queue, &ops).mean_ns()?;
-        let per_request = completion.sum_ns as f64 / device.count.max(1) as f64;
-        Some((queue, device.mean_ns()?, per_request))
-    });
-    let means = app_mean
-        .zip(split)
-        .map(|(a, (queue, device, completion))| StageMeans {
-            app: a,
-            software: (a - queue - device - completion).max(0.0),
-            queue,
-            device,
-            completion,
-        });
-    (app_mean, means)
+    let stages = crate::run::assemble::stages(
+        Histogram::from_latency(&d.app),
+        d.probes.as_ref(),
+        app.target_devs(),
+    );
+    (stages.app.mean_ns(), stages.breakdown())
 }
 
 fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
     let area = match &app.kv {
-        Some(kv) => {
-            let lines = kv_lines(kv);
-            // As tall as its lines once wrapped, within half of the view.
-            let inner_w = area.width.saturating_sub(2).max(1) as usize;
-            let rows: usize = lines
-                .iter()
-                .map(|l| l.width().div_ceil(inner_w).max(1))
-                .sum();
-            let height = (rows as u16 + 2).min(area.height / 2).max(3);
-            let [panel, rest] =
-                Layout::vertical([Constraint::Length(height), Constraint::Min(0)]).areas(area);
-            f.render_widget(
-                Paragraph::new(lines)
-                    .wrap(Wrap { trim: false })
-                    .block(Block::bordered().title(" kv: ACT verdict ")),
-                panel,
-            );
-            rest
-        }
+        Some(kv) => render_kv_panel(f, kv, area),
         None => area,
     };
     let [bar, table, sparks] = Layout::vertical([
@@ -172,20 +132,53 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         Constraint::Min(4),
     ])
     .areas(area);
+    render_mean_bar(f, app, bar);
+    render_stage_table(f, app, table);
+    // The tail autopsy takes the bottom of the view, the sparklines what is left.
+    let sparks = match &app.tail {
+        Some(tail) => render_tail_panel(f, app, tail, sparks),
+        None => sparks,
+    };
+    render_sparklines(f, app.shown(), sparks);
+}
+
+/// The kv run's panel at the top of `area`, as tall as its lines once wrapped (within half of
+/// the view); the rest of `area`.
+fn render_kv_panel(f: &mut Frame<'_>, kv: &crate::tui::app::KvPanel, area: Rect) -> Rect {
+    let lines = kv_lines(kv);
+    let inner_w = area.width.saturating_sub(2).max(1) as usize;
+    let rows: usize = lines
+        .iter()
+        .map(|l| l.width().div_ceil(inner_w).max(1))
+        .sum();
+    let height = (rows as u16 + 2).min(area.height / 2).max(3);
+    let [panel, rest] =
+        Layout::vertical([Constraint::Length(height), Constraint::Min(0)]).areas(area);
+    f.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(" kv: ACT verdict ")),
+        panel,
+    );
+    rest
+}
+
+/// The mean I/O as one bar: submit + reap | queue | device | completion, with its legend.
+fn render_mean_bar(f: &mut Frame<'_>, app: &App, bar: Rect) {
     let (app_mean, means) = stage_means(app);
     let block = Block::bordered().title(" mean latency of the workload's I/Os ");
     let inner = block.inner(bar);
     f.render_widget(block, bar);
     let mut lines = Vec::new();
     match (app_mean, means) {
-        (_, Some(m)) if m.app > 0.0 => {
+        (_, Some(m)) if m.app_ns > 0.0 => {
             let width = inner.width.saturating_sub(1) as f64;
-            let cells = |v: f64| ((v / m.app) * width).round() as usize;
+            let cells = |v: f64| ((v / m.app_ns) * width).round() as usize;
             let at_least_one = |v: f64| cells(v).max(usize::from(v > 0.0));
             let (cs, cq, cc) = (
-                cells(m.software),
-                at_least_one(m.queue),
-                at_least_one(m.completion),
+                cells(m.software_ns.max(0.0)),
+                at_least_one(m.queue_ns),
+                at_least_one(m.completion_ns),
             );
             let cd = (width as usize).saturating_sub(cs + cq + cc);
             lines.push(Line::from(vec![
@@ -196,12 +189,12 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
             ]));
             let legend = format!(
                 "░ submit+reap {}  ▒ queue {}  █ device {}  ▓ completion {}",
-                units::latency(m.software),
-                units::latency(m.queue),
-                units::latency(m.device),
-                units::latency(m.completion),
+                units::latency(m.software_ns.max(0.0)),
+                units::latency(m.queue_ns),
+                units::latency(m.device_ns),
+                units::latency(m.completion_ns),
             );
-            let total = format!("  = {}", units::latency(m.app));
+            let total = format!("  = {}", units::latency(m.app_ns));
             // The sum where it fits: narrow terminals keep the parts.
             let fits = legend.chars().count() + total.chars().count() <= inner.width as usize;
             lines.push(Line::from(if fits { legend + &total } else { legend }));
@@ -214,16 +207,19 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         _ => lines.push(Line::from("waiting for the first interval…")),
     }
     f.render_widget(Paragraph::new(lines), inner);
+}
 
+/// Each stage's mean and percentiles since start (or reset), beside the baseline's.
+fn render_stage_table(f: &mut Frame<'_>, app: &App, table: Rect) {
     let d = app.shown();
-    let block_snap = d.probes.as_ref().and_then(|p| p.block.as_ref());
-    let dev = app.target_devs();
-    let ops = [BlockOp::Read, BlockOp::Write];
-    let kernel = |stage| block_snap.map(|b| b.stage(dev, stage, &ops));
-    let row_of = |name: &str,
-                  mean: Option<f64>,
-                  p: &dyn Fn(f64) -> Option<f64>,
-                  base: Option<(f64, f64)>| {
+    // The shown data as a profile's stages: the same histograms a saved profile holds.
+    let stages = crate::run::assemble::stages(
+        Histogram::from_latency(&d.app),
+        d.probes.as_ref(),
+        app.target_devs(),
+    );
+    let bl = app.baseline.as_ref();
+    let row_of = |name: &str, mean: Option<f64>, p: &dyn Fn(f64) -> Option<f64>, base| {
         let mut cells = vec![
             name.to_string(),
             lat(mean),
@@ -232,67 +228,33 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
             lat(p(99.9)),
         ];
         if app.baseline.is_some() {
-            cells.push(base.map_or("-".into(), |(m, p99)| {
-                format!("{} / {}", units::latency(m), units::latency(p99))
-            }));
+            cells.push(baseline_cell(base));
         }
         Row::new(cells)
     };
-    let base = |h: Option<&crate::model::profile::Histogram>| {
-        h.and_then(|h| Some((h.mean_ns()?, h.percentile_ns(99.0)?)))
+    let probed = |name: &str, stage: Stage| {
+        let h = stages.get(stage);
+        row_of(
+            name,
+            h.and_then(Histogram::mean_ns),
+            &|q| h.and_then(|h| h.percentile_ns(q)),
+            bl.and_then(|b| b.stages.get(stage)),
+        )
     };
-    let bl = app.baseline.as_ref();
     let app_p = |q: f64| d.app.percentile_ns(q).map(|v| v as f64);
-    let (qh, dh) = (kernel(BlockStage::Queue), kernel(BlockStage::Device));
-    let ch = kernel(BlockStage::Completion).filter(|h| h.count > 0);
-    let wk: Option<KernelHist> = d
-        .probes
-        .as_ref()
-        .and_then(|p| p.wakeups.as_ref())
-        .map(|w| w.latency.clone());
-    let hp = |h: &Option<KernelHist>| {
-        let h = h.clone();
-        move |q: f64| {
-            h.as_ref()
-                .and_then(|h| Histogram::kernel_percentile_ns(h, q))
-        }
-    };
-    let mut header = vec!["stage", "mean", "p50", "p99", "p99.9"];
-    if app.baseline.is_some() {
-        header.push("baseline mean / p99");
-    }
     let rows = vec![
         row_of(
             "app (lat)",
             d.app.mean_ns(),
             &app_p,
-            base(bl.map(|b| &b.stages.app)),
+            bl.map(|b| &b.stages.app),
         ),
-        row_of(
-            "block queue",
-            qh.as_ref().and_then(|h| h.mean_ns()),
-            &hp(&qh),
-            base(bl.and_then(|b| b.stages.queue.as_ref())),
-        ),
-        row_of(
-            "device",
-            dh.as_ref().and_then(|h| h.mean_ns()),
-            &hp(&dh),
-            base(bl.and_then(|b| b.stages.device.as_ref())),
-        ),
-        row_of(
-            "completion",
-            ch.as_ref().and_then(|h| h.mean_ns()),
-            &hp(&ch),
-            base(bl.and_then(|b| b.stages.completion.as_ref())),
-        ),
-        row_of(
-            "wakeup",
-            wk.as_ref().and_then(|h| h.mean_ns()),
-            &hp(&wk),
-            base(bl.and_then(|b| b.stages.wakeup.as_ref())),
-        ),
+        probed("block queue", Stage::Queue),
+        probed("device", Stage::Device),
+        probed("completion", Stage::Completion),
+        probed("wakeup", Stage::Wakeup),
     ];
+    let mut header = vec!["stage", "mean", "p50", "p99", "p99.9"];
     let mut widths = vec![
         Constraint::Length(12),
         Constraint::Length(10),
@@ -301,6 +263,7 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         Constraint::Length(10),
     ];
     if app.baseline.is_some() {
+        header.push("baseline mean / p99");
         widths.push(Constraint::Min(20));
     }
     f.render_widget(
@@ -309,31 +272,45 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
             .block(Block::bordered().title(" stage latency since start (or reset) ")),
         table,
     );
+}
 
-    // The tail autopsy takes the bottom of the view, the sparklines what is left.
-    let sparks = match &app.tail {
-        Some(tail) => {
-            let lines = tail_lines(tail);
-            // The findings come before the sparklines when room is short.
-            let height = (lines.len() as u16 + 2).min(sparks.height);
-            let [rest, panel] =
-                Layout::vertical([Constraint::Min(0), Constraint::Length(height)]).areas(sparks);
-            // Whole-run only once the run finished; a running or failed run's is partial.
-            let title = if app.state == RunState::Finished {
-                " tail autopsy: the slowest I/Os joined to their block requests "
-            } else {
-                " tail autopsy so far: the slowest I/Os joined to their block requests "
-            };
-            f.render_widget(
-                Paragraph::new(lines).block(Block::bordered().title(title)),
-                panel,
-            );
-            rest
-        }
-        None => sparks,
+/// "mean / p99" of a baseline profile's stage, "-" without one.
+fn baseline_cell(h: Option<&Histogram>) -> String {
+    h.and_then(|h| Some((h.mean_ns()?, h.percentile_ns(99.0)?)))
+        .map_or("-".into(), |(m, p99)| {
+            format!("{} / {}", units::latency(m), units::latency(p99))
+        })
+}
+
+/// The tail autopsy at the bottom of `area`; the rest of `area`.
+fn render_tail_panel(
+    f: &mut Frame<'_>,
+    app: &App,
+    tail: &crate::model::tail::TailAutopsy,
+    area: Rect,
+) -> Rect {
+    let lines = tail_lines(tail);
+    // The findings come before the sparklines when room is short.
+    let height = (lines.len() as u16 + 2).min(area.height);
+    let [rest, panel] =
+        Layout::vertical([Constraint::Min(0), Constraint::Length(height)]).areas(area);
+    // Whole-run only once the run finished; a running or failed run's is partial.
+    let title = if app.state == RunState::Finished {
+        " tail autopsy: the slowest I/Os joined to their block requests "
+    } else {
+        " tail autopsy so far: the slowest I/Os joined to their block requests "
     };
+    f.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(title)),
+        panel,
+    );
+    rest
+}
+
+/// IOPS and p99 latency over the latest intervals.
+fn render_sparklines(f: &mut Frame<'_>, d: &crate::tui::app::Data, area: Rect) {
     let [s1, s2] =
-        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(sparks);
+        Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
     let n = s1.width.saturating_sub(2) as usize;
     let pts: Vec<_> = d.points.iter().rev().take(n).rev().collect();
     let iops: Vec<u64> = pts.iter().map(|p| p.iops as u64).collect();
@@ -389,10 +366,9 @@ fn kv_lines(kv: &crate::tui::app::KvPanel) -> Vec<Line<'static>> {
 }
 
 fn unavailable_reason(app: &App, family: Family) -> String {
-    app.report
-        .as_ref()
+    app.report()
         .and_then(|r| r.families.iter().find(|f| f.family == family))
-        .and_then(|f| f.unavailable.clone())
+        .and_then(|f| f.unavailable.as_ref().map(ToString::to_string))
         .unwrap_or_else(|| "no data yet".into())
 }
 
@@ -402,8 +378,41 @@ fn pct(v: Option<f64>) -> String {
 
 fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
     let [top, bottom] = Layout::vertical([Constraint::Min(5), Constraint::Min(6)]).areas(area);
-    let d = app.shown();
-    let iv = d.probe_interval.as_ref();
+    let iv = app.shown().probe_interval.as_ref();
+    let rows = cpu_rows(app, iv);
+    let widths = [
+        Constraint::Length(6),
+        Constraint::Length(7),
+        Constraint::Length(7),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(7),
+        Constraint::Length(7),
+        Constraint::Length(8),
+        Constraint::Min(9),
+    ];
+    f.render_widget(
+        Table::new(rows, widths)
+            .header(
+                Row::new(vec![
+                    "cpu", "user", "sys", "hardirq", "softirq", "steal", "idle", "irq+soft",
+                    "(>80%)",
+                ])
+                .bold(),
+            )
+            .block(Block::bordered().title(" CPU time by state, last interval ")),
+        top,
+    );
+    let cpu = app.focus_cpu() as u32;
+    f.render_widget(
+        Paragraph::new(cpu_interrupt_lines(app, iv, cpu))
+            .block(Block::bordered().title(format!(" interrupts per second on cpu{cpu} "))),
+        bottom,
+    );
+}
+
+/// One row per CPU: its time by state in the latest interval, SATURATED above the IRQ bound.
+fn cpu_rows(app: &App, iv: Option<&ProbeSnapshot>) -> Vec<Row<'static>> {
     let irq = app.irq_load();
     let mut rows = Vec::new();
     for cpu in 0..app.cpus() as u32 {
@@ -448,32 +457,13 @@ fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
         }
         rows.push(row);
     }
-    let widths = [
-        Constraint::Length(6),
-        Constraint::Length(7),
-        Constraint::Length(7),
-        Constraint::Length(8),
-        Constraint::Length(8),
-        Constraint::Length(7),
-        Constraint::Length(7),
-        Constraint::Length(8),
-        Constraint::Min(9),
-    ];
-    f.render_widget(
-        Table::new(rows, widths)
-            .header(
-                Row::new(vec![
-                    "cpu", "user", "sys", "hardirq", "softirq", "steal", "idle", "irq+soft",
-                    "(>80%)",
-                ])
-                .bold(),
-            )
-            .block(Block::bordered().title(" CPU time by state, last interval ")),
-        top,
-    );
+    rows
+}
+
+/// `cpu`'s busiest interrupts and the IPIs it sent in the latest interval.
+fn cpu_interrupt_lines(app: &App, iv: Option<&ProbeSnapshot>, cpu: u32) -> Vec<Line<'static>> {
     let secs = iv.map_or(0.0, |s| s.elapsed_ns as f64 / 1e9);
     let mut lines = Vec::new();
-    let cpu = app.focus_cpu() as u32;
     match iv.and_then(|s| s.irq.as_ref()) {
         Some(irq) if secs > 0.0 => {
             let mut irqs: Vec<_> = irq
@@ -493,7 +483,7 @@ fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
             if irqs.is_empty() {
                 lines.push(Line::from("  no device interrupts on this CPU"));
             }
-            let summary = match &app.report {
+            let summary = match app.report() {
                 Some(report) => {
                     crate::render::probe_report::ipi_summary(irq, Some(cpu), secs, report)
                 }
@@ -515,56 +505,87 @@ fn render_cpus(f: &mut Frame<'_>, app: &App, area: Rect) {
             )));
         }
     }
-    f.render_widget(
-        Paragraph::new(lines)
-            .block(Block::bordered().title(format!(" interrupts per second on cpu{cpu} "))),
-        bottom,
-    );
+    lines
 }
 
 fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
-    let d = app.shown();
-    let iv = d.probe_interval.as_ref();
+    let iv = app.shown().probe_interval.as_ref();
     let secs = iv.map_or(0.0, |s| s.elapsed_ns as f64 / 1e9);
     let [left, right] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(area);
-
-    let mut lines = vec![Line::from("exit-causing MSR writes per second".bold())];
-    match iv.and_then(|s| s.msr.as_ref()) {
-        Some(msr) if secs > 0.0 => {
-            let window_ns = (secs * 1e9) as u64;
-            let quiet = msr.quiet_secs(window_ns);
-            let v = msr.top_writes(|c| c.exits && virtgap_probes::model::MsrSnapshot::is_hosts(c));
-            if msr.host_scale(window_ns).is_none() {
-                lines.push(Line::from(
-                    "  not measured (no sampler pause in this interval)",
-                ));
+    let mut lines = msr_lines(app, iv, secs);
+    lines.push(Line::from(""));
+    lines.extend(steal_lines(iv));
+    lines.push(Line::from(""));
+    lines.extend(pv_path_lines(app, iv, secs));
+    lines.push(Line::from(
+        "calibration: not run here (`virtgap calibrate`)",
+    ));
+    f.render_widget(
+        Paragraph::new(lines)
+            .wrap(Wrap { trim: false })
+            .block(Block::bordered().title(" hypervisor ")),
+        left,
+    );
+    let cpu = app.focus_cpu() as u32;
+    let lines = sampled_cpu_lines(app, iv, secs, cpu);
+    f.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(format!(
+            " cpu{cpu} sampled{} (perf top -C {cpu}) ",
+            // Until a CPU is picked with the arrows, the busiest one is shown.
+            if app.selected_cpu.is_none() {
+                ", busiest"
             } else {
-                for (m, n) in v.iter().take(6) {
-                    lines.push(Line::from(format!(
-                        "  {m:#07x} {:<26} {:>8}/s",
-                        virtgap_probes::virt::msr_name(*m),
-                        units::count(*n as f64 / quiet)
-                    )));
-                }
-                if v.is_empty() {
-                    lines.push(Line::from("  none seen"));
+                ""
+            }
+        ))),
+        right,
+    );
+}
+
+/// The host's exit-causing MSR writes per second in the latest interval.
+fn msr_lines(app: &App, iv: Option<&ProbeSnapshot>, secs: f64) -> Vec<Line<'static>> {
+    let mut lines = vec![Line::from("exit-causing MSR writes per second".bold())];
+    // The latest interval as a profile keeps it: its rates by the profile's one computation.
+    let virt = iv
+        .filter(|s| s.msr.is_some() && secs > 0.0)
+        .and_then(crate::run::assemble::virtualization);
+    match &virt {
+        Some(v) => {
+            match v.msr_write_rates(MsrWrites::Exiting) {
+                None => lines.push(Line::from(
+                    "  not measured (no sampler pause in this interval)",
+                )),
+                Some(rates) if rates.is_empty() => lines.push(Line::from("  none seen")),
+                Some(rates) => {
+                    for r in rates.iter().take(6) {
+                        lines.push(Line::from(format!(
+                            "  {:#07x} {:<26} {:>8}/s",
+                            r.msr,
+                            r.name,
+                            units::count(r.per_s)
+                        )));
+                    }
                 }
             }
-            if let Some(own) = msr.sampler_write_rate() {
+            if let Some(own) = v.sampler_msr_writes_per_s() {
                 lines.push(Line::from(format!(
                     "  (counted in the sampler's pauses; its own: {}/s more, left out)",
                     units::count(own)
                 )));
             }
         }
-        _ => lines.push(Line::from(format!(
+        None => lines.push(Line::from(format!(
             "  unavailable ({})",
             unavailable_reason(app, Family::Msr)
         ))),
     }
-    lines.push(Line::from(""));
-    lines.push(Line::from("steal".bold()));
+    lines
+}
+
+/// Steal per CPU in the latest interval.
+fn steal_lines(iv: Option<&ProbeSnapshot>) -> Vec<Line<'static>> {
+    let mut lines = vec![Line::from("steal".bold())];
     match iv.filter(|s| !s.cpu_times.is_empty()) {
         Some(iv) => {
             for t in &iv.cpu_times {
@@ -579,13 +600,17 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
         }
         None => lines.push(Line::from("  no data yet")),
     }
-    lines.push(Line::from(""));
+    lines
+}
+
+/// The paravirt callbacks' rates and mean times in the latest interval.
+fn pv_path_lines(app: &App, iv: Option<&ProbeSnapshot>, secs: f64) -> Vec<Line<'static>> {
+    let mut lines = Vec::new();
     let pv = app
-        .report
-        .as_ref()
+        .report()
         .and_then(|r| r.families.iter().find(|f| f.family == Family::PvPaths))
         .map(|f| match (&f.unavailable, f.tracepoints.first()) {
-            (Some(why), _) => why.clone(),
+            (Some(why), _) => why.to_string(),
             (None, Some(t)) => t.reason.clone().unwrap_or_else(|| "attached".into()),
             (None, None) => "no symbols".into(),
         })
@@ -604,17 +629,16 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
         }
         None => lines.push(Line::from(format!("  unavailable: {pv}"))),
     }
-    lines.push(Line::from(
-        "calibration: not run here (`virtgap calibrate`)",
-    ));
-    f.render_widget(
-        Paragraph::new(lines)
-            .wrap(Wrap { trim: false })
-            .block(Block::bordered().title(" hypervisor ")),
-        left,
-    );
+    lines
+}
 
-    let cpu = app.focus_cpu() as u32;
+/// The sampler's split of `cpu`'s time in the latest interval, with its top kernel symbols.
+fn sampled_cpu_lines(
+    app: &App,
+    iv: Option<&ProbeSnapshot>,
+    secs: f64,
+    cpu: u32,
+) -> Vec<Line<'static>> {
     let mut lines = Vec::new();
     match iv.and_then(|s| s.sampler.as_ref()) {
         Some(sampler) => match sampler.cpus.iter().find(|c| c.cpu == cpu) {
@@ -652,18 +676,7 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
             unavailable_reason(app, Family::Sampler)
         ))),
     }
-    f.render_widget(
-        Paragraph::new(lines).block(Block::bordered().title(format!(
-            " cpu{cpu} sampled{} (perf top -C {cpu}) ",
-            // Until a CPU is picked with the arrows, the busiest one is shown.
-            if app.selected_cpu.is_none() {
-                ", busiest"
-            } else {
-                ""
-            }
-        ))),
-        right,
-    );
+    lines
 }
 
 fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
@@ -814,6 +827,7 @@ mod tests {
     use super::*;
     use crate::model::profile::Profile;
     use crate::tui::app::App;
+    use virtgap_probes::KernelHist;
 
     fn hist(values: &[(u64, u64)]) -> KernelHist {
         let mut h = KernelHist::default();
@@ -997,7 +1011,7 @@ mod tests {
         let mut app = App::new(
             profile.host.clone(),
             "random read, bs 4 KiB, qd 32 x 1 worker, io_uring, O_DIRECT".into(),
-            crate::model::host::TargetDisks::plain("vda", 254, 0),
+            crate::tui::app::tests::recorder(std::time::Duration::ZERO),
         );
         let report: CapabilityReport = serde_json::from_value(serde_json::json!({
             "families": [
@@ -1021,7 +1035,7 @@ mod tests {
         }
         if baseline {
             let mut b = profile;
-            b.stages.device = Some(crate::model::profile::Histogram::from_kernel(&hist(&[(
+            b.stages.device = Some(crate::model::histogram::Histogram::from_kernel(&hist(&[(
                 200_000, 100,
             )])));
             app.baseline = Some(b);
@@ -1172,14 +1186,31 @@ mod tests {
     }
 
     #[test]
-    fn empty_data_renders_without_panicking() {
+    fn before_any_data_each_view_says_what_it_waits_for() {
         let profile: Profile =
             serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
-        let mut app = App::new(profile.host, "w".into(), Default::default());
-        for key in ['1', '2', '3', '4'] {
+        let mut app = App::new(
+            profile.host,
+            "w".into(),
+            crate::tui::app::tests::recorder(std::time::Duration::ZERO),
+        );
+        // Before any data, each view says what it waits for instead of showing zeros.
+        for (key, waiting) in [
+            ('1', "waiting for the first interval"),
+            ('2', "interrupts: unavailable"),
+            ('3', "unavailable ("),
+            ('4', "no data yet"),
+        ] {
             press(&mut app, KeyCode::Char(key));
             let screen = draw(&app, 80, 24);
-            assert!(!screen.is_empty());
+            assert!(
+                screen.contains(waiting),
+                "view {key} lacks {waiting:?}:\n{screen}"
+            );
+            assert!(
+                !screen.contains(" 0.0%"),
+                "view {key} shows zeros:\n{screen}"
+            );
         }
     }
 
@@ -1187,10 +1218,11 @@ mod tests {
     /// where the slowest set's extra time went.
     #[test]
     fn a_finished_run_shows_its_tail_autopsy() {
-        use crate::model::tail::{TailAutopsy, TailSet, TailStages};
+        use crate::model::stages::StageBreakdown;
+        use crate::model::tail::{TailAutopsy, TailSet};
         let mut app = fixture_app(false);
         app.state = RunState::Finished;
-        let baseline = TailStages {
+        let baseline = StageBreakdown {
             app_ns: 100_000.0,
             queue_ns: 2_000.0,
             device_ns: 80_000.0,
@@ -1204,7 +1236,7 @@ mod tests {
             ios,
             joined: ios - 1,
             joined_software: None,
-            mean: TailStages {
+            mean: StageBreakdown {
                 app_ns: device_ns + 20_000.0,
                 device_ns,
                 ..baseline

@@ -22,6 +22,7 @@ pub mod spec;
 pub mod stats;
 pub mod target;
 pub mod units;
+pub mod values;
 
 pub use histogram::LatencyHistogram;
 pub use run::{start, RunHandle, RunOptions, WorkloadError, WorkloadEvent};

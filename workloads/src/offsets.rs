@@ -5,7 +5,8 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution as _, Zipf};
 
-use crate::spec::{Distribution, Pattern};
+use crate::spec::Pattern;
+use crate::values::Distribution;
 
 /// Produces the byte offset of each I/O for one worker.
 #[derive(Debug)]

@@ -224,229 +224,339 @@ impl WorkerContext {
         self.drive(engine.as_mut(), qd, send)
     }
 
-    /// Hands the queued batch to the kernel and stamps its submission time; returns that time.
-    fn flush(
-        &self,
-        engine: &mut dyn Engine,
-        batch: &mut Vec<u32>,
-        slots: &mut [Slot],
-        now_ns: &dyn Fn() -> u64,
-    ) -> Result<u64, WorkloadError> {
-        engine.submit().map_err(|error| WorkloadError::Engine {
-            worker: self.worker,
-            error,
-        })?;
-        let submitted = now_ns();
-        for &slot in batch.iter() {
-            slots[slot as usize].submitted_ns = submitted;
-        }
-        batch.clear();
-        Ok(submitted)
-    }
-
-    /// The I/O loop. Generic over `dyn Engine`: one virtual call per batch step, not per byte.
+    /// The I/O loop: issue what is due, reap, count what completed in the measured window.
+    /// Generic over `dyn Engine`: one virtual call per batch step, not per byte.
     fn drive(
         &self,
         engine: &mut dyn Engine,
         qd: u32,
         send: &dyn Fn(WorkloadEvent),
     ) -> Result<RunStats, WorkloadError> {
-        let spec = &self.spec;
         let worker = self.worker;
+        let mut io = IoLoop::new(self, qd);
+        let mut completions: Vec<Completion> = Vec::with_capacity(qd as usize);
+        let mut now = io.clock.now_ns();
+        loop {
+            io.measure_from(now);
+            if now >= io.clock.end_ns || self.stop.load(Ordering::Relaxed) || io.failure.is_some() {
+                break;
+            }
+            io.issue_due(engine, now)?;
+
+            // Reap: block for one completion, or until the next scheduled I/O or interval end.
+            completions.clear();
+            engine
+                .reap(io.wait(), &mut completions)
+                .map_err(|error| WorkloadError::Engine { worker, error })?;
+            now = io.clock.now_ns();
+
+            // Close every interval boundary crossed while waiting, before the completions are
+            // counted: they land in the interval they completed in, and an I/O stuck through
+            // whole intervals shows as in flight at each of their ends.
+            io.close_intervals(now, send);
+            for c in &completions {
+                io.complete(engine, c, now);
+            }
+            if let Some(s) = io.schedule.as_ref() {
+                io.stats.max_lag_ns = io.stats.max_lag_ns.max(s.lag_ns(now));
+            }
+        }
+        io.finish(engine, now, completions, send)
+    }
+}
+
+/// A worker's clock, in nanoseconds since it started: the ramp, then the measured window, cut
+/// into intervals.
+#[derive(Clone, Copy)]
+struct Clock {
+    t0: Instant,
+    ramp_ns: u64,
+    end_ns: u64,
+    interval_ns: u64,
+}
+
+impl Clock {
+    fn now_ns(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+}
+
+/// One worker's I/O loop: where its I/Os go and when, its slots in flight, and what it has
+/// measured.
+struct IoLoop<'a> {
+    ctx: &'a WorkerContext,
+    bs: u32,
+    qd: u32,
+    /// Queued I/Os handed to the kernel per submission.
+    submit_batch: usize,
+    offsets: OffsetGenerator,
+    /// Open-loop pacing, when the spec sets a rate.
+    schedule: Option<RateSchedule>,
+    clock: Clock,
+    slow: Option<SlowIoKeeper>,
+    slots: Vec<Slot>,
+    /// Slots with no I/O in flight.
+    free: Vec<u32>,
+    /// Slots queued since the last submission.
+    batch: Vec<u32>,
+    stats: RunStats,
+    interval: IntervalSample,
+    /// Past the ramp: completions count, and the CPU clock runs from `cpu_start`.
+    measuring: bool,
+    cpu_start: CpuTime,
+    /// The first I/O that failed: the loop ends at its next turn.
+    failure: Option<WorkloadError>,
+}
+
+impl<'a> IoLoop<'a> {
+    fn new(ctx: &'a WorkerContext, qd: u32) -> Self {
+        let spec = &ctx.spec;
+        let worker = ctx.worker;
         let bs = spec.bs.0 as u32;
-        let mut offsets = OffsetGenerator::new(
+        let offsets = OffsetGenerator::new(
             spec.pattern,
             spec.distribution,
-            self.target_size,
+            ctx.target_size,
             u64::from(bs),
             worker,
             spec.workers,
-            self.options.seed,
+            ctx.options.seed,
         );
-        let mut schedule = spec
+        let schedule = spec
             .rate_iops
             .map(|total| RateSchedule::new(total as f64 / f64::from(spec.workers)));
 
         let t0 = Instant::now();
-        let mut slow = self
+        let slow = ctx
             .options
             .tail_watch
             .as_ref()
             .map(|w| SlowIoKeeper::new(Arc::clone(w), worker, crate::slow::monotonic_ns()));
         let ramp_ns = spec.ramp.0.as_nanos() as u64;
-        let end_ns = ramp_ns + spec.duration.0.as_nanos() as u64;
-        let interval_ns = self.options.interval.as_nanos().max(1) as u64;
-        let now_ns = || t0.elapsed().as_nanos() as u64;
+        let clock = Clock {
+            t0,
+            ramp_ns,
+            end_ns: ramp_ns + spec.duration.0.as_nanos() as u64,
+            interval_ns: ctx.options.interval.as_nanos().max(1) as u64,
+        };
+        Self {
+            ctx,
+            bs,
+            qd,
+            submit_batch: spec.submit_batch.clamp(1, qd) as usize,
+            offsets,
+            schedule,
+            clock,
+            slow,
+            slots: vec![Slot::default(); qd as usize],
+            free: (0..qd).rev().collect(),
+            batch: Vec::with_capacity(qd as usize),
+            stats: RunStats::default(),
+            interval: IntervalSample::empty(worker, 0, 0),
+            measuring: ramp_ns == 0,
+            cpu_start: CpuTime::of_this_thread(),
+            failure: None,
+        }
+    }
 
-        let mut slots = vec![Slot::default(); qd as usize];
-        let mut free: Vec<u32> = (0..qd).rev().collect();
-        let mut completions: Vec<Completion> = Vec::with_capacity(qd as usize);
-        let mut batch: Vec<u32> = Vec::with_capacity(qd as usize);
-        let submit_batch = spec.submit_batch.clamp(1, qd) as usize;
-        let mut stats = RunStats::default();
-        let mut interval = IntervalSample::empty(worker, 0, 0);
-        let mut measuring = ramp_ns == 0;
-        let mut cpu_start = CpuTime::of_this_thread();
-        let mut failure: Option<WorkloadError> = None;
+    /// Starts measuring (and the thread's CPU clock) once the ramp is over.
+    fn measure_from(&mut self, now: u64) {
+        if !self.measuring && now >= self.clock.ramp_ns {
+            self.measuring = true;
+            self.cpu_start = CpuTime::of_this_thread();
+        }
+    }
 
-        let mut now = now_ns();
-        loop {
-            if !measuring && now >= ramp_ns {
-                measuring = true;
-                cpu_start = CpuTime::of_this_thread();
-            }
-            if now >= end_ns || self.stop.load(Ordering::Relaxed) || failure.is_some() {
-                break;
-            }
-
-            // Issue: fill free slots with I/Os that are due.
-            batch.clear();
-            while let Some(&slot) = free.last() {
-                let scheduled = match schedule.as_mut() {
-                    Some(s) => match s.take_due(now) {
-                        Some(t) => Some(t),
-                        None => break,
-                    },
-                    None => None,
-                };
-                free.pop();
-                let write = match spec.rw {
-                    ReadWrite::Read => false,
-                    ReadWrite::Write => true,
-                    ReadWrite::Mix => offsets.percent() >= spec.rwmix_read,
-                };
-                let offset = offsets.next_offset();
-                if write {
-                    pattern::stamp(engine.buffer_mut(slot), offset, self.options.write_tag);
-                }
-                // `now` is refreshed after every submission, so each I/O's creation time is
-                // stamped without an extra clock read.
-                slots[slot as usize] = Slot {
-                    dir_write: write,
-                    offset,
-                    created_ns: now,
-                    submitted_ns: 0,
-                    scheduled_ns: scheduled,
-                };
-                let dir = if write { IoDir::Write } else { IoDir::Read };
-                engine
-                    .queue(IoRequest {
-                        slot,
-                        dir,
-                        offset,
-                        len: bs,
-                    })
-                    .map_err(|error| WorkloadError::Engine { worker, error })?;
-                batch.push(slot);
-                if batch.len() >= submit_batch {
-                    now = self.flush(engine, &mut batch, &mut slots, &now_ns)?;
-                }
-            }
-            if !batch.is_empty() {
-                self.flush(engine, &mut batch, &mut slots, &now_ns)?;
-            }
-
-            // Reap: block for one completion, or until the next scheduled I/O or interval end.
-            let inflight = qd - free.len() as u32;
-            let wait = match schedule.as_ref() {
-                _ if inflight == 0 && schedule.is_none() => Wait::None,
-                None => Wait::One,
-                Some(_) if inflight == qd => Wait::One,
-                Some(s) => {
-                    let wake = s.next_due_ns().min(end_ns);
-                    Wait::Until(t0 + Duration::from_nanos(wake))
-                }
+    /// Fills free slots with the I/Os due at `now` (every free slot in a closed loop), handing
+    /// them to the kernel in batches of `submit_batch`.
+    fn issue_due(&mut self, engine: &mut dyn Engine, mut now: u64) -> Result<(), WorkloadError> {
+        let spec = &self.ctx.spec;
+        let worker = self.ctx.worker;
+        self.batch.clear();
+        while let Some(&slot) = self.free.last() {
+            let scheduled = match self.schedule.as_mut() {
+                Some(s) => match s.take_due(now) {
+                    Some(t) => Some(t),
+                    None => break,
+                },
+                None => None,
             };
-            completions.clear();
+            self.free.pop();
+            let write = match spec.rw {
+                ReadWrite::Read => false,
+                ReadWrite::Write => true,
+                ReadWrite::Mix => self.offsets.percent() >= spec.rwmix_read,
+            };
+            let offset = self.offsets.next_offset();
+            if write {
+                pattern::stamp(engine.buffer_mut(slot), offset, self.ctx.options.write_tag);
+            }
+            // `now` is refreshed after every submission, so each I/O's creation time is
+            // stamped without an extra clock read.
+            self.slots[slot as usize] = Slot {
+                dir_write: write,
+                offset,
+                created_ns: now,
+                submitted_ns: 0,
+                scheduled_ns: scheduled,
+            };
+            let dir = if write { IoDir::Write } else { IoDir::Read };
             engine
-                .reap(wait, &mut completions)
+                .queue(IoRequest {
+                    slot,
+                    dir,
+                    offset,
+                    len: self.bs,
+                })
                 .map_err(|error| WorkloadError::Engine { worker, error })?;
-            now = now_ns();
-
-            // Close every interval boundary crossed while waiting, before the completions are
-            // counted: they land in the interval they completed in, and an I/O stuck through
-            // whole intervals shows as in flight at each of their ends.
-            if measuring {
-                let window_now = now.min(end_ns) - ramp_ns;
-                while window_now >= interval.start_ns + interval_ns {
-                    let next_start = interval.start_ns + interval_ns;
-                    interval.end_ns = next_start;
-                    interval.oldest_in_flight_ns =
-                        Some(oldest_in_flight(&slots, &free, ramp_ns + next_start));
-                    let next = IntervalSample::empty(worker, interval.index + 1, next_start);
-                    send(WorkloadEvent::Interval(std::mem::replace(
-                        &mut interval,
-                        next,
-                    )));
-                }
-            }
-
-            for c in &completions {
-                let s = slots[c.slot as usize];
-                free.push(c.slot);
-                if let Err(e) = check_completion(worker, &s, c, bs) {
-                    failure.get_or_insert(e);
-                    continue;
-                }
-                if self.options.verify_reads && !s.dir_write {
-                    if let Err(detail) = pattern::verify(engine.buffer_mut(c.slot), s.offset) {
-                        failure.get_or_insert(WorkloadError::Verify {
-                            worker,
-                            offset: s.offset,
-                            detail,
-                        });
-                        continue;
-                    }
-                }
-                let in_window = measuring && s.created_ns >= ramp_ns;
-                if let Some(keeper) = slow.as_mut() {
-                    let (offset, write) = (s.offset, s.dir_write);
-                    keeper.observe(offset, bs, write, s.created_ns, now, in_window);
-                }
-                if !in_window {
-                    continue;
-                }
-                let d: &mut DirStats = if s.dir_write {
-                    &mut stats.write
-                } else {
-                    &mut stats.read
-                };
-                d.ios += 1;
-                d.bytes += u64::from(bs);
-                d.slat.record(s.submitted_ns.saturating_sub(s.created_ns));
-                d.clat.record(now.saturating_sub(s.submitted_ns));
-                let lat = now.saturating_sub(s.created_ns);
-                d.lat.record(lat);
-                if let Some(sched) = s.scheduled_ns {
-                    d.lat_intended.record(now.saturating_sub(sched));
-                }
-                if s.dir_write {
-                    interval.write_ios += 1;
-                    interval.write_bytes += u64::from(bs);
-                } else {
-                    interval.read_ios += 1;
-                    interval.read_bytes += u64::from(bs);
-                }
-                interval.lat.record(lat);
-            }
-            if let Some(s) = schedule.as_ref() {
-                stats.max_lag_ns = stats.max_lag_ns.max(s.lag_ns(now));
+            self.batch.push(slot);
+            if self.batch.len() >= self.submit_batch {
+                now = self.flush(engine)?;
             }
         }
+        if !self.batch.is_empty() {
+            self.flush(engine)?;
+        }
+        Ok(())
+    }
 
-        // Measured window over (or stopped): account CPU, then let in-flight I/Os finish so no
-        // buffer is freed under the kernel.
+    /// Hands the queued batch to the kernel and stamps its submission time; returns that time.
+    fn flush(&mut self, engine: &mut dyn Engine) -> Result<u64, WorkloadError> {
+        engine.submit().map_err(|error| WorkloadError::Engine {
+            worker: self.ctx.worker,
+            error,
+        })?;
+        let submitted = self.clock.now_ns();
+        for &slot in self.batch.iter() {
+            self.slots[slot as usize].submitted_ns = submitted;
+        }
+        self.batch.clear();
+        Ok(submitted)
+    }
+
+    /// How long the reap may block: for one completion, or until the next scheduled I/O.
+    fn wait(&self) -> Wait {
+        let inflight = self.qd - self.free.len() as u32;
+        match self.schedule.as_ref() {
+            _ if inflight == 0 && self.schedule.is_none() => Wait::None,
+            None => Wait::One,
+            Some(_) if inflight == self.qd => Wait::One,
+            Some(s) => {
+                let wake = s.next_due_ns().min(self.clock.end_ns);
+                Wait::Until(self.clock.t0 + Duration::from_nanos(wake))
+            }
+        }
+    }
+
+    /// Sends every interval that ended by `now`, each with the age of its oldest I/O in flight
+    /// at its end.
+    fn close_intervals(&mut self, now: u64, send: &dyn Fn(WorkloadEvent)) {
+        if !self.measuring {
+            return;
+        }
+        let Clock {
+            ramp_ns,
+            end_ns,
+            interval_ns,
+            ..
+        } = self.clock;
+        let window_now = now.min(end_ns) - ramp_ns;
+        while window_now >= self.interval.start_ns + interval_ns {
+            let next_start = self.interval.start_ns + interval_ns;
+            self.interval.end_ns = next_start;
+            self.interval.oldest_in_flight_ns = Some(oldest_in_flight(
+                &self.slots,
+                &self.free,
+                ramp_ns + next_start,
+            ));
+            let next = IntervalSample::empty(self.ctx.worker, self.interval.index + 1, next_start);
+            send(WorkloadEvent::Interval(std::mem::replace(
+                &mut self.interval,
+                next,
+            )));
+        }
+    }
+
+    /// Frees a completed I/O's slot, checks it (and its data, when reads are verified), and
+    /// counts it if it was issued in the measured window. A failure is kept to end the loop.
+    fn complete(&mut self, engine: &mut dyn Engine, c: &Completion, now: u64) {
+        let worker = self.ctx.worker;
+        let bs = self.bs;
+        let s = self.slots[c.slot as usize];
+        self.free.push(c.slot);
+        if let Err(e) = check_completion(worker, &s, c, bs) {
+            self.failure.get_or_insert(e);
+            return;
+        }
+        if self.ctx.options.verify_reads && !s.dir_write {
+            if let Err(detail) = pattern::verify(engine.buffer_mut(c.slot), s.offset) {
+                self.failure.get_or_insert(WorkloadError::Verify {
+                    worker,
+                    offset: s.offset,
+                    detail,
+                });
+                return;
+            }
+        }
+        let in_window = self.measuring && s.created_ns >= self.clock.ramp_ns;
+        if let Some(keeper) = self.slow.as_mut() {
+            let (offset, write) = (s.offset, s.dir_write);
+            keeper.observe(offset, bs, write, s.created_ns, now, in_window);
+        }
+        if !in_window {
+            return;
+        }
+        let d: &mut DirStats = if s.dir_write {
+            &mut self.stats.write
+        } else {
+            &mut self.stats.read
+        };
+        d.ios += 1;
+        d.bytes += u64::from(bs);
+        d.slat.record(s.submitted_ns.saturating_sub(s.created_ns));
+        d.clat.record(now.saturating_sub(s.submitted_ns));
+        let lat = now.saturating_sub(s.created_ns);
+        d.lat.record(lat);
+        if let Some(sched) = s.scheduled_ns {
+            d.lat_intended.record(now.saturating_sub(sched));
+        }
+        let interval = &mut self.interval;
+        if s.dir_write {
+            interval.write_ios += 1;
+            interval.write_bytes += u64::from(bs);
+        } else {
+            interval.read_ios += 1;
+            interval.read_bytes += u64::from(bs);
+        }
+        interval.lat.record(lat);
+    }
+
+    /// Measured window over (or stopped) at `now`: accounts CPU and sends the last interval,
+    /// then lets in-flight I/Os finish so no buffer is freed under the kernel.
+    fn finish(
+        mut self,
+        engine: &mut dyn Engine,
+        now: u64,
+        mut completions: Vec<Completion>,
+        send: &dyn Fn(WorkloadEvent),
+    ) -> Result<RunStats, WorkloadError> {
+        let worker = self.ctx.worker;
+        let Clock {
+            ramp_ns, end_ns, ..
+        } = self.clock;
+        let mut stats = self.stats;
+        let mut interval = self.interval;
         let end = now.min(end_ns);
-        stats.cpu = CpuTime::of_this_thread().since(cpu_start);
+        stats.cpu = CpuTime::of_this_thread().since(self.cpu_start);
         stats.measured_ns = end.saturating_sub(ramp_ns);
-        if measuring && end > ramp_ns + interval.start_ns {
+        if self.measuring && end > ramp_ns + interval.start_ns {
             interval.end_ns = end - ramp_ns;
-            interval.oldest_in_flight_ns = Some(oldest_in_flight(&slots, &free, end));
+            interval.oldest_in_flight_ns = Some(oldest_in_flight(&self.slots, &self.free, end));
             send(WorkloadEvent::Interval(interval));
         }
         stats.engine_features = engine.features();
-        stats.slow_ios = slow.map(|k| k.kept).unwrap_or_default();
-        while (free.len() as u32) < qd {
+        stats.slow_ios = self.slow.map(|k| k.kept).unwrap_or_default();
+        while (self.free.len() as u32) < self.qd {
             completions.clear();
             engine
                 .submit()
@@ -455,9 +565,9 @@ impl WorkerContext {
                 .reap(Wait::One, &mut completions)
                 .map_err(|error| WorkloadError::Engine { worker, error })?;
             stats.drained_ios += completions.len() as u64;
-            free.extend(completions.iter().map(|c| c.slot));
+            self.free.extend(completions.iter().map(|c| c.slot));
         }
-        match failure {
+        match self.failure {
             Some(e) => Err(e),
             None => Ok(stats),
         }

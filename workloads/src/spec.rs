@@ -6,9 +6,12 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::kv::spec::{KvOverrides, KvSpec};
+use crate::values::{de_from_str, ser_display};
+// The values a spec is written in, where the app has always imported them from.
+pub use crate::values::{ByteSize, Distribution, Span};
 
 /// Built-in presets: (name, TOML text).
 pub const PRESETS: &[(&str, &str)] = &[
@@ -126,135 +129,6 @@ impl FromStr for EngineKind {
             _ => Err(format!("'{s}' is not one of io_uring, psync, null")),
         }
     }
-}
-
-/// How random offsets are spread over the target.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Distribution {
-    Uniform,
-    /// Zipf with exponent theta; hot blocks are scattered over the target by a hash.
-    Zipf(f64),
-}
-
-impl FromStr for Distribution {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "uniform" {
-            return Ok(Self::Uniform);
-        }
-        if let Some(theta) = s.strip_prefix("zipf:") {
-            let theta: f64 = theta
-                .parse()
-                .map_err(|_| format!("'{theta}' is not a number"))?;
-            if !(theta > 0.0 && theta <= 10.0) {
-                return Err(format!("zipf exponent {theta} must be in (0, 10]"));
-            }
-            return Ok(Self::Zipf(theta));
-        }
-        Err(format!(
-            "'{s}' is not 'uniform' or 'zipf:THETA' (e.g. zipf:0.99)"
-        ))
-    }
-}
-
-impl fmt::Display for Distribution {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Uniform => f.write_str("uniform"),
-            Self::Zipf(t) => write!(f, "zipf:{t}"),
-        }
-    }
-}
-
-/// A byte count written as "4KiB", "1M", "1 GiB" or a plain integer; k/M/G are powers of 1024
-/// as in fio.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ByteSize(pub u64);
-
-impl FromStr for ByteSize {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        if t.starts_with('-') {
-            return Err(format!("'{s}' is negative"));
-        }
-        // No size has more digits than u64::MAX; parse-size 1.1 overflows on some that do.
-        if t.bytes().filter(u8::is_ascii_digit).count() > 20 {
-            return Err(format!("'{s}' is larger than any size"));
-        }
-        parse_size::Config::new()
-            .with_binary()
-            .parse_size(t)
-            .map(ByteSize)
-            .map_err(|e| format!("'{s}' is not a size like 4KiB or 1GiB ({e})"))
-    }
-}
-
-impl fmt::Display for ByteSize {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::units::bytes_exact(self.0))
-    }
-}
-
-impl Serialize for ByteSize {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Int(i64),
-            Text(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::Int(n) if n < 0 => Err(serde::de::Error::custom(format!("{n} is negative"))),
-            Raw::Int(n) => Ok(ByteSize(n as u64)),
-            Raw::Text(t) => t.parse().map_err(serde::de::Error::custom),
-        }
-    }
-}
-
-/// A duration written as "10s", "1m 30s", "500ms".
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Span(pub Duration);
-
-impl FromStr for Span {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        humantime::parse_duration(s.trim())
-            .map(Span)
-            .map_err(|e| format!("'{s}' is not a duration like 10s or 2m ({e})"))
-    }
-}
-
-impl Serialize for Span {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(self.0).to_string())
-    }
-}
-
-impl<'de> Deserialize<'de> for Span {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?
-            .parse()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-pub(crate) fn ser_display<T: fmt::Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&v.to_string())
-}
-
-pub(crate) fn de_from_str<'de, T: FromStr<Err = String>, D: Deserializer<'de>>(
-    d: D,
-) -> Result<T, D::Error> {
-    String::deserialize(d)?
-        .parse()
-        .map_err(serde::de::Error::custom)
 }
 
 fn read() -> ReadWrite {
@@ -453,6 +327,16 @@ impl WorkloadSpec {
 
     /// Checks every value is usable; the error names the first key at fault.
     pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_labels()?;
+        self.validate_io()?;
+        self.validate_size()?;
+        self.validate_times()?;
+        self.validate_pacing()?;
+        self.validate_kv()
+    }
+
+    /// The name and description.
+    fn validate_labels(&self) -> Result<(), SpecError> {
         // Names and descriptions are labels: one short line of text (which also keeps them
         // within what the TOML writer escapes correctly).
         for (key, text, max) in [
@@ -467,6 +351,11 @@ impl WorkloadSpec {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The I/Os each worker issues: queue depth, worker count, block size, read share.
+    fn validate_io(&self) -> Result<(), SpecError> {
         if self.qd == 0 || self.qd > MAX_QD {
             return Err(Self::invalid(
                 "qd",
@@ -504,6 +393,12 @@ impl WorkloadSpec {
                 "a percentage must be 0..=100",
             ));
         }
+        Ok(())
+    }
+
+    /// The target's size, bounded and large enough for the workers (or the kv store).
+    fn validate_size(&self) -> Result<(), SpecError> {
+        let bs = self.bs.0;
         if self.size.0 == 0 || self.size.0 > MAX_SIZE {
             return Err(Self::invalid(
                 "size",
@@ -529,6 +424,11 @@ impl WorkloadSpec {
                 format!("{what} ({})", ByteSize(min_size)),
             ));
         }
+        Ok(())
+    }
+
+    /// The measured duration and the ramp: above zero, and within a year.
+    fn validate_times(&self) -> Result<(), SpecError> {
         if self.duration.0.is_zero() {
             return Err(Self::invalid(
                 "duration",
@@ -550,6 +450,11 @@ impl WorkloadSpec {
                 "longer than a year; pick a shorter warm-up",
             ));
         }
+        Ok(())
+    }
+
+    /// Submission batches and open-loop pacing.
+    fn validate_pacing(&self) -> Result<(), SpecError> {
         if self.submit_batch == 0 || self.submit_batch > self.qd {
             return Err(Self::invalid(
                 "submit_batch",
@@ -573,7 +478,7 @@ impl WorkloadSpec {
                 ));
             }
         }
-        self.validate_kv()
+        Ok(())
     }
 
     fn validate_kv(&self) -> Result<(), SpecError> {
@@ -1059,16 +964,6 @@ mod tests {
     }
 
     #[test]
-    fn sizes_parse_as_binary_units() {
-        assert_eq!("4k".parse::<ByteSize>().unwrap(), ByteSize(4096));
-        assert_eq!("4KiB".parse::<ByteSize>().unwrap(), ByteSize(4096));
-        assert_eq!("1 GiB".parse::<ByteSize>().unwrap(), ByteSize(1 << 30));
-        assert_eq!("1M".parse::<ByteSize>().unwrap(), ByteSize(1 << 20));
-        assert!("-4k".parse::<ByteSize>().is_err());
-        assert!("lots".parse::<ByteSize>().is_err());
-    }
-
-    #[test]
     fn absurd_sizes_are_refused() {
         let mut spec = load("rand4k").unwrap().spec;
         let e = Overrides {
@@ -1078,20 +973,6 @@ mod tests {
         .apply(&mut spec)
         .unwrap_err();
         assert!(e.to_string().contains("1 PiB"), "{e}");
-    }
-
-    #[test]
-    fn distributions_parse() {
-        assert_eq!(
-            "uniform".parse::<Distribution>().unwrap(),
-            Distribution::Uniform
-        );
-        assert_eq!(
-            "zipf:0.99".parse::<Distribution>().unwrap(),
-            Distribution::Zipf(0.99)
-        );
-        assert!("zipf:0".parse::<Distribution>().is_err());
-        assert!("pareto".parse::<Distribution>().is_err());
     }
 
     #[test]

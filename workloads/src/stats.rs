@@ -213,6 +213,11 @@ pub struct IntervalMerger {
 }
 
 impl IntervalMerger {
+    /// The workers whose intervals it merges.
+    pub fn workers(&self) -> u32 {
+        self.workers
+    }
+
     pub fn new(workers: u32) -> Self {
         Self {
             workers,

@@ -9,18 +9,56 @@ use libbpf_rs::{Link, MapCore, MapFlags, Object, RingBuffer, RingBufferBuilder};
 
 use super::{
     apply_filter, dev_of, entries, kprobes_unavailable, leaked_object_slot, load_tracepoints,
-    percpu_entry, percpu_sum, plain_bytes, LoadContext, LoadResult, LoadedFamily, ProcessFilter,
-    Slots,
+    percpu_entry, percpu_sum, plain_bytes, sections_of, FamilyDef, LoadContext, LoadResult,
+    LoadedFamily, ProcessFilter, QueueShape, Signals, Slots,
 };
 use crate::attach::{AttachKind, AttachOutcome};
 use crate::bpf::bio_entry::{BioEntrySkel, BioEntrySkelBuilder};
 use crate::bpf::block::{types, BlockSkel, BlockSkelBuilder};
+use crate::error::BpfError;
 use crate::hist::KernelHist;
 use crate::model::{
     BlockOp, BlockSnapshot, BlockStage, BlockStageHist, CpuPair, DeviceGauge, ProbeSnapshot,
     SlowRequest,
 };
-use crate::report::Family;
+use crate::report::{Family, BIO_ENTRY_HOOK};
+
+pub(super) const FAMILY: FamilyDef = FamilyDef {
+    name: "block",
+    gives: "block queue and device time",
+    view: "Where the time goes: queue and device stages",
+    signals: Signals::Named(&[
+        ("block_io_start", "request start, process filter"),
+        ("block_bio_queue", "process filter before block_io_start"),
+        (
+            "block_split",
+            "split bios keep their process (and bio-entry time)",
+        ),
+        (
+            REMAP,
+            "a partition's bio entry where submit_bio_noacct has no hook",
+        ),
+        ("block_rq_merge", "requests merged away"),
+        ("block_rq_requeue", "requests handed back by the driver"),
+        (
+            BIO_ENTRY_HOOK,
+            "queue from the bio's entry (blk-throttle, tag waits)",
+        ),
+        ("block_rq_issue", "block queue time"),
+        ("block_rq_complete", "device time, cross-CPU completions"),
+        ("irq_handler_entry", "device time ends at the queue's IRQ"),
+    ]),
+    modules: &[],
+    load,
+    sections,
+};
+
+/// The block object's sections and the bio-entry hook's.
+fn sections() -> Result<Vec<String>, BpfError> {
+    let mut sections = sections_of::<BlockSkelBuilder>()?;
+    sections.extend(sections_of::<BioEntrySkelBuilder>()?);
+    Ok(sections)
+}
 
 /// Stages x ops a hardware queue can fill.
 const KEYS_PER_QUEUE: u32 = 3 * 5;
@@ -37,7 +75,7 @@ struct BlockProbe<'obj> {
     slow_seen: Rc<RefCell<Vec<SlowRequest>>>,
 }
 
-pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let have_io_start = cx.kernel.has("block_io_start");
     let filter = cx.filter;
     let inflight = cx.host.inflight_capacity();
@@ -101,21 +139,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         &unused,
         &setup,
     )?;
-    // Each queue's IRQ, so device time can end at its handler's entry.
-    for d in &cx.host.devices {
-        for &(hctx, irq) in &d.queue_irqs {
-            let queue = types::vg_queue_key { dev: d.dev, hctx };
-            let _ =
-                skel.maps
-                    .queue_irqs
-                    .update(plain_bytes(&queue), &irq.to_ne_bytes(), MapFlags::ANY);
-            let _ = skel.maps.irq_entered.update(
-                &irq.to_ne_bytes(),
-                &0u64.to_ne_bytes(),
-                MapFlags::NO_EXIST,
-            );
-        }
-    }
+    map_queue_irqs(&skel, &cx.host.devices);
     // A hook whose map could not be shared notes nothing the block object reads; block_bio_remap
     // took its place.
     let (bio_entry, hook_outcome) = match (bio_entry, shared.get()) {
@@ -162,6 +186,24 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
     Ok((Box::new(probe), report))
 }
 
+/// Each hardware queue's IRQ, so device time can end at its handler's entry.
+fn map_queue_irqs(skel: &BlockSkel<'_>, devices: &[QueueShape]) {
+    for d in devices {
+        for &(hctx, irq) in &d.queue_irqs {
+            let queue = types::vg_queue_key { dev: d.dev, hctx };
+            let _ =
+                skel.maps
+                    .queue_irqs
+                    .update(plain_bytes(&queue), &irq.to_ne_bytes(), MapFlags::ANY);
+            let _ = skel.maps.irq_entered.update(
+                &irq.to_ne_bytes(),
+                &0u64.to_ne_bytes(),
+                MapFlags::NO_EXIST,
+            );
+        }
+    }
+}
+
 /// The tracepoint that notes a partition's bios where the hook cannot (see `bpf/block.bpf.c`).
 const REMAP: &str = "block_bio_remap";
 
@@ -183,27 +225,24 @@ fn try_bio_entry(
     kind: AttachKind,
     filter: Option<ProcessFilter>,
     inflight: u32,
-) -> Result<BioEntry, String> {
+) -> Result<BioEntry, BpfError> {
     use libbpf_rs::skel::{OpenSkel, SkelBuilder};
     let mut open = BioEntrySkelBuilder::default()
         .open(leaked_object_slot())
-        .map_err(|e| format!("open: {e}"))?;
+        .map_err(BpfError::Open)?;
     apply_filter!(open, filter);
     let _ = open.maps.bio_entry.set_max_entries(inflight);
     let fentry = kind == AttachKind::Fentry;
     open.progs.bio_entry_fentry.set_autoload(fentry);
     open.progs.bio_entry_kprobe.set_autoload(!fentry);
     let (skel, log) = crate::libbpf_log::captured(|| open.load());
-    let skel = skel.map_err(|e| match crate::libbpf_log::why(&log, 3) {
-        Some(why) => format!("load: {e}: {why}"),
-        None => format!("load: {e}"),
-    })?;
+    let skel = skel.map_err(|e| BpfError::load(None, e, &log, 3))?;
     let link = if fentry {
         skel.progs.bio_entry_fentry.attach()
     } else {
         skel.progs.bio_entry_kprobe.attach()
     }
-    .map_err(|e| format!("attach: {e}"))?;
+    .map_err(BpfError::Attach)?;
     Ok(BioEntry { skel, _link: link })
 }
 
@@ -214,7 +253,7 @@ fn attach_bio_entry(
     inflight: u32,
 ) -> (Option<BioEntry>, AttachOutcome) {
     let outcome = |attached: Option<AttachKind>, reason: Option<String>| AttachOutcome {
-        tracepoint: crate::report::BIO_ENTRY_HOOK.into(),
+        tracepoint: BIO_ENTRY_HOOK.into(),
         attached,
         reason,
     };
@@ -446,6 +485,9 @@ mod tests {
         total
     }
 
+    // The request state the tests read and plant: block.bpf.c's own struct, all integers.
+    crate::bpf::plain_types!(types::rq_track);
+
     fn tracked(skel: &BlockSkel<'_>) -> Option<types::rq_track> {
         let v = skel
             .maps
@@ -457,7 +499,7 @@ mod tests {
 
     fn plant(skel: &BlockSkel<'_>, t: types::rq_track) {
         let bytes = unsafe {
-            // SAFETY: rq_track is plain old data (see bpf.rs); viewing it as bytes is sound.
+            // SAFETY: rq_track is plain old data (see above); viewing it as bytes is sound.
             std::slice::from_raw_parts(
                 (&t as *const types::rq_track).cast::<u8>(),
                 std::mem::size_of_val(&t),

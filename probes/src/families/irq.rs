@@ -7,13 +7,47 @@ use libbpf_rs::skel::Skel;
 use libbpf_rs::{Link, MapCore, Object};
 
 use super::{
-    entries, load_tracepoints, percpu_entry, percpu_sum, LoadContext, LoadResult, LoadedFamily,
-    Slots,
+    entries, load_tracepoints, percpu_entry, percpu_sum, sections_of, FamilyDef, LoadContext,
+    LoadResult, LoadedFamily, Signals, Slots,
 };
 use crate::bpf::irq::{types, IrqSkel, IrqSkelBuilder};
 use crate::hist::KernelHist;
 use crate::model::{CpuEvents, HardIrq, IrqSnapshot, ProbeSnapshot};
 use crate::report::Family;
+
+pub(super) const FAMILY: FamilyDef = FamilyDef {
+    name: "irq",
+    gives: "interrupt load per CPU",
+    view: "CPUs: interrupt load per CPU",
+    signals: Signals::Named(&[
+        ("irq_handler_entry", "hard-IRQ time per CPU and IRQ"),
+        ("irq_handler_exit", "hard-IRQ time per CPU and IRQ"),
+        ("softirq_entry", "softirq time per CPU and vector"),
+        ("softirq_exit", "softirq time per CPU and vector"),
+        ("local_timer_entry", "local timer interrupts"),
+        ("local_timer_exit", "local timer interrupts"),
+        ("reschedule_entry", "reschedule IPIs received"),
+        ("reschedule_exit", "reschedule IPIs received"),
+        ("call_function_entry", "call-function IPIs received"),
+        ("call_function_exit", "call-function IPIs received"),
+        (
+            "call_function_single_entry",
+            "call-function-single IPIs received",
+        ),
+        (
+            "call_function_single_exit",
+            "call-function-single IPIs received",
+        ),
+        ("irq_work_entry", "irq-work interrupts"),
+        ("irq_work_exit", "irq-work interrupts"),
+        ("ipi_send_cpu", "IPIs sent, by purpose"),
+        ("ipi_send_cpumask", "IPIs sent, by purpose"),
+        ("csd_queue_cpu", "cross-CPU calls queued, by purpose"),
+    ]),
+    modules: &[],
+    load,
+    sections: sections_of::<IrqSkelBuilder>,
+};
 
 /// The kernel's softirq vectors, in its numbering (HI_SOFTIRQ = 0 … RCU_SOFTIRQ = 9).
 const SOFTIRQS: [&str; 10] = [
@@ -52,7 +86,7 @@ struct IrqProbe<'obj> {
     names: BTreeMap<u32, String>,
 }
 
-pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let address = |name: &str| cx.symbols.address(name).unwrap_or(0);
     let remote_fn = address("__blk_mq_complete_request_remote");
     let ttwu_fn = address("sched_ttwu_pending");

@@ -7,13 +7,39 @@ use libbpf_rs::skel::Skel;
 use libbpf_rs::{Link, Object};
 
 use super::{
-    apply_filter, entries, load_tracepoints, LoadContext, LoadResult, LoadedFamily, ProcessFilter,
-    Slots,
+    apply_filter, entries, load_tracepoints, sections_of, FamilyDef, LoadContext, LoadResult,
+    LoadedFamily, ProcessFilter, Signals, Slots,
 };
+use crate::attach::TracedModule;
 use crate::bpf::kvm::{types, KvmSkel, KvmSkelBuilder};
+use crate::error::{Absent, Unavailable};
 use crate::hist::KernelHist;
 use crate::model::{ExitHist, KvmEventCount, KvmSnapshot, ProbeSnapshot};
-use crate::report::{Family, FamilyReport, NOT_A_KVM_HOST};
+use crate::report::{Family, FamilyReport};
+
+pub(super) const FAMILY: FamilyDef = FamilyDef {
+    name: "kvm-host",
+    gives: "host-side KVM exits",
+    view: "Hypervisor: host-side exits",
+    signals: Signals::Named(&[
+        ("kvm_exit", "host: exit -> entry time by reason"),
+        ("kvm_entry", "host: exit -> entry time by reason"),
+        ("kvm_pio", "host: port I/O exits per VM"),
+        ("kvm_mmio", "host: MMIO exits per VM"),
+        ("kvm_msr", "host: MSR exits per VM"),
+        ("kvm_hypercall", "host: hypercalls per VM"),
+    ]),
+    modules: &[KVM],
+    load,
+    sections: sections_of::<KvmSkelBuilder>,
+};
+
+/// KVM's module, whose BTF has its tracepoints' types (KVM may also be built in).
+const KVM: TracedModule = TracedModule {
+    name: "kvm",
+    prefix: "kvm_",
+    system: "kvm",
+};
 
 const EVENTS: [(types::vg_kvm_event, &str); 5] = [
     (types::vg_kvm_event::VG_KVM_PIO, "pio"),
@@ -28,16 +54,18 @@ struct KvmProbe<'obj> {
     _links: Vec<Link>,
 }
 
-pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let builtin = cx.kernel.in_vmlinux("kvm_exit");
-    let module = std::path::Path::new("/sys/module/kvm").exists();
-    if !builtin && !module {
-        return Err(FamilyReport::unavailable(Family::KvmHost, NOT_A_KVM_HOST));
-    }
-    if !builtin && !cx.kernel.has_module_btf("kvm") {
+    if !builtin && !KVM.loaded() {
         return Err(FamilyReport::unavailable(
             Family::KvmHost,
-            "the kvm module has no BTF on this kernel (module BTF came in Linux 5.11): its tracepoint layouts are unknown",
+            Unavailable::NothingToWatch(Absent::KvmHost),
+        ));
+    }
+    if !builtin && !cx.kernel.has_module_btf(KVM.name) {
+        return Err(FamilyReport::unavailable(
+            Family::KvmHost,
+            Unavailable::Other("the kvm module has no BTF on this kernel (module BTF came in Linux 5.11): its tracepoint layouts are unknown".into()),
         ));
     }
     // kvm_exit/kvm_entry are classic tracepoints, which need tracefs.

@@ -1,7 +1,8 @@
 //! The probe families, one module each. A family module holds everything about its signal on
-//! the Rust side: what it needs from the host before loading, how its BPF object is set up
+//! the Rust side: its definition ([`FamilyDef`]: name, what each attach point gives, the view it
+//! feeds, its loader), what it needs from the host before loading, how its BPF object is set up
 //! (read-only data, map sizes, which programs this kernel runs), and how its maps read into a
-//! snapshot. [`TABLE`] drives them; the session only walks it.
+//! snapshot. `Family::def` is the registry: the one place that lists the families' modules.
 
 mod block;
 mod irq;
@@ -21,11 +22,83 @@ use libbpf_rs::{Link, MapCore, MapFlags, Object, OpenObject};
 
 use crate::attach::{
     attach_each, select_programs, AttachKind, AttachOutcome, KernelTracepoints, Selection,
+    TracedModule,
 };
+use crate::error::{BpfError, Unavailable};
 use crate::libbpf_log;
 use crate::model::ProbeSnapshot;
 use crate::report::{Family, FamilyReport};
 use crate::virt::Symbols;
+
+/// A probe family's definition, one per family module (its `FAMILY`): everything outside the
+/// module says about the family comes from here.
+pub struct FamilyDef {
+    /// As the CLI, the reports and doctor name it.
+    pub name: &'static str,
+    /// What the family gives, for doctor's row when none of it loads.
+    pub gives: &'static str,
+    /// The view that loses something when the family does not load or attach fully.
+    pub view: &'static str,
+    /// What each of its attach points gives.
+    pub signals: Signals,
+    /// Kernel modules whose tracepoints it uses (their BTF is read at load).
+    pub(crate) modules: &'static [TracedModule],
+    pub(crate) load: for<'obj> fn(&LoadContext<'_>, &'obj mut Slots) -> LoadResult<'obj>,
+    /// Its BPF objects' program sections, read by opening (not loading) them: no privilege.
+    pub(crate) sections: fn() -> Result<Vec<String>, BpfError>,
+}
+
+impl std::fmt::Debug for FamilyDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FamilyDef")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a family's attach points give.
+#[derive(Clone, Copy, Debug)]
+pub enum Signals {
+    /// By attach point (tracepoint, or hooked function). The tests fail on an attach point of
+    /// the family's objects that has no entry, and on an entry no object has.
+    Named(&'static [(&'static str, &'static str)]),
+    /// The same for every attach point, where the points are only known on the host (one
+    /// perf event per CPU; the paravirt callbacks the kernel has).
+    Each(&'static str),
+}
+
+impl Family {
+    /// Its definition, from its module. A family without one does not compile.
+    pub fn def(self) -> &'static FamilyDef {
+        match self {
+            Family::Block => &block::FAMILY,
+            Family::Irq => &irq::FAMILY,
+            Family::Wakeup => &wakeup::FAMILY,
+            Family::Nvme => &nvme::FAMILY,
+            Family::Msr => &msr::FAMILY,
+            Family::Sampler => &sampler::FAMILY,
+            Family::KvmHost => &kvm_host::FAMILY,
+            Family::PvPaths => &pv_paths::FAMILY,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.def().name
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == s)
+    }
+
+    /// What attach point `point` (a tracepoint, a hooked function, a perf event) gives; None
+    /// for a point the family does not have.
+    pub fn signal(self, point: &str) -> Option<&'static str> {
+        match self.def().signals {
+            Signals::Named(named) => named.iter().find(|(p, _)| *p == point).map(|(_, s)| *s),
+            Signals::Each(signal) => Some(signal),
+        }
+    }
+}
 
 /// Backing storage for one family's BPF objects: a failed tp_btf load consumes its slot and
 /// the raw_tp retry gets a fresh one.
@@ -242,14 +315,15 @@ impl HostShape {
         }
     }
 
-    /// Requests that can be in flight at once on the devices (their tag space), bounded.
+    /// Requests that can be in flight at once on the devices (their tag space), bounded by
+    /// [`INFLIGHT_BOUNDS`].
     pub fn inflight_capacity(&self) -> u32 {
         let tags: u64 = self
             .devices
             .iter()
             .map(|d| u64::from(d.hw_queues) * u64::from(d.nr_requests))
             .sum();
-        tags.clamp(4096, 65536) as u32
+        tags.clamp(*INFLIGHT_BOUNDS.start(), *INFLIGHT_BOUNDS.end()) as u32
     }
 
     /// Histogram keys (device, hardware queue, op, stage) the devices can produce, bounded.
@@ -260,9 +334,16 @@ impl HostShape {
             .filter(|d| devices(d))
             .map(|d| u64::from(d.hw_queues))
             .sum();
-        (queues * u64::from(per_queue)).clamp(64, 16384) as u32
+        (queues * u64::from(per_queue)).clamp(*HIST_KEY_BOUNDS.start(), *HIST_KEY_BOUNDS.end())
+            as u32
     }
 }
+
+/// Entries of the in-flight request map: room for a small host's tags at least, and a bound
+/// on the memory of a host with thousands of hardware queues.
+pub const INFLIGHT_BOUNDS: std::ops::RangeInclusive<u64> = 4096..=65536;
+/// Keys of the per-queue histogram maps, bounded the same way.
+pub const HIST_KEY_BOUNDS: std::ops::RangeInclusive<u64> = 64..=16384;
 
 /// Everything a family's load needs.
 pub(crate) struct LoadContext<'h> {
@@ -332,50 +413,9 @@ impl RunningTime {
 pub(crate) type Loaded<'obj> = Box<dyn LoadedFamily + 'obj>;
 pub(crate) type LoadResult<'obj> = Result<(Loaded<'obj>, FamilyReport), FamilyReport>;
 
-/// One row of the table: a family and its loader.
-pub(crate) struct FamilyDef {
-    pub family: Family,
-    pub load: for<'obj> fn(&LoadContext<'_>, &'obj mut Slots) -> LoadResult<'obj>,
-}
-
-pub(crate) const TABLE: [FamilyDef; 8] = [
-    FamilyDef {
-        family: Family::Block,
-        load: block::load,
-    },
-    FamilyDef {
-        family: Family::Irq,
-        load: irq::load,
-    },
-    FamilyDef {
-        family: Family::Wakeup,
-        load: wakeup::load,
-    },
-    FamilyDef {
-        family: Family::Nvme,
-        load: nvme::load,
-    },
-    FamilyDef {
-        family: Family::Msr,
-        load: msr::load,
-    },
-    FamilyDef {
-        family: Family::Sampler,
-        load: sampler::load,
-    },
-    FamilyDef {
-        family: Family::KvmHost,
-        load: kvm_host::load,
-    },
-    FamilyDef {
-        family: Family::PvPaths,
-        load: pv_paths::load,
-    },
-];
-
 /// Storage for every family's BPF objects, on the stack of the thread that owns the session.
 pub struct ProbeStorage {
-    pub(crate) slots: [Slots; 8],
+    pub(crate) slots: [Slots; Family::ALL.len()],
 }
 
 impl std::fmt::Debug for ProbeStorage {
@@ -392,16 +432,9 @@ impl Default for ProbeStorage {
     }
 }
 
-/// A load failure in libbpf's and the verifier's words, not just the errno.
-fn load_error(kind: AttachKind, e: &libbpf_rs::Error, log: &str) -> String {
-    match libbpf_log::why(log, 4) {
-        Some(why) => format!("{} load: {e}: {why}", kind.name()),
-        None => format!("{} load: {e}", kind.name()),
-    }
-}
-
+/// How one flavour's attempt failed, before libbpf's log (which says why) is read.
 enum LoadFailure {
-    Open(String),
+    Open(libbpf_rs::Error),
     Load(libbpf_rs::Error),
 }
 
@@ -432,9 +465,7 @@ where
     let mut errors: Vec<String> = Vec::new();
     for (kind, slot) in kinds.into_iter().zip([first, second]) {
         let (loaded, log) = libbpf_log::captured(|| {
-            let mut open = make()
-                .open(slot)
-                .map_err(|e| LoadFailure::Open(format!("open: {e}")))?;
+            let mut open = make().open(slot).map_err(LoadFailure::Open)?;
             setup(&mut open, kind);
             let selection = Selection {
                 kind,
@@ -463,61 +494,46 @@ where
                 return Ok((skel, links, report));
             }
             Err(failure) => {
+                // In libbpf's and the verifier's words, not just the errno.
                 let text = match failure {
-                    LoadFailure::Open(text) => text,
-                    LoadFailure::Load(e) => load_error(kind, &e, &log),
-                };
+                    LoadFailure::Open(e) => BpfError::Open(e),
+                    LoadFailure::Load(e) => BpfError::load(Some(kind), e, &log, 4),
+                }
+                .to_string();
                 if !errors.contains(&text) {
                     errors.push(text);
                 }
             }
         }
     }
-    Err(FamilyReport::unavailable(family, errors.join("; ")))
+    Err(FamilyReport::unavailable(
+        family,
+        Unavailable::Other(errors.join("; ")),
+    ))
 }
 
-/// Opens (parses, does not load) a skeleton and lists its programs' sections.
-pub(crate) fn sections_of<'obj, B: SkelBuilder<'obj>>(
-    builder: B,
-    slot: &'obj mut MaybeUninit<OpenObject>,
-) -> Result<Vec<String>, String> {
-    let open = builder.open(slot).map_err(|e| e.to_string())?;
-    Ok(open
+/// The program sections of the object `B` builds, by opening (parsing, not loading) it.
+pub(crate) fn sections_of<B>() -> Result<Vec<String>, BpfError>
+where
+    B: for<'obj> SkelBuilder<'obj> + Default,
+{
+    let mut slot = MaybeUninit::uninit();
+    let open = B::default().open(&mut slot).map_err(BpfError::Open)?;
+    let sections = open
         .open_object()
         .progs()
         .map(|p| p.section().to_string_lossy().into_owned())
-        .collect())
+        .collect();
+    Ok(sections)
 }
 
-/// Every tracepoint family's program sections, by opening the embedded objects. Needs no
-/// privilege; proves the objects are well formed.
-pub fn object_sections() -> Result<Vec<(Family, Vec<String>)>, String> {
-    let mut slot = MaybeUninit::uninit();
-    let mut out = vec![(
-        Family::Block,
-        sections_of(crate::bpf::block::BlockSkelBuilder::default(), &mut slot)?,
-    )];
-    let mut slot = MaybeUninit::uninit();
-    out.push((
-        Family::Irq,
-        sections_of(crate::bpf::irq::IrqSkelBuilder::default(), &mut slot)?,
-    ));
-    let mut slot = MaybeUninit::uninit();
-    out.push((
-        Family::Wakeup,
-        sections_of(crate::bpf::sched::SchedSkelBuilder::default(), &mut slot)?,
-    ));
-    let mut slot = MaybeUninit::uninit();
-    out.push((
-        Family::Nvme,
-        sections_of(crate::bpf::nvme::NvmeSkelBuilder::default(), &mut slot)?,
-    ));
-    let mut slot = MaybeUninit::uninit();
-    out.push((
-        Family::Msr,
-        sections_of(crate::bpf::msr::MsrSkelBuilder::default(), &mut slot)?,
-    ));
-    Ok(out)
+/// Every family's program sections, by opening its embedded objects. Needs no privilege;
+/// proves the objects are well formed.
+pub fn object_sections() -> Result<Vec<(Family, Vec<String>)>, BpfError> {
+    Family::ALL
+        .into_iter()
+        .map(|family| Ok((family, (family.def().sections)()?)))
+        .collect()
 }
 
 /// A generated ABI value's bytes, as a map key or value.
@@ -581,36 +597,55 @@ mod tests {
 
     #[test]
     fn map_sizes_follow_the_devices() {
-        let host = HostShape {
+        let nvme = |queues: u32| QueueShape {
+            name: "nvme0n1".into(),
+            hw_queues: queues,
+            nr_requests: 1023,
+            dev: 259 << 20,
+            queue_irqs: vec![],
+        };
+        let vda = QueueShape {
+            name: "vda".into(),
+            hw_queues: 1,
+            nr_requests: 256,
+            dev: 254 << 20,
+            queue_irqs: vec![(0, 25)],
+        };
+        let host = |devices: Vec<QueueShape>| HostShape {
             possible_cpus: 72,
             online_cpus: (0..72).collect(),
-            devices: vec![
-                QueueShape {
-                    name: "nvme0n1".into(),
-                    hw_queues: 64,
-                    nr_requests: 1023,
-                    dev: 259 << 20,
-                    queue_irqs: vec![],
-                },
-                QueueShape {
-                    name: "vda".into(),
-                    hw_queues: 1,
-                    nr_requests: 256,
-                    dev: 254 << 20,
-                    queue_irqs: vec![(0, 25)],
-                },
-            ],
+            devices,
             irq_lines: 200,
         };
-        assert_eq!(host.inflight_capacity(), 65536);
-        assert_eq!(host.hist_keys(|_| true, 10), 650);
-        assert_eq!(host.hist_keys(|d| d.name.starts_with("nvme"), 5), 320);
-        let small = HostShape {
-            devices: vec![],
-            ..host
-        };
-        assert_eq!(small.inflight_capacity(), 4096);
-        assert_eq!(small.hist_keys(|_| true, 10), 64);
+        // Every request the devices can have in flight has a slot, and every (queue, op,
+        // stage) key of the devices asked for fits.
+        let mid = host(vec![nvme(8), vda.clone()]);
+        assert!(u64::from(mid.inflight_capacity()) >= 8 * 1023 + 256);
+        assert!(mid.hist_keys(|_| true, 10) >= (8 + 1) * 10);
+        assert!(mid.hist_keys(|d| d.name.starts_with("nvme"), 5) >= 8 * 5);
+        // A host with far more tags than that is held to the bound: memory stays bounded.
+        let huge = host(vec![nvme(4096), vda.clone()]);
+        assert_eq!(u64::from(huge.inflight_capacity()), *INFLIGHT_BOUNDS.end());
+        assert_eq!(
+            u64::from(huge.hist_keys(|_| true, 10)),
+            *HIST_KEY_BOUNDS.end()
+        );
+        assert!(huge.inflight_capacity() > mid.inflight_capacity());
+        // No device known: still room for one small device's requests.
+        let none = host(vec![]);
+        assert!(u64::from(none.inflight_capacity()) >= 1023);
+        assert!(none.hist_keys(|_| true, 10) > 0);
+    }
+
+    /// The function or tracepoint a program section names; None where user space picks the
+    /// target at load time (a bare "fentry" or "kprobe"; "perf_event").
+    fn attach_point(section: &str) -> Option<&str> {
+        let (kind, rest) = section.split_once('/')?;
+        match kind {
+            "tp_btf" | "raw_tp" | "fentry" | "fexit" | "kprobe" | "kretprobe" => Some(rest),
+            "tracepoint" => rest.split_once('/').map(|(_, tp)| tp),
+            _ => None,
+        }
     }
 
     #[test]
@@ -618,17 +653,56 @@ mod tests {
         for (family, sections) in object_sections().unwrap() {
             assert!(!sections.is_empty(), "{family:?} has programs");
             for s in &sections {
-                let tp = s
-                    .strip_prefix("tp_btf/")
-                    .or_else(|| s.strip_prefix("raw_tp/"))
-                    .unwrap_or_else(|| panic!("{family:?}: unexpected section {s}"));
-                let twin = if s.starts_with("tp_btf/") {
-                    format!("raw_tp/{tp}")
-                } else {
-                    format!("tp_btf/{tp}")
+                let (kind, point) = s.split_once('/').unwrap_or((s, ""));
+                let twin = match kind {
+                    "tp_btf" => format!("raw_tp/{point}"),
+                    "raw_tp" => format!("tp_btf/{point}"),
+                    // Classic tracepoints, function hooks and perf events come alone.
+                    "tracepoint" | "fentry" | "fexit" | "kprobe" | "kretprobe" | "perf_event" => {
+                        continue
+                    }
+                    _ => panic!("{family:?}: unexpected section {s}"),
                 };
                 assert!(sections.contains(&twin), "{family:?}: {s} has no twin");
             }
+        }
+    }
+
+    /// Doctor's signal column comes from the families' definitions: an attach point without
+    /// an entry there, or an entry for a point no object has, fails here.
+    #[test]
+    fn every_attach_point_says_what_it_gives() {
+        for (family, sections) in object_sections().unwrap() {
+            let points: std::collections::BTreeSet<&str> =
+                sections.iter().filter_map(|s| attach_point(s)).collect();
+            match family.def().signals {
+                Signals::Named(named) => {
+                    for point in &points {
+                        assert!(
+                            family.signal(point).is_some(),
+                            "{family:?}: {point} has no signal in its FamilyDef"
+                        );
+                    }
+                    for (point, _) in named {
+                        assert!(
+                            points.contains(point),
+                            "{family:?}: a signal for {point}, which none of its objects has"
+                        );
+                    }
+                }
+                Signals::Each(_) => assert!(
+                    points.is_empty(),
+                    "{family:?}: {points:?} are named in its objects: list their signals"
+                ),
+            }
+        }
+    }
+
+    #[test]
+    fn families_are_named_once_and_parse_back() {
+        for family in Family::ALL {
+            assert_eq!(Family::parse(family.name()), Some(family));
+            assert!(!family.def().gives.is_empty() && !family.def().view.is_empty());
         }
     }
 }

@@ -5,10 +5,30 @@ use std::os::fd::AsFd;
 
 use libbpf_rs::{Link, MapCore, Object};
 
-use super::{copy, load_tracepoints, percpu_entry, LoadContext, LoadResult, LoadedFamily, Slots};
+use super::{
+    copy, load_tracepoints, percpu_entry, sections_of, FamilyDef, LoadContext, LoadResult,
+    LoadedFamily, Signals, Slots,
+};
 use crate::bpf::msr::{types, MsrSkel, MsrSkelBuilder};
 use crate::model::{MsrCount, MsrSnapshot, ProbeSnapshot};
 use crate::report::Family;
+
+pub(super) const FAMILY: FamilyDef = FamilyDef {
+    name: "msr",
+    gives: "exit-causing MSR writes",
+    view: "Hypervisor: MSR writes",
+    signals: Signals::Named(&[
+        ("write_msr", "exit-causing MSR writes by MSR"),
+        ("read_msr", "MSR reads by MSR"),
+        (SAMPLER_TIMER, "the sampler's own writes, set apart"),
+    ]),
+    modules: &[],
+    load,
+    sections: sections_of::<MsrSkelBuilder>,
+};
+
+/// Where the sampler's timer expires: writes right after it are the sampler's own.
+const SAMPLER_TIMER: &str = "hrtimer_expire_entry";
 
 struct MsrProbe<'obj> {
     skel: MsrSkel<'obj>,
@@ -19,7 +39,7 @@ struct MsrProbe<'obj> {
     sampler_ran: super::RunningTime,
 }
 
-pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let hypervisor = super::pv_paths::guest_hypervisor().unwrap_or("none");
     // The sampler's timer callback: its expiries stamp the sampler's writes even where the
     // kernel delivers no sample. Without the sampler the timer is someone else's.
@@ -33,7 +53,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
         MsrSkelBuilder::default,
         slots,
         cx.kernel,
-        &|tracepoint| tracepoint == "hrtimer_expire_entry" && sampler_timer_fn == 0,
+        &|tracepoint| tracepoint == SAMPLER_TIMER && sampler_timer_fn == 0,
         &|open: &mut crate::bpf::msr::OpenMsrSkel<'_>, _| {
             if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
                 ro.sampler_timer_fn = sampler_timer_fn;

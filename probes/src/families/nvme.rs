@@ -6,12 +6,35 @@ use libbpf_rs::{Link, Object};
 
 use super::block::op_of;
 use super::{
-    dev_of, entries, load_tracepoints, percpu_sum, LoadContext, LoadResult, LoadedFamily, Slots,
+    dev_of, entries, load_tracepoints, percpu_sum, sections_of, FamilyDef, LoadContext, LoadResult,
+    LoadedFamily, Signals, Slots,
 };
+use crate::attach::TracedModule;
 use crate::bpf::nvme::{types, NvmeSkel, NvmeSkelBuilder};
+use crate::error::{Absent, Unavailable};
 use crate::hist::KernelHist;
 use crate::model::{NvmeQueueHist, NvmeSnapshot, ProbeSnapshot};
-use crate::report::{Family, FamilyReport, NO_NVME};
+use crate::report::{Family, FamilyReport};
+
+pub(super) const FAMILY: FamilyDef = FamilyDef {
+    name: "nvme",
+    gives: "NVMe latency per queue (qid)",
+    view: "Devices: NVMe latency per queue",
+    signals: Signals::Named(&[
+        ("nvme_setup_cmd", "NVMe latency per queue (qid)"),
+        ("nvme_complete_rq", "NVMe latency per queue (qid)"),
+    ]),
+    modules: &[NVME_CORE],
+    load,
+    sections: sections_of::<NvmeSkelBuilder>,
+};
+
+/// The NVMe tracepoints' module.
+const NVME_CORE: TracedModule = TracedModule {
+    name: "nvme_core",
+    prefix: "nvme_",
+    system: "nvme",
+};
 
 /// Ops per queue id a histogram key can take.
 const KEYS_PER_QUEUE: u32 = 5;
@@ -21,11 +44,13 @@ struct NvmeProbe<'obj> {
     _links: Vec<Link>,
 }
 
-pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
-    let present =
-        std::path::Path::new("/sys/module/nvme_core").exists() || cx.kernel.has("nvme_setup_cmd");
+fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+    let present = NVME_CORE.loaded() || cx.kernel.has("nvme_setup_cmd");
     if !present {
-        return Err(FamilyReport::unavailable(Family::Nvme, NO_NVME));
+        return Err(FamilyReport::unavailable(
+            Family::Nvme,
+            Unavailable::NothingToWatch(Absent::Nvme),
+        ));
     }
     let inflight = cx.host.inflight_capacity();
     // The admin queue adds one queue id per controller.

@@ -8,13 +8,26 @@ use libbpf_rs::skel::Skel;
 use libbpf_rs::Object;
 
 use super::{
-    kprobes_unavailable, leaked_object_slot, LoadContext, LoadResult, LoadedFamily, Slots,
+    kprobes_unavailable, leaked_object_slot, sections_of, FamilyDef, LoadContext, LoadResult,
+    LoadedFamily, Signals, Slots,
 };
 use crate::attach::AttachOutcome;
 use crate::bpf;
+use crate::error::{BpfError, Unavailable};
 use crate::model::ProbeSnapshot;
 use crate::report::{Family, FamilyReport};
 use crate::virt::select_pv_symbols;
+
+pub(super) const FAMILY: FamilyDef = FamilyDef {
+    name: "pv-paths",
+    gives: "paravirt callback timing",
+    view: "Hypervisor: PV path timings",
+    // One attach point per callback this kernel has, named for its symbol.
+    signals: Signals::Each("paravirt callback timing"),
+    modules: &[],
+    load,
+    sections: sections_of::<bpf::pvpath::PvpathSkelBuilder>,
+};
 
 /// The hypervisor a guest kernel talks to, from CPUID.
 pub fn guest_hypervisor() -> Option<&'static str> {
@@ -87,52 +100,45 @@ impl PvTimer {
 fn fentry(
     symbol: &str,
     index: u32,
-) -> Result<(bpf::pvpath::PvpathSkel<'static>, Vec<libbpf_rs::Link>), String> {
+) -> Result<(bpf::pvpath::PvpathSkel<'static>, Vec<libbpf_rs::Link>), BpfError> {
     let mut open = bpf::pvpath::PvpathSkelBuilder::default()
         .open(leaked_object_slot())
-        .map_err(|e| format!("open: {e}"))?;
+        .map_err(BpfError::Open)?;
     open.progs
         .pv_fentry
         .set_attach_target(0, Some(symbol.to_string()))
-        .map_err(|e| format!("{e}"))?;
+        .map_err(BpfError::Retarget)?;
     open.progs
         .pv_fexit
         .set_attach_target(0, Some(symbol.to_string()))
-        .map_err(|e| format!("{e}"))?;
+        .map_err(BpfError::Retarget)?;
     open.progs.pv_kprobe.set_autoload(false);
     open.progs.pv_kretprobe.set_autoload(false);
     if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
         ro.symbol_index = index;
     }
     let (skel, log) = crate::libbpf_log::captured(|| open.load());
-    let skel = skel.map_err(|e| match crate::libbpf_log::why(&log, 3) {
-        Some(why) => format!("load: {e}: {why}"),
-        None => format!("load: {e}"),
-    })?;
-    let entry = skel
-        .progs
-        .pv_fentry
-        .attach()
-        .map_err(|e| format!("attach: {e}"))?;
-    let exit = skel
-        .progs
-        .pv_fexit
-        .attach()
-        .map_err(|e| format!("attach: {e}"))?;
+    let skel = skel.map_err(|e| BpfError::load(None, e, &log, 3))?;
+    let entry = skel.progs.pv_fentry.attach().map_err(BpfError::Attach)?;
+    let exit = skel.progs.pv_fexit.attach().map_err(BpfError::Attach)?;
     Ok((skel, vec![entry, exit]))
 }
 
 /// Links of each symbol's kprobe pair, or why it did not attach.
-type KprobeLinks = Vec<Result<Vec<libbpf_rs::Link>, String>>;
+type KprobeLinks = Vec<Result<Vec<libbpf_rs::Link>, BpfError>>;
 
 /// One kprobe object attached to every symbol, the symbol's index as the attach cookie.
-fn kprobes(symbols: &[&str]) -> Result<(bpf::pvpath::PvpathSkel<'static>, KprobeLinks), String> {
+fn kprobes(symbols: &[&str]) -> Result<(bpf::pvpath::PvpathSkel<'static>, KprobeLinks), BpfError> {
     let mut open = bpf::pvpath::PvpathSkelBuilder::default()
         .open(leaked_object_slot())
-        .map_err(|e| format!("open: {e}"))?;
+        .map_err(BpfError::Open)?;
     open.progs.pv_fentry.set_autoload(false);
     open.progs.pv_fexit.set_autoload(false);
-    let skel = open.load().map_err(|e| format!("load: {e}"))?;
+    let skel = open.load().map_err(|source| BpfError::Load {
+        kind: None,
+        source,
+        why: None,
+    })?;
     let attached = symbols
         .iter()
         .enumerate()
@@ -145,12 +151,12 @@ fn kprobes(symbols: &[&str]) -> Result<(bpf::pvpath::PvpathSkel<'static>, Kprobe
                 .progs
                 .pv_kprobe
                 .attach_kprobe_with_opts(false, sym, opts())
-                .map_err(|e| format!("kprobe: {e}"))?;
+                .map_err(BpfError::Kprobe)?;
             let exit = skel
                 .progs
                 .pv_kretprobe
                 .attach_kprobe_with_opts(true, sym, opts())
-                .map_err(|e| format!("kretprobe: {e}"))?;
+                .map_err(BpfError::Kretprobe)?;
             Ok(vec![entry, exit])
         })
         .collect();
@@ -160,8 +166,9 @@ fn kprobes(symbols: &[&str]) -> Result<(bpf::pvpath::PvpathSkel<'static>, Kprobe
 /// Times the hypervisor's paravirt callbacks this kernel has: fentry/fexit where the kernel
 /// allows it, kprobes for the symbols where it does not. Reports per symbol how it attached or
 /// exactly why it could not. Its objects live in leaked slots (see `object_slot`), not `slots`.
-pub(super) fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj> {
-    let unavailable = |why: String| FamilyReport::unavailable(Family::PvPaths, why);
+fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj> {
+    let unavailable =
+        |why: String| FamilyReport::unavailable(Family::PvPaths, Unavailable::Other(why));
     let Some(hv) = guest_hypervisor() else {
         return Err(unavailable(
             "not a guest: no hypervisor callbacks to time".into(),

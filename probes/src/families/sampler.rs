@@ -10,13 +10,27 @@ use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, Object};
 use std::sync::Arc;
 
-use super::{copy, percpu_sum, LoadContext, LoadResult, LoadedFamily, Slots};
+use super::{
+    copy, percpu_sum, sections_of, FamilyDef, LoadContext, LoadResult, LoadedFamily, Signals, Slots,
+};
 use crate::attach::{AttachKind, AttachOutcome};
 use crate::bpf::sampler::{types, SamplerSkel, SamplerSkelBuilder};
+use crate::error::{BpfError, Unavailable};
 use crate::libbpf_log;
 use crate::model::{CpuSamples, ProbeSnapshot, SamplerSnapshot};
 use crate::report::{Family, FamilyReport};
 use crate::virt::Symbols;
+
+pub(super) const FAMILY: FamilyDef = FamilyDef {
+    name: "sampler",
+    gives: "where each CPU's time goes (sampled)",
+    view: "Hypervisor: sampled CPU split",
+    // One cpu-clock event per online CPU, named for its rate and CPU.
+    signals: Signals::Each("sampled kernel IPs per CPU"),
+    modules: &[],
+    load,
+    sections: sections_of::<SamplerSkelBuilder>,
+};
 
 /// The sampling period at `hz`, in ns of CPU clock.
 fn period_ns(hz: u64) -> u64 {
@@ -25,7 +39,7 @@ fn period_ns(hz: u64) -> u64 {
 
 /// Opens a cpu-clock sampling event on `cpu`, one sample every `period_ns(hz)` (a fixed period
 /// rather than perf's adaptive frequency: the cost per second is then known in advance).
-fn open_cpu_clock(cpu: u32, hz: u64) -> Result<i32, std::io::Error> {
+fn open_cpu_clock(cpu: u32, hz: u64) -> Result<i32, BpfError> {
     use libbpf_rs::libbpf_sys as sys;
     let mut attr = sys::perf_event_attr {
         type_: sys::PERF_TYPE_SOFTWARE,
@@ -50,7 +64,7 @@ fn open_cpu_clock(cpu: u32, hz: u64) -> Result<i32, std::io::Error> {
         )
     };
     if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+        return Err(BpfError::PerfEventOpen(std::io::Error::last_os_error()));
     }
     Ok(fd as i32)
 }
@@ -73,8 +87,8 @@ struct SamplerProbe<'obj> {
     drained: RefCell<BTreeMap<u32, CpuSamples>>,
 }
 
-pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
-    let fail = |why: String| FamilyReport::unavailable(Family::Sampler, why);
+fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+    let fail = |why: String| FamilyReport::unavailable(Family::Sampler, Unavailable::Other(why));
     let hz = cx.config.sample_hz;
     // At most one key per sample between two reads.
     let per_interval =
@@ -83,7 +97,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
     let (loaded, log) = libbpf_log::captured(|| {
         let mut open = SamplerSkelBuilder::default()
             .open(&mut slots[0])
-            .map_err(|e| format!("open: {e}"))?;
+            .map_err(BpfError::Open)?;
         let _ = open.maps.samples_first.set_max_entries(keys);
         let _ = open.maps.samples_second.set_max_entries(keys);
         // The msr object counts the writes this sampler's interrupts cause apart.
@@ -91,28 +105,35 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
             open.maps
                 .sampler_stamp
                 .reuse_fd(fd.as_fd())
-                .map_err(|e| format!("sharing sampler_stamp with the msr object: {e}"))?;
+                .map_err(|source| BpfError::Share {
+                    map: "sampler_stamp",
+                    owner: "msr",
+                    source,
+                })?;
         }
-        open.load().map_err(|e| format!("load: {e}"))
+        open.load().map_err(|source| BpfError::Load {
+            kind: None,
+            source,
+            why: None,
+        })
     });
+    // libbpf's log says why, whichever step failed.
     let skel = loaded.map_err(|e| match libbpf_log::why(&log, 4) {
         Some(why) => fail(format!("{e}: {why}")),
-        None => fail(e),
+        None => fail(e.to_string()),
     })?;
     let mut links = Vec::new();
     let mut events = Vec::new();
     let mut outcomes = Vec::new();
     for &cpu in &cx.host.online_cpus {
         let name = format!("cpu-clock@{hz}Hz cpu{cpu}");
-        let result = open_cpu_clock(cpu, hz)
-            .map_err(|e| format!("perf_event_open: {e}"))
-            .and_then(|fd| {
-                skel.progs
-                    .sample
-                    .attach_perf_event(fd)
-                    .map(|link| (fd, link))
-                    .map_err(|e| format!("attach: {e}"))
-            });
+        let result = open_cpu_clock(cpu, hz).and_then(|fd| {
+            skel.progs
+                .sample
+                .attach_perf_event(fd)
+                .map(|link| (fd, link))
+                .map_err(BpfError::Attach)
+        });
         match result {
             Ok((fd, link)) => {
                 links.push(link);
@@ -126,7 +147,7 @@ pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadRe
             Err(why) => outcomes.push(AttachOutcome {
                 tracepoint: name,
                 attached: None,
-                reason: Some(why),
+                reason: Some(why.to_string()),
             }),
         }
     }

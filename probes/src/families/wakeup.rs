@@ -4,24 +4,39 @@ use libbpf_rs::skel::Skel;
 use libbpf_rs::{Link, Object};
 
 use super::{
-    apply_filter, load_tracepoints, percpu_entry, percpu_sum, LoadContext, LoadResult,
-    LoadedFamily, Slots,
+    apply_filter, load_tracepoints, percpu_entry, percpu_sum, sections_of, FamilyDef, LoadContext,
+    LoadResult, LoadedFamily, Signals, Slots,
 };
 use crate::bpf::sched::{types, SchedSkel, SchedSkelBuilder};
+use crate::error::Unavailable;
 use crate::hist::KernelHist;
 use crate::model::{ProbeSnapshot, WakeupSnapshot};
 use crate::report::{Family, FamilyReport};
+
+pub(super) const FAMILY: FamilyDef = FamilyDef {
+    name: "wakeup",
+    gives: "wakeup latency of the workload",
+    view: "Where the time goes: wakeup delay",
+    signals: Signals::Named(&[
+        ("sched_wakeup", "wakeup latency of the workload"),
+        ("sched_wakeup_new", "wakeup latency of the workload"),
+        ("sched_switch", "wakeup latency of the workload"),
+    ]),
+    modules: &[],
+    load,
+    sections: sections_of::<SchedSkelBuilder>,
+};
 
 struct WakeupProbe<'obj> {
     skel: SchedSkel<'obj>,
     _links: Vec<Link>,
 }
 
-pub(super) fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let Some(filter) = cx.filter else {
         return Err(FamilyReport::unavailable(
             Family::Wakeup,
-            "needs a workload process to follow",
+            Unavailable::Other("needs a workload process to follow".into()),
         ));
     };
     let following_self = filter.tgid == std::process::id();

@@ -1,16 +1,27 @@
-//! The kv workload: a log-structured key-value store with Aerospike's I/O pattern (`store`,
-//! over a lock-free `index`), its settings (`spec`), and the ACT-style run on top of it
-//! (`runner`), whose client operations go through io_uring rings (`ring`) or, as ACT's do,
-//! synchronous service threads.
+//! The kv workload: a log-structured key-value store with Aerospike's I/O pattern, and the
+//! ACT-style run on top of it.
+//!
+//! - `store` (over a lock-free `index`): the store itself; `spec`: the `[kv]` table.
+//! - `fill`: loading and ageing the store before a run (`prepare`).
+//! - `coordinator`: the run (`start`): its threads, the report every interval, the outcome.
+//! - `client`: what every client thread shares; `ring` (io_uring) and `service` (synchronous,
+//!   as ACT's service threads) are the two client engines.
+//! - `shared`: the state the kv threads share while the run goes on.
+//! - `act_log`: ACT's text log; `verdict`: slices, the outcome and ACT's verdict on it.
 
+mod act_log;
+mod client;
+mod coordinator;
+mod fill;
 mod index;
 mod ring;
-mod runner;
+mod service;
+mod shared;
 pub mod spec;
 pub mod store;
+mod verdict;
 
-pub use runner::{
-    prepare, start, Behind, FillProgress, Judged, KvOutcome, KvVerdict, LoadedStore, SliceResult,
-    DELIVERED_MIN, SLIPPED_LAG,
-};
+pub use coordinator::start;
+pub use fill::{prepare, FillProgress, LoadedStore};
 pub use store::{KvConfig, KvCounters, KvError, KvStore};
+pub use verdict::{Behind, Judged, KvOutcome, KvVerdict, SliceResult, DELIVERED_MIN, SLIPPED_LAG};

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use io_uring::{opcode, types, IoUring};
 
-use super::runner::{ClientContext, ClientOp, ClientTally, OpTimes, ServiceResult};
+use super::client::{ClientContext, ClientOp, ClientOps, ClientTally, OpTimes, ServiceResult};
 use super::store::{DeviceRead, KvError, OpDone, PlannedRead};
 use crate::engine::AlignedBuffer;
 use crate::run::WorkloadError;
@@ -68,6 +68,38 @@ struct Reads {
 }
 
 impl Reads {
+    /// A ring with `qd` slots (the context's queue depth) and room for the tick's timeout; the
+    /// ring's features are added to `features`.
+    fn new(ctx: &ClientContext, features: &mut Vec<&'static str>) -> Result<Self, WorkloadError> {
+        let qd = ctx.qd.max(1) as usize;
+        // Room for every read and the tick's timeout.
+        let ring = crate::engine::build_ring((qd as u32 + 1).next_power_of_two(), features)
+            .map_err(|e| {
+                io_failure(
+                    ctx.worker,
+                    "io_uring setup (where io_uring is disabled, use --engine psync)",
+                    e,
+                )
+            })?;
+        let mut slots = Vec::with_capacity(qd);
+        for _ in 0..qd {
+            slots.push(Slot {
+                buf: ctx.store.read_buffer().map_err(|error| WorkloadError::Kv {
+                    worker: ctx.worker,
+                    error,
+                })?,
+                read: None,
+            });
+        }
+        Ok(Self {
+            ring,
+            fd: types::Fd(ctx.store.read_fd()),
+            slots,
+            free: (0..qd).rev().collect(),
+            tick_pending: false,
+        })
+    }
+
     fn in_flight(&self) -> bool {
         self.free.len() < self.slots.len()
     }
@@ -144,98 +176,30 @@ pub(super) fn run_ring(
     send_interval: &dyn Fn(IntervalSample),
 ) -> Result<ServiceResult, WorkloadError> {
     let worker = ctx.worker;
-    let fail = |error: KvError| WorkloadError::Kv { worker, error };
-    let io_fail = |op: &'static str, err: std::io::Error| {
-        fail(KvError::Io {
-            op,
-            offset: 0,
-            len: 0,
-            err,
-        })
-    };
-    let qd = ctx.qd.max(1) as usize;
     let mut features = Vec::new();
-    // Room for every read and the tick's timeout.
-    let ring = crate::engine::build_ring((qd as u32 + 1).next_power_of_two(), &mut features)
-        .map_err(|e| {
-            io_fail(
-                "io_uring setup (where io_uring is disabled, use --engine psync)",
-                e,
-            )
-        })?;
-    let mut slots = Vec::with_capacity(qd);
-    for _ in 0..qd {
-        slots.push(Slot {
-            buf: ctx.store.read_buffer().map_err(fail)?,
-            read: None,
-        });
-    }
-    let mut reads = Reads {
-        ring,
-        fd: types::Fd(ctx.store.read_fd()),
-        slots,
-        free: (0..qd).rev().collect(),
-        tick_pending: false,
-    };
+    let mut reads = Reads::new(ctx, &mut features)?;
     let sh = &ctx.shared;
     let mut ops = ctx.operations();
     let mut tally = ClientTally::new(ctx);
     // The kernel copies the timeout when the SQE is submitted; it lives here until then.
     let mut tick_ts: types::Timespec;
     let mut result = Ok(());
-    'run: loop {
-        let mut now = sh.now_ns();
+    loop {
+        let now = sh.now_ns();
         tally.at(now);
         if ctx.over(now) {
             break;
         }
-        // Everything due by now, as far as there are free slots for its reads.
-        while ops.next_due_ns() <= now {
-            let lag = ops.lag(now);
-            if ctx.fell_behind(lag) {
-                break 'run;
-            }
-            if reads.free.is_empty() {
-                // Reads wait for a slot; a write would overtake them.
+        match issue_due(ctx, &mut ops, &mut reads, &mut tally, now, send_interval) {
+            Ok(Issued::Batch) => {}
+            Ok(Issued::RunOver) => break,
+            Err(e) => {
+                result = Err(e);
                 break;
             }
-            let ClientOp { due, write, key } = ops.take(now);
-            tally.issued_late_by(lag.as_nanos() as u64);
-            let planned = if write {
-                ctx.store.put(key).map(|bytes| PlannedRead::Done { bytes })
-            } else {
-                ctx.store.plan_read(key)
-            };
-            let planned = match planned {
-                Ok(p) => p,
-                Err(KvError::Stopped) => break 'run,
-                Err(e) => {
-                    result = Err(fail(e));
-                    break 'run;
-                }
-            };
-            match planned {
-                PlannedRead::Done { bytes } => {
-                    let end = sh.now_ns();
-                    let times = OpTimes {
-                        due,
-                        started: now,
-                        now: end,
-                    };
-                    let done = OpDone {
-                        service_ns: None,
-                        bytes,
-                        offset: None,
-                    };
-                    tally.done(write, times, done, send_interval);
-                }
-                PlannedRead::Device(read) => reads.queue(read, due, now),
-            }
-            // A write can wait for a free block: the next operation's lag is from now.
-            now = sh.now_ns();
         }
         if let Err(e) = reads.submit(sh.now_ns()) {
-            result = Err(io_fail("io_uring submit", e));
+            result = Err(io_failure(worker, "io_uring submit", e));
             break;
         }
         // Sleep until a read completes or the next operation is due (at least a tick, at most
@@ -255,7 +219,7 @@ pub(super) fn run_ring(
         let wait_for = usize::from(reads.tick_pending || reads.free.is_empty());
         if let Err(e) = reads.ring.submit_and_wait(wait_for) {
             if !transient(&e) {
-                result = Err(io_fail("io_uring wait", e));
+                result = Err(io_failure(worker, "io_uring wait", e));
                 break;
             }
         }
@@ -266,10 +230,78 @@ pub(super) fn run_ring(
     }
     reads
         .drain()
-        .map_err(|e| io_fail("io_uring wait at the end", e))?;
+        .map_err(|e| io_failure(worker, "io_uring wait at the end", e))?;
     result?;
     let engine = features.join(", ");
     Ok(tally.finish(&engine, send_interval))
+}
+
+/// How a round of issuing ended.
+enum Issued {
+    /// Everything due is issued, or waits for a free slot: submit the batch.
+    Batch,
+    /// The run is over: a stream fell behind, or the store stopped.
+    RunOver,
+}
+
+/// Issues everything due by `now`, as far as there are free slots for its reads: writes and
+/// reads of records in memory are done at once, device reads are queued on the ring.
+fn issue_due(
+    ctx: &ClientContext,
+    ops: &mut ClientOps,
+    reads: &mut Reads,
+    tally: &mut ClientTally<'_>,
+    mut now: u64,
+    send_interval: &dyn Fn(IntervalSample),
+) -> Result<Issued, WorkloadError> {
+    let sh = &ctx.shared;
+    while ops.next_due_ns() <= now {
+        let lag = ops.lag(now);
+        if ctx.fell_behind(lag) {
+            return Ok(Issued::RunOver);
+        }
+        if reads.free.is_empty() {
+            // Reads wait for a slot; a write would overtake them.
+            break;
+        }
+        let ClientOp { due, write, key } = ops.take(now);
+        tally.issued_late_by(lag.as_nanos() as u64);
+        let planned = if write {
+            ctx.store.put(key).map(|bytes| PlannedRead::Done { bytes })
+        } else {
+            ctx.store.plan_read(key)
+        };
+        let planned = match planned {
+            Ok(p) => p,
+            Err(KvError::Stopped) => return Ok(Issued::RunOver),
+            Err(error) => {
+                return Err(WorkloadError::Kv {
+                    worker: ctx.worker,
+                    error,
+                })
+            }
+        };
+        match planned {
+            PlannedRead::Done { bytes } => {
+                let end = sh.now_ns();
+                let times = OpTimes {
+                    due,
+                    started: now,
+                    now: end,
+                };
+                let done = OpDone {
+                    service_ns: None,
+                    bytes,
+                    offset: None,
+                };
+                tally.done(write, times, done, send_interval);
+            }
+            PlannedRead::Device(read) => reads.queue(read, due, now),
+        }
+        // A write can wait for a free block: the next operation's lag is from now.
+        now = sh.now_ns();
+    }
+    Ok(Issued::Batch)
 }
 
 /// Handles every completion waiting: records and checks finished reads (re-reading a record
@@ -357,6 +389,19 @@ fn reap(
             error,
         }),
         None => Ok(()),
+    }
+}
+
+/// A ring call that failed on `op`, as the worker's error.
+fn io_failure(worker: u32, op: &'static str, err: std::io::Error) -> WorkloadError {
+    WorkloadError::Kv {
+        worker,
+        error: KvError::Io {
+            op,
+            offset: 0,
+            len: 0,
+            err,
+        },
     }
 }
 

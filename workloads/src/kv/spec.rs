@@ -1,7 +1,6 @@
 //! The `[kv]` table of a workload file: ACT's load model (x-rating or explicit rates, a
 //! read:write ratio), the record and defrag parameters, and the verdict's slice and lag limit.
 
-use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -9,34 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::act::{ActError, ActLoad, READS_PER_X, WRITES_PER_X};
 use crate::kv::store::KvStore;
-use crate::spec::{de_from_str, ser_display, ByteSize, Span};
-
-/// Client reads : client writes, e.g. 2:1 (ACT), 1:1, 19:1, 9:1, 1:0 (read-only).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ratio {
-    pub reads: u32,
-    pub writes: u32,
-}
-
-impl FromStr for Ratio {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let bad = || format!("'{s}' is not a reads:writes ratio like 2:1 or 1:0");
-        let (r, w) = s.split_once(':').ok_or_else(bad)?;
-        let reads: u32 = r.trim().parse().map_err(|_| bad())?;
-        let writes: u32 = w.trim().parse().map_err(|_| bad())?;
-        if reads == 0 && writes == 0 {
-            return Err(format!("'{s}' has neither reads nor writes"));
-        }
-        Ok(Self { reads, writes })
-    }
-}
-
-impl fmt::Display for Ratio {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.reads, self.writes)
-    }
-}
+use crate::values::{de_from_str, ser_display, ByteSize, Distribution, Span};
+// Where the app imports the ratio from, beside the kv flags it belongs to.
+pub use crate::values::Ratio;
 
 /// The kv workload's own settings. The large-block size is the spec's `bs`, the service
 /// threads its `workers`, the key distribution its `distribution`, the store size its `size`.
@@ -309,7 +283,7 @@ pub struct KvOverrides {
     /// The spec's `bs`.
     pub lb_bytes: Option<ByteSize>,
     /// The spec's `distribution`.
-    pub keys: Option<crate::spec::Distribution>,
+    pub keys: Option<Distribution>,
     pub defrag_lwm_pct: Option<u64>,
     pub fill_pct: Option<u64>,
     pub slice: Option<Span>,

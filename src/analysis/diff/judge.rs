@@ -1,0 +1,296 @@
+//! How a row is judged — over which replicates, on which scale, at which confidence — and the
+//! rows of the waterfall and the tails, each family of rows at its own confidence.
+
+use super::figures::Side;
+use super::{Basis, BreakdownPart, DiffOptions, MetricId, Row, Scale, Verdict, Waterfall};
+use crate::analysis::stats::{moments, runs_to_resolve, welch_half_width, CONFIDENCE};
+use crate::analysis::tail::TAIL_PERCENTILES;
+use crate::model::stages::Stage;
+
+/// The block stages of the mean, compared as ratios (the software residual follows them).
+const BLOCK_STAGES: [MetricId; 3] = [
+    MetricId::Stage(BreakdownPart::Queue),
+    MetricId::Stage(BreakdownPart::Device),
+    MetricId::Stage(BreakdownPart::Completion),
+];
+
+/// Host-wide figures per I/O, listed under the software residual as evidence.
+pub(super) const HOST_WIDE: [MetricId; 5] = [
+    MetricId::WakeupPerIo,
+    MetricId::HardirqPerIo,
+    MetricId::SoftirqPerIo,
+    MetricId::IpisPerIo,
+    MetricId::MsrExitsPerIo,
+];
+
+/// The stages' tail rows (every stage but the app, at each tail percentile): one family.
+pub(super) const STAGE_TAILS: usize = (Stage::ALL.len() - 1) * TAIL_PERCENTILES.len();
+
+/// How a row is judged: over what replicates, against what effect, at what confidence.
+#[derive(Clone, Copy)]
+pub(super) struct Judging<'a> {
+    pub basis: Basis,
+    pub opts: &'a DiffOptions,
+    pub confidence: f64,
+}
+
+impl Judging<'_> {
+    /// The same judging for a row of a family of `members`, each at 1 − 5%/members
+    /// (Bonferroni), so that the family, like one row, calls a difference that is not there at
+    /// most 5% of the time.
+    fn in_family_of(self, members: usize) -> Self {
+        Self {
+            confidence: 1.0 - (1.0 - CONFIDENCE) / members as f64,
+            ..self
+        }
+    }
+}
+
+/// A comparison's outcome on its scale.
+pub(super) struct Judgement {
+    pub effect: f64,
+    pub low: Option<f64>,
+    pub high: Option<f64>,
+    pub verdict: Verdict,
+    pub runs_needed: Option<u32>,
+}
+
+/// Compares replicates `a` and `b` of one metric. On the ratio scale the replicates are logged;
+/// on the difference scale they are divided by `reference`. `points` are the hosts' values,
+/// which set the estimate when there are too few replicates for an interval.
+pub(super) fn judge(
+    a: &[f64],
+    b: &[f64],
+    points: (f64, f64),
+    scale: Scale,
+    reference: f64,
+    how: Judging,
+) -> Judgement {
+    let Judging {
+        basis,
+        opts,
+        confidence,
+    } = how;
+    let to_scale = |x: f64| match scale {
+        Scale::Ratio => x.ln(),
+        Scale::Difference => x / reference,
+    };
+    let from_scale = |d: f64| match scale {
+        Scale::Ratio => d.exp() - 1.0,
+        Scale::Difference => d,
+    };
+    let bound = match scale {
+        Scale::Ratio => (1.0 + opts.min_effect).ln(),
+        Scale::Difference => opts.min_effect,
+    };
+    let (ta, tb): (Vec<f64>, Vec<f64>) = (
+        a.iter().map(|&x| to_scale(x)).collect(),
+        b.iter().map(|&x| to_scale(x)).collect(),
+    );
+    // Too few replicates, or figures so far apart their interval overflows: the hosts' values
+    // give the estimate, and there is no verdict.
+    let no_interval = Judgement {
+        effect: from_scale(to_scale(points.1) - to_scale(points.0)),
+        low: None,
+        high: None,
+        verdict: Verdict::InsufficientData,
+        runs_needed: None,
+    };
+    let (Some(ma), Some(mb), Some(hw)) = (
+        moments(&ta),
+        moments(&tb),
+        welch_half_width(&ta, &tb, confidence),
+    ) else {
+        return no_interval;
+    };
+    let d = mb.mean - ma.mean;
+    let (low, high) = (from_scale(d - hw), from_scale(d + hw));
+    if ![d, hw, low, high].iter().all(|x| x.is_finite()) {
+        return no_interval;
+    }
+    let excludes_zero = d - hw > 0.0 || d + hw < 0.0;
+    let verdict = if excludes_zero && d.abs() >= bound {
+        Verdict::Significant
+    } else if d - hw > -bound && d + hw < bound {
+        Verdict::Equivalent
+    } else {
+        Verdict::Inconclusive
+    };
+    // Runs per host for an 80% chance of telling the stated effect from none, from the
+    // pooled per-run spread; only runs say how runs vary.
+    let runs_needed = (verdict == Verdict::Inconclusive && basis == Basis::Runs).then(|| {
+        let have = ma.n.max(mb.n) as u32;
+        let pooled_sd = ((ma.sd * ma.sd + mb.sd * mb.sd) / 2.0).sqrt();
+        runs_to_resolve(pooled_sd, bound, confidence).max(have + 1)
+    });
+    Judgement {
+        effect: from_scale(d),
+        low: Some(low),
+        high: Some(high),
+        verdict,
+        runs_needed,
+    }
+}
+
+/// A row with the hosts' values and nothing judged yet.
+fn unjudged(metric: MetricId, a: Option<f64>, b: Option<f64>, confidence: f64) -> Row {
+    Row {
+        metric,
+        unit: metric.unit(),
+        a,
+        b,
+        delta: a.zip(b).map(|(a, b)| b - a),
+        ci_low: None,
+        ci_high: None,
+        scale: Scale::Ratio,
+        effect: None,
+        effect_low: None,
+        effect_high: None,
+        verdict: Verdict::NotMeasured,
+        runs_needed: None,
+        share: None,
+        estimated: false,
+        confidence,
+    }
+}
+
+/// Builds one row: the hosts' values from their runs, the verdict from the replicates. With a
+/// `difference_reference` the row is compared as a difference relative to it.
+pub(super) fn compare(
+    metric: MetricId,
+    sides: (&Side, &Side),
+    how: Judging,
+    difference_reference: Option<f64>,
+) -> Row {
+    let (pa, pb) = (sides.0.point(metric), sides.1.point(metric));
+    let (ra, rb) = (
+        sides.0.replicates(how.basis, metric),
+        sides.1.replicates(how.basis, metric),
+    );
+    let mut row = unjudged(metric, pa, pb, how.confidence);
+    let (Some(a), Some(b)) = (pa, pb) else {
+        return row;
+    };
+    let positive = a > 0.0 && b > 0.0 && ra.iter().chain(&rb).all(|&x| x > 0.0);
+    let (scale, reference) = match difference_reference {
+        None if positive => (Scale::Ratio, a),
+        // Symmetric in A and B: the mean of their magnitudes.
+        reference => (
+            Scale::Difference,
+            reference.unwrap_or((a.abs() + b.abs()) / 2.0),
+        ),
+    };
+    if scale == Scale::Difference && reference <= 0.0 {
+        // Both zero: nothing to compare, and nothing differs.
+        row.scale = scale;
+        row.effect = Some(0.0);
+        row.verdict = Verdict::Equivalent;
+        return row;
+    }
+    let j = judge(&ra, &rb, (a, b), scale, reference, how);
+    row.scale = scale;
+    row.effect = Some(j.effect).filter(|e| e.is_finite());
+    row.effect_low = j.low;
+    row.effect_high = j.high;
+    row.verdict = j.verdict;
+    row.runs_needed = j.runs_needed;
+    // The interval in the row's unit: relative bounds applied to A (ratio) or the reference.
+    let to_unit = |e: f64| match scale {
+        Scale::Ratio => a * e,
+        Scale::Difference => reference * e,
+    };
+    row.ci_low = j.low.map(to_unit).filter(|x| x.is_finite());
+    row.ci_high = j.high.map(to_unit).filter(|x| x.is_finite());
+    row.delta = row.delta.filter(|x| x.is_finite());
+    row
+}
+
+/// The mean waterfall: app, the stages with their shares of its gap, and the evidence rows.
+/// `exit_costs` are each host's calibrated cost of an exit.
+pub(super) fn waterfall(
+    sides: (&Side, &Side),
+    how: Judging,
+    exit_costs: (Option<f64>, Option<f64>),
+) -> Waterfall {
+    // The software residual can be negative: compared as a difference, relative to the hosts'
+    // app latency so its smallest effect means what it means for the app row.
+    let app_reference = sides
+        .0
+        .point(MetricId::AppMean)
+        .zip(sides.1.point(MetricId::AppMean))
+        .map(|(x, y)| (x * y).sqrt());
+    let mut stages: Vec<Row> = BLOCK_STAGES
+        .iter()
+        .map(|&m| compare(m, sides, how, None))
+        .collect();
+    stages.push(compare(
+        MetricId::Stage(BreakdownPart::Software),
+        sides,
+        how,
+        Some(app_reference.unwrap_or(0.0)),
+    ));
+    // The host-wide rows are background figures judged as one family. They are noisy (timer
+    // and interrupt activity of the whole host) and only evidence, not parts of the gap.
+    let family = how.in_family_of(HOST_WIDE.len());
+    let mut evidence: Vec<Row> = HOST_WIDE
+        .iter()
+        .map(|&m| compare(m, sides, family, None))
+        .collect();
+    evidence.push(msr_exit_time(sides, how, exit_costs));
+    // Flushes are requests of their own, not part of a read's or write's stages: their own row.
+    evidence.push(compare(MetricId::FlushMean, sides, how, None));
+    let app = compare(MetricId::AppMean, sides, how, None);
+    // Shares only for the stages an I/O's latency is made of: the host-wide figures below them
+    // are background divided by I/Os, evidence rather than parts of the gap.
+    let gap = app.delta.filter(|d| d.abs() > 0.0);
+    for r in &mut stages {
+        r.share = gap.zip(r.delta).map(|(g, d)| d / g);
+    }
+    Waterfall {
+        app,
+        stages,
+        evidence,
+    }
+}
+
+/// Exit-causing MSR writes per I/O times each host's calibrated cost of an exit: counts times
+/// a cost, shown but never judged.
+fn msr_exit_time(sides: (&Side, &Side), how: Judging, costs: (Option<f64>, Option<f64>)) -> Row {
+    let per_io = |side: &Side, cost: Option<f64>| {
+        side.point(MetricId::MsrExitsPerIo)
+            .zip(cost)
+            .map(|(n, c)| n * c)
+    };
+    let (a, b) = (per_io(sides.0, costs.0), per_io(sides.1, costs.1));
+    let mut row = unjudged(MetricId::EstMsrExitTimePerIo, a, b, how.confidence);
+    if row.delta.is_some() {
+        row.verdict = Verdict::InsufficientData;
+    }
+    row.estimated = true;
+    row
+}
+
+/// The tail rows: each stage at each tail percentile. The app's tails are the question, at
+/// 95%; the stages' tails are evidence of where a tail went, one family like the host-wide rows
+/// (with eight of them at 95% each, an A/A pair would show one "significant" stage tail about
+/// one time in three).
+pub(super) fn tails(sides: (&Side, &Side), how: Judging) -> Vec<Row> {
+    let stage_tails = how.in_family_of(STAGE_TAILS);
+    let mut rows = Vec::new();
+    for stage in Stage::ALL {
+        let judging = if stage == Stage::App {
+            how
+        } else {
+            stage_tails
+        };
+        for percentile in TAIL_PERCENTILES {
+            rows.push(compare(
+                MetricId::Tail { stage, percentile },
+                sides,
+                judging,
+                None,
+            ));
+        }
+    }
+    rows
+}

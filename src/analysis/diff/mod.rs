@@ -1,0 +1,441 @@
+//! `diff`: attributes the difference between two hosts' profiles to stages. A pure function of
+//! the profiles that returns numbers: rows keyed by [`MetricId`] with the hosts' values, the
+//! interval and the verdict, and typed evidence, confounders and warnings. `render::diff_render`
+//! writes every label and sentence.
+//!
+//! Means decompose exactly: app = queue + device + completion + software, where software is
+//! everything outside the block layer and the device — submission and completion paths,
+//! interrupt handling, wakeups (see [`StageBreakdown`]). So Δapp is the sum of the stages' Δ,
+//! and each stage's share of the gap is its Δ over Δapp.
+//!
+//! Verdicts compare replicates. With two or more runs per host (`record --runs N`) a replicate
+//! is a run, and each metric is compared as the ratio B/A on the log scale with a Welch 95%
+//! interval over runs. With one run on a side, between-run noise is unknown: replicates are
+//! then batches of consecutive intervals (batch means, so autocorrelated intervals do not pose
+//! as independent ones) and the verdicts say they are within-run only. A row is a difference
+//! only when its interval excludes no change *and* its estimate reaches the user's smallest
+//! effect of interest (`--min-effect`); it is equivalent when the whole interval lies inside
+//! ±that effect; otherwise inconclusive, with the runs per host that would resolve it. Every
+//! rule is symmetric: swapping A and B mirrors each row.
+//!
+//! `figures` turns each replicate into its figures, `judge` compares them row by row,
+//! `tail_waterfall` sets the tail autopsies side by side, and `context` gathers what is shown
+//! beside the rows (workload and host differences, evidence, warnings).
+
+mod context;
+mod figures;
+mod judge;
+mod tail_waterfall;
+#[cfg(test)]
+pub(crate) mod tests;
+
+use serde::{Serialize, Serializer};
+
+use crate::analysis::stats::CONFIDENCE;
+use crate::model::host::Fingerprint;
+use crate::model::profile::Profile;
+use crate::model::stages::{Stage, StageBreakdown};
+
+pub use context::{
+    spec_differences, BusiestIrqCpu, Confounder, CpuShare, CrossCpu, Evidence, HostEvidence,
+    HostTrait, QueueStartSplit, Setting, SpecDifference, SpecKey, SpecValue, Steal, Warning,
+};
+pub use tail_waterfall::{TailRow, TailWaterfall};
+
+/// The smallest effect `diff` calls a difference unless told otherwise: 5%, the size of gap the
+/// tool is for (a VM 8% short of bare metal) and about the run-to-run spread of a quiet host.
+pub const DEFAULT_MIN_EFFECT: f64 = 0.05;
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct DiffOptions {
+    /// Smallest effect of interest, as a fraction (0.05 = 5%).
+    pub min_effect: f64,
+}
+
+impl Default for DiffOptions {
+    fn default() -> Self {
+        Self {
+            min_effect: DEFAULT_MIN_EFFECT,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Unit {
+    Ns,
+    PerIo,
+    Iops,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The interval excludes no change and the estimate reaches the smallest effect.
+    Significant,
+    /// The whole interval lies within ±the smallest effect.
+    Equivalent,
+    /// Neither: more replicates would tell.
+    Inconclusive,
+    /// Fewer than two replicates on a side: no interval to judge by.
+    InsufficientData,
+    /// One of the hosts could not measure it.
+    NotMeasured,
+}
+
+/// What the replicates behind the intervals are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// Runs: two or more per host.
+    Runs,
+    /// Batches of consecutive intervals within runs: a side has one run, so between-run noise
+    /// is unknown and a verdict holds for these runs only.
+    Batches,
+}
+
+/// How a metric is compared.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scale {
+    /// B/A on the log scale (positive figures).
+    Ratio,
+    /// B − A as a fraction of a reference (figures that can be zero or negative).
+    Difference,
+}
+
+/// One of the hosts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Host {
+    A,
+    B,
+}
+
+/// Which hosts something holds for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hosts {
+    A,
+    B,
+    Both,
+}
+
+impl Hosts {
+    /// The hosts for which `(on_a, on_b)` hold (None: neither).
+    fn of(on_a: bool, on_b: bool) -> Option<Self> {
+        match (on_a, on_b) {
+            (true, true) => Some(Self::Both),
+            (true, false) => Some(Self::A),
+            (false, true) => Some(Self::B),
+            (false, false) => None,
+        }
+    }
+}
+
+/// The parts a mean I/O's latency adds up to (see [`StageBreakdown`]), in the waterfall's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BreakdownPart {
+    Queue,
+    Device,
+    Completion,
+    /// What the block stages leave of app: submission, reaping, anything outside the block layer.
+    Software,
+}
+
+impl BreakdownPart {
+    pub const ALL: [BreakdownPart; 4] = [
+        BreakdownPart::Queue,
+        BreakdownPart::Device,
+        BreakdownPart::Completion,
+        BreakdownPart::Software,
+    ];
+
+    /// This part of a breakdown, in ns.
+    pub fn of(self, b: &StageBreakdown) -> f64 {
+        match self {
+            Self::Queue => b.queue_ns,
+            Self::Device => b.device_ns,
+            Self::Completion => b.completion_ns,
+            Self::Software => b.software_ns,
+        }
+    }
+
+    /// Its stable identifier ("queue").
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Queue => "queue",
+            Self::Device => "device",
+            Self::Completion => "completion",
+            Self::Software => "software",
+        }
+    }
+}
+
+/// What a row compares.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum MetricId {
+    /// Mean app latency: the gap the stages explain.
+    AppMean,
+    /// A stage's mean, per block request (software: the residual per I/O).
+    Stage(BreakdownPart),
+    /// Wakeup delay of the workload's threads per I/O.
+    WakeupPerIo,
+    /// Hard-IRQ time of all CPUs per I/O.
+    HardirqPerIo,
+    /// Softirq time of all CPUs per I/O.
+    SoftirqPerIo,
+    /// IPIs sent per I/O.
+    IpisPerIo,
+    /// Exit-causing MSR writes per I/O.
+    MsrExitsPerIo,
+    /// Those writes times the calibrated cost of an exit: an estimate, never judged.
+    EstMsrExitTimePerIo,
+    /// Mean latency of the workload's cache flushes.
+    FlushMean,
+    Iops,
+    /// A percentile of one stage's latency (app included).
+    Tail {
+        stage: Stage,
+        percentile: f64,
+    },
+}
+
+impl MetricId {
+    pub fn unit(self) -> Unit {
+        match self {
+            Self::IpisPerIo | Self::MsrExitsPerIo => Unit::PerIo,
+            Self::Iops => Unit::Iops,
+            _ => Unit::Ns,
+        }
+    }
+
+    /// Its stable identifier in snake case: "app_mean", "device_mean", "app_p99_9".
+    pub fn key(self) -> String {
+        match self {
+            Self::AppMean => "app_mean".into(),
+            Self::Stage(part) => format!("{}_mean", part.key()),
+            Self::WakeupPerIo => "wakeup_per_io".into(),
+            Self::HardirqPerIo => "hardirq_per_io".into(),
+            Self::SoftirqPerIo => "softirq_per_io".into(),
+            Self::IpisPerIo => "ipis_per_io".into(),
+            Self::MsrExitsPerIo => "msr_exits_per_io".into(),
+            Self::EstMsrExitTimePerIo => "est_msr_exit_time_per_io".into(),
+            Self::FlushMean => "flush_mean".into(),
+            Self::Iops => "iops".into(),
+            Self::Tail { stage, percentile } => {
+                format!("{}_p{percentile}", stage.name()).replace('.', "_")
+            }
+        }
+    }
+}
+
+impl Serialize for BreakdownPart {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.key())
+    }
+}
+
+impl Serialize for MetricId {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.key())
+    }
+}
+
+/// One compared metric.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Row {
+    pub metric: MetricId,
+    pub unit: Unit,
+    /// Each host's value: the mean over its runs.
+    pub a: Option<f64>,
+    pub b: Option<f64>,
+    pub delta: Option<f64>,
+    /// 95% interval of `delta`, in the row's unit.
+    pub ci_low: Option<f64>,
+    pub ci_high: Option<f64>,
+    pub scale: Scale,
+    /// B relative to A as a fraction (B/A − 1 on the ratio scale; B − A over the reference on
+    /// the difference scale), with its 95% interval.
+    pub effect: Option<f64>,
+    pub effect_low: Option<f64>,
+    pub effect_high: Option<f64>,
+    pub verdict: Verdict,
+    /// Runs per host that would likely resolve an inconclusive row (runs basis only).
+    pub runs_needed: Option<u32>,
+    /// Share of the app-latency gap (the stage rows only), as a fraction.
+    pub share: Option<f64>,
+    /// True for estimates built from counts rather than measured times.
+    pub estimated: bool,
+    /// The interval's confidence: 0.95, or higher for a row judged as one of a family.
+    pub confidence: f64,
+}
+
+/// The mean waterfall.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Waterfall {
+    /// Mean app latency: the gap the stages explain.
+    pub app: Row,
+    /// Block queue, device, completion and the software residual: their deltas add up to the
+    /// app row's, and each carries its share of it.
+    pub stages: Vec<Row>,
+    /// Host-wide figures per I/O and the cache flushes: evidence beside the stages, no share.
+    pub evidence: Vec<Row>,
+}
+
+impl Waterfall {
+    /// App, stages, evidence: the order the reports list them in.
+    pub fn rows(&self) -> impl Iterator<Item = &Row> {
+        std::iter::once(&self.app)
+            .chain(&self.stages)
+            .chain(&self.evidence)
+    }
+}
+
+/// The stage whose p99 moved most (by ratio), and by how much.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TailMover {
+    pub stage: Stage,
+    pub delta_ns: f64,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileDiff {
+    /// Each side's host, from its first profile.
+    pub host_a: Fingerprint,
+    pub host_b: Fingerprint,
+    /// A's workload: its name and where it came from ("preset rand4k", a path).
+    pub workload: String,
+    pub workload_origin: String,
+    /// Smallest effect of interest, as a fraction.
+    pub min_effect: f64,
+    /// Runs on each side, over all its profiles.
+    pub runs_a: usize,
+    pub runs_b: usize,
+    pub basis: Basis,
+    /// Workload keys whose values differ (empty: same workload).
+    pub spec_differences: Vec<SpecDifference>,
+    /// Host differences that can confound the comparison.
+    pub confounders: Vec<Confounder>,
+    pub warnings: Vec<Warning>,
+    /// The host-wide figures per I/O are above each host's idle activity.
+    pub above_idle: bool,
+    /// Mean app latency, the stages it decomposes into, and host-wide evidence.
+    pub waterfall: Waterfall,
+    /// p99 and p99.9 of app latency and of each probed stage.
+    pub tails: Vec<Row>,
+    pub tail_mover: Option<TailMover>,
+    /// Where each host's I/Os above its p99 and p99.9 spent their time (the tail autopsy),
+    /// when both sides recorded it.
+    pub tail_waterfalls: Vec<TailWaterfall>,
+    pub throughput: Vec<Row>,
+    pub evidence: Evidence,
+    /// Stage with the largest significant share of the gap, if any.
+    pub verdict: Option<BreakdownPart>,
+}
+
+impl ProfileDiff {
+    /// Every compared row: the waterfall, throughput, then the tails.
+    pub fn rows(&self) -> impl Iterator<Item = &Row> {
+        self.waterfall
+            .rows()
+            .chain(&self.throughput)
+            .chain(&self.tails)
+    }
+
+    /// The row of `metric`, wherever it is listed.
+    pub fn row(&self, metric: MetricId) -> Option<&Row> {
+        self.rows().find(|r| r.metric == metric)
+    }
+}
+
+/// Compares one profile per host with the default options: A is the reference, B the host
+/// being explained.
+pub fn diff(a: &Profile, b: &Profile) -> ProfileDiff {
+    diff_hosts(&[a], &[b], &DiffOptions::default())
+}
+
+/// Compares host A's profiles with host B's (each side non-empty; its runs pooled as
+/// replicates). Descriptions, confounders and evidence come from each side's first profile.
+pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) -> ProfileDiff {
+    let (a, b) = (a_side[0], b_side[0]);
+    let replicates = figures::Replicates::of(a_side, b_side);
+    let sides = (&replicates.a, &replicates.b);
+    let (runs_a, runs_b) = (sides.0.runs.len(), sides.1.runs.len());
+    let basis = if runs_a >= 2 && runs_b >= 2 {
+        Basis::Runs
+    } else {
+        Basis::Batches
+    };
+    let how = judge::Judging {
+        basis,
+        opts,
+        confidence: CONFIDENCE,
+    };
+    let waterfall = judge::waterfall(sides, how, (exit_cost(a), exit_cost(b)));
+    let tails = judge::tails(sides, how);
+    let tail_mover = tail_mover(&tails);
+    let verdict = stage_verdict(&waterfall);
+    ProfileDiff {
+        host_a: a.host.clone(),
+        host_b: b.host.clone(),
+        workload: a.workload.name.clone(),
+        workload_origin: a.workload.origin.clone(),
+        min_effect: opts.min_effect,
+        runs_a,
+        runs_b,
+        basis,
+        spec_differences: spec_differences(a, b),
+        confounders: context::confounders(a, b),
+        warnings: context::warnings(a_side, b_side, replicates.folded, (runs_a, runs_b)),
+        above_idle: replicates.above_idle,
+        waterfall,
+        tails,
+        tail_mover,
+        tail_waterfalls: tail_waterfall::of(a_side, b_side, replicates.folded.is_some()),
+        throughput: vec![judge::compare(MetricId::Iops, sides, how, None)],
+        evidence: Evidence {
+            a: HostEvidence::of(a_side),
+            b: HostEvidence::of(b_side),
+        },
+        verdict,
+    }
+}
+
+/// The calibrated cost of one exit (cpuid's median), when the profile was calibrated.
+fn exit_cost(p: &Profile) -> Option<f64> {
+    p.calibration
+        .as_ref()?
+        .figures
+        .iter()
+        .find(|f| f.name == "cpuid")
+        .map(|f| f.median_ns)
+}
+
+/// The stage whose p99 moved most, by ratio (the app's own tail left out).
+fn tail_mover(tails: &[Row]) -> Option<TailMover> {
+    tails
+        .iter()
+        .filter_map(|r| match r.metric {
+            MetricId::Tail { stage, percentile } if stage != Stage::App && percentile == 99.0 => {
+                Some((stage, r.delta?, r.effect?))
+            }
+            _ => None,
+        })
+        .max_by(|x, y| x.2.abs().total_cmp(&y.2.abs()))
+        .map(|(stage, delta_ns, _)| TailMover { stage, delta_ns })
+}
+
+/// With a significant gap in mean latency, the stage with the largest significant share of it.
+fn stage_verdict(waterfall: &Waterfall) -> Option<BreakdownPart> {
+    if waterfall.app.verdict != Verdict::Significant {
+        return None;
+    }
+    waterfall
+        .stages
+        .iter()
+        .filter(|r| r.verdict == Verdict::Significant && r.share.is_some_and(|s| s > 0.0))
+        .max_by(|x, y| x.share.unwrap_or(0.0).total_cmp(&y.share.unwrap_or(0.0)))
+        .and_then(|r| match r.metric {
+            MetricId::Stage(part) => Some(part),
+            _ => None,
+        })
+}
