@@ -12,6 +12,7 @@ pub mod collector;
 pub mod error;
 pub mod families;
 pub mod hist;
+pub mod hypervisor;
 mod libbpf_log;
 pub mod memory;
 pub mod model;

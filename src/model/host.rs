@@ -72,6 +72,10 @@ pub struct Fingerprint {
     pub sys_hypervisor_type: Option<String>,
     pub clocksource: Option<String>,
     pub available_clocksources: Vec<String>,
+    /// The clockevent device ("lapic-deadline", "xen", "hyperv_stimer0"): how the kernel
+    /// programs its timer, an MSR write that exits or a hypercall (absent in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clockevent: Option<String>,
     pub kernel: Option<String>,
     pub btf: bool,
     pub cpu_model: Option<String>,

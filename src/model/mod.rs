@@ -8,6 +8,7 @@ pub mod devices;
 pub mod file;
 pub mod histogram;
 pub mod host;
+pub mod hypervisor;
 pub mod interval;
 pub mod kv;
 pub mod profile;

@@ -10,6 +10,7 @@ use crate::model::calibration::Calibration;
 use crate::model::devices::DeviceProfile;
 use crate::model::histogram::Histogram;
 use crate::model::host::Fingerprint;
+use crate::model::hypervisor::{HypervisorSection, RunHypervisor};
 use crate::model::interval::{CpuLoad, Interval};
 use crate::model::kv::KvSection;
 use crate::model::stages::{QueueStart, Stages};
@@ -167,6 +168,11 @@ pub struct Profile {
     /// Hypervisor signals: MSR accesses, the sampler's split of CPU time, host-side KVM events
     /// and paravirt callback times; None when none of their probes attached.
     pub virtualization: Option<Virtualization>,
+    /// The hypervisor's part: per mechanism how often and how long, each path saying how it was
+    /// measured, and the sampled CPU time in the hypervisor interface; "no hypervisor" on
+    /// metal. None for runs without probes (and profiles from before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor: Option<HypervisorSection>,
     /// Calibrated costs of exit-causing operations (`record --calibrate`); None when not run.
     pub calibration: Option<Calibration>,
     pub self_overhead: SelfOverhead,
@@ -222,6 +228,10 @@ pub struct RunRecord {
     /// figures per I/O are compared above it (None: no probes, or a profile from before it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle: Option<IdleBaseline>,
+    /// The hypervisor's mechanisms over the same window (None: no probes, or a profile from
+    /// before they were kept; on metal, no hypervisor).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor: Option<RunHypervisor>,
 }
 
 /// One interval of the host idle (as far as virtgap is concerned) just before the workload:
@@ -235,6 +245,9 @@ pub struct IdleBaseline {
     pub ipis_sent: Option<u64>,
     /// Exit-causing MSR writes, virtgap's sampler's left out.
     pub msr_writes: Option<u64>,
+    /// The hypervisor's mechanisms while idle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor: Option<RunHypervisor>,
 }
 
 impl IdleBaseline {
@@ -248,6 +261,10 @@ impl IdleBaseline {
             softirq_ns: add(a.softirq_ns, b.softirq_ns),
             ipis_sent: add(a.ipis_sent, b.ipis_sent),
             msr_writes: add(a.msr_writes, b.msr_writes),
+            hypervisor: a
+                .hypervisor
+                .zip(b.hypervisor)
+                .map(|(x, y)| RunHypervisor::added(&x, &y)),
         })?;
         (total.seconds > 0.0).then_some(total)
     }
@@ -288,6 +305,7 @@ impl RunRecord {
             intervals: p.intervals.len() as u64,
             tail: None,
             idle: None,
+            hypervisor: p.hypervisor.as_ref().map(RunHypervisor::of),
         }
     }
 

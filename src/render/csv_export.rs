@@ -250,6 +250,30 @@ pub fn summary(p: &Profile) -> String {
             row(format!("{dir}_{name}_max_ns"), h.max_ns.map(|x| x as f64));
         }
     }
+    if let Some(h) = p.hypervisor.as_ref().filter(|h| h.seconds > 0.0) {
+        // Metal has no hypervisor rows at all (host.csv says `hypervisor,none`), never zeros.
+        let ios = (r.read.ios + r.write.ios) as f64;
+        for m in &h.mechanisms {
+            let name = m.mechanism.name();
+            row(
+                format!("hv_{name}_per_s"),
+                m.count.map(|n| n as f64 / h.seconds),
+            );
+            if ios > 0.0 {
+                row(format!("hv_{name}_per_io"), m.count.map(|n| n as f64 / ios));
+                row(
+                    format!("hv_{name}_time_ns_per_io"),
+                    m.time_ns.map(|t| t / ios),
+                );
+            }
+        }
+        if let Some(cpu) = &h.cpu {
+            row("hv_cpu_pct".into(), Some(cpu.ns / 1e9 / h.seconds * 100.0));
+            if ios > 0.0 {
+                row("hv_cpu_ns_per_io".into(), Some(cpu.ns / ios));
+            }
+        }
+    }
     row("usr_cpu_pct".into(), Some(r.usr_cpu_pct));
     row("sys_cpu_pct".into(), Some(r.sys_cpu_pct));
     row("cpu_ns_per_io".into(), r.cpu_ns_per_io);
@@ -333,6 +357,9 @@ pub fn host(p: &Profile) -> String {
     row("instance_type".into(), opt(&h.instance_type));
     row("cpuid_signature".into(), opt(&h.cpuid.signature));
     row("clocksource".into(), opt(&h.clocksource));
+    if let Some(ce) = &h.clockevent {
+        row("clockevent".into(), ce.clone());
+    }
     row("kernel".into(), opt(&h.kernel));
     row("btf".into(), h.btf.to_string());
     row("cpu_model".into(), opt(&h.cpu_model));
@@ -457,6 +484,7 @@ pub(crate) mod tests {
             sys_hypervisor_type: None,
             clocksource: Some("tsc".into()),
             available_clocksources: vec!["tsc".into(), "kvm-clock".into()],
+            clockevent: None,
             kernel: Some("6.18.0".into()),
             btf: true,
             cpu_model: Some("AMD EPYC".into()),
@@ -541,6 +569,7 @@ pub(crate) mod tests {
             },
             host,
             capabilities: None,
+            hypervisor: None,
             workload: WorkloadInfo {
                 name: "rand4k".into(),
                 ..Default::default()

@@ -15,6 +15,8 @@ use crate::analysis::stats::CONFIDENCE;
 use crate::model::histogram::Histogram;
 use crate::model::profile::Profile;
 use crate::model::stages::Stage;
+use crate::render::hypervisor_report::{hypervisor_words, mechanism_words};
+use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
 use virtgap_workloads::units;
 
 const NOT_MEASURED: &str = "not measured";
@@ -44,6 +46,12 @@ pub fn label(metric: MetricId, above_idle: bool) -> Cow<'static, str> {
         FlushMean => "cache flush latency (mean)",
         Iops => "IOPS",
         Tail { stage, percentile } => return format!("{} p{percentile}", stage.name()).into(),
+        MechanismPerIo(m) => {
+            let idle = if above_idle { ", above idle" } else { "" };
+            return format!("{} per I/O{idle}", mechanism_words(m)).into();
+        }
+        MechanismTimePerIo(m) => return format!("{} time per I/O", mechanism_words(m)).into(),
+        HypervisorCpuPerIo => "hypervisor CPU time per I/O",
     };
     fixed.into()
 }
@@ -57,6 +65,7 @@ fn indent(metric: MetricId) -> usize {
         WakeupPerIo | HardirqPerIo | SoftirqPerIo | IpisPerIo | MsrExitsPerIo
         | EstMsrExitTimePerIo | FlushMean => 4,
         AppMean | Iops | Tail { .. } => 0,
+        MechanismPerIo(_) | MechanismTimePerIo(_) | HypervisorCpuPerIo => 2,
     }
 }
 
@@ -81,6 +90,8 @@ pub fn verdict_words(v: Verdict) -> &'static str {
         Verdict::Inconclusive => "inconclusive",
         Verdict::InsufficientData => "too few replicates",
         Verdict::NotMeasured => NOT_MEASURED,
+        Verdict::NoHypervisor => "one host has no hypervisor",
+        Verdict::WithinRuns => "within these runs only",
     }
 }
 
@@ -199,7 +210,33 @@ pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
             "no verdict: tails need 2+ runs per host".into()
         }
         Verdict::InsufficientData | Verdict::NotMeasured => verdict_words(r.verdict).into(),
+        Verdict::WithinRuns => format!(
+            "{} within these runs only: between-run noise is unknown (record --runs 5)",
+            significant_text(r, "")
+        ),
+        Verdict::NoHypervisor => one_sided_text(r, d),
     }
+}
+
+/// "B: 4.1 µs of hypervisor CPU time per I/O; A: no hypervisor": a figure only one host can
+/// have, never "equivalent".
+fn one_sided_text(r: &Row, d: &ProfileDiff) -> String {
+    let what = label(r.metric, false);
+    let (host, v, other) = match (r.a, r.b) {
+        (_, Some(b)) => ("B", b, "A"),
+        (Some(a), None) => ("A", a, "B"),
+        (None, None) => return verdict_words(r.verdict).into(),
+    };
+    let other_kind = if other == "A" {
+        d.hypervisor.a
+    } else {
+        d.hypervisor.b
+    };
+    format!(
+        "{host}: {} {what}; {other}: {}",
+        value(Some(v), r.unit),
+        hypervisor_words(other_kind)
+    )
 }
 
 /// A percentage as typed: 5 for 5%, 2.5 for 2.5%.
@@ -293,6 +330,7 @@ pub fn confounder(c: &Confounder) -> String {
                 HostTrait::CpuCount => "CPU count",
                 HostTrait::CpuModel => "CPU model",
                 HostTrait::Clocksource => "clocksource",
+                HostTrait::Clockevent => "clockevent device",
                 HostTrait::Kernel => "kernel",
                 HostTrait::TargetQueues => "target device queues",
                 HostTrait::IoScheduler => "I/O scheduler",
@@ -510,6 +548,13 @@ pub fn terminal(d: &ProfileDiff) -> String {
     for r in &d.throughput {
         terminal_row(&mut s, r, d);
     }
+    let _ = writeln!(s, "\n{}", hypervisor_heading(d));
+    for r in &d.hypervisor.rows {
+        terminal_row(&mut s, r, d);
+    }
+    if let Some(m) = d.hypervisor.moved {
+        let _ = writeln!(s, "the mechanism that moved most: {}", mechanism_words(m));
+    }
     let _ = writeln!(s, "\nevidence:");
     for e in evidence(d) {
         let _ = writeln!(s, "  {}:\n    A: {}\n    B: {}", e.item, e.a, e.b);
@@ -557,6 +602,22 @@ fn tail_rows(w: &TailWaterfall) -> Vec<(String, String, String, String, String)>
             )
         }))
         .collect()
+}
+
+/// "hypervisor (A: no hypervisor, B: Xen; per I/O above idle, judged as one family):".
+fn hypervisor_heading(d: &ProfileDiff) -> String {
+    let h = &d.hypervisor;
+    let kinds = format!("A: {}, B: {}", hypervisor_words(h.a), hypervisor_words(h.b));
+    if h.rows.is_empty() {
+        let why = match (h.a, h.b) {
+            (Some(Hypervisor::None), Some(Hypervisor::None)) => "no hypervisor on either host",
+            (None, None) => "not recorded in these profiles",
+            _ => "nothing measured",
+        };
+        return format!("hypervisor ({kinds}): {why}");
+    }
+    let idle = if d.above_idle { " above idle" } else { "" };
+    format!("hypervisor ({kinds}; per I/O{idle}, judged as one family):")
 }
 
 fn verdict_sentence(d: &ProfileDiff) -> String {
@@ -650,6 +711,18 @@ pub fn markdown(d: &ProfileDiff) -> String {
     }
     let _ = writeln!(s, "\n## Throughput\n");
     table(&mut s, &mut d.throughput.iter());
+    let _ = writeln!(s, "\n## Hypervisor\n\n{}", hypervisor_heading(d));
+    if !d.hypervisor.rows.is_empty() {
+        let _ = writeln!(s);
+        table(&mut s, &mut d.hypervisor.rows.iter());
+    }
+    if let Some(m) = d.hypervisor.moved {
+        let _ = writeln!(
+            s,
+            "\nThe mechanism that moved most: **{}**.",
+            mechanism_words(m)
+        );
+    }
     let _ = writeln!(s, "\n## Evidence\n\n| | A | B |\n|---|---|---|");
     for e in evidence(d) {
         let _ = writeln!(s, "| {} | {} | {} |", e.item, e.a, e.b);
@@ -743,6 +816,16 @@ struct JsonTail<'a> {
     row: JsonRow<'a>,
 }
 
+/// The hypervisor block in `--json`: each side's hypervisor ("none" on metal, null when not
+/// recorded), its rows, and the mechanism that moved most.
+#[derive(Serialize)]
+struct JsonHypervisor<'a> {
+    a: Option<Hypervisor>,
+    b: Option<Hypervisor>,
+    rows: Vec<JsonRow<'a>>,
+    moved: Option<Mechanism>,
+}
+
 /// `diff --json`: the comparison's numbers, with the words the reports show beside them.
 #[derive(Serialize)]
 struct JsonDiff<'a> {
@@ -762,6 +845,7 @@ struct JsonDiff<'a> {
     tail_mover: Option<(&'static str, f64)>,
     tail_waterfalls: &'a [TailWaterfall],
     throughput: Vec<JsonRow<'a>>,
+    hypervisor: JsonHypervisor<'a>,
     evidence: Vec<EvidenceLine>,
     /// The label of the stage with the largest significant share of the gap.
     verdict: Option<Cow<'static, str>>,
@@ -799,6 +883,12 @@ pub fn json(d: &ProfileDiff) -> serde_json::Result<String> {
         tail_mover: d.tail_mover.map(|m| (m.stage.name(), m.delta_ns)),
         tail_waterfalls: &d.tail_waterfalls,
         throughput: d.throughput.iter().map(labelled).collect(),
+        hypervisor: JsonHypervisor {
+            a: d.hypervisor.a,
+            b: d.hypervisor.b,
+            rows: d.hypervisor.rows.iter().map(labelled).collect(),
+            moved: d.hypervisor.moved,
+        },
         evidence: evidence(d),
         verdict: d
             .verdict

@@ -33,6 +33,9 @@ impl Fingerprint {
         if let Some(cs) = &self.clocksource {
             parts.push(format!("clocksource {cs}"));
         }
+        if let Some(ce) = &self.clockevent {
+            parts.push(format!("timer {ce}"));
+        }
         for d in self.block_devices.iter().filter(|d| !d.queues.is_empty()) {
             let irq_cpus: Vec<String> = d
                 .queues

@@ -4,6 +4,7 @@
 pub mod csv_export;
 pub mod diff_render;
 pub mod host;
+pub mod hypervisor_report;
 pub mod kv_report;
 pub mod latency_table;
 pub mod probe_report;

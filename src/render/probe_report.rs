@@ -441,6 +441,10 @@ pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
             write_sampler(out, sampler, v.seconds)?;
         }
     }
+    if let Some(h) = p.hypervisor.as_ref().filter(|_| secs > 0.0) {
+        let ios = (p.results.read.ios + p.results.write.ios) as f64;
+        crate::render::hypervisor_report::write(out, h, ios)?;
+    }
     match &report.run_stats_unavailable {
         None if secs > 0.0 => {
             let programs = p.self_overhead.programs.as_deref().unwrap_or_default();

@@ -222,6 +222,7 @@ mod tests {
                 softirq_ns: Some(2_000_000),
                 ipis_sent: None,
                 msr_writes: None,
+                hypervisor: None,
             }),
             ..RunRecord::default()
         }];

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use virtgap_probes::hypervisor::Hypervisor;
 use virtgap_probes::model::{BlockOp, BlockStage, CpuEvents, DevNum, ProbeSnapshot, ProgramStats};
 use virtgap_probes::{CapabilityReport, KernelHist};
 use virtgap_workloads::stats::{IntervalSample, RunStats};
@@ -77,6 +78,26 @@ fn load_of(cpus: &mut BTreeMap<u32, CpuLoad>, cpu: u32) -> &mut CpuLoad {
     })
 }
 
+/// The system vector a per-CPU IRQ stands for, by its name: Xen binds each CPU's timer, IPIs
+/// and IRQ work to event channels named `timer3`, `resched3`, `callfunc3`, `callfuncsingle3`,
+/// `spinlock3`, `irqwork3`, `debug3`, where other hosts take the local APIC's vectors.
+pub fn system_vector_of(irq_name: &str) -> Option<&'static str> {
+    let stem = irq_name.trim_end_matches(|c: char| c.is_ascii_digit());
+    if stem.len() == irq_name.len() {
+        return None;
+    }
+    Some(match stem {
+        "timer" => "local_timer",
+        "resched" => "reschedule",
+        "callfunc" => "call_function",
+        "callfuncsingle" => "call_function_single",
+        "spinlock" => "spinlock",
+        "irqwork" => "irq_work",
+        "debug" => "debug",
+        _ => return None,
+    })
+}
+
 /// Per-CPU load from a probe snapshot (cumulative or one interval): interrupt handling from
 /// the IRQ probes, time by state from /proc/stat.
 pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
@@ -94,6 +115,15 @@ pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
     // Zero counts (a source idle in this interval) are left out of the per-name maps.
     for h in &irq.hardirqs {
         let c = load_of(&mut cpus, h.cpu);
+        if let Some(vector) = system_vector_of(&h.name) {
+            // A Xen guest's timer and IPIs arrive as per-CPU event-channel IRQs; elsewhere they
+            // are system vectors, counted but not timed. Counted the same way on every host:
+            // as vectors, their time left out of hard-IRQ time.
+            if h.count > 0 {
+                *c.vectors.entry(vector.to_string()).or_default() += h.count;
+            }
+            continue;
+        }
         c.hardirq_ns += h.time_ns;
         c.hardirq_count += h.count;
         if h.count > 0 {
@@ -125,6 +155,9 @@ pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
 pub fn cpu_loads_with_irq_time(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
     let mut cpus = cpu_loads(snap);
     for h in snap.irq.iter().flat_map(|q| &q.hardirqs) {
+        if system_vector_of(&h.name).is_some() {
+            continue;
+        }
         if let (Some(c), true) = (cpus.iter_mut().find(|c| c.cpu == h.cpu), h.count > 0) {
             *c.irq_time_ns.entry(h.name.clone()).or_default() += h.time_ns;
         }
@@ -281,6 +314,14 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
     let intervals = i.intervals;
     let devs = i.disks.devs();
     let total = i.probe_total;
+    let hypervisor = total.map(|t| {
+        crate::run::hypervisor::section(
+            Hypervisor::of_name(&i.host.hypervisor),
+            t.elapsed_ns as f64 / 1e9,
+            virtualization(t).as_ref(),
+            i.capabilities.as_ref(),
+        )
+    });
     let secs = total.map(|t| t.elapsed_ns as f64 / 1e9);
     let programs = total
         .filter(|t| !t.programs.is_empty())
@@ -332,6 +373,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
                     .sum(),
             ),
         }),
+        hypervisor,
         virtualization: total.and_then(virtualization),
         calibration: i.calibration,
         kv: i.stats.kv.as_deref().map(kv_section),
@@ -617,6 +659,7 @@ impl IdleBaseline {
             softirq_ns: sum_cpus(|c| c.softirq_ns),
             ipis_sent: sum_cpus(|c| c.ipis_sent.values().sum()).filter(|_| counts_ipis),
             msr_writes: probes.msr_writes,
+            hypervisor: None,
         }
     }
 }

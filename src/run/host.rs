@@ -201,6 +201,10 @@ impl Fingerprint {
             available_clocksources: read(root, &format!("{cs}/available_clocksource"))
                 .map(|s| s.split_whitespace().map(str::to_string).collect())
                 .unwrap_or_default(),
+            clockevent: read(
+                root,
+                "sys/devices/system/clockevents/clockevent0/current_device",
+            ),
             kernel: read(root, "proc/sys/kernel/osrelease"),
             btf: root.join("sys/kernel/btf/vmlinux").exists(),
             cpu_model,

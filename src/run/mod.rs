@@ -9,6 +9,7 @@ pub mod assemble;
 pub mod autopsy;
 pub mod calibrate;
 pub mod host;
+pub mod hypervisor;
 pub mod microvm;
 pub mod output;
 pub mod pipeline;

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use virtgap_probes::hypervisor::Hypervisor;
 use virtgap_probes::model::{DevNum, SlowRequest};
 use virtgap_probes::{CapabilityReport, ProbeEvent, ProbeSnapshot};
 use virtgap_workloads::slow::{SlowIo, TailWatch};
@@ -17,6 +18,7 @@ use virtgap_workloads::{LatencyHistogram, WorkloadError, WorkloadEvent};
 use crate::model::calibration::Calibration;
 use crate::model::histogram::Histogram;
 use crate::model::host::{Fingerprint, TargetDisks};
+use crate::model::hypervisor::RunHypervisor;
 use crate::model::profile::{IdleBaseline, Profile, RunInfo, RunRecord, TargetInfo, WorkloadInfo};
 use crate::model::stalls::Stalls;
 use crate::model::tail::TailAutopsy;
@@ -394,16 +396,25 @@ impl Recorder {
         })
     }
 
-    /// The idle interval's host-wide figures (None: none was taken).
-    pub fn idle_baseline(&self) -> Option<IdleBaseline> {
+    /// The idle interval's host-wide figures (None: none was taken), the hypervisor's
+    /// mechanisms included for a host running on `hypervisor`.
+    pub fn idle_baseline(&self, hypervisor: Hypervisor) -> Option<IdleBaseline> {
         let idle = self.idle.as_ref()?;
         let seconds = idle.elapsed_ns as f64 / 1e9;
         (seconds > 0.0).then(|| {
-            IdleBaseline::of(
+            let mut base = IdleBaseline::of(
                 &ProbeInterval::of(idle, self.devs()),
                 seconds,
                 self.report.as_ref().is_some_and(|r| r.counts_ipis()),
-            )
+            );
+            let section = crate::run::hypervisor::section(
+                hypervisor,
+                seconds,
+                crate::run::assemble::virtualization(idle).as_ref(),
+                self.report.as_ref(),
+            );
+            base.hypervisor = Some(RunHypervisor::of(&section));
+            base
         })
     }
 
@@ -515,7 +526,7 @@ impl Recorder {
             profile.stages.app = Histogram::from_latency(&self.totals.app);
         }
         let mut run = RunRecord::of_profile(&profile, 1);
-        run.idle = self.idle_baseline();
+        run.idle = self.idle_baseline(Hypervisor::of_name(&cx.host.hypervisor));
         if with_tail {
             run.tail = self.tail_autopsy(cx.target, &run.stages);
         }

@@ -517,7 +517,7 @@ fn render_hypervisor(f: &mut Frame<'_>, app: &App, area: Rect) {
     lines.push(Line::from(""));
     lines.extend(steal_lines(iv));
     lines.push(Line::from(""));
-    lines.extend(pv_path_lines(app, iv, secs));
+    lines.extend(mechanism_lines(app, iv, secs));
     lines.push(Line::from(
         "calibration: not run here (`virtgap calibrate`)",
     ));
@@ -603,31 +603,48 @@ fn steal_lines(iv: Option<&ProbeSnapshot>) -> Vec<Line<'static>> {
     lines
 }
 
-/// The paravirt callbacks' rates and mean times in the latest interval.
-fn pv_path_lines(app: &App, iv: Option<&ProbeSnapshot>, secs: f64) -> Vec<Line<'static>> {
-    let mut lines = Vec::new();
-    let pv = app
-        .report()
-        .and_then(|r| r.families.iter().find(|f| f.family == Family::PvPaths))
-        .map(|f| match (&f.unavailable, f.tracepoints.first()) {
-            (Some(why), _) => why.to_string(),
-            (None, Some(t)) => t.reason.clone().unwrap_or_else(|| "attached".into()),
-            (None, None) => "no symbols".into(),
-        })
-        .unwrap_or_else(|| "not requested".into());
-    lines.push(Line::from("PV path timings".bold()));
-    match iv.and_then(|s| s.pv_paths.as_ref()) {
-        Some(pv) => {
-            for p in pv.paths.iter().filter(|p| p.hist.count > 0) {
-                lines.push(Line::from(format!(
-                    "  {:<26} {:>7}/s  mean {}",
-                    p.symbol,
-                    units::count(p.hist.count as f64 / secs.max(1e-9)),
-                    lat(p.hist.mean_ns())
-                )));
-            }
-        }
-        None => lines.push(Line::from(format!("  unavailable: {pv}"))),
+/// The hypervisor's mechanisms in the latest interval: how often per second and the mean time
+/// of a timed call, as the profile's hypervisor section counts them.
+fn mechanism_lines(app: &App, iv: Option<&ProbeSnapshot>, secs: f64) -> Vec<Line<'static>> {
+    let hypervisor = virtgap_probes::hypervisor::Hypervisor::of_name(&app.host.hypervisor);
+    let mut lines = vec![Line::from("hypervisor mechanisms".bold())];
+    let Some(iv) = iv.filter(|_| secs > 0.0) else {
+        lines.push(Line::from("  no data yet"));
+        return lines;
+    };
+    let section = crate::run::hypervisor::section(
+        hypervisor,
+        secs,
+        crate::run::assemble::virtualization(iv).as_ref(),
+        app.report(),
+    );
+    if !section.is_guest() {
+        lines.push(Line::from("  none: bare metal, nothing to measure"));
+        return lines;
+    }
+    for m in &section.mechanisms {
+        let Some(n) = m.count else {
+            continue;
+        };
+        let mean = m.time_ns.filter(|_| n > 0).map(|t| t / n as f64);
+        lines.push(Line::from(format!(
+            "  {:<22} {:>8}/s{}",
+            crate::render::hypervisor_report::mechanism_words(m.mechanism),
+            units::count(n as f64 / secs),
+            mean.map_or(String::new(), |t| format!("  {} each", units::latency(t)))
+        )));
+    }
+    if let Some(cpu) = &section.cpu {
+        lines.push(Line::from(format!(
+            "  in the hypervisor interface: {:.2}% of one CPU (sampled)",
+            cpu.ns / 1e9 / secs * 100.0
+        )));
+    }
+    if lines.len() == 1 {
+        lines.push(Line::from(format!(
+            "  not measured ({})",
+            unavailable_reason(app, Family::PvPaths)
+        )));
     }
     lines
 }

@@ -146,6 +146,9 @@ pub enum HostTrait {
     CpuCount,
     CpuModel,
     Clocksource,
+    /// The clockevent device: whether programming a timer is an MSR write that exits
+    /// (lapic-deadline), a hypercall (xen) or a synthetic timer (hyperv_stimer0).
+    Clockevent,
     Kernel,
     /// Hardware queues of the target's device.
     TargetQueues,
@@ -208,6 +211,11 @@ pub(super) fn confounders(a: &Profile, b: &Profile) -> Vec<Confounder> {
         HostTrait::Clocksource,
         Setting::text(&ha.clocksource),
         Setting::text(&hb.clocksource),
+    );
+    cmp(
+        HostTrait::Clockevent,
+        Setting::text(&ha.clockevent),
+        Setting::text(&hb.clockevent),
     );
     cmp(
         HostTrait::Kernel,

@@ -3,6 +3,9 @@
 
 use super::{BreakdownPart, Hosts, MetricId};
 use crate::analysis::tail::TAIL_PERCENTILES;
+use virtgap_probes::hypervisor::Mechanism;
+
+use crate::model::hypervisor::RunHypervisor;
 use crate::model::interval::{CpuLoad, Interval};
 use crate::model::profile::{IdleBaseline, Profile, RunRecord};
 use crate::model::stages::{Stage, StageBreakdown};
@@ -25,6 +28,8 @@ pub(super) struct Figures {
     pub flush: Option<f64>,
     /// (stage, percentile) -> ns; runs only (an interval keeps no stage histograms).
     pub tails: Vec<(Stage, f64, f64)>,
+    /// The hypervisor rows' figures per I/O, above idle; runs only (intervals keep none).
+    pub hypervisor: Vec<(MetricId, f64)>,
 }
 
 impl Figures {
@@ -45,6 +50,13 @@ impl Figures {
             MetricId::FlushMean => self.flush,
             MetricId::Iops => self.iops,
             MetricId::Tail { stage, percentile } => self.tail(stage, percentile),
+            MetricId::MechanismPerIo(_)
+            | MetricId::MechanismTimePerIo(_)
+            | MetricId::HypervisorCpuPerIo => self
+                .hypervisor
+                .iter()
+                .find(|(m, _)| *m == metric)
+                .map(|(_, v)| *v),
         }
     }
 
@@ -107,6 +119,10 @@ impl Figures {
             msr_per_io: per_io(above_idle(r.msr_writes, |b| b.msr_writes)),
             flush: r.stages.flush.as_ref().and_then(|h| h.mean_ns()),
             tails,
+            hypervisor: hypervisor_figures(r, idle, seconds)
+                .into_iter()
+                .filter_map(|(m, total)| Some((m, per_io(Some(total))?)))
+                .collect(),
         }
     }
 
@@ -175,8 +191,45 @@ impl Figures {
             }),
             flush: None,
             tails: Vec::new(),
+            hypervisor: Vec::new(),
         }
     }
+}
+
+/// A run's hypervisor figures over its probe window of `seconds`, less what the idle host
+/// did over as long (when `idle` is given): each mechanism's uses and the time of its timed
+/// paths, and the sampled CPU time in the hypervisor interface.
+fn hypervisor_figures(
+    r: &RunRecord,
+    idle: Option<&IdleBaseline>,
+    seconds: f64,
+) -> Vec<(MetricId, f64)> {
+    let Some(hv) = r.hypervisor.as_ref().filter(|h| h.hypervisor.is_some()) else {
+        return Vec::new();
+    };
+    let idle_hv = idle.map(|b| (b.seconds, b.hypervisor.as_ref()));
+    // The total less the idle rate over the window; with a baseline lacking the figure, none.
+    let above_idle = |total: f64, of_idle: &dyn Fn(&RunHypervisor) -> Option<f64>| match idle_hv {
+        None => Some(total),
+        Some((idle_s, Some(i))) if idle_s > 0.0 => Some(total - of_idle(i)? / idle_s * seconds),
+        Some(_) => None,
+    };
+    let mut out = Vec::new();
+    for m in Mechanism::ALL {
+        if let Some(n) = hv.count(m) {
+            let v = above_idle(n as f64, &|i| i.count(m).map(|c| c as f64));
+            out.extend(v.map(|v| (MetricId::MechanismPerIo(m), v)));
+        }
+        if let Some(t) = hv.time_ns(m) {
+            let v = above_idle(t, &|i| i.time_ns(m));
+            out.extend(v.map(|v| (MetricId::MechanismTimePerIo(m), v)));
+        }
+    }
+    if let Some(cpu) = hv.cpu_ns {
+        let v = above_idle(cpu, &|i| i.cpu_ns);
+        out.extend(v.map(|v| (MetricId::HypervisorCpuPerIo, v)));
+    }
+    out
 }
 
 /// One host's replicates: its runs, and batches of consecutive intervals within each run.

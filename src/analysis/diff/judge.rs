@@ -1,8 +1,12 @@
 //! How a row is judged — over which replicates, on which scale, at which confidence — and the
 //! rows of the waterfall and the tails, each family of rows at its own confidence.
 
+use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
+
 use super::figures::Side;
-use super::{Basis, BreakdownPart, DiffOptions, MetricId, Row, Scale, Verdict, Waterfall};
+use super::{
+    Basis, BreakdownPart, DiffOptions, HypervisorBlock, MetricId, Row, Scale, Verdict, Waterfall,
+};
 use crate::analysis::stats::{moments, runs_to_resolve, welch_half_width, CONFIDENCE};
 use crate::analysis::tail::TAIL_PERCENTILES;
 use crate::model::stages::Stage;
@@ -234,7 +238,7 @@ pub(super) fn waterfall(
     let family = how.in_family_of(HOST_WIDE.len());
     let mut evidence: Vec<Row> = HOST_WIDE
         .iter()
-        .map(|&m| compare(m, sides, family, None))
+        .map(|&m| host_wide(compare(m, sides, family, None), how.basis))
         .collect();
     evidence.push(msr_exit_time(sides, how, exit_costs));
     // Flushes are requests of their own, not part of a read's or write's stages: their own row.
@@ -293,4 +297,69 @@ pub(super) fn tails(sides: (&Side, &Side), how: Judging) -> Vec<Row> {
         }
     }
     rows
+}
+
+/// A host-wide figure drifts between runs more than batches within one run show: from
+/// batches, a difference holds for these runs only.
+fn host_wide(mut row: Row, basis: Basis) -> Row {
+    if basis == Basis::Batches && row.verdict == Verdict::Significant {
+        row.verdict = Verdict::WithinRuns;
+    }
+    row
+}
+
+/// The hypervisor block: each mechanism either host measured (uses per I/O, and the time of its
+/// timed paths per I/O), then the sampled CPU time in the hypervisor interface per I/O — all
+/// host-wide figures above idle, judged as one family. A host with no hypervisor has nothing to
+/// compare: its rows say so rather than "equivalent".
+pub(super) fn hypervisor_block(
+    sides: (&Side, &Side),
+    how: Judging,
+    kinds: (Option<Hypervisor>, Option<Hypervisor>),
+) -> HypervisorBlock {
+    let mut metrics = Vec::new();
+    for m in Mechanism::ALL {
+        let measured = |metric| sides.0.point(metric).is_some() || sides.1.point(metric).is_some();
+        if measured(MetricId::MechanismPerIo(m)) {
+            metrics.push(MetricId::MechanismPerIo(m));
+        }
+        // A halt's time is time halted, not work the hypervisor did for the guest.
+        if m != Mechanism::Halt && measured(MetricId::MechanismTimePerIo(m)) {
+            metrics.push(MetricId::MechanismTimePerIo(m));
+        }
+    }
+    if sides.0.point(MetricId::HypervisorCpuPerIo).is_some()
+        || sides.1.point(MetricId::HypervisorCpuPerIo).is_some()
+    {
+        metrics.push(MetricId::HypervisorCpuPerIo);
+    }
+    let family = how.in_family_of(metrics.len().max(1));
+    let metal = |k: Option<Hypervisor>| k == Some(Hypervisor::None);
+    let rows: Vec<Row> = metrics
+        .into_iter()
+        .map(|m| {
+            let mut row = host_wide(compare(m, sides, family, None), how.basis);
+            let one_sided =
+                (metal(kinds.0) && row.b.is_some()) || (metal(kinds.1) && row.a.is_some());
+            if one_sided {
+                row.verdict = Verdict::NoHypervisor;
+            }
+            row
+        })
+        .collect();
+    let moved = rows
+        .iter()
+        .filter(|r| r.verdict == Verdict::Significant)
+        .filter_map(|r| match r.metric {
+            MetricId::MechanismPerIo(m) => Some((m, r.effect?.abs())),
+            _ => None,
+        })
+        .max_by(|x, y| x.1.total_cmp(&y.1))
+        .map(|(m, _)| m);
+    HypervisorBlock {
+        a: kinds.0,
+        b: kinds.1,
+        rows,
+        moved,
+    }
 }

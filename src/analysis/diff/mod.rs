@@ -31,6 +31,8 @@ pub(crate) mod tests;
 
 use serde::{Serialize, Serializer};
 
+use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
+
 use crate::analysis::stats::CONFIDENCE;
 use crate::model::host::Fingerprint;
 use crate::model::profile::Profile;
@@ -81,6 +83,13 @@ pub enum Verdict {
     InsufficientData,
     /// One of the hosts could not measure it.
     NotMeasured,
+    /// One host has no hypervisor (metal): there is nothing to compare it with, and the other
+    /// host's figure is all of the difference.
+    NoHypervisor,
+    /// The interval excludes no change, but its replicates are batches within single runs:
+    /// a host-wide figure drifts between runs more than batches show, so it holds for these
+    /// runs only.
+    WithinRuns,
 }
 
 /// What the replicates behind the intervals are.
@@ -197,12 +206,18 @@ pub enum MetricId {
         stage: Stage,
         percentile: f64,
     },
+    /// How often the guest used a hypervisor mechanism per I/O, above idle.
+    MechanismPerIo(Mechanism),
+    /// Time in a mechanism's timed hypercall paths per I/O, above idle.
+    MechanismTimePerIo(Mechanism),
+    /// Sampled CPU time in the hypervisor interface per I/O, above idle.
+    HypervisorCpuPerIo,
 }
 
 impl MetricId {
     pub fn unit(self) -> Unit {
         match self {
-            Self::IpisPerIo | Self::MsrExitsPerIo => Unit::PerIo,
+            Self::IpisPerIo | Self::MsrExitsPerIo | Self::MechanismPerIo(_) => Unit::PerIo,
             Self::Iops => Unit::Iops,
             _ => Unit::Ns,
         }
@@ -224,6 +239,9 @@ impl MetricId {
             Self::Tail { stage, percentile } => {
                 format!("{}_p{percentile}", stage.name()).replace('.', "_")
             }
+            Self::MechanismPerIo(m) => format!("{}_per_io", m.name()),
+            Self::MechanismTimePerIo(m) => format!("{}_time_per_io", m.name()),
+            Self::HypervisorCpuPerIo => "hypervisor_cpu_per_io".into(),
         }
     }
 }
@@ -330,15 +348,31 @@ pub struct ProfileDiff {
     pub evidence: Evidence,
     /// Stage with the largest significant share of the gap, if any.
     pub verdict: Option<BreakdownPart>,
+    /// The hypervisor's mechanisms and CPU time, per I/O above idle, judged as one family.
+    pub hypervisor: HypervisorBlock,
+}
+
+/// The diff's hypervisor block.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HypervisorBlock {
+    /// Each side's hypervisor (`Hypervisor::None` on metal; None: not measured there).
+    pub a: Option<Hypervisor>,
+    pub b: Option<Hypervisor>,
+    /// Per mechanism either side measured: uses per I/O, and the time of its timed paths per
+    /// I/O; then the sampled CPU time in the hypervisor interface per I/O.
+    pub rows: Vec<Row>,
+    /// The mechanism whose uses per I/O moved most, significantly (None: none did).
+    pub moved: Option<Mechanism>,
 }
 
 impl ProfileDiff {
-    /// Every compared row: the waterfall, throughput, then the tails.
+    /// Every compared row: the waterfall, throughput, the tails, then the hypervisor block.
     pub fn rows(&self) -> impl Iterator<Item = &Row> {
         self.waterfall
             .rows()
             .chain(&self.throughput)
             .chain(&self.tails)
+            .chain(&self.hypervisor.rows)
     }
 
     /// The row of `metric`, wherever it is listed.
@@ -374,6 +408,8 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     let tails = judge::tails(sides, how);
     let tail_mover = tail_mover(&tails);
     let verdict = stage_verdict(&waterfall);
+    let kind = |p: &Profile| p.hypervisor.as_ref().map(|h| h.hypervisor);
+    let hypervisor = judge::hypervisor_block(sides, how, (kind(a), kind(b)));
     ProfileDiff {
         host_a: a.host.clone(),
         host_b: b.host.clone(),
@@ -397,6 +433,7 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
             b: HostEvidence::of(b_side),
         },
         verdict,
+        hypervisor,
     }
 }
 

@@ -320,6 +320,7 @@ fn host_wide_figures_per_io_are_compared_above_the_idle_host() {
                 softirq_ns: None,
                 ipis_sent: None,
                 msr_writes: Some(600),
+                hypervisor: None,
             });
         }
         p

@@ -1,0 +1,447 @@
+//! What each hypervisor does per mechanism, and how virtgap measures it from inside the guest:
+//! one table of data. A guest asks its hypervisor for the same few things — program a timer,
+//! send an IPI, end an interrupt, wait for an event, halt, wait on or kick a lock holder, flush
+//! another CPU's TLB — but each hypervisor (and each kernel version) does it by another path: an
+//! MSR write that traps, a hypercall behind a kernel function, or nothing a guest can see.
+//! Metal has no hypervisor at all: every mechanism there is "no hypervisor", which is neither
+//! "not measured" nor 0.
+
+use serde::{Deserialize, Serialize};
+
+/// The hypervisor a guest runs on, as the fingerprint names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Hypervisor {
+    /// Bare metal.
+    None,
+    Kvm,
+    Xen,
+    HyperV,
+    Vmware,
+    /// A hypervisor bit with a signature this table does not know.
+    Other,
+}
+
+impl Hypervisor {
+    pub const ALL: [Hypervisor; 6] = [
+        Self::None,
+        Self::Kvm,
+        Self::Xen,
+        Self::HyperV,
+        Self::Vmware,
+        Self::Other,
+    ];
+
+    /// The fingerprint's name for it ("none", "kvm", "xen", "hyperv", "vmware", "other").
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Kvm => "kvm",
+            Self::Xen => "xen",
+            Self::HyperV => "hyperv",
+            Self::Vmware => "vmware",
+            Self::Other => "other",
+        }
+    }
+
+    /// From the fingerprint's name; anything unknown is `Other`.
+    pub fn of_name(name: &str) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|h| h.name() == name)
+            .unwrap_or(Self::Other)
+    }
+}
+
+/// What a guest asks its hypervisor for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mechanism {
+    /// Programming the next timer interrupt (TSC-deadline or timer-count write, or a
+    /// single-shot timer hypercall).
+    Timer,
+    /// Sending an inter-processor interrupt (ICR write, or an IPI hypercall / event channel).
+    Ipi,
+    /// Ending an interrupt (EOI write or hypercall; PV EOI avoids the exit).
+    InterruptDelivery,
+    /// The hypervisor's upcall into the guest: Xen event channels, Hyper-V's VMBus interrupt.
+    Upcall,
+    /// Halting an idle CPU (an exit on every hypervisor that does not poll).
+    Halt,
+    /// A paravirt spinlock waiter handing its CPU back.
+    SpinlockWait,
+    /// Waking a paravirt spinlock waiter.
+    SpinlockKick,
+    /// Flushing other CPUs' TLBs by hypercall rather than IPIs.
+    TlbFlush,
+    /// Any other hypercall: seen only by the sampler, in the hypercall stubs and page.
+    OtherHypercall,
+}
+
+impl Mechanism {
+    pub const ALL: [Mechanism; 9] = [
+        Self::Timer,
+        Self::Ipi,
+        Self::InterruptDelivery,
+        Self::Upcall,
+        Self::Halt,
+        Self::SpinlockWait,
+        Self::SpinlockKick,
+        Self::TlbFlush,
+        Self::OtherHypercall,
+    ];
+
+    /// Its name in profiles, CSV files and the diff.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Timer => "timer",
+            Self::Ipi => "ipi",
+            Self::InterruptDelivery => "interrupt_delivery",
+            Self::Upcall => "upcall",
+            Self::Halt => "halt",
+            Self::SpinlockWait => "spinlock_wait",
+            Self::SpinlockKick => "spinlock_kick",
+            Self::TlbFlush => "tlb_flush",
+            Self::OtherHypercall => "other_hypercall",
+        }
+    }
+}
+
+/// How a path is measured from inside the guest.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measure {
+    /// Counted: a write to this MSR exits (the msr probe).
+    MsrWrite(u32),
+    /// Counted and timed entry to return: the kernel function that makes the hypercall (the
+    /// pv-paths probe). Its names by kernel version, the first this kernel has is used.
+    Timed(&'static [&'static str]),
+    /// Seen only as CPU time in the sampler's samples of the hypervisor interface.
+    Sampled,
+}
+
+/// One way a hypervisor serves a mechanism.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Path {
+    pub mechanism: Mechanism,
+    pub measure: Measure,
+    /// What the path is, in the hypervisor's own terms ("VCPUOP_set_singleshot_timer").
+    pub what: &'static str,
+}
+
+const fn msr(mechanism: Mechanism, msr: u32, what: &'static str) -> Path {
+    Path {
+        mechanism,
+        measure: Measure::MsrWrite(msr),
+        what,
+    }
+}
+
+const fn timed(mechanism: Mechanism, names: &'static [&'static str], what: &'static str) -> Path {
+    Path {
+        mechanism,
+        measure: Measure::Timed(names),
+        what,
+    }
+}
+
+const fn sampled(mechanism: Mechanism, what: &'static str) -> Path {
+    Path {
+        mechanism,
+        measure: Measure::Sampled,
+        what,
+    }
+}
+
+use Mechanism::*;
+
+// Kernel names below were checked against /proc/kallsyms of Debian's 5.10, 6.1 and 6.12 kernels
+// (`scripts/vmtest.py` pins which attach how on each). Where a path has several names, they
+// are one function renamed between versions, newest first; functions that coexist are paths of
+// their own, so each is timed.
+
+/// The halt every guest does, native HLT (exits unless the hypervisor lets it poll): named
+/// `native_safe_halt` before 6.5 and `pv_native_safe_halt` since (noinstr there: untraceable).
+const HALT: Path = timed(
+    Halt,
+    &["pv_native_safe_halt", "native_safe_halt"],
+    "HLT (exits unless the hypervisor polls)",
+);
+
+/// The local APIC timer and ICR, as every x86 hypervisor traps them. (x2APIC EOI writes go
+/// through `__wrmsr`, which no tracepoint sees: not listed.)
+const APIC_TIMER: Path = msr(Timer, 0x6e0, "IA32_TSC_DEADLINE write (lapic-deadline)");
+const APIC_TIMER_COUNT: Path = msr(Timer, 0x838, "x2APIC TMICT write (lapic)");
+const APIC_ICR: Path = msr(Ipi, 0x830, "x2APIC ICR write");
+
+const KVM: &[Path] = &[
+    APIC_TIMER,
+    APIC_TIMER_COUNT,
+    APIC_ICR,
+    timed(Ipi, &["kvm_send_ipi_mask"], "KVM_HC_SEND_IPI (PV IPIs to a mask)"),
+    timed(
+        Ipi,
+        &["kvm_send_ipi_mask_allbutself"],
+        "KVM_HC_SEND_IPI (PV IPIs to all others)",
+    ),
+    timed(
+        InterruptDelivery,
+        &["kvm_guest_apic_eoi_write"],
+        "PV EOI (shared memory; an EOI write only when the host asks)",
+    ),
+    HALT,
+    timed(SpinlockWait, &["kvm_wait"], "HLT while waiting on a lock"),
+    timed(SpinlockKick, &["kvm_kick_cpu"], "KVM_HC_KICK_CPU"),
+    timed(
+        TlbFlush,
+        &["kvm_flush_tlb_multi", "kvm_flush_tlb_others"],
+        "PV TLB flush (skips preempted vCPUs)",
+    ),
+    sampled(OtherHypercall, "VMCALL/VMMCALL sites"),
+];
+
+const XEN: &[Path] = &[
+    timed(
+        Timer,
+        &["xen_vcpuop_set_next_event"],
+        "VCPUOP_set_singleshot_timer (xen clockevent)",
+    ),
+    APIC_TIMER,
+    APIC_TIMER_COUNT,
+    timed(Ipi, &["xen_send_IPI_one"], "EVTCHNOP_send"),
+    APIC_ICR,
+    timed(
+        InterruptDelivery,
+        &["eoi_pirq"],
+        "PHYSDEVOP_eoi (a passthrough IRQ's end, when Xen asks for it)",
+    ),
+    // 5.10's HVM callback calls xen_hvm_evtchn_do_upcall; since the 2023 rename (in Debian's
+    // 6.1 too) xen_evtchn_do_upcall. Its time includes the handlers it runs.
+    timed(
+        Upcall,
+        &["xen_hvm_evtchn_do_upcall", "xen_evtchn_do_upcall"],
+        "event channel upcall (with the handlers it runs)",
+    ),
+    // HVM guests halt natively; xen_safe_halt is PV guests' only.
+    HALT,
+    timed(SpinlockWait, &["xen_qlock_wait"], "SCHEDOP_poll"),
+    timed(SpinlockKick, &["xen_qlock_kick"], "EVTCHNOP_send to the waiter"),
+    timed(
+        TlbFlush,
+        &["xen_flush_tlb_multi", "xen_flush_tlb_others"],
+        "MMUEXT_TLB_FLUSH_MULTI (PV guests only)",
+    ),
+    sampled(
+        OtherHypercall,
+        "xen_hypercall_* stubs (the hypercall page on older kernels)",
+    ),
+];
+
+const HYPERV: &[Path] = &[
+    // hv_ce_set_next_event writes HV_X64_MSR_STIMER0_COUNT: timed here, so that write is not
+    // listed again.
+    timed(
+        Timer,
+        &["hv_ce_set_next_event"],
+        "STIMER0_COUNT write (hyperv_stimer0 clockevent)",
+    ),
+    APIC_TIMER,
+    APIC_TIMER_COUNT,
+    timed(Ipi, &["hv_send_ipi"], "HVCALL_SEND_IPI (one CPU)"),
+    timed(Ipi, &["hv_send_ipi_mask"], "HVCALL_SEND_IPI (a mask)"),
+    timed(
+        Ipi,
+        &["hv_send_ipi_mask_allbutself"],
+        "HVCALL_SEND_IPI (all others)",
+    ),
+    msr(Ipi, 0x4000_0071, "HV_X64_MSR_ICR write"),
+    APIC_ICR,
+    msr(InterruptDelivery, 0x4000_0070, "HV_X64_MSR_EOI write"),
+    // In the hv_vmbus module: absent until it is loaded.
+    timed(Upcall, &["vmbus_isr"], "VMBus synthetic interrupt"),
+    HALT,
+    timed(SpinlockWait, &["hv_qlock_wait"], "HV_X64_MSR_GUEST_IDLE read"),
+    timed(SpinlockKick, &["hv_qlock_kick"], "an IPI to the waiter"),
+    timed(
+        TlbFlush,
+        &["hyperv_flush_tlb_multi", "hyperv_flush_tlb_others"],
+        "HVCALL_FLUSH_VIRTUAL_ADDRESS_LIST",
+    ),
+    sampled(OtherHypercall, "hv_do_hypercall and the hypercall page"),
+];
+
+/// A hypervisor this table does not know in detail: the APIC traps every x86 hypervisor has.
+const GENERIC: &[Path] = &[APIC_TIMER, APIC_TIMER_COUNT, APIC_ICR, HALT];
+
+/// Accessors whose MSR or APIC accesses trap to any hypervisor: a sample taken on the exit's
+/// return lands in them. Symbol prefixes, leading underscores ignored.
+const TRAPPING_ACCESSORS: &[&str] = &[
+    "native_write_msr",
+    "native_read_msr",
+    "native_apic_msr_",
+    "native_apic_mem_",
+    "native_x2apic_icr_write",
+    "x2apic_send_IPI",
+    "lapic_next_deadline",
+    "lapic_next_event",
+];
+
+/// Where each hypervisor's hypercalls are made outside its timed paths: the stubs and pages a
+/// sample lands in. Symbol prefixes, leading underscores ignored.
+fn hypercall_sites(hypervisor: Hypervisor) -> &'static [&'static str] {
+    match hypervisor {
+        // Since the 2024 hypercall rework (backported to 5.10 and 6.1): xen_hypercall_intel,
+        // _amd, _hvm; before it, the hypercall page's xen_hypercall_<op> entries.
+        Hypervisor::Xen => &["xen_hypercall", "hypercall_page"],
+        // VMCALLs are inlined into their callers: KVM_HC_SEND_IPI in __send_ipi_mask,
+        // KVM_HC_SCHED_YIELD in kvm_smp_send_call_func_ipi.
+        Hypervisor::Kvm => &["kvm_hypercall", "send_ipi_mask", "kvm_smp_send_call_func_ipi"],
+        // hv_apic.c's __send_ipi_one/_mask/_mask_ex make the IPI hypercalls; the synthetic
+        // APIC and timer registers are MSRs.
+        Hypervisor::HyperV => &[
+            "hv_do_",
+            "hv_hypercall",
+            "send_ipi_one",
+            "send_ipi_mask",
+            "hv_apic_",
+            "hv_stimer",
+            "hv_set_register",
+            "hv_set_msr",
+        ],
+        Hypervisor::None | Hypervisor::Vmware | Hypervisor::Other => &[],
+    }
+}
+
+/// Whether a sample in kernel function `symbol` is time in `hypervisor`'s interface: its
+/// hypercall stubs and pages, the functions of its timed paths, and the accessors that trap.
+/// Nothing is on metal. (Halts are idle time, sorted before this is asked.)
+pub fn is_interface_symbol(hypervisor: Hypervisor, symbol: &str) -> bool {
+    if hypervisor == Hypervisor::None {
+        return false;
+    }
+    // "eoi_pirq.isra.0" is eoi_pirq.
+    let base = symbol.split('.').next().unwrap_or(symbol);
+    let trimmed = base.trim_start_matches('_');
+    let timed = paths(hypervisor).iter().any(|p| {
+        matches!(p.measure, Measure::Timed(names) if names.contains(&base) || names.contains(&trimmed))
+    });
+    timed
+        || TRAPPING_ACCESSORS
+            .iter()
+            .chain(hypercall_sites(hypervisor))
+            .any(|prefix| trimmed.starts_with(prefix))
+}
+
+/// How `hypervisor` serves each mechanism, as virtgap measures it (empty on metal: no
+/// hypervisor to measure).
+pub fn paths(hypervisor: Hypervisor) -> &'static [Path] {
+    match hypervisor {
+        Hypervisor::None => &[],
+        Hypervisor::Kvm => KVM,
+        Hypervisor::Xen => XEN,
+        Hypervisor::HyperV => HYPERV,
+        Hypervisor::Vmware | Hypervisor::Other => GENERIC,
+    }
+}
+
+/// The mechanism a write to `msr` serves on `hypervisor` (None: not one this table lists).
+pub fn mechanism_of_msr(hypervisor: Hypervisor, msr: u32) -> Option<Mechanism> {
+    paths(hypervisor)
+        .iter()
+        .find(|p| p.measure == Measure::MsrWrite(msr))
+        .map(|p| p.mechanism)
+}
+
+/// The mechanism a timed kernel function serves on `hypervisor`.
+pub fn mechanism_of_symbol(hypervisor: Hypervisor, symbol: &str) -> Option<Mechanism> {
+    paths(hypervisor)
+        .iter()
+        .find(|p| matches!(p.measure, Measure::Timed(names) if names.contains(&symbol)))
+        .map(|p| p.mechanism)
+}
+
+/// The functions to time on `hypervisor`: for each timed path, the first of its names
+/// `has` says the kernel has (a path whose names it lacks is absent on this kernel).
+pub fn timed_symbols(hypervisor: Hypervisor, has: impl Fn(&str) -> bool) -> Vec<&'static str> {
+    let mut out: Vec<&'static str> = Vec::new();
+    for p in paths(hypervisor) {
+        if let Measure::Timed(names) = p.measure {
+            if let Some(name) = names.iter().copied().find(|n| has(n)) {
+                if !out.contains(&name) {
+                    out.push(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metal_has_no_hypervisor_paths_and_every_guest_has_the_apic_traps() {
+        assert!(paths(Hypervisor::None).is_empty());
+        for hv in [
+            Hypervisor::Kvm,
+            Hypervisor::Xen,
+            Hypervisor::HyperV,
+            Hypervisor::Other,
+        ] {
+            assert_eq!(
+                mechanism_of_msr(hv, 0x6e0),
+                Some(Mechanism::Timer),
+                "{hv:?}"
+            );
+            assert_eq!(mechanism_of_msr(hv, 0x830), Some(Mechanism::Ipi), "{hv:?}");
+        }
+        assert_eq!(mechanism_of_msr(Hypervisor::None, 0x6e0), None);
+    }
+
+    #[test]
+    fn xen_programs_timers_and_sends_ipis_by_hypercall() {
+        assert_eq!(
+            mechanism_of_symbol(Hypervisor::Xen, "xen_vcpuop_set_next_event"),
+            Some(Mechanism::Timer)
+        );
+        assert_eq!(
+            mechanism_of_symbol(Hypervisor::Xen, "xen_send_IPI_one"),
+            Some(Mechanism::Ipi)
+        );
+        assert_eq!(
+            mechanism_of_symbol(Hypervisor::Kvm, "xen_send_IPI_one"),
+            None
+        );
+    }
+
+    #[test]
+    fn a_path_is_timed_under_the_first_name_the_kernel_has() {
+        // 5.10 names KVM's PV TLB flush kvm_flush_tlb_others; 5.13+ kvm_flush_tlb_multi.
+        let old = timed_symbols(Hypervisor::Kvm, |s| {
+            ["kvm_flush_tlb_others", "native_safe_halt", "kvm_wait"].contains(&s)
+        });
+        assert_eq!(
+            old,
+            ["native_safe_halt", "kvm_wait", "kvm_flush_tlb_others"]
+        );
+        let new = timed_symbols(Hypervisor::Kvm, |s| {
+            [
+                "kvm_flush_tlb_multi",
+                "kvm_flush_tlb_others",
+                "pv_native_safe_halt",
+            ]
+            .contains(&s)
+        });
+        assert_eq!(new, ["pv_native_safe_halt", "kvm_flush_tlb_multi"]);
+    }
+
+    #[test]
+    fn every_mechanism_has_a_name_and_round_trips_through_serde() {
+        for m in Mechanism::ALL {
+            assert_eq!(serde_json::to_value(m).unwrap(), m.name());
+        }
+        for h in Hypervisor::ALL {
+            assert_eq!(Hypervisor::of_name(h.name()), h);
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! The hypervisor's part in a run, one shape on every platform: per mechanism (timer
+//! programming, IPIs, interrupt delivery, upcalls, halts, PV spinlocks, TLB flushes, other
+//! hypercalls) how often the guest asked for it and, where a hypercall wrapper is timed, how long
+//! it took — each path saying how it was measured — and the CPU time the sampler found in the
+//! hypervisor interface. On metal the section says "no hypervisor": no row is 0 there, and none
+//! is "not measured".
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
+
+/// The hypervisor section of a profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HypervisorSection {
+    /// The hypervisor this host runs on ("none" on metal).
+    #[schemars(with = "String")]
+    pub hypervisor: Hypervisor,
+    /// Seconds the probes watched: the denominator of every rate below.
+    pub seconds: f64,
+    /// Each mechanism of this hypervisor's table, in the table's order (none on metal).
+    pub mechanisms: Vec<MechanismFigure>,
+    /// CPU time spent in the hypervisor interface, from the sampler (None: not sampled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<HypervisorCpu>,
+}
+
+/// One mechanism: what its paths counted and timed together.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MechanismFigure {
+    #[schemars(with = "String")]
+    pub mechanism: Mechanism,
+    /// Calls (and exit-causing writes) over the window; None when none of its paths was
+    /// measured here.
+    pub count: Option<u64>,
+    /// Time in its timed paths over the window, ns; None when none is timed.
+    pub time_ns: Option<f64>,
+    pub paths: Vec<PathFigure>,
+}
+
+/// One path of a mechanism and how it was measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct PathFigure {
+    /// The path in the hypervisor's own terms ("EVTCHNOP_send").
+    pub what: String,
+    pub how: PathMeasure,
+    /// None when not measured (see `state`).
+    pub count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_ns: Option<f64>,
+    pub state: PathState,
+}
+
+/// How a path is measured from inside the guest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum PathMeasure {
+    /// A write to this MSR exits: counted by the msr probe.
+    MsrWrite { msr: u32 },
+    /// The kernel function that makes the hypercall: counted and timed by the pv-paths probe.
+    Timed { symbol: Option<String> },
+    /// Only the sampler sees it, as CPU time in the hypervisor interface.
+    Sampled,
+}
+
+/// Whether a path was measured in this run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case", tag = "state", content = "why")]
+pub enum PathState {
+    Measured,
+    /// This kernel has none of its functions.
+    Absent,
+    /// Its probe did not run or attach here; why, in words.
+    NotMeasured(String),
+}
+
+/// CPU time in the hypervisor interface (hypercall stubs and page, paravirt callbacks,
+/// trapping accessors), from the sampler: samples there times the sampling period, over the
+/// CPUs whose samples stand for their time, scaled from the seconds sampled to the window.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HypervisorCpu {
+    /// Over all represented CPUs, ns.
+    pub ns: f64,
+    /// Per CPU, ns.
+    pub per_cpu: BTreeMap<u32, f64>,
+    /// CPUs whose samples did not stand for their time (left out).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unrepresented_cpus: Vec<u32>,
+}
+
+impl HypervisorSection {
+    /// The figure of one mechanism (None: not a mechanism of this hypervisor's table).
+    pub fn mechanism(&self, m: Mechanism) -> Option<&MechanismFigure> {
+        self.mechanisms.iter().find(|f| f.mechanism == m)
+    }
+
+    /// Whether this is a guest (metal has no hypervisor to measure).
+    pub fn is_guest(&self) -> bool {
+        self.hypervisor != Hypervisor::None
+    }
+}
+
+/// A run's hypervisor figures as the diff compares them: counts and times per mechanism and the
+/// sampled CPU time, over the run's probe window (see `RunRecord::probe_seconds`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RunHypervisor {
+    /// None on metal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>")]
+    pub hypervisor: Option<Hypervisor>,
+    /// Mechanism name -> calls over the window (mechanisms measured here only).
+    #[serde(default)]
+    pub counts: BTreeMap<String, u64>,
+    /// Mechanism name -> time in its timed paths, ns.
+    #[serde(default)]
+    pub times_ns: BTreeMap<String, f64>,
+    /// Sampled CPU time in the hypervisor interface, ns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_ns: Option<f64>,
+}
+
+impl RunHypervisor {
+    /// The run's figures from its section.
+    pub fn of(section: &HypervisorSection) -> Self {
+        if !section.is_guest() {
+            return Self::default();
+        }
+        let mut r = Self {
+            hypervisor: Some(section.hypervisor),
+            cpu_ns: section.cpu.as_ref().map(|c| c.ns),
+            ..Self::default()
+        };
+        for m in &section.mechanisms {
+            if let Some(n) = m.count {
+                r.counts.insert(m.mechanism.name().to_string(), n);
+            }
+            if let Some(t) = m.time_ns {
+                r.times_ns.insert(m.mechanism.name().to_string(), t);
+            }
+        }
+        r
+    }
+
+    /// Two windows' figures as one: what both measured, summed.
+    pub fn added(a: &Self, b: &Self) -> Self {
+        let sum_u = |x: &BTreeMap<String, u64>, y: &BTreeMap<String, u64>| {
+            x.iter()
+                .filter_map(|(k, v)| y.get(k).map(|w| (k.clone(), v.saturating_add(*w))))
+                .collect()
+        };
+        let sum_f = |x: &BTreeMap<String, f64>, y: &BTreeMap<String, f64>| {
+            x.iter()
+                .filter_map(|(k, v)| y.get(k).map(|w| (k.clone(), v + w)))
+                .collect()
+        };
+        Self {
+            hypervisor: a.hypervisor.filter(|h| Some(*h) == b.hypervisor),
+            counts: sum_u(&a.counts, &b.counts),
+            times_ns: sum_f(&a.times_ns, &b.times_ns),
+            cpu_ns: a.cpu_ns.zip(b.cpu_ns).map(|(x, y)| x + y),
+        }
+    }
+
+    /// Calls of `m` over the window (None: not measured, or metal).
+    pub fn count(&self, m: Mechanism) -> Option<u64> {
+        self.counts.get(m.name()).copied()
+    }
+
+    pub fn time_ns(&self, m: Mechanism) -> Option<f64> {
+        self.times_ns.get(m.name()).copied()
+    }
+}

@@ -1,0 +1,291 @@
+//! The profile's hypervisor section, assembled from what the probes saw (the run's
+//! virtualization figures and what attached) and the hypervisor's table
+//! (`virtgap_probes::hypervisor`): each mechanism's paths, how each was measured, and the
+//! sampler's CPU time in the hypervisor interface.
+
+use std::collections::BTreeMap;
+
+use virtgap_probes::hypervisor::{self, Hypervisor, Measure, Path};
+use virtgap_probes::report::Family;
+use virtgap_probes::virt::SampleCategory;
+use virtgap_probes::CapabilityReport;
+
+use crate::model::hypervisor::{
+    HypervisorCpu, HypervisorSection, MechanismFigure, PathFigure, PathMeasure, PathState,
+};
+use crate::model::virtualization::Virtualization;
+
+/// The section for a host running on `hypervisor`, over `seconds` of probes (`virt`: what the
+/// hypervisor probes saw, None when none attached; `report`: what attached and why not).
+pub fn section(
+    hypervisor: Hypervisor,
+    seconds: f64,
+    virt: Option<&Virtualization>,
+    report: Option<&CapabilityReport>,
+) -> HypervisorSection {
+    let mut mechanisms: Vec<MechanismFigure> = Vec::new();
+    for path in hypervisor::paths(hypervisor) {
+        let figure = path_figure(path, seconds, virt, report);
+        match mechanisms
+            .iter_mut()
+            .find(|m| m.mechanism == path.mechanism)
+        {
+            Some(m) => m.paths.push(figure),
+            None => mechanisms.push(MechanismFigure {
+                mechanism: path.mechanism,
+                count: None,
+                time_ns: None,
+                paths: vec![figure],
+            }),
+        }
+    }
+    for m in &mut mechanisms {
+        let add = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        let (mut count, mut time) = (None, None);
+        for p in &m.paths {
+            count = add(count, p.count.map(|n| n as f64));
+            time = add(time, p.time_ns);
+        }
+        m.count = count.map(|n| n as u64);
+        m.time_ns = time;
+    }
+    HypervisorSection {
+        hypervisor,
+        seconds,
+        cpu: (hypervisor != Hypervisor::None)
+            .then(|| virt.and_then(|v| cpu_time(v, seconds)))
+            .flatten(),
+        mechanisms,
+    }
+}
+
+fn path_figure(
+    path: &Path,
+    seconds: f64,
+    virt: Option<&Virtualization>,
+    report: Option<&CapabilityReport>,
+) -> PathFigure {
+    let unmeasured = |how: PathMeasure, state: PathState| PathFigure {
+        what: path.what.to_string(),
+        how,
+        count: None,
+        time_ns: None,
+        state,
+    };
+    match path.measure {
+        Measure::MsrWrite(msr) => {
+            let how = PathMeasure::MsrWrite { msr };
+            let Some(writes) = virt.and_then(|v| v.msr_writes.as_ref().map(|w| (v, w))) else {
+                return unmeasured(how, not_measured(report, Family::Msr));
+            };
+            let (v, writes) = writes;
+            let counted = v.msr_seconds();
+            if counted < crate::model::virtualization::MIN_MSR_SECONDS {
+                let why = "the sampler never paused long enough to count the host's writes";
+                return unmeasured(how, PathState::NotMeasured(why.into()));
+            }
+            let n: u64 = writes
+                .iter()
+                .filter(|w| w.msr == msr && w.is_hosts())
+                .map(|w| w.count)
+                .sum();
+            PathFigure {
+                what: path.what.to_string(),
+                how,
+                count: Some((n as f64 * seconds / counted).round() as u64),
+                time_ns: None,
+                state: PathState::Measured,
+            }
+        }
+        Measure::Timed(names) => timed_figure(path, names, virt, report),
+        Measure::Sampled => {
+            let sampled = virt.is_some_and(|v| v.sampler.is_some());
+            let state = if sampled {
+                PathState::Measured
+            } else {
+                not_measured(report, Family::Sampler)
+            };
+            unmeasured(PathMeasure::Sampled, state)
+        }
+    }
+}
+
+/// A timed path: the first of its names the pv-paths probe timed, else why none was.
+fn timed_figure(
+    path: &Path,
+    names: &[&str],
+    virt: Option<&Virtualization>,
+    report: Option<&CapabilityReport>,
+) -> PathFigure {
+    let timed = virt
+        .and_then(|v| v.pv_paths.as_ref())
+        .and_then(|paths| paths.iter().find(|p| names.contains(&p.symbol.as_str())));
+    if let Some(p) = timed {
+        return PathFigure {
+            what: path.what.to_string(),
+            how: PathMeasure::Timed {
+                symbol: Some(p.symbol.clone()),
+            },
+            count: Some(p.count),
+            time_ns: Some(p.mean_ns.unwrap_or(0.0) * p.count as f64),
+            state: PathState::Measured,
+        };
+    }
+    // What the probe said of these names: attached with no calls kept, absent, or why not.
+    let family = report.and_then(|r| r.families.iter().find(|f| f.family == Family::PvPaths));
+    let outcome = family.and_then(|f| {
+        f.tracepoints
+            .iter()
+            .find(|t| names.contains(&t.tracepoint.as_str()))
+    });
+    let state = match (family, outcome) {
+        (Some(f), _) if f.unavailable.is_some() => not_measured(report, Family::PvPaths),
+        (_, Some(t)) if t.attached.is_some() => PathState::Measured,
+        (_, Some(t)) => match t.reason.as_deref() {
+            Some(why) if why.contains("absent") => PathState::Absent,
+            Some(why) => PathState::NotMeasured(why.to_string()),
+            None => PathState::NotMeasured("did not attach".into()),
+        },
+        (Some(_), None) => PathState::Absent,
+        (None, _) => not_measured(report, Family::PvPaths),
+    };
+    let measured = state == PathState::Measured;
+    PathFigure {
+        what: path.what.to_string(),
+        how: PathMeasure::Timed {
+            symbol: outcome.map(|t| t.tracepoint.clone()),
+        },
+        count: measured.then_some(0),
+        time_ns: measured.then_some(0.0),
+        state,
+    }
+}
+
+/// Why a family's figures are missing: it was not asked for, or why it did not attach.
+fn not_measured(report: Option<&CapabilityReport>, family: Family) -> PathState {
+    let why = report
+        .and_then(|r| r.families.iter().find(|f| f.family == family))
+        .map_or_else(
+            || format!("the {} probe did not run", family.name()),
+            |f| match &f.unavailable {
+                Some(why) => format!("{} probe unavailable: {why}", family.name()),
+                None => format!("the {} probe did not report it", family.name()),
+            },
+        );
+    PathState::NotMeasured(why)
+}
+
+/// The sampler's samples in the hypervisor interface as CPU time over `seconds`: each sample
+/// stands for one sampling period of its CPU, and the samples taken over the seconds the sampler
+/// ran are scaled to the window. CPUs whose samples do not stand for their time are left out.
+fn cpu_time(v: &Virtualization, seconds: f64) -> Option<HypervisorCpu> {
+    let s = v.sampler.as_ref()?;
+    let sampled = s.seconds(seconds);
+    if s.frequency_hz == 0 || sampled <= 0.0 {
+        return None;
+    }
+    let ns_per_sample = 1e9 / s.frequency_hz as f64 * (seconds / sampled);
+    let mut per_cpu = BTreeMap::new();
+    let mut unrepresented_cpus = Vec::new();
+    for c in &s.cpus {
+        if !c.represents(s.frequency_hz, sampled) {
+            unrepresented_cpus.push(c.cpu);
+            continue;
+        }
+        let n = c.in_category(SampleCategory::Hypervisor.name());
+        per_cpu.insert(c.cpu, n as f64 * ns_per_sample);
+    }
+    Some(HypervisorCpu {
+        ns: per_cpu.values().sum(),
+        per_cpu,
+        unrepresented_cpus,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::virtualization::{MsrAccesses, PvPathFigure, SampledCpu, SamplerSection};
+    use virtgap_probes::hypervisor::Mechanism;
+
+    fn virt(seconds: f64) -> Virtualization {
+        Virtualization {
+            seconds,
+            msr_quiet_seconds: Some(seconds / 2.0),
+            msr_writes: Some(vec![MsrAccesses {
+                cpu: 0,
+                msr: 0x6e0,
+                name: "IA32_TSC_DEADLINE (timer)".into(),
+                count: 500,
+                exits: true,
+                by_sampler: false,
+                while_sampling: false,
+            }]),
+            msr_reads: Some(vec![]),
+            sampler: Some(SamplerSection {
+                frequency_hz: 100,
+                dropped: 0,
+                cpus: vec![SampledCpu {
+                    cpu: 1,
+                    samples: 500,
+                    categories: [("hypervisor interface".to_string(), 50)].into(),
+                    top: vec![],
+                }],
+                sampled_seconds: Some(seconds / 2.0),
+            }),
+            kvm_host: None,
+            pv_paths: Some(vec![PvPathFigure {
+                symbol: "xen_send_IPI_one".into(),
+                count: 2000,
+                mean_ns: Some(1500.0),
+                p99_ns: None,
+            }]),
+        }
+    }
+
+    #[test]
+    fn metal_says_no_hypervisor_whatever_the_probes_saw() {
+        let s = section(Hypervisor::None, 10.0, Some(&virt(10.0)), None);
+        assert!(!s.is_guest());
+        assert!(s.mechanisms.is_empty());
+        assert_eq!(s.cpu, None);
+    }
+
+    #[test]
+    fn each_mechanism_says_how_it_was_measured() {
+        let s = section(Hypervisor::Xen, 10.0, Some(&virt(10.0)), None);
+        // IPIs by hypercall, timed: 2000 calls of 1.5 µs.
+        let ipi = s.mechanism(Mechanism::Ipi).unwrap();
+        assert_eq!(ipi.count, Some(2000));
+        assert_eq!(ipi.time_ns, Some(3e6));
+        assert!(ipi.paths.iter().any(|p| p.how
+            == PathMeasure::Timed {
+                symbol: Some("xen_send_IPI_one".into())
+            }));
+        // The timer by TSC-deadline writes, counted in the sampler's pauses (5 of 10 s):
+        // scaled to the whole window.
+        let timer = s.mechanism(Mechanism::Timer).unwrap();
+        let msr = timer
+            .paths
+            .iter()
+            .find(|p| p.how == PathMeasure::MsrWrite { msr: 0x6e0 })
+            .unwrap();
+        assert_eq!(msr.count, Some(1000));
+        // The Xen timer hypercall was not timed here (no report): not measured, not 0.
+        let hypercall = timer
+            .paths
+            .iter()
+            .find(|p| matches!(p.how, PathMeasure::Timed { .. }))
+            .unwrap();
+        assert!(
+            matches!(hypercall.state, PathState::NotMeasured(_)),
+            "{hypercall:?}"
+        );
+        assert_eq!(hypercall.count, None);
+        // 50 samples at 100 Hz over the 5 s sampled, scaled to 10 s: 1 s of CPU.
+        assert_eq!(s.cpu.as_ref().unwrap().ns, 1e9);
+    }
+}
