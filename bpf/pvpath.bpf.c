@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
 /*
- * Paravirt path timing: entry -> return time of the hypervisor-interface callbacks a guest
- * kernel uses (xen_send_IPI_one, kvm_send_ipi_mask, lapic_next_deadline, ...). The same pair of
- * programs is used two ways: as fentry/fexit, retargeted per symbol by user space before load,
- * or as kprobe/kretprobe attached to each symbol with the symbol's index as the attach cookie.
- * Hosts may block both (ftrace disabled, CONFIG_KPROBES off); user space reports which. Starts
+ * Paravirt path timing: entry -> return time of the kernel functions through which a guest asks
+ * its hypervisor for something (xen_send_IPI_one, xen_vcpuop_set_next_event, kvm_send_ipi_mask,
+ * ...; the table is probes/src/hypervisor.rs). Three pairs of programs, user space loads one
+ * pair per object: fentry/fexit retargeted per symbol before load, each object bound to its
+ * symbol's index (`symbol_index`); kprobe/kretprobe attached to every symbol of one object with
+ * the symbol's index as the attach cookie (5.15+); or, where bpf_get_attach_cookie is missing,
+ * kprobe/kretprobe bound to `symbol_index` like the fentry pair, one object per symbol. Hosts
+ * may block both kinds (ftrace disabled, CONFIG_KPROBES off); user space reports which. Starts
  * are kept on a small per-CPU stack (see `stacks`).
  */
 #include "vmlinux.h"
@@ -17,7 +20,7 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-/* For the fentry flavour: which symbol index this object's programs are bound to. */
+/* For the flavours bound to one symbol: which symbol index this object's programs time. */
 const volatile __u32 symbol_index = 0;
 
 /*
@@ -120,6 +123,18 @@ SEC("kretprobe")
 int pv_kretprobe(struct pt_regs *ctx)
 {
 	return leave(bpf_get_attach_cookie(ctx));
+}
+
+SEC("kprobe")
+int pv_kprobe_one(struct pt_regs *ctx)
+{
+	return enter(symbol_index);
+}
+
+SEC("kretprobe")
+int pv_kretprobe_one(struct pt_regs *ctx)
+{
+	return leave(symbol_index);
 }
 
 struct vg_hist vg_abi_hist = {};

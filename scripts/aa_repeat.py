@@ -31,7 +31,7 @@ def main():
     opts = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("aa_repeat: needs root (the probes)")
-    total_rows = total_sig = repeats_with_any = 0
+    total_rows = total_sig = repeats_with_any = total_hv_sig = 0
     with tempfile.TemporaryDirectory(prefix="vg-aa-") as tmp:
         args = ["-w", opts.workload, "--size", "256MiB", "--duration", opts.duration, "--dir", tmp]
         for rep in range(1, opts.repeats + 1):
@@ -48,7 +48,8 @@ def main():
             for p in b[1:]:
                 cmd += ["--with-b", p]
             d = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-            rows = d["waterfall"] + d["throughput"] + [t["row"] for t in d["tails"]]
+            rows = (d["waterfall"] + d["throughput"] + [t["row"] for t in d["tails"]]
+                    + d["hypervisor"]["rows"])
             judged = [r for r in rows if r["verdict"] in ("significant", "equivalent", "inconclusive")]
             sig = [r for r in judged if r["verdict"] == "significant"]
             total_rows += len(judged)
@@ -56,12 +57,15 @@ def main():
             repeats_with_any += bool(sig)
             eq = sum(r["verdict"] == "equivalent" for r in judged)
             names = ", ".join(f'{r["metric"].strip()} {r["effect"] * 100:+.1f}%' for r in sig) or "none"
+            hv = [r for r in d["hypervisor"]["rows"] if r["verdict"] == "significant"]
+            total_hv_sig += len(hv)
             print(f"repeat {rep}/{opts.repeats}: {len(judged)} rows judged, {eq} equivalent, "
-                  f"{len(sig)} significant ({names}); app mean {d['waterfall'][0]['verdict']}",
+                  f"{len(sig)} significant ({names}); app mean {d['waterfall'][0]['verdict']}; "
+                  f"hypervisor rows significant: {len(hv)} of {len(d['hypervisor']['rows'])}",
                   flush=True)
     print(f"A/A false positives: {total_sig} of {total_rows} judged rows "
           f"({total_sig / max(total_rows, 1) * 100:.1f}%); repeats with any: "
-          f"{repeats_with_any} of {opts.repeats}")
+          f"{repeats_with_any} of {opts.repeats}; hypervisor rows among them: {total_hv_sig}")
 
 
 if __name__ == "__main__":

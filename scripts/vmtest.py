@@ -3,8 +3,9 @@
 md RAID0 and device-mapper devices, run virtgap inside, and check what it measured.
 
 Each kernel gets one boot. A busybox initramfs carries the release binary, the kernel's own
-storage modules, mdadm and dmsetup; /init runs `virtgap doctor --json` and one short rand4k
-recording per device, then writes its results as a tar archive onto a scratch virtio disk that this
+storage modules, mdadm and dmsetup; /init runs `virtgap doctor --json`, the same with
+`--hypervisor` for each hypervisor table (what each of its paths attaches to on this kernel), and
+one short rand4k recording per device, then writes its results as a tar archive onto a scratch virtio disk that this
 script reads back after the guest powers off. The checks are functional (what loads, what
 attaches, what is counted, which queue and CPU), never timings: TCG is far slower than
 hardware and its timing means nothing.
@@ -65,6 +66,41 @@ INTRODUCED = {
 # Families that must attach in every guest. kvm-host and pv-paths watch things a TCG guest
 # does not have (a KVM module in use, paravirt callbacks) and are checked only for a reason.
 REQUIRED_FAMILIES = ["block", "irq", "wakeup", "nvme", "msr", "sampler"]
+
+# The hypervisor tables (probes/src/hypervisor.rs) checked on each kernel with `virtgap doctor
+# --hypervisor NAME`: Debian's kernels carry the Xen, KVM and Hyper-V guest code, so each
+# table's timed paths attach here as they would in such a guest.
+HYPERVISORS = ["xen", "kvm", "hyperv"]
+
+# Timed paths that do not attach under their first name on every series, by that name: per
+# series, the function attached instead, or (doctor's state, words its detail must contain).
+# Every other timed path of every table attaches (fentry or kprobe) under its first name on
+# every series, and one that does not fails: a function gone from a series that had it. Other
+# kernels than the pinned series are checked for a state and a reason.
+PINNED_SERIES = [(5, 10), (6, 1), (6, 12)]
+NO_FTRACE_SITE = ("not_traceable", "kprobe events refuse functions without an ftrace site")
+TIMED_PATH_EXCEPTIONS = {
+    # arch/x86/xen is built without ftrace: no fentry, and kprobe events refuse its functions
+    # (CONFIG_KPROBE_EVENTS_ON_NOTRACE is off); the timer and the kick are timed at their
+    # callers, the lock wait is not traceable.
+    "xen_vcpuop_set_next_event": {s: "clockevents_program_event" for s in PINNED_SERIES},
+    "xen_qlock_kick": {s: "__pv_queued_spin_unlock_slowpath" for s in PINNED_SERIES},
+    "xen_qlock_wait": {s: NO_FTRACE_SITE for s in PINNED_SERIES},
+    # The HVM upcall's 2023 rename, which Debian's 6.1 carries.
+    "xen_hvm_evtchn_do_upcall": {(6, 1): "xen_evtchn_do_upcall", (6, 12): "xen_evtchn_do_upcall"},
+    # The PV TLB flushes were *_others before 5.13.
+    "xen_flush_tlb_multi": {(5, 10): "xen_flush_tlb_others"},
+    "kvm_flush_tlb_multi": {(5, 10): "kvm_flush_tlb_others"},
+    "hyperv_flush_tlb_multi": {(5, 10): "hyperv_flush_tlb_others"},
+    # notrace, and called through apic->eoi at every interrupt's end: no caller stands in.
+    "kvm_guest_apic_eoi_write": {s: NO_FTRACE_SITE for s in PINNED_SERIES},
+    # The halt (native_safe_halt before 6.5) has no ftrace site: timed at its caller
+    # default_idle, which 6.12 makes noinstr (on the kprobe blacklist) like pv_native_safe_halt.
+    "pv_native_safe_halt": {(5, 10): "default_idle", (6, 1): "default_idle",
+                            (6, 12): ("not_traceable", "kprobe blacklist")},
+    # In the hv_vmbus module, which loads only on Hyper-V.
+    "vmbus_isr": {s: ("absent", "absent on this kernel") for s in PINNED_SERIES},
+}
 
 VCPUS = 4
 RUN_SECONDS = 5
@@ -276,11 +312,19 @@ RECORD="/bin/virtgap record -w rand4k --qd 8 --workers @VCPUS@ --duration @SECON
 # sites are patched while probes attach (multi-threaded TCG hangs now and then doing that).
 BLOCK="--probes block"
 step doctor /bin/virtgap doctor --json
+# Every hypervisor table's paths on this kernel (the guest itself is TCG: "other").
+for hv in @HYPERVISORS@; do step hv-$hv /bin/virtgap doctor --hypervisor $hv --json; done
 # With a CPU taken offline the online set has a hole: the sampler must cover the CPUs online.
 echo 0 > /sys/devices/system/cpu/cpu2/online
 step offline /bin/virtgap doctor --json
 echo 1 > /sys/devices/system/cpu/cpu2/online
 step nvme $RECORD --target /dev/$NVME -o /out/nvme.json
+# The paravirt timers at work, with the probes loaded as in a Xen guest: its timer path is
+# timed at clockevents_program_event, which every CPU calls from idle and from interrupts. By
+# fentry, then by kprobes (one object per function before 5.15, cookies since).
+PV="/bin/virtgap record -w rand4k --qd 8 --workers 1 --duration @SECONDS@s --quiet --probes pv-paths"
+step pv env VIRTGAP_HYPERVISOR=xen $PV --target /dev/$NVME -o /out/pv.json
+step pv-kprobe env VIRTGAP_HYPERVISOR=xen VIRTGAP_PV_KPROBES=1 $PV --target /dev/$NVME -o /out/pv-kprobe.json
 # Another process reads the same disk meanwhile: the process filter must not count its requests.
 (while :; do dd if=/dev/$VIRTIO of=/dev/null bs=64k iflag=direct 2>/dev/null; done) &
 OTHER=$!
@@ -363,7 +407,8 @@ def build_initramfs(kernel, virtgap, work):
                        "@SECONDS@": str(RUN_SECONDS),
                        "@THROTTLE_IOPS@": str(THROTTLE_IOPS),
                        "@STEP_TIMEOUT@": str(STEP_TIMEOUT),
-                       "@SYMBOLS_MIB@": str(SYMBOLS_MIB)}.items():
+                       "@SYMBOLS_MIB@": str(SYMBOLS_MIB),
+                       "@HYPERVISORS@": " ".join(HYPERVISORS)}.items():
         init = init.replace(key, value)
     os.symlink("busybox", os.path.join(root, "bin", "sh"))
     with open(os.path.join(root, "init"), "w") as f:
@@ -771,21 +816,64 @@ def check_sampler_cpus(c, doctor):
     c.check(on == [0, 1, 3] and not failed, f"offline CPU 2: sampler on CPUs {on}, failed {failed}")
 
 
-def check_pv_timer(c, profile):
-    """The timer reprogram path, timed by fentry from idle and IRQ context on every CPU: many
-    calls, each a few µs (a start overwritten by another CPU or a nested call would show as a
-    lost call or an absurd duration)."""
+def expected_timed(first, series):
+    """What a timed path (by its first name) is on `series`: the function attached, or
+    (state, words of the reason); None for a kernel outside the pinned series."""
+    if series not in PINNED_SERIES:
+        return None
+    return TIMED_PATH_EXCEPTIONS.get(first, {}).get(series, first)
+
+
+def check_hypervisor_paths(c, results, release):
+    """Every timed path of every hypervisor's table: attached (fentry or kprobe) under the
+    function this series has, or absent or untraceable for the reason pinned above."""
+    series = kernel_version(release)
+    for hv in HYPERVISORS:
+        step_ok(c, results, f"hv-{hv}")
+        doc = read_json(results, f"hv-{hv}.out")
+        table = (doc or {}).get("hypervisor_paths") or {}
+        timed = [p for p in table.get("paths", []) if p["measure"] == "timed"]
+        if not c.check(table.get("hypervisor") == hv and table.get("checked_as") and timed,
+                       f"{hv}: doctor --hypervisor {hv} lists the table's timed paths"):
+            continue
+        for p in timed:
+            first = p["names"][0]
+            expected = expected_timed(first, series)
+            got = f"{p['state']} {p.get('attach') or ''} {p.get('symbol') or ''}: {p['detail'][:240]}"
+            if expected is None:
+                c.check(p["state"] in ("attached", "absent", "not_traceable") and p["detail"],
+                        f"{hv}: {first}: {got}")
+            elif isinstance(expected, tuple):
+                state, words = expected
+                c.check(p["state"] == state and words in p["detail"],
+                        f"{hv}: {first}: {state} ({words}) as pinned; {got}")
+            else:
+                c.check(p["state"] == "attached" and p.get("attach") in ("fentry", "kprobe")
+                        and p.get("symbol") == expected,
+                        f"{hv}: {first}: attached at {expected}; {got}")
+
+
+def check_pv_timer(c, results, name, attach, release):
+    """As a Xen guest, the timer path timed from idle and IRQ context on every CPU (by `attach`):
+    many calls, each a few µs (a start overwritten by another CPU or a nested call would show as
+    a lost call or an absurd duration)."""
+    profile = read_json(results, f"{name}.json")
+    if not c.check(profile is not None, f"{name}: profile written"):
+        return
+    outcomes = {t["tracepoint"]: t for f in (profile.get("capabilities") or {}).get("families", [])
+                if f["family"] == "pv_paths" for t in f.get("tracepoints", [])}
     v = profile.get("virtualization") or {}
     paths = {p["symbol"]: p for p in (v.get("pv_paths") or [])}
-    # TCG's APIC has no TSC-deadline mode: the timer is reprogrammed through lapic_next_event.
-    timer = max(paths.values(), key=lambda p: p["count"], default=None)
-    if not c.check(timer is not None and timer["count"] > 100,
-                   f"pv-paths timed the APIC timer reprogram ({paths})"):
+    expected = expected_timed("xen_vcpuop_set_next_event", kernel_version(release))
+    timer = paths.get(expected) if expected else max(paths.values(), key=lambda p: p["count"], default=None)
+    how = (outcomes.get(timer["symbol"]) or {}).get("attached") if timer else None
+    if not c.check(timer is not None and timer["count"] > 100 and how == attach,
+                   f"{name}: timed the timer path at {expected} by {how} ({paths})"):
         return
     # Functional, not timing: under TCG a vCPU thread can lose its host CPU mid-call for ms,
     # but a start taken from another CPU or a lost outer call shows as ~2^64 ns or hours.
     c.check(timer["p99_ns"] is not None and timer["p99_ns"] < 1e8 and timer["mean_ns"] < 1e7,
-            f"pv-paths: {timer['symbol']} {timer['count']} calls, p99 {timer['p99_ns']:.0f} ns, "
+            f"{name}: {timer['symbol']} {timer['count']} calls, p99 {timer['p99_ns']:.0f} ns, "
             f"mean {timer['mean_ns']:.0f} ns: no impossible durations")
 
 
@@ -817,7 +905,8 @@ def check_throttle_diff(c, results, virtgap):
         d = json.loads(out.stdout)
     except ValueError:
         return c.check(False, f"throttle diff: `virtgap diff --json` parses ({out.stderr.strip()[:200]})")
-    rows = {r["metric"].strip(): r for r in d.get("waterfall", [])}
+    # Rows by their label (older diffs put it in "metric").
+    rows = {(r.get("label") or r["metric"]).strip(): r for r in d.get("waterfall", [])}
     app, queue = rows.get("app latency (mean)", {}), rows.get("block queue", {})
     c.check(app.get("verdict") == "significant" and queue.get("verdict") == "significant"
             and (queue.get("share") or 0) >= 0.8,
@@ -834,7 +923,8 @@ def check_guest(c, console, results, virtgap):
     devices = read_text(results, "devices").split()
     names = dict(kv.split("=", 1) for kv in devices if "=" in kv)
     check_doctor(c, read_json(results, "doctor.out"), read_text(results, "uname").strip())
-    for step in ["doctor", "offline", "nvme", "virtio", "unthrottled", "throttle", "addpart", "remap", "split",
+    check_hypervisor_paths(c, results, read_text(results, "uname").strip())
+    for step in ["doctor", "offline", "nvme", "pv", "pv-kprobe", "virtio", "unthrottled", "throttle", "addpart", "remap", "split",
                  "dmsetup", "dm", "mdadm", "md"]:
         step_ok(c, results, step)
     check_sampler_cpus(c, read_json(results, "offline.out"))
@@ -850,7 +940,8 @@ def check_guest(c, console, results, virtgap):
     check_split(c, results)
     if nvme:
         check_sampler(c, nvme)
-        check_pv_timer(c, nvme)
+    for name, attach in [("pv", "fentry"), ("pv-kprobe", "kprobe")]:
+        check_pv_timer(c, results, name, attach, read_text(results, "uname").strip())
     virtio = read_json(results, "virtio.json")
     check_rand4k(c, results, "virtio", virtio, [names.get("virtio", "?")])
     check_tail(c, "virtio", virtio)

@@ -142,6 +142,11 @@ pub struct DoctorArgs {
     /// Print a JSON document instead of the table
     #[arg(long)]
     pub json: bool,
+    /// Check another hypervisor's paths on this kernel: load the hypervisor probes (msr,
+    /// sampler, pv-paths) as in a guest of NAME and list what each of its paths would attach
+    /// to here, is absent, or why it cannot be traced
+    #[arg(long, value_name = "NAME", value_parser = ["xen", "kvm", "hyperv"])]
+    pub hypervisor: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -17,10 +17,12 @@ pub enum Absent {
     Nvme,
     #[error("not a KVM host (no kvm module)")]
     KvmHost,
+    #[error("no hypervisor: nothing to measure")]
+    Hypervisor,
 }
 
 impl Absent {
-    const ALL: [Absent; 2] = [Absent::Nvme, Absent::KvmHost];
+    const ALL: [Absent; 3] = [Absent::Nvme, Absent::KvmHost, Absent::Hypervisor];
 }
 
 /// Why a whole family did not load. Stored in the profile as its words.
@@ -72,6 +74,13 @@ pub enum BpfError {
     /// An fentry program could not be pointed at its function.
     #[error("{0}")]
     Retarget(#[source] libbpf_rs::Error),
+    /// An fentry program's function is not in the kernel's BTF (pahole leaves out functions
+    /// without an ftrace site, which fentry could not hook anyway).
+    #[error("{symbol} is not in the kernel's BTF (no ftrace site?): {source}")]
+    NoBtf {
+        symbol: String,
+        source: libbpf_rs::Error,
+    },
     #[error("sharing {map} with the {owner} object: {source}")]
     Share {
         map: &'static str,
@@ -167,6 +176,7 @@ mod tests {
         for u in [
             Unavailable::NothingToWatch(Absent::Nvme),
             Unavailable::NothingToWatch(Absent::KvmHost),
+            Unavailable::NothingToWatch(Absent::Hypervisor),
             Unavailable::NoPermission(NoPermission),
             Unavailable::Other("needs a workload process to follow".into()),
         ] {

@@ -9,10 +9,13 @@
 use serde::{Deserialize, Serialize};
 
 /// The hypervisor a guest runs on, as the fingerprint names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Hypervisor {
     /// Bare metal.
+    #[default]
     None,
     Kvm,
     Xen,
@@ -113,7 +116,9 @@ pub enum Measure {
     /// Counted: a write to this MSR exits (the msr probe).
     MsrWrite(u32),
     /// Counted and timed entry to return: the kernel function that makes the hypercall (the
-    /// pv-paths probe). Its names by kernel version, the first this kernel has is used.
+    /// pv-paths probe). Its functions in the order to try them (its names by kernel version,
+    /// then where it has no ftrace site a traceable caller): timed at the first this kernel has
+    /// that attaches.
     Timed(&'static [&'static str]),
     /// Seen only as CPU time in the sampler's samples of the hypervisor interface.
     Sampled,
@@ -155,16 +160,19 @@ const fn sampled(mechanism: Mechanism, what: &'static str) -> Path {
 use Mechanism::*;
 
 // Kernel names below were checked against /proc/kallsyms of Debian's 5.10, 6.1 and 6.12 kernels
-// (`scripts/vmtest.py` pins which attach how on each). Where a path has several names, they
-// are one function renamed between versions, newest first; functions that coexist are paths of
-// their own, so each is timed.
+// (`scripts/vmtest.py` pins what attaches on each). A path's names are tried in order and it is
+// timed at the first that the kernel has and that attaches: one function renamed between
+// versions, and last, where the function itself has no ftrace site (BPF can hook it neither by
+// fentry nor by kprobe events), the traceable caller that makes the call. Functions that
+// coexist are paths of their own, so each is timed.
 
 /// The halt every guest does, native HLT (exits unless the hypervisor lets it poll): named
-/// `native_safe_halt` before 6.5 and `pv_native_safe_halt` since (noinstr there: untraceable).
+/// `native_safe_halt` before 6.5 and `pv_native_safe_halt` since; neither has an ftrace site,
+/// so it is timed at its caller `default_idle` (noinstr since 6.x: then untraceable).
 const HALT: Path = timed(
     Halt,
-    &["pv_native_safe_halt", "native_safe_halt"],
-    "HLT (exits unless the hypervisor polls)",
+    &["pv_native_safe_halt", "native_safe_halt", "default_idle"],
+    "HLT (exits unless the hypervisor polls; or its caller default_idle)",
 );
 
 /// The local APIC timer and ICR, as every x86 hypervisor traps them. (x2APIC EOI writes go
@@ -177,7 +185,11 @@ const KVM: &[Path] = &[
     APIC_TIMER,
     APIC_TIMER_COUNT,
     APIC_ICR,
-    timed(Ipi, &["kvm_send_ipi_mask"], "KVM_HC_SEND_IPI (PV IPIs to a mask)"),
+    timed(
+        Ipi,
+        &["kvm_send_ipi_mask"],
+        "KVM_HC_SEND_IPI (PV IPIs to a mask)",
+    ),
     timed(
         Ipi,
         &["kvm_send_ipi_mask_allbutself"],
@@ -200,10 +212,12 @@ const KVM: &[Path] = &[
 ];
 
 const XEN: &[Path] = &[
+    // arch/x86/xen is built without ftrace: the timer and spinlock callbacks are timed at
+    // their callers where the kernel allows no other way.
     timed(
         Timer,
-        &["xen_vcpuop_set_next_event"],
-        "VCPUOP_set_singleshot_timer (xen clockevent)",
+        &["xen_vcpuop_set_next_event", "clockevents_program_event"],
+        "VCPUOP_set_singleshot_timer (xen clockevent; or its caller clockevents_program_event)",
     ),
     APIC_TIMER,
     APIC_TIMER_COUNT,
@@ -224,7 +238,11 @@ const XEN: &[Path] = &[
     // HVM guests halt natively; xen_safe_halt is PV guests' only.
     HALT,
     timed(SpinlockWait, &["xen_qlock_wait"], "SCHEDOP_poll"),
-    timed(SpinlockKick, &["xen_qlock_kick"], "EVTCHNOP_send to the waiter"),
+    timed(
+        SpinlockKick,
+        &["xen_qlock_kick", "__pv_queued_spin_unlock_slowpath"],
+        "EVTCHNOP_send to the waiter (or its caller, the unlock slowpath)",
+    ),
     timed(
         TlbFlush,
         &["xen_flush_tlb_multi", "xen_flush_tlb_others"],
@@ -259,7 +277,11 @@ const HYPERV: &[Path] = &[
     // In the hv_vmbus module: absent until it is loaded.
     timed(Upcall, &["vmbus_isr"], "VMBus synthetic interrupt"),
     HALT,
-    timed(SpinlockWait, &["hv_qlock_wait"], "HV_X64_MSR_GUEST_IDLE read"),
+    timed(
+        SpinlockWait,
+        &["hv_qlock_wait"],
+        "HV_X64_MSR_GUEST_IDLE read",
+    ),
     timed(SpinlockKick, &["hv_qlock_kick"], "an IPI to the waiter"),
     timed(
         TlbFlush,
@@ -294,7 +316,11 @@ fn hypercall_sites(hypervisor: Hypervisor) -> &'static [&'static str] {
         Hypervisor::Xen => &["xen_hypercall", "hypercall_page"],
         // VMCALLs are inlined into their callers: KVM_HC_SEND_IPI in __send_ipi_mask,
         // KVM_HC_SCHED_YIELD in kvm_smp_send_call_func_ipi.
-        Hypervisor::Kvm => &["kvm_hypercall", "send_ipi_mask", "kvm_smp_send_call_func_ipi"],
+        Hypervisor::Kvm => &[
+            "kvm_hypercall",
+            "send_ipi_mask",
+            "kvm_smp_send_call_func_ipi",
+        ],
         // hv_apic.c's __send_ipi_one/_mask/_mask_ex make the IPI hypercalls; the synthetic
         // APIC and timer registers are MSRs.
         Hypervisor::HyperV => &[
@@ -359,20 +385,39 @@ pub fn mechanism_of_symbol(hypervisor: Hypervisor, symbol: &str) -> Option<Mecha
         .map(|p| p.mechanism)
 }
 
-/// The functions to time on `hypervisor`: for each timed path, the first of its names
-/// `has` says the kernel has (a path whose names it lacks is absent on this kernel).
-pub fn timed_symbols(hypervisor: Hypervisor, has: impl Fn(&str) -> bool) -> Vec<&'static str> {
-    let mut out: Vec<&'static str> = Vec::new();
+/// One timed path of a hypervisor's table as a kernel has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TimedPath {
+    /// Its functions, in the order to try them.
+    pub names: &'static [&'static str],
+    /// Those the kernel has, in that order; none: absent on this kernel.
+    pub present: Vec<&'static str>,
+}
+
+/// The timed paths of `hypervisor`'s table in table order, each with the functions `has` says
+/// the kernel has. The pv-paths probe times each path at the first of them that attaches.
+pub fn timed_paths(hypervisor: Hypervisor, has: impl Fn(&str) -> bool) -> Vec<TimedPath> {
+    let mut out: Vec<TimedPath> = Vec::new();
     for p in paths(hypervisor) {
         if let Measure::Timed(names) = p.measure {
-            if let Some(name) = names.iter().copied().find(|n| has(n)) {
-                if !out.contains(&name) {
-                    out.push(name);
-                }
+            if out.iter().all(|t| t.names != names) {
+                out.push(TimedPath {
+                    names,
+                    present: names.iter().copied().filter(|n| has(n)).collect(),
+                });
             }
         }
     }
     out
+}
+
+/// For each timed path of `hypervisor`'s table, the first of its names `has` says the kernel
+/// has: the function tried first (a path whose names it lacks is absent on this kernel).
+pub fn timed_symbols(hypervisor: Hypervisor, has: impl Fn(&str) -> bool) -> Vec<&'static str> {
+    timed_paths(hypervisor, has)
+        .into_iter()
+        .filter_map(|t| t.present.first().copied())
+        .collect()
 }
 
 #[cfg(test)]

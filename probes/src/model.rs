@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::hist::KernelHist;
+use crate::hypervisor::Hypervisor;
 
 /// Stage of a block request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -534,14 +535,18 @@ impl CpuSamples {
         samples_represent(self.total(), frequency_hz, secs)
     }
 
-    /// Samples per category.
-    pub fn categories(&self) -> std::collections::BTreeMap<crate::virt::SampleCategory, u64> {
+    /// Samples per category, on a host running on `hypervisor` (the snapshot's).
+    pub fn categories(
+        &self,
+        hypervisor: Hypervisor,
+    ) -> std::collections::BTreeMap<crate::virt::SampleCategory, u64> {
         let mut out = std::collections::BTreeMap::new();
         if self.user > 0 {
             out.insert(crate::virt::SampleCategory::User, self.user);
         }
         for (sym, n) in &self.kernel {
-            *out.entry(crate::virt::classify_symbol(sym)).or_insert(0) += n;
+            *out.entry(crate::virt::classify_symbol(sym, hypervisor))
+                .or_insert(0) += n;
         }
         out
     }
@@ -549,8 +554,9 @@ impl CpuSamples {
     /// Past `MAX_SYMBOLS_PER_CPU` distinct kernel symbols, keeps the `KEPT_SYMBOLS_PER_CPU`
     /// most sampled and counts the rest under their category's folded key, so a long run's
     /// tally stays bounded (rare symbols keep turning up for hours) while every category's
-    /// total stays exact. A folded symbol sampled again starts a new count.
-    pub fn fold(&mut self) {
+    /// total stays exact. A folded symbol sampled again starts a new count. Symbols are
+    /// sorted as on `hypervisor` (the snapshot's).
+    pub fn fold(&mut self, hypervisor: Hypervisor) {
         if self.kernel.len() <= MAX_SYMBOLS_PER_CPU {
             return;
         }
@@ -559,7 +565,7 @@ impl CpuSamples {
         by_count.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         let mut folded: std::collections::BTreeMap<String, u64> = Default::default();
         for (i, (sym, n)) in by_count.into_iter().enumerate() {
-            let category = crate::virt::classify_symbol(&sym);
+            let category = crate::virt::classify_symbol(&sym, hypervisor);
             if i < KEPT_SYMBOLS_PER_CPU || sym == category.folded_key() {
                 *self.kernel.entry(sym).or_insert(0) += n;
             } else {
@@ -604,6 +610,10 @@ pub struct SamplerSnapshot {
     /// counts the host's timer writes, so this is what a CPU's sample count is judged against.
     #[serde(default)]
     pub sampled_ns: u64,
+    /// The hypervisor the samples are sorted for (`CpuSamples::categories`): what is its
+    /// interface, and on metal nothing.
+    #[serde(default)]
+    pub hypervisor: Hypervisor,
 }
 
 impl SamplerSnapshot {
@@ -627,7 +637,7 @@ impl SamplerSnapshot {
                 let mut moved: std::collections::BTreeMap<String, u64> = Default::default();
                 for (sym, n) in prev.map(|p| &p.kernel).into_iter().flatten() {
                     if !c.kernel.contains_key(sym) {
-                        let key = crate::virt::classify_symbol(sym).folded_key();
+                        let key = crate::virt::classify_symbol(sym, self.hypervisor).folded_key();
                         *moved.entry(key).or_insert(0) += n;
                     }
                 }
@@ -653,6 +663,7 @@ impl SamplerSnapshot {
             cpus,
             dropped: self.dropped.saturating_sub(earlier.dropped),
             sampled_ns: self.sampled_ns.saturating_sub(earlier.sampled_ns),
+            hypervisor: self.hypervisor,
         }
     }
 }
@@ -862,6 +873,7 @@ mod tests {
             cpus: vec![c.clone()],
             dropped: 0,
             sampled_ns: 0,
+            hypervisor: Hypervisor::Kvm,
         }
     }
 
@@ -931,11 +943,11 @@ mod tests {
     #[test]
     fn a_long_runs_symbol_tally_stays_bounded_with_exact_category_totals() {
         let mut c = tally(MAX_SYMBOLS_PER_CPU + 100);
-        let before = c.categories();
-        c.fold();
+        let before = c.categories(Hypervisor::Kvm);
+        c.fold(Hypervisor::Kvm);
         assert!(c.kernel.len() <= KEPT_SYMBOLS_PER_CPU + SampleCategory::ALL.len());
         assert_eq!(
-            c.categories(),
+            c.categories(Hypervisor::Kvm),
             before,
             "folding moves samples, never loses them"
         );
@@ -951,7 +963,7 @@ mod tests {
         assert!(!c.kernel.contains_key("fn_0"));
         let small = tally(10);
         let mut unchanged = small.clone();
-        unchanged.fold();
+        unchanged.fold(Hypervisor::Kvm);
         assert_eq!(unchanged, small, "a short tally is left alone");
     }
 
@@ -962,7 +974,7 @@ mod tests {
         // Five more samples of a rare symbol and two of a common one, then the fold.
         *later.kernel.get_mut("fn_0").unwrap() += 5;
         *later.kernel.get_mut("fn_400").unwrap() += 2;
-        later.fold();
+        later.fold(Hypervisor::Kvm);
         let interval = snapshot(&later).since(&snapshot(&earlier));
         let cpu = &interval.cpus[0];
         assert_eq!(cpu.total(), 7, "{:?}", cpu.kernel);

@@ -58,6 +58,11 @@ pub struct FamilyReport {
     pub fallback: Option<String>,
 }
 
+/// How a hooked function's outcome begins when the kernel has none of its names (a paravirt
+/// path of another kernel version, or of a module not loaded): nothing to attach, which is not
+/// a failure to attach.
+pub const ABSENT_ON_THIS_KERNEL: &str = "absent on this kernel";
+
 /// The kernel function the block probe hooks (fentry, else kprobe) where each bio enters the
 /// block layer, before blk-throttle; reported among the block family's tracepoints.
 pub const BIO_ENTRY_HOOK: &str = "submit_bio_noacct";

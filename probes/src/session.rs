@@ -19,6 +19,10 @@ use crate::model::{ProbeSnapshot, ProgramStats};
 use crate::report::{CapabilityReport, Family, FamilyReport};
 use crate::{libbpf_log, memory, procfs};
 
+/// Set to a hypervisor's name ("xen", "kvm", "hyperv"), the hypervisor probes load as in a guest
+/// of it, where the config does not say: for the VM tier, whose TCG guests are no hypervisor's.
+const HYPERVISOR_VAR: &str = "VIRTGAP_HYPERVISOR";
+
 /// Loaded and attached probes.
 pub struct ProbeSession<'a> {
     families: Vec<(Family, Loaded<'a>)>,
@@ -63,6 +67,16 @@ impl<'a> ProbeSession<'a> {
         // Read once: the irq probe, the sampler and the paravirt timers all need it.
         let symbols = Arc::new(crate::virt::Symbols::load());
         let host = HostShape::read();
+        let hypervisor = config
+            .hypervisor
+            .or_else(|| {
+                std::env::var(HYPERVISOR_VAR)
+                    .ok()
+                    .map(|name| crate::hypervisor::Hypervisor::of_name(&name))
+            })
+            .unwrap_or_else(|| {
+                crate::virt::detect_hypervisor(std::path::Path::new("/")).hypervisor
+            });
         let notes = RefCell::new(Vec::new());
         let shared = RefCell::new(SharedMaps::default());
         let cx = LoadContext {
@@ -70,6 +84,7 @@ impl<'a> ProbeSession<'a> {
             kernel: &kernel,
             symbols: &symbols,
             host: &host,
+            hypervisor,
             filter: config.filter_tgid.map(ProcessFilter::of),
             notes: &notes,
             shared: &shared,

@@ -1,8 +1,13 @@
-//! What the hypervisor looks like from the probes: names of exit-causing MSRs, KVM exit reasons
-//! (VMX and SVM), classification of sampled kernel symbols, and the paravirt callbacks worth
-//! timing on each hypervisor. Pure tables and functions, unit-tested on fixtures.
+//! What the hypervisor looks like from the probes: which hypervisor this is (from every CPUID
+//! hypervisor leaf and `/sys/hypervisor/type`), names of exit-causing MSRs, KVM exit reasons
+//! (VMX and SVM), and classification of sampled kernel symbols. Pure tables and functions,
+//! unit-tested on fixtures; what each hypervisor does per mechanism is `crate::hypervisor`'s.
+
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+use crate::hypervisor::Hypervisor;
 
 /// A name for an MSR number, for the ones that matter in a guest.
 pub fn msr_name(msr: u32) -> &'static str {
@@ -24,20 +29,21 @@ pub fn msr_name(msr: u32) -> &'static str {
     }
 }
 
-/// Whether a guest's write to `msr` exits to `hypervisor` ("kvm", "xen", "hyperv", "other";
-/// "none" on metal, where nothing exits). Only MSRs known to trap are labelled: the TSC-deadline
-/// timer, the x2APIC ICR (IPIs) and timer-count registers, and Hyper-V's synthetic MSRs. EOI
-/// is left out (APICv and AVIC complete it without an exit), as are MSRs modern KVM passes
-/// through (SPEC_CTRL, PRED_CMD, FS/GS base).
-pub fn msr_exits(hypervisor: &str, msr: u32) -> bool {
+/// Whether a guest's write to `msr` exits to `hypervisor` (on metal nothing exits). Only MSRs
+/// known to trap are labelled: the TSC-deadline timer, the x2APIC ICR (IPIs) and timer-count
+/// registers, and Hyper-V's synthetic MSRs. EOI is left out (APICv and AVIC complete it without
+/// an exit), as are MSRs modern KVM passes through (SPEC_CTRL, PRED_CMD, FS/GS base).
+pub fn msr_exits(hypervisor: Hypervisor, msr: u32) -> bool {
     let timer_or_ipi = matches!(msr, 0x6e0 | 0x830 | 0x838);
     let hyperv_synthetic = (0x4000_0000..=0x4000_00ff).contains(&msr);
     match hypervisor {
-        "none" => false,
-        "hyperv" => timer_or_ipi || hyperv_synthetic,
+        Hypervisor::None => false,
+        Hypervisor::HyperV => timer_or_ipi || hyperv_synthetic,
         // KVM also emulates Hyper-V's MSRs for Windows-enlightened guests.
-        "kvm" => timer_or_ipi || hyperv_synthetic || (0x4b56_4d00..=0x4b56_4dff).contains(&msr),
-        _ => timer_or_ipi,
+        Hypervisor::Kvm => {
+            timer_or_ipi || hyperv_synthetic || (0x4b56_4d00..=0x4b56_4dff).contains(&msr)
+        }
+        Hypervisor::Xen | Hypervisor::Vmware | Hypervisor::Other => timer_or_ipi,
     }
 }
 
@@ -94,8 +100,8 @@ pub fn exit_reason_name(isa: u32, reason: u32) -> String {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SampleCategory {
-    /// Hypercall stubs, paravirt callbacks, trapping MSR accessors: time charged to the
-    /// hypervisor interface.
+    /// Hypercall stubs and pages, the hypervisor's timed paths, trapping MSR and APIC
+    /// accessors: time charged to the hypervisor interface (never on metal).
     Hypervisor,
     Idle,
     HardIrq,
@@ -141,9 +147,11 @@ impl SampleCategory {
     }
 }
 
-/// Sorts a kernel symbol into a category. Idle comes first: `pv_native_safe_halt` is a halt,
-/// not hypervisor work the guest asked for.
-pub fn classify_symbol(sym: &str) -> SampleCategory {
+/// Sorts a kernel symbol sampled on a host running on `hypervisor` into a category. Idle comes
+/// first: `pv_native_safe_halt` is a halt, not hypervisor work the guest asked for. What is the
+/// hypervisor interface depends on the hypervisor (`hypervisor::is_interface_symbol`): on metal
+/// nothing is.
+pub fn classify_symbol(sym: &str, hypervisor: Hypervisor) -> SampleCategory {
     use SampleCategory::*;
     if let Some(folded) = SampleCategory::of_folded_key(sym) {
         return folded;
@@ -157,27 +165,8 @@ pub fn classify_symbol(sym: &str) -> SampleCategory {
     {
         return Idle;
     }
-    if starts(&[
-        "xen_hypercall",
-        "hypercall_page",
-        "pvm_",
-        "pv_",
-        "hv_",
-        "kvm_clock",
-        "kvm_steal",
-        "kvm_send_ipi",
-        "kvm_guest_apic",
-        "kvm_flush_tlb",
-        "kvm_kick",
-        "kvm_wait",
-        "kvm_hypercall",
-        "pvclock",
-        "native_write_msr",
-        "native_read_msr",
-        "xen_",
-    ]) || s == "lapic_next_deadline"
-    {
-        return Hypervisor;
+    if crate::hypervisor::is_interface_symbol(hypervisor, sym) {
+        return SampleCategory::Hypervisor;
     }
     if contains(&[
         "softirq",
@@ -232,29 +221,144 @@ pub fn classify_symbol(sym: &str) -> SampleCategory {
     OtherKernel
 }
 
+/// One leaf of the CPUID hypervisor range (0x40000000 + n × 0x100) that answers: the interface a
+/// guest finds there. A Xen guest may show Viridian (Hyper-V) at 0x40000000 and Xen at
+/// 0x40000100; KVM with Hyper-V enlightenments shows "Microsoft Hv" or "Linux KVM Hv" first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CpuidLeaf {
+    pub leaf: u32,
+    /// EAX: the highest leaf of this interface (0 from older KVM, meaning leaf + 1).
+    pub max_leaf: u32,
+    /// EBX, ECX, EDX as text, trailing NULs and spaces trimmed ("XenVMMXenVMM", "KVMKVMKVM").
+    pub signature: String,
+}
+
+/// Everything that says which hypervisor a host runs on, and what it decides.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct HypervisorEvidence {
+    /// CPUID leaf 1 ECX bit 31.
+    pub hypervisor_bit: bool,
+    /// The hypervisor leaves that answer, lowest first (not read without the hypervisor bit:
+    /// there, Intel CPUs answer these leaves with the highest basic leaf's values).
+    pub leaves: Vec<CpuidLeaf>,
+    /// `/sys/hypervisor/type` (Xen's driver writes it).
+    pub sys_hypervisor_type: Option<String>,
+    /// What all of it decides (`hypervisor_of`).
+    #[schemars(with = "String")]
+    pub hypervisor: Hypervisor,
+}
+
+/// The first hypervisor leaf and the step between interfaces.
+const HYPERVISOR_LEAVES: std::ops::RangeInclusive<u32> = 0x4000_0000..=0x4000_ff00;
+const LEAF_STEP: usize = 0x100;
+
+/// Reads this host: the CPU's CPUID and `/sys/hypervisor/type` under `root` ("/" on a live
+/// host).
+pub fn detect_hypervisor(root: &Path) -> HypervisorEvidence {
+    detect_hypervisor_with(root, cpu_cpuid)
+}
+
+/// Reads the evidence with `cpuid` (leaf -> (eax, ebx, ecx, edx)) standing for the CPU, and
+/// `/sys/hypervisor/type` under `root`.
+pub fn detect_hypervisor_with(
+    root: &Path,
+    cpuid: impl Fn(u32) -> (u32, u32, u32, u32),
+) -> HypervisorEvidence {
+    let hypervisor_bit = cpuid(1).2 & (1 << 31) != 0;
+    let leaves: Vec<CpuidLeaf> = if hypervisor_bit {
+        HYPERVISOR_LEAVES
+            .step_by(LEAF_STEP)
+            .filter_map(|leaf| hypervisor_leaf(leaf, cpuid(leaf)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let sys_hypervisor_type = std::fs::read_to_string(root.join("sys/hypervisor/type"))
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty());
+    let hypervisor = hypervisor_of(hypervisor_bit, &leaves, sys_hypervisor_type.as_deref());
+    HypervisorEvidence {
+        hypervisor_bit,
+        leaves,
+        sys_hypervisor_type,
+        hypervisor,
+    }
+}
+
+/// A leaf's answer as a hypervisor interface, or None where nothing answers: a signature of
+/// printable text and a highest leaf within its own block (a leaf no interface claims returns
+/// zeros, or on Intel the highest basic leaf's values).
+fn hypervisor_leaf(leaf: u32, (eax, ebx, ecx, edx): (u32, u32, u32, u32)) -> Option<CpuidLeaf> {
+    let bytes: Vec<u8> = [ebx, ecx, edx]
+        .iter()
+        .flat_map(|r| r.to_le_bytes())
+        .collect();
+    let text = bytes.iter().all(|&b| b == 0 || (0x20..0x7f).contains(&b));
+    let printable = bytes.iter().filter(|&&b| b > 0x20).count();
+    let in_block = eax == 0 || (leaf..=leaf + 0xff).contains(&eax);
+    if !text || printable < 4 || !in_block {
+        return None;
+    }
+    let signature = String::from_utf8_lossy(&bytes)
+        .trim_end_matches(['\0', ' '])
+        .to_string();
+    Some(CpuidLeaf {
+        leaf,
+        max_leaf: eax,
+        signature,
+    })
+}
+
+/// The hypervisor the evidence points to. Xen and KVM may also expose Hyper-V's interface
+/// (Viridian; enlightenments for Windows guests) in the first leaf, so their own signature
+/// anywhere in the range wins over Hyper-V's; `/sys/hypervisor/type` "xen" is Xen (the kernel's
+/// own finding). No hypervisor bit and no Xen driver: metal.
+pub fn hypervisor_of(
+    hypervisor_bit: bool,
+    leaves: &[CpuidLeaf],
+    sys_hypervisor_type: Option<&str>,
+) -> Hypervisor {
+    let signed = |prefix: &str| leaves.iter().any(|l| l.signature.starts_with(prefix));
+    if sys_hypervisor_type == Some("xen") || signed("XenVMM") {
+        Hypervisor::Xen
+    } else if !hypervisor_bit {
+        Hypervisor::None
+    } else if signed("KVMKVMKVM") || signed("Linux KVM Hv") {
+        Hypervisor::Kvm
+    } else if signed("Microsoft Hv") {
+        Hypervisor::HyperV
+    } else if signed("VMwareVMware") {
+        Hypervisor::Vmware
+    } else {
+        Hypervisor::Other
+    }
+}
+
+/// CPUID on this CPU (zeros off x86_64).
+fn cpu_cpuid(leaf: u32) -> (u32, u32, u32, u32) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID exists on every x86_64 CPU; an absent leaf returns harmless values.
+        let r = std::arch::x86_64::__cpuid(leaf);
+        (r.eax, r.ebx, r.ecx, r.edx)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = leaf;
+        (0, 0, 0, 0)
+    }
+}
+
 /// What the CPU says about a hypervisor: the CPUID leaf 1 ECX bit 31 and the leaf 0x40000000
 /// vendor signature (e.g. "KVMKVMKVM", "XenVMMXenVMM", "Microsoft Hv"), when present.
 pub fn cpuid_hypervisor() -> (bool, Option<String>) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::__cpuid;
-        // CPUID exists on every x86_64 CPU; an absent leaf returns harmless values.
-        if __cpuid(1).ecx & (1 << 31) == 0 {
-            return (false, None);
-        }
-        let leaf = __cpuid(0x4000_0000);
-        let bytes: Vec<u8> = [leaf.ebx, leaf.ecx, leaf.edx]
-            .iter()
-            .flat_map(|r| r.to_le_bytes())
-            .collect();
-        let signature = String::from_utf8_lossy(&bytes)
-            .trim_end_matches('\0')
-            .trim()
-            .to_string();
-        return (true, (!signature.is_empty()).then_some(signature));
+    let hypervisor_bit = cpu_cpuid(1).2 & (1 << 31) != 0;
+    if !hypervisor_bit {
+        return (false, None);
     }
-    #[allow(unreachable_code)]
-    (false, None)
+    let signature = hypervisor_leaf(0x4000_0000, cpu_cpuid(0x4000_0000)).map(|l| l.signature);
+    (true, signature)
 }
 
 /// A kernel symbol table sorted by address, for resolving sampled IPs.
@@ -307,66 +411,9 @@ impl Symbols {
     }
 }
 
-/// Paravirt callbacks worth timing, per hypervisor (from the kernel sources' pv-op tables);
-/// "any" lists native paths that exit to every hypervisor: the local APIC timer's reprogram,
-/// as a TSC-deadline MSR write or as a timer-count register write.
-pub const PV_SYMBOLS: &[(&str, &[&str])] = &[
-    ("any", &["lapic_next_deadline", "lapic_next_event"]),
-    (
-        "xen",
-        &[
-            "xen_send_IPI_one",
-            "xen_vcpuop_set_next_event",
-            "eoi_pirq",
-            "xen_qlock_wait",
-            "xen_evtchn_do_upcall",
-            "pvclock_clocksource_read",
-        ],
-    ),
-    (
-        "kvm",
-        &[
-            "kvm_send_ipi_mask",
-            "kvm_wait",
-            "kvm_kick_cpu",
-            "kvm_flush_tlb_multi",
-        ],
-    ),
-    (
-        "hyperv",
-        &[
-            "hv_send_ipi",
-            "hv_send_ipi_mask",
-            "hv_send_ipi_mask_allbutself",
-        ],
-    ),
-];
-
-/// The paravirt symbols of guest `hypervisor` ("none" on metal) this kernel has (kallsyms),
-/// in table order.
-pub fn select_pv_symbols(hypervisor: &str, symbols: &Symbols) -> Vec<&'static str> {
-    PV_SYMBOLS
-        .iter()
-        .filter(|(hv, _)| *hv == hypervisor || (*hv == "any" && hypervisor != "none"))
-        .flat_map(|(_, list)| list.iter().copied())
-        .filter(|s| symbols.contains(s))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const XEN_GUEST: &str = "\
-ffffffff81001000 T xen_hypercall_hvm
-ffffffff81002000 t xen_send_IPI_one
-ffffffff81003000 t xen_vcpuop_set_next_event
-ffffffff81004000 t eoi_pirq
-ffffffff81005000 T pvclock_clocksource_read
-ffffffff81006000 T xen_evtchn_do_upcall
-ffffffff81007000 T native_safe_halt
-ffffffff81008000 T blk_mq_start_request
-";
 
     const KVM_GUEST: &str = "\
 ffffffff81100000 t kvm_send_ipi_mask
@@ -381,30 +428,6 @@ ffffffff81108000 T schedule
 ";
 
     #[test]
-    fn selects_the_pv_paths_each_kernel_has() {
-        let xen = Symbols::parse(XEN_GUEST);
-        assert_eq!(
-            select_pv_symbols("xen", &xen),
-            [
-                "xen_send_IPI_one",
-                "xen_vcpuop_set_next_event",
-                "eoi_pirq",
-                "xen_evtchn_do_upcall",
-                "pvclock_clocksource_read"
-            ]
-        );
-        let kvm = Symbols::parse(KVM_GUEST);
-        assert_eq!(
-            select_pv_symbols("kvm", &kvm),
-            ["lapic_next_deadline", "kvm_send_ipi_mask", "kvm_wait"]
-        );
-        // The timer write exits under any hypervisor; other hypervisors' callbacks are absent.
-        assert_eq!(select_pv_symbols("xen", &kvm), ["lapic_next_deadline"]);
-        assert_eq!(select_pv_symbols("other", &kvm), ["lapic_next_deadline"]);
-        assert!(select_pv_symbols("none", &kvm).is_empty());
-    }
-
-    #[test]
     fn resolves_ips_to_the_enclosing_symbol() {
         let kvm = Symbols::parse(KVM_GUEST);
         assert_eq!(kvm.resolve(0xffffffff81103010), Some("pv_native_safe_halt"));
@@ -413,27 +436,264 @@ ffffffff81108000 T schedule
     }
 
     #[test]
-    fn classifies_symbols() {
+    fn classifies_symbols_the_same_on_every_host_outside_the_hypervisor_interface() {
         use SampleCategory::*;
-        for (sym, cat) in [
-            ("pv_native_safe_halt", Idle),
-            ("default_idle", Idle),
-            ("xen_hypercall_hvm", Hypervisor),
-            ("xen_hypercall_event_channel_op", Hypervisor),
-            ("native_write_msr", Hypervisor),
-            ("kvm_send_ipi_mask", Hypervisor),
-            ("lapic_next_deadline", Hypervisor),
-            ("__do_softirq", SoftIrq),
-            ("handle_softirqs", SoftIrq),
-            ("sysvec_apic_timer_interrupt", HardIrq),
-            ("vring_interrupt", HardIrq),
-            ("virtblk_done", HardIrq),
-            ("blk_mq_start_request", Block),
-            ("io_uring_enter", Block),
-            ("schedule", OtherKernel),
-        ] {
-            assert_eq!(classify_symbol(sym), cat, "{sym}");
+        for hv in crate::hypervisor::Hypervisor::ALL {
+            for (sym, cat) in [
+                ("pv_native_safe_halt", Idle),
+                ("native_safe_halt", Idle),
+                ("xen_safe_halt", Idle),
+                ("default_idle", Idle),
+                ("__do_softirq", SoftIrq),
+                ("handle_softirqs", SoftIrq),
+                ("sysvec_apic_timer_interrupt", HardIrq),
+                ("vring_interrupt", HardIrq),
+                ("virtblk_done", HardIrq),
+                ("blk_mq_start_request", Block),
+                ("io_uring_enter", Block),
+                ("schedule", OtherKernel),
+                ("pvclock_clocksource_read", OtherKernel),
+                ("[other hypervisor interface]", Hypervisor),
+            ] {
+                assert_eq!(classify_symbol(sym, hv), cat, "{sym} on {hv:?}");
+            }
         }
+    }
+
+    /// On metal nothing is hypervisor interface; in a guest its own hypercall stubs, the
+    /// functions of its timed paths and the trapping accessors are, and no other hypervisor's.
+    #[test]
+    fn the_hypervisor_interface_is_the_hosts_own() {
+        use Hypervisor as H;
+        let interface = |sym: &str, hv| classify_symbol(sym, hv) == SampleCategory::Hypervisor;
+        for (sym, on) in [
+            (
+                "native_write_msr",
+                &[H::Kvm, H::Xen, H::HyperV, H::Vmware, H::Other][..],
+            ),
+            (
+                "lapic_next_deadline",
+                &[H::Kvm, H::Xen, H::HyperV, H::Vmware, H::Other],
+            ),
+            (
+                "__x2apic_send_IPI_dest",
+                &[H::Kvm, H::Xen, H::HyperV, H::Vmware, H::Other],
+            ),
+            ("xen_hypercall_intel", &[H::Xen]),
+            ("xen_hypercall_sched_op", &[H::Xen]),
+            ("hypercall_page", &[H::Xen]),
+            ("xen_send_IPI_one", &[H::Xen]),
+            ("xen_vcpuop_set_next_event", &[H::Xen]),
+            ("__xen_evtchn_do_upcall", &[H::Xen]),
+            ("eoi_pirq.isra.0", &[H::Xen]),
+            ("kvm_send_ipi_mask", &[H::Kvm]),
+            ("kvm_kick_cpu", &[H::Kvm]),
+            ("kvm_flush_tlb_others", &[H::Kvm]),
+            ("kvm_smp_send_call_func_ipi", &[H::Kvm]),
+            ("__send_ipi_mask", &[H::Kvm, H::HyperV]),
+            ("hv_send_ipi_mask", &[H::HyperV]),
+            ("hv_ce_set_next_event", &[H::HyperV]),
+            ("vmbus_isr", &[H::HyperV]),
+        ] {
+            for hv in Hypervisor::ALL {
+                assert_eq!(interface(sym, hv), on.contains(&hv), "{sym} on {hv:?}");
+            }
+        }
+        // Host-side KVM and a Xen PV-only helper are not a guest's interface.
+        assert!(!interface("kvm_vcpu_halt", H::Kvm));
+        assert!(!interface("xen_hvm_init_time_ops", H::Xen));
+    }
+
+    /// CPUID fixtures: leaf -> (eax, ebx, ecx, edx); unlisted leaves answer as `rest` does.
+    fn cpu(
+        bit: bool,
+        leaves: &'static [(u32, u32, &'static str)],
+        rest: (u32, u32, u32, u32),
+    ) -> impl Fn(u32) -> (u32, u32, u32, u32) {
+        move |leaf| {
+            if leaf == 1 {
+                return (0x806f8, 0, if bit { 1 << 31 } else { 0 }, 0);
+            }
+            match leaves.iter().find(|l| l.0 == leaf) {
+                Some(&(_, max, sig)) => {
+                    let mut b = [0u8; 12];
+                    b[..sig.len()].copy_from_slice(sig.as_bytes());
+                    let r = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+                    (max, r(0), r(4), r(8))
+                }
+                None => rest,
+            }
+        }
+    }
+
+    /// Intel answers a leaf no interface claims with the highest basic leaf's values; AMD with
+    /// zeros.
+    const INTEL_UNCLAIMED: (u32, u32, u32, u32) =
+        (0x0000_0bb8, 0x0000_0064, 0x0000_0000, 0x0001_0000);
+    const ZEROS: (u32, u32, u32, u32) = (0, 0, 0, 0);
+
+    fn fixture_root(sys_hypervisor_type: Option<&str>) -> tempfile::TempDir {
+        let root = tempfile::tempdir().unwrap();
+        if let Some(t) = sys_hypervisor_type {
+            std::fs::create_dir_all(root.path().join("sys/hypervisor")).unwrap();
+            std::fs::write(root.path().join("sys/hypervisor/type"), format!("{t}\n")).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn detects_the_hypervisor_from_every_leaf_and_sysfs() {
+        use Hypervisor as H;
+        let leaf = |leaf, max_leaf, signature: &str| CpuidLeaf {
+            leaf,
+            max_leaf,
+            signature: signature.into(),
+        };
+        // (case, hypervisor bit, leaves, unclaimed leaves, /sys/hypervisor/type, expected
+        // hypervisor, expected leaves kept)
+        type Case = (
+            &'static str,
+            bool,
+            &'static [(u32, u32, &'static str)],
+            (u32, u32, u32, u32),
+            Option<&'static str>,
+            Hypervisor,
+        );
+        let cases: [Case; 8] = [
+            (
+                "Xen HVM (i3)",
+                true,
+                &[(0x4000_0000, 0x4000_0005, "XenVMMXenVMM")],
+                INTEL_UNCLAIMED,
+                Some("xen"),
+                H::Xen,
+            ),
+            (
+                "Xen HVM with Viridian first",
+                true,
+                &[
+                    (0x4000_0000, 0x4000_0006, "Microsoft Hv"),
+                    (0x4000_0100, 0x4000_0105, "XenVMMXenVMM"),
+                ],
+                INTEL_UNCLAIMED,
+                Some("xen"),
+                H::Xen,
+            ),
+            (
+                "Xen with Viridian, no Xen driver loaded",
+                true,
+                &[
+                    (0x4000_0000, 0x4000_0006, "Microsoft Hv"),
+                    (0x4000_0100, 0x4000_0105, "XenVMMXenVMM"),
+                ],
+                ZEROS,
+                None,
+                H::Xen,
+            ),
+            (
+                "KVM (Nitro)",
+                true,
+                &[(0x4000_0000, 0x4000_0001, "KVMKVMKVM")],
+                ZEROS,
+                None,
+                H::Kvm,
+            ),
+            (
+                "KVM with Hyper-V enlightenments",
+                true,
+                &[
+                    (0x4000_0000, 0x4000_000b, "Microsoft Hv"),
+                    (0x4000_0100, 0x4000_0101, "KVMKVMKVM"),
+                ],
+                INTEL_UNCLAIMED,
+                None,
+                H::Kvm,
+            ),
+            (
+                "Hyper-V (Azure)",
+                true,
+                &[(0x4000_0000, 0x4000_000c, "Microsoft Hv")],
+                ZEROS,
+                None,
+                H::HyperV,
+            ),
+            (
+                "an unknown hypervisor (QEMU TCG)",
+                true,
+                &[],
+                ZEROS,
+                None,
+                H::Other,
+            ),
+            ("metal", false, &[], INTEL_UNCLAIMED, None, H::None),
+        ];
+        for (case, bit, leaves, rest, sys, expected) in cases {
+            let root = fixture_root(sys);
+            let e = detect_hypervisor_with(root.path(), cpu(bit, leaves, rest));
+            assert_eq!(e.hypervisor, expected, "{case}");
+            assert_eq!(e.hypervisor_bit, bit, "{case}");
+            assert_eq!(e.sys_hypervisor_type.as_deref(), sys, "{case}");
+            // Every interface that answers is kept, as data, and nothing else.
+            let kept: Vec<CpuidLeaf> = leaves
+                .iter()
+                .map(|&(l, max, sig)| leaf(l, max, sig.trim_end()))
+                .collect();
+            assert_eq!(e.leaves, kept, "{case}");
+        }
+    }
+
+    #[test]
+    fn a_xen_pv_guest_without_the_hypervisor_bit_is_xen() {
+        let root = fixture_root(Some("xen"));
+        let e = detect_hypervisor_with(root.path(), cpu(false, &[], ZEROS));
+        assert_eq!(e.hypervisor, Hypervisor::Xen);
+        assert!(e.leaves.is_empty());
+    }
+
+    #[test]
+    fn older_kvm_answers_max_leaf_zero() {
+        let root = fixture_root(None);
+        let e = detect_hypervisor_with(
+            root.path(),
+            cpu(true, &[(0x4000_0000, 0, "KVMKVMKVM")], ZEROS),
+        );
+        assert_eq!(e.hypervisor, Hypervisor::Kvm);
+        assert_eq!(e.leaves[0].max_leaf, 0);
+    }
+
+    #[test]
+    fn this_hosts_evidence_agrees_with_its_first_leaf() {
+        let e = detect_hypervisor(Path::new("/"));
+        let (bit, first) = cpuid_hypervisor();
+        assert_eq!(e.hypervisor_bit, bit);
+        assert_eq!(
+            e.leaves
+                .iter()
+                .find(|l| l.leaf == 0x4000_0000)
+                .map(|l| l.signature.clone()),
+            first
+        );
+        assert_eq!(
+            e.hypervisor == Hypervisor::None,
+            !bit && e.sys_hypervisor_type.is_none()
+        );
+    }
+
+    #[test]
+    fn which_msr_writes_exit_depends_on_the_hypervisor() {
+        assert!(!msr_exits(Hypervisor::None, 0x6e0));
+        for hv in [
+            Hypervisor::Kvm,
+            Hypervisor::Xen,
+            Hypervisor::HyperV,
+            Hypervisor::Other,
+        ] {
+            assert!(msr_exits(hv, 0x6e0) && msr_exits(hv, 0x830), "{hv:?}");
+        }
+        assert!(msr_exits(Hypervisor::HyperV, 0x4000_0071));
+        assert!(!msr_exits(Hypervisor::Xen, 0x4000_0071));
+        assert!(msr_exits(Hypervisor::Kvm, 0x4b56_4d02));
+        assert!(!msr_exits(Hypervisor::Kvm, 0x48));
     }
 
     #[test]

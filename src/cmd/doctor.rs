@@ -7,8 +7,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use serde::Serialize;
-use virtgap_probes::FamilyReport;
+use virtgap_probes::hypervisor::{self, Hypervisor, Measure};
+use virtgap_probes::report::ABSENT_ON_THIS_KERNEL;
 use virtgap_probes::{CapabilityReport, ProbeConfig, ProbeSession, ProbeStorage};
+use virtgap_probes::{Family, FamilyReport};
 
 use crate::cli::DoctorArgs;
 use crate::model::host::Fingerprint;
@@ -121,11 +123,212 @@ pub fn degraded_views(report: &CapabilityReport) -> Vec<String> {
     out
 }
 
+/// Every path of a hypervisor's table (`virtgap_probes::hypervisor`) and how it is measured on
+/// this host.
+#[derive(Clone, Debug, Serialize)]
+pub struct HypervisorPaths {
+    /// The hypervisor whose table this is ("none" on metal: no paths).
+    pub hypervisor: String,
+    /// The table is another hypervisor's, checked on this kernel (`--hypervisor`).
+    pub checked_as: bool,
+    pub paths: Vec<PathRow>,
+}
+
+/// One path of the table and its state here.
+#[derive(Clone, Debug, Serialize)]
+pub struct PathRow {
+    pub mechanism: String,
+    /// The path in the hypervisor's own terms.
+    pub what: String,
+    /// "msr_write", "timed" or "sampled".
+    pub measure: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub msr: Option<u32>,
+    /// A timed path's function names by kernel version, newest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// The function timed here (one of `names`), when this kernel has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symbol: Option<String>,
+    /// "attached", "absent" (this kernel has none of its functions), "not_traceable" (it has
+    /// one, which neither fentry nor a kprobe could take) or "unavailable" (the probe that
+    /// measures it did not load).
+    pub state: String,
+    /// How it attached: "fentry", "kprobe", "tp_btf", "raw_tp", "perf_event".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attach: Option<String>,
+    /// The state in words.
+    pub detail: String,
+}
+
+/// The probe family that measures a path.
+fn family_of(measure: Measure) -> Family {
+    match measure {
+        Measure::MsrWrite(_) => Family::Msr,
+        Measure::Timed(_) => Family::PvPaths,
+        Measure::Sampled => Family::Sampler,
+    }
+}
+
+/// Each path of `hv`'s table as `report` found it.
+pub fn hypervisor_paths(
+    hv: Hypervisor,
+    checked_as: bool,
+    report: &CapabilityReport,
+) -> HypervisorPaths {
+    let paths = hypervisor::paths(hv)
+        .iter()
+        .map(|p| {
+            let names: Vec<String> = match p.measure {
+                Measure::Timed(names) => names.iter().map(|n| n.to_string()).collect(),
+                _ => vec![],
+            };
+            let mut row = PathRow {
+                mechanism: p.mechanism.name().into(),
+                what: p.what.into(),
+                measure: match p.measure {
+                    Measure::MsrWrite(_) => "msr_write",
+                    Measure::Timed(_) => "timed",
+                    Measure::Sampled => "sampled",
+                }
+                .into(),
+                msr: match p.measure {
+                    Measure::MsrWrite(msr) => Some(msr),
+                    _ => None,
+                },
+                names,
+                symbol: None,
+                state: "unavailable".into(),
+                attach: None,
+                detail: String::new(),
+            };
+            let family = family_of(p.measure);
+            let Some(f) = report.families.iter().find(|f| f.family == family) else {
+                row.detail = format!("unavailable: the {} probe was not loaded", family.name());
+                return row;
+            };
+            if let Some(why) = &f.unavailable {
+                row.detail = format!("unavailable: {} probe: {why}", family.name());
+                return row;
+            }
+            match p.measure {
+                Measure::MsrWrite(_) => {
+                    match f.tracepoints.iter().find(|t| t.tracepoint == "write_msr") {
+                        Some(t) if t.attached.is_some() => {
+                            let kind = t.attached.map(|k| k.name()).unwrap_or_default();
+                            row.state = "attached".into();
+                            row.attach = Some(kind.into());
+                            row.detail = format!("counted by the msr probe (write_msr via {kind})");
+                        }
+                        Some(t) => {
+                            row.detail = format!(
+                                "unavailable: write_msr: {}",
+                                t.reason.as_deref().unwrap_or("did not attach")
+                            )
+                        }
+                        None => row.detail = "unavailable: write_msr not loaded".into(),
+                    }
+                }
+                Measure::Sampled => {
+                    let on = f
+                        .tracepoints
+                        .iter()
+                        .filter(|t| t.attached.is_some())
+                        .count();
+                    if on > 0 {
+                        row.state = "attached".into();
+                        row.attach = Some("perf_event".into());
+                        row.detail = format!("sampled (cpu-clock on {on} CPUs)");
+                    } else {
+                        row.detail = "unavailable: no CPU's cpu-clock event attached".into();
+                    }
+                }
+                Measure::Timed(names) => {
+                    let outcome = f
+                        .tracepoints
+                        .iter()
+                        .find(|t| names.contains(&t.tracepoint.as_str()));
+                    match outcome {
+                        Some(t) if t.attached.is_some() => {
+                            let kind = t.attached.map(|k| k.name()).unwrap_or_default();
+                            row.symbol = Some(t.tracepoint.clone());
+                            row.state = "attached".into();
+                            row.attach = Some(kind.into());
+                            row.detail = format!("attached via {kind}");
+                        }
+                        Some(t) => {
+                            let why = t.reason.clone().unwrap_or_else(|| "did not attach".into());
+                            if why.starts_with(ABSENT_ON_THIS_KERNEL) {
+                                row.state = "absent".into();
+                                row.detail = why;
+                            } else {
+                                row.symbol = Some(t.tracepoint.clone());
+                                row.state = "not_traceable".into();
+                                row.detail = format!("not traceable: {why}");
+                            }
+                        }
+                        None => {
+                            row.detail = "unavailable: the pv-paths probe did not report it".into()
+                        }
+                    }
+                }
+            }
+            row
+        })
+        .collect();
+    HypervisorPaths {
+        hypervisor: hv.name().into(),
+        checked_as,
+        paths,
+    }
+}
+
+fn write_hypervisor_paths(out: &mut impl Write, h: &HypervisorPaths) -> std::io::Result<()> {
+    if h.paths.is_empty() {
+        return writeln!(
+            out,
+            "\nhypervisor paths:\n  no hypervisor: nothing to measure"
+        );
+    }
+    let whose = if h.checked_as {
+        format!("{}'s table, checked on this kernel", h.hypervisor)
+    } else {
+        format!("{}, this host's", h.hypervisor)
+    };
+    writeln!(out, "\nhypervisor paths ({whose}):")?;
+    let how = |r: &PathRow| match (r.measure.as_str(), r.msr, &r.symbol) {
+        ("msr_write", Some(msr), _) => format!("MSR {msr:#x} write"),
+        ("timed", _, Some(sym)) => format!("timed at {sym}"),
+        ("timed", _, None) => format!("timed at {}", r.names.join("|")),
+        _ => "sampled".into(),
+    };
+    let what_w = h.paths.iter().map(|r| r.what.len()).max().unwrap_or(0);
+    let how_w = h.paths.iter().map(|r| how(r).len()).max().unwrap_or(0);
+    writeln!(
+        out,
+        "  {:<18} {:<what_w$} {:<how_w$} state",
+        "mechanism", "what", "measured by"
+    )?;
+    for r in &h.paths {
+        writeln!(
+            out,
+            "  {:<18} {:<what_w$} {:<how_w$} {}",
+            r.mechanism,
+            r.what,
+            how(r),
+            r.detail
+        )?;
+    }
+    Ok(())
+}
+
 #[derive(Serialize)]
 struct DoctorJson<'a> {
     host: &'a Fingerprint,
     platform: String,
     probes: Vec<ProbeRow>,
+    /// Every path of the hypervisor's table and its state here.
+    hypervisor_paths: HypervisorPaths,
     degraded_views: Vec<String>,
     /// Every family's outcome and each loaded map's kernel memory.
     capabilities: &'a CapabilityReport,
@@ -212,12 +415,26 @@ fn write_map_memory(out: &mut impl Write, report: &CapabilityReport) -> std::io:
 pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     let host = Fingerprint::this_host();
     let mut storage = ProbeStorage::default();
+    // Another hypervisor's table: only the probes that measure its paths.
+    let (hypervisor, families) = match &args.hypervisor {
+        Some(name) => (
+            Hypervisor::of_name(name),
+            vec![Family::Msr, Family::Sampler, Family::PvPaths],
+        ),
+        None => (
+            virtgap_probes::virt::detect_hypervisor(Path::new("/")).hypervisor,
+            Family::ALL.to_vec(),
+        ),
+    };
     // Follow this process so the wakeup probe is exercised too.
     let config = ProbeConfig {
         filter_tgid: Some(std::process::id()),
+        hypervisor: Some(hypervisor),
+        families,
         ..ProbeConfig::default()
     };
     let session = ProbeSession::load(&mut storage, &config);
+    let paths = hypervisor_paths(hypervisor, args.hypervisor.is_some(), &session.report);
     let rows = probe_rows(&session.report);
     let degraded = degraded_views(&session.report);
     let mut out = std::io::stdout().lock();
@@ -226,6 +443,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
             host: &host,
             platform: host.describe(),
             probes: rows,
+            hypervisor_paths: paths,
             degraded_views: degraded,
             capabilities: &session.report,
             map_memory: map_memory(&session.report),
@@ -249,6 +467,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
             r.family, r.tracepoint, r.signal, r.status
         )?;
     }
+    write_hypervisor_paths(&mut out, &paths)?;
     writeln!(out, "\nviews:")?;
     if degraded.is_empty() {
         writeln!(out, "  every view has all its signals on this host")?;
@@ -385,4 +604,134 @@ fn write_host(out: &mut impl Write, h: &Fingerprint) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use virtgap_probes::attach::AttachOutcome;
+    use virtgap_probes::AttachKind;
+
+    fn outcome(tracepoint: &str, attached: Option<AttachKind>, reason: &str) -> AttachOutcome {
+        AttachOutcome {
+            tracepoint: tracepoint.into(),
+            attached,
+            reason: (!reason.is_empty()).then(|| reason.into()),
+        }
+    }
+
+    fn family(family: Family, tracepoints: Vec<AttachOutcome>) -> FamilyReport {
+        FamilyReport {
+            family,
+            unavailable: None,
+            tracepoints,
+            fallback: None,
+        }
+    }
+
+    /// A Xen guest on a 5.10-like kernel: every path of the table gets a row and a state.
+    #[test]
+    fn every_path_of_the_hosts_table_is_listed_with_its_state() {
+        let absent = format!(
+            "{ABSENT_ON_THIS_KERNEL} (no xen_flush_tlb_multi or xen_flush_tlb_others in kallsyms)"
+        );
+        let report = CapabilityReport {
+            families: vec![
+                family(
+                    Family::Msr,
+                    vec![outcome("write_msr", Some(AttachKind::TpBtf), "")],
+                ),
+                family(
+                    Family::Sampler,
+                    vec![
+                        outcome("cpu-clock@99Hz cpu0", Some(AttachKind::PerfEvent), ""),
+                        outcome("cpu-clock@99Hz cpu1", Some(AttachKind::PerfEvent), ""),
+                    ],
+                ),
+                family(
+                    Family::PvPaths,
+                    vec![
+                        outcome("clockevents_program_event", Some(AttachKind::Fentry), ""),
+                        outcome("xen_send_IPI_one", Some(AttachKind::Fentry), ""),
+                        outcome("eoi_pirq", Some(AttachKind::Kprobe), ""),
+                        outcome("xen_hvm_evtchn_do_upcall", Some(AttachKind::Fentry), ""),
+                        outcome("default_idle", Some(AttachKind::Fentry), ""),
+                        outcome(
+                            "xen_qlock_wait",
+                            None,
+                            "fentry: no ftrace site; kprobe: -EINVAL",
+                        ),
+                        outcome(
+                            "__pv_queued_spin_unlock_slowpath",
+                            Some(AttachKind::Fentry),
+                            "",
+                        ),
+                        outcome("xen_flush_tlb_multi", None, &absent),
+                    ],
+                ),
+            ],
+            ..Default::default()
+        };
+        let h = hypervisor_paths(Hypervisor::Xen, false, &report);
+        assert_eq!(h.paths.len(), hypervisor::paths(Hypervisor::Xen).len());
+        let row = |what: &str| h.paths.iter().find(|r| r.what.starts_with(what)).unwrap();
+        let timer = row("VCPUOP_set_singleshot_timer");
+        assert_eq!(
+            (
+                timer.state.as_str(),
+                timer.attach.as_deref(),
+                timer.symbol.as_deref()
+            ),
+            (
+                "attached",
+                Some("fentry"),
+                Some("clockevents_program_event")
+            )
+        );
+        assert_eq!(
+            row("IA32_TSC_DEADLINE").detail,
+            "counted by the msr probe (write_msr via tp_btf)"
+        );
+        assert_eq!(row("SCHEDOP_poll").state, "not_traceable");
+        assert!(row("SCHEDOP_poll").detail.contains("no ftrace site"));
+        assert_eq!(row("MMUEXT_TLB_FLUSH_MULTI").state, "absent");
+        assert_eq!(
+            row("xen_hypercall_*").detail,
+            "sampled (cpu-clock on 2 CPUs)"
+        );
+        let mut text = Vec::new();
+        write_hypervisor_paths(&mut text, &h).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.starts_with("\nhypervisor paths (xen, this host's):\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("timed at clockevents_program_event"),
+            "{text}"
+        );
+        assert!(
+            text.contains("timed at xen_flush_tlb_multi|xen_flush_tlb_others"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn metal_has_one_line_and_a_missing_probe_says_so() {
+        let h = hypervisor_paths(Hypervisor::None, false, &CapabilityReport::default());
+        assert!(h.paths.is_empty());
+        let mut text = Vec::new();
+        write_hypervisor_paths(&mut text, &h).unwrap();
+        assert_eq!(
+            String::from_utf8(text).unwrap(),
+            "\nhypervisor paths:\n  no hypervisor: nothing to measure\n"
+        );
+        // Another hypervisor's table checked where its probes did not load.
+        let h = hypervisor_paths(Hypervisor::HyperV, true, &CapabilityReport::default());
+        assert!(h.checked_as);
+        assert!(h
+            .paths
+            .iter()
+            .all(|r| r.state == "unavailable" && r.detail.contains("was not loaded")));
+    }
 }

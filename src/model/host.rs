@@ -6,12 +6,17 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// What the CPU says about a hypervisor (CPUID leaf 1 ECX bit 31, leaf 0x40000000).
+/// What the CPU says about a hypervisor (CPUID leaf 1 ECX bit 31, the leaves from 0x40000000).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Cpuid {
     pub hypervisor_bit: bool,
-    /// The 12-byte vendor signature, e.g. "KVMKVMKVM", "XenVMMXenVMM", "Microsoft Hv".
+    /// The first leaf's 12-byte vendor signature, e.g. "KVMKVMKVM", "XenVMMXenVMM",
+    /// "Microsoft Hv".
     pub signature: Option<String>,
+    /// Every hypervisor leaf that answers (0x40000000 + n × 0x100), lowest first: a Xen guest
+    /// may show Hyper-V's interface first and Xen's at 0x40000100. Empty in older profiles.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leaves: Vec<virtgap_probes::virt::CpuidLeaf>,
 }
 
 /// SMBIOS identity, from /sys/class/dmi/id.

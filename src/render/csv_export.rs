@@ -476,6 +476,7 @@ pub(crate) mod tests {
             cpuid: Cpuid {
                 hypervisor_bit: true,
                 signature: Some("KVMKVMKVM".into()),
+                leaves: vec![],
             },
             hypervisor: "kvm".into(),
             platform: "microvm".into(),

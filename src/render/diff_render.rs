@@ -15,7 +15,7 @@ use crate::analysis::stats::CONFIDENCE;
 use crate::model::histogram::Histogram;
 use crate::model::profile::Profile;
 use crate::model::stages::Stage;
-use crate::render::hypervisor_report::{hypervisor_words, mechanism_words};
+use crate::render::hypervisor_report::{hypervisor_words, mechanism_noun, mechanism_words};
 use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
 use virtgap_workloads::units;
 
@@ -50,7 +50,7 @@ pub fn label(metric: MetricId, above_idle: bool) -> Cow<'static, str> {
             let idle = if above_idle { ", above idle" } else { "" };
             return format!("{} per I/O{idle}", mechanism_words(m)).into();
         }
-        MechanismTimePerIo(m) => return format!("{} time per I/O", mechanism_words(m)).into(),
+        MechanismTimePerIo(m) => return format!("{} time per I/O", mechanism_noun(m)).into(),
         HypervisorCpuPerIo => "hypervisor CPU time per I/O",
     };
     fixed.into()
@@ -148,9 +148,12 @@ fn significant_text(r: &Row, within_run: &str) -> String {
         Unit::Ns => ("slower", "faster"),
         Unit::Iops | Unit::PerIo => ("higher", "lower"),
     };
-    let of = match r.scale {
-        Scale::Ratio => "",
-        Scale::Difference => " of app latency",
+    // On the difference scale a row is relative to its reference: app latency for the software
+    // residual, the hosts' mean magnitude for the rest (a figure that can be 0 or below).
+    let of = match (r.scale, r.metric) {
+        (Scale::Ratio, _) => "",
+        (Scale::Difference, MetricId::Stage(BreakdownPart::Software)) => " of app latency",
+        (Scale::Difference, _) => " of the hosts' mean",
     };
     // A fall is shown as how much lower B is than A; a change of 2x or more as a factor —
     // B/A up, A/B down — so the words read alike whichever host is A.
@@ -1092,6 +1095,24 @@ mod tests {
             synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10),
             synthetic(2_500.0, 800_000.0, 120_000.0, 5_000.0, 10),
         )
+    }
+
+    /// A Xen guest against metal: B's figure on every hypervisor row, "no hypervisor" for A,
+    /// never "equivalent".
+    #[test]
+    fn a_xen_guest_against_metal_reads_as_no_hypervisor() {
+        use crate::analysis::diff::tests::on_hypervisor;
+        use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
+        let xen = [
+            (Mechanism::Timer, 0.9, 1_800.0),
+            (Mechanism::Ipi, 0.3, 1_500.0),
+            (Mechanism::Upcall, 1.2, 900.0),
+        ];
+        let d = diff(
+            &on_hypervisor(Hypervisor::None, &[], 0.0),
+            &on_hypervisor(Hypervisor::Xen, &xen, 4_100.0),
+        );
+        insta::assert_snapshot!(terminal(&d));
     }
 
     #[test]

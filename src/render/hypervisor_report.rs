@@ -150,3 +150,18 @@ pub fn hypervisor_words(h: Option<Hypervisor>) -> &'static str {
         Some(Hypervisor::Other) => "another hypervisor",
     }
 }
+
+/// A hypervisor mechanism as a noun for its time ("timer programming time").
+pub fn mechanism_noun(m: Mechanism) -> &'static str {
+    match m {
+        Mechanism::Timer => "timer programming",
+        Mechanism::Ipi => "IPI",
+        Mechanism::InterruptDelivery => "EOI",
+        Mechanism::Upcall => "upcall",
+        Mechanism::Halt => "halt",
+        Mechanism::SpinlockWait => "spinlock wait",
+        Mechanism::SpinlockKick => "spinlock kick",
+        Mechanism::TlbFlush => "TLB-flush",
+        Mechanism::OtherHypercall => "other hypercall",
+    }
+}

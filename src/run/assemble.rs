@@ -598,7 +598,7 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<Virtualization> {
                 cpu: c.cpu,
                 samples: c.total(),
                 categories: c
-                    .categories()
+                    .categories(s.hypervisor)
                     .into_iter()
                     .map(|(k, v)| (k.name().to_string(), v))
                     .collect(),
@@ -793,5 +793,47 @@ mod tests {
         // A run from before the count: the pooled count is unknown, not a part.
         let pooled = pool_runs(vec![run(Some(10)), run(None)], &stats, false);
         assert_eq!(pooled.block.unwrap().from_bio_entry, None);
+    }
+
+    /// A Xen guest's per-CPU timer and IPI event-channel IRQs are counted as the vectors they
+    /// stand for elsewhere, their time left out of hard-IRQ time as metal's vectors' is; a
+    /// device's IRQ through Xen (`xen-pirq`) stays a hard IRQ with its time.
+    #[test]
+    fn xens_per_cpu_timer_and_ipi_irqs_count_as_vectors_not_hard_irq_time() {
+        use virtgap_probes::model::{HardIrq, IrqSnapshot};
+        let irq = |name: &str, count: u64, time_ns: u64| HardIrq {
+            cpu: 0,
+            irq: 0,
+            name: name.into(),
+            count,
+            time_ns,
+            duration: Default::default(),
+        };
+        let snap = ProbeSnapshot {
+            irq: Some(IrqSnapshot {
+                hardirqs: vec![
+                    irq("timer0", 1000, 5_000_000),
+                    irq("resched0", 200, 1_000_000),
+                    irq("callfuncsingle0", 50, 300_000),
+                    irq("nvme0q1", 4000, 8_000_000),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let loads = cpu_loads_with_irq_time(&snap);
+        let c = &loads[0];
+        assert_eq!(c.hardirq_ns, 8_000_000, "only the device's IRQ time");
+        assert_eq!(c.hardirq_count, 4000);
+        assert_eq!(c.irqs.keys().collect::<Vec<_>>(), ["nvme0q1"]);
+        assert_eq!(c.vectors["local_timer"], 1000);
+        assert_eq!(c.vectors["reschedule"], 200);
+        assert_eq!(c.vectors["call_function_single"], 50);
+        assert_eq!(
+            system_vector_of("timer"),
+            None,
+            "a plain name is no per-CPU IRQ"
+        );
+        assert_eq!(system_vector_of("virtio1-req.0"), None);
     }
 }

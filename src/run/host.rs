@@ -13,10 +13,15 @@ use crate::model::host::{
 impl Cpuid {
     /// Reads the running CPU.
     pub fn read() -> Self {
-        let (hypervisor_bit, signature) = virtgap_probes::virt::cpuid_hypervisor();
+        let evidence = virtgap_probes::virt::detect_hypervisor(Path::new("/"));
         Self {
-            hypervisor_bit,
-            signature,
+            hypervisor_bit: evidence.hypervisor_bit,
+            signature: evidence
+                .leaves
+                .iter()
+                .find(|l| l.leaf == 0x4000_0000)
+                .map(|l| l.signature.clone()),
+            leaves: evidence.leaves,
         }
     }
 }
@@ -28,22 +33,29 @@ fn read(root: &Path, rel: &str) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// The hypervisor the CPUID leaves and `/sys/hypervisor/type` point to (one rule for the
+/// probes and the fingerprint: `virt::hypervisor_of`). A profile or fixture with only the first
+/// leaf's signature is read as that one leaf.
 fn hypervisor_of(cpuid: &Cpuid, sys_type: Option<&str>) -> String {
-    let sig = cpuid.signature.as_deref().unwrap_or("");
-    let name = if sig.starts_with("XenVMM") || sys_type == Some("xen") {
-        "xen"
-    } else if sig.starts_with("KVMKVMKVM") || sig == "Linux KVM Hv" {
-        "kvm"
-    } else if sig == "Microsoft Hv" {
-        "hyperv"
-    } else if sig.starts_with("VMware") {
-        "vmware"
-    } else if cpuid.hypervisor_bit {
-        "other"
+    use virtgap_probes::virt::{self, CpuidLeaf};
+    let first_only;
+    let leaves = if cpuid.leaves.is_empty() {
+        first_only = cpuid
+            .signature
+            .iter()
+            .map(|s| CpuidLeaf {
+                leaf: 0x4000_0000,
+                max_leaf: 0,
+                signature: s.clone(),
+            })
+            .collect::<Vec<_>>();
+        &first_only
     } else {
-        "none"
+        &cpuid.leaves
     };
-    name.to_string()
+    virt::hypervisor_of(cpuid.hypervisor_bit, leaves, sys_type)
+        .name()
+        .to_string()
 }
 
 fn platform_of(hypervisor: &str, dmi: Option<&Dmi>) -> (String, Option<String>) {
@@ -177,6 +189,7 @@ impl Fingerprint {
                     l.starts_with("flags") && l.split_whitespace().any(|f| f == "hypervisor")
                 }),
             signature: cpuid.signature,
+            leaves: cpuid.leaves,
         };
         let dmi_dir = "sys/class/dmi/id";
         let dmi = root.join(dmi_dir).is_dir().then(|| Dmi {
@@ -344,6 +357,7 @@ mod tests {
         Cpuid {
             hypervisor_bit: sig.is_some(),
             signature: sig.map(str::to_string),
+            leaves: vec![],
         }
     }
 
@@ -459,7 +473,42 @@ mod tests {
         assert_eq!(irq.effective_affinity.as_deref(), Some("1"));
         assert_eq!(
             f.describe(),
-            "KVM guest (microVM, no SMBIOS) · AMD EPYC · 2 vCPU · clocksource tsc · vda virtio-blk, 1 queue, IRQ on CPU 1"
+            "KVM guest (microVM, no SMBIOS) · AMD EPYC · 2 vCPU · clocksource tsc · timer lapic-deadline · vda virtio-blk, 1 queue, IRQ on CPU 1"
+        );
+    }
+
+    /// Xen with Viridian on shows Hyper-V's signature in the first leaf and its own in the
+    /// second; KVM with Hyper-V enlightenments the same way. The host's own signature wins.
+    #[test]
+    fn a_guest_showing_hyperv_first_is_named_by_its_own_leaf() {
+        let leaf = |leaf: u32, signature: &str| virtgap_probes::virt::CpuidLeaf {
+            leaf,
+            max_leaf: leaf + 5,
+            signature: signature.into(),
+        };
+        let with = |leaves: Vec<_>| Cpuid {
+            hypervisor_bit: true,
+            signature: Some("Microsoft Hv".into()),
+            leaves,
+        };
+        let root = fixture("aws-nitro-i4i");
+        let xen = with(vec![
+            leaf(0x4000_0000, "Microsoft Hv"),
+            leaf(0x4000_0100, "XenVMMXenVMM"),
+        ]);
+        assert_eq!(Fingerprint::read(&root, xen).hypervisor, "xen");
+        let kvm = with(vec![
+            leaf(0x4000_0000, "Microsoft Hv"),
+            leaf(0x4000_0100, "KVMKVMKVM"),
+        ]);
+        assert_eq!(Fingerprint::read(&root, kvm).hypervisor, "kvm");
+        let hyperv = with(vec![leaf(0x4000_0000, "Microsoft Hv")]);
+        let f = Fingerprint::read(&root, hyperv);
+        assert_eq!(f.hypervisor, "hyperv");
+        assert_eq!(
+            f.cpuid.leaves.len(),
+            1,
+            "the leaves are kept in the profile"
         );
     }
 
@@ -470,6 +519,8 @@ mod tests {
         assert_eq!(f.platform, "aws-xen");
         assert_eq!(f.sys_hypervisor_type.as_deref(), Some("xen"));
         assert_eq!(f.clocksource.as_deref(), Some("xen"));
+        // Timers programmed by hypercall, not by a TSC-deadline write that exits.
+        assert_eq!(f.clockevent.as_deref(), Some("xen"));
         let nvme = f
             .block_devices
             .iter()

@@ -408,7 +408,7 @@ fn busiest_cpu(iv: &ProbeSnapshot) -> Option<usize> {
     if let Some(sampler) = &iv.sampler {
         let busy = |c: &virtgap_probes::model::CpuSamples| {
             c.total()
-                - c.categories()
+                - c.categories(sampler.hypervisor)
                     .get(&SampleCategory::Idle)
                     .copied()
                     .unwrap_or(0)

@@ -668,7 +668,7 @@ fn sampled_cpu_lines(
             }
             Some(c) if c.total() > 0 => {
                 let total = c.total() as f64;
-                for (cat, n) in c.categories() {
+                for (cat, n) in c.categories(sampler.hypervisor) {
                     let pct = n as f64 / total * 100.0;
                     lines.push(Line::from(format!(
                         "  {:<22} {:5.1}% {}",
@@ -984,6 +984,7 @@ mod tests {
                 }],
                 dropped: 0,
                 sampled_ns: 0,
+                hypervisor: virtgap_probes::hypervisor::Hypervisor::Kvm,
             }),
             kvm: None,
             pv_paths: None,

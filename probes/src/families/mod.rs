@@ -133,6 +133,10 @@ pub struct ProbeConfig {
     pub filter_tgid: Option<u32>,
     /// kvm-host: count only this VMM process (None: every process that runs a VM).
     pub vmm_pid: Option<u32>,
+    /// Load the hypervisor families (msr, sampler, pv-paths) as on a guest of this hypervisor
+    /// (None: the one this host runs on, `virt::detect_hypervisor`). Doctor checks another
+    /// hypervisor's paths on this kernel with it.
+    pub hypervisor: Option<crate::hypervisor::Hypervisor>,
     /// Block requests at least this many nanoseconds long are sent as slow requests, for the
     /// tail autopsy; the workload moves it with its running tail (None: none are sent).
     pub slow_request_ns: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
@@ -149,6 +153,7 @@ impl Default for ProbeConfig {
             filter_tgid: None,
             vmm_pid: None,
             slow_request_ns: None,
+            hypervisor: None,
         }
     }
 }
@@ -351,6 +356,8 @@ pub(crate) struct LoadContext<'h> {
     pub kernel: &'h KernelTracepoints,
     pub symbols: &'h std::sync::Arc<Symbols>,
     pub host: &'h HostShape,
+    /// The hypervisor whose paths the hypervisor families measure (none on metal).
+    pub hypervisor: crate::hypervisor::Hypervisor,
     pub filter: Option<ProcessFilter>,
     /// Things a loader did on the way (e.g. mounting tracefs), for the report.
     pub notes: &'h std::cell::RefCell<Vec<String>>,

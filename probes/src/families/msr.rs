@@ -33,14 +33,14 @@ const SAMPLER_TIMER: &str = "hrtimer_expire_entry";
 struct MsrProbe<'obj> {
     skel: MsrSkel<'obj>,
     _links: Vec<Link>,
-    /// The hypervisor this guest runs on ("none" on metal): which writes exit.
-    hypervisor: &'static str,
+    /// The hypervisor this guest runs on (none on metal): which writes exit.
+    hypervisor: crate::hypervisor::Hypervisor,
     /// How long virtgap's sampler has run while this probe counted.
     sampler_ran: super::RunningTime,
 }
 
 fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
-    let hypervisor = super::pv_paths::guest_hypervisor().unwrap_or("none");
+    let hypervisor = cx.hypervisor;
     // The sampler's timer callback: its expiries stamp the sampler's writes even where the
     // kernel delivers no sample. Without the sampler the timer is someone else's.
     let sampler_timer_fn = if cx.config.families.contains(&Family::Sampler) {

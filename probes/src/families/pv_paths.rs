@@ -1,56 +1,166 @@
-//! Paravirt path timing: picks the hypervisor's callbacks this kernel has (kallsyms), then tries
-//! fentry/fexit on each, and kprobes where fentry is refused, reporting per symbol exactly why
-//! neither attached. The programs are in `bpf/pvpath.bpf.c`.
+//! Paravirt path timing: the timed paths of the host's hypervisor table (`crate::hypervisor`),
+//! each at the first of its functions that this kernel has (kallsyms) and that attaches: by
+//! fentry/fexit where the function is traceable, else by kprobes: one object for all of them,
+//! the function's index as the attach cookie, where the kernel has `bpf_get_attach_cookie`
+//! (5.15+); else one object per function, bound to its index like the fentry objects. Every
+//! path of the table is reported: attached how, absent on this kernel, or why it cannot be
+//! traced. The programs are in `bpf/pvpath.bpf.c`.
 
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-
-use libbpf_rs::skel::Skel;
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::Object;
 
 use super::{
     kprobes_unavailable, leaked_object_slot, sections_of, FamilyDef, LoadContext, LoadResult,
     LoadedFamily, Signals, Slots,
 };
-use crate::attach::AttachOutcome;
+use crate::attach::{AttachKind, AttachOutcome};
 use crate::bpf;
-use crate::error::{BpfError, Unavailable};
+use crate::error::{Absent, BpfError, Unavailable};
+use crate::hypervisor::{timed_paths, Hypervisor};
 use crate::model::ProbeSnapshot;
-use crate::report::{Family, FamilyReport};
-use crate::virt::select_pv_symbols;
+use crate::report::{Family, FamilyReport, ABSENT_ON_THIS_KERNEL};
 
 pub(super) const FAMILY: FamilyDef = FamilyDef {
     name: "pv-paths",
     gives: "paravirt callback timing",
     view: "Hypervisor: PV path timings",
-    // One attach point per callback this kernel has, named for its symbol.
+    // One attach point per timed path of the hypervisor's table, named for its function.
     signals: Signals::Each("paravirt callback timing"),
     modules: &[],
     load,
     sections: sections_of::<bpf::pvpath::PvpathSkelBuilder>,
 };
 
-/// The hypervisor a guest kernel talks to, from CPUID.
-pub fn guest_hypervisor() -> Option<&'static str> {
-    let (hypervisor_bit, signature) = crate::virt::cpuid_hypervisor();
-    if !hypervisor_bit {
-        return None;
+/// How one object of `bpf/pvpath.bpf.c` is used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Flavour {
+    /// fentry/fexit on one function.
+    Fentry,
+    /// kprobe/kretprobe on many functions, each link's cookie its index.
+    KprobeCookies,
+    /// kprobe/kretprobe on one function, for kernels without `bpf_get_attach_cookie`.
+    KprobeOne,
+}
+
+type PvSkel = bpf::pvpath::PvpathSkel<'static>;
+
+/// Opens and loads an object of `flavour`; `index` binds the one-function flavours to their
+/// function (`target`, for fentry, is set before load).
+fn load_object(flavour: Flavour, index: u32, target: Option<&str>) -> Result<PvSkel, BpfError> {
+    let mut open = bpf::pvpath::PvpathSkelBuilder::default()
+        .open(leaked_object_slot())
+        .map_err(BpfError::Open)?;
+    let progs = &mut open.progs;
+    progs.pv_fentry.set_autoload(flavour == Flavour::Fentry);
+    progs.pv_fexit.set_autoload(flavour == Flavour::Fentry);
+    progs
+        .pv_kprobe
+        .set_autoload(flavour == Flavour::KprobeCookies);
+    progs
+        .pv_kretprobe
+        .set_autoload(flavour == Flavour::KprobeCookies);
+    progs
+        .pv_kprobe_one
+        .set_autoload(flavour == Flavour::KprobeOne);
+    progs
+        .pv_kretprobe_one
+        .set_autoload(flavour == Flavour::KprobeOne);
+    if let Some(target) = target {
+        for prog in [&mut progs.pv_fentry, &mut progs.pv_fexit] {
+            prog.set_attach_target(0, Some(target.to_string()))
+                .map_err(|source| BpfError::NoBtf {
+                    symbol: target.to_string(),
+                    source,
+                })?;
+        }
     }
-    let sig = signature.unwrap_or_default();
-    Some(if sig.starts_with("XenVMM") {
-        "xen"
-    } else if sig.starts_with("KVMKVMKVM") || sig.starts_with("Linux KVM") {
-        "kvm"
-    } else if sig.starts_with("Microsoft Hv") {
-        "hyperv"
-    } else {
-        "other"
+    if flavour != Flavour::KprobeCookies {
+        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+            ro.symbol_index = index;
+        }
+        // Its one function's histogram is all it keeps.
+        let _ = open.maps.durations.set_max_entries(1);
+    }
+    open.load().map_err(|source| BpfError::Load {
+        kind: None,
+        source,
+        why: None,
     })
 }
 
-/// Loaded paravirt-path timers: fentry objects (one per symbol) or one kprobe object.
+/// Runs `f` with libbpf's messages captured: a failure says why in libbpf's words too ("failed
+/// to find kernel BTF type ID of 'x'", why a kprobe would not attach).
+fn explained<T>(f: impl FnOnce() -> Result<T, BpfError>) -> Result<T, String> {
+    let (result, log) = crate::libbpf_log::captured(f);
+    result.map_err(|e| with_why(&e, &log))
+}
+
+/// `e` in words, with the lines of libbpf's `log` that say why.
+fn with_why(e: &BpfError, log: &str) -> String {
+    match crate::libbpf_log::why(log, 3) {
+        Some(why) => format!("{e}: {why}"),
+        None => e.to_string(),
+    }
+}
+
+/// fentry/fexit on `symbol`, recorded under `index`.
+fn fentry(symbol: &str, index: u32) -> Result<(PvSkel, Vec<libbpf_rs::Link>), BpfError> {
+    let skel = load_object(Flavour::Fentry, index, Some(symbol))?;
+    let entry = skel.progs.pv_fentry.attach().map_err(BpfError::Attach)?;
+    let exit = skel.progs.pv_fexit.attach().map_err(BpfError::Attach)?;
+    Ok((skel, vec![entry, exit]))
+}
+
+/// A kprobe and a kretprobe of `entry`/`exit` on `symbol`, with `cookie`.
+fn kprobe_pair(
+    entry: &libbpf_rs::ProgramMut<'_>,
+    exit: &libbpf_rs::ProgramMut<'_>,
+    symbol: &str,
+    cookie: u64,
+) -> Result<Vec<libbpf_rs::Link>, BpfError> {
+    let opts = || libbpf_rs::KprobeOpts {
+        cookie,
+        ..Default::default()
+    };
+    let enter = entry
+        .attach_kprobe_with_opts(false, symbol, opts())
+        .map_err(BpfError::Kprobe)?;
+    let leave = exit
+        .attach_kprobe_with_opts(true, symbol, opts())
+        .map_err(BpfError::Kretprobe)?;
+    Ok(vec![enter, leave])
+}
+
+/// Whether kprobe programs may call `bpf_get_attach_cookie` here (5.15+).
+fn attach_cookies_supported() -> bool {
+    libbpf_rs::ProgramType::Kprobe
+        .is_helper_supported(libbpf_rs::libbpf_sys::BPF_FUNC_get_attach_cookie)
+        .unwrap_or(false)
+}
+
+/// Why a kprobe on `symbol` failed, with what the kernel says of it where it can tell: on the
+/// kprobe blacklist (noinstr and __kprobes functions; debugfs shows it), or, for a function
+/// without an ftrace site (`no_ftrace_site`), kprobe events refuse it (unless the kernel is
+/// built with CONFIG_KPROBE_EVENTS_ON_NOTRACE, which distributions leave off).
+fn kprobe_failure(symbol: &str, e: &str, no_ftrace_site: bool) -> String {
+    let listed = std::fs::read_to_string("/sys/kernel/debug/kprobes/blacklist").is_ok_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(symbol))
+    });
+    if listed {
+        format!("{e} (on the kernel's kprobe blacklist)")
+    } else if no_ftrace_site && (e.contains("EINVAL") || e.contains("Invalid argument")) {
+        format!("{e} (kprobe events refuse functions without an ftrace site)")
+    } else {
+        e.to_string()
+    }
+}
+
+/// Loaded paravirt-path timers: fentry objects, kprobe objects, or both.
 struct PvTimer {
+    /// The functions timed, by their index in the objects' maps.
     symbols: Vec<&'static str>,
-    objects: Vec<bpf::pvpath::PvpathSkel<'static>>,
+    objects: Vec<PvSkel>,
     _links: Vec<libbpf_rs::Link>,
 }
 
@@ -63,7 +173,7 @@ impl std::fmt::Debug for PvTimer {
 }
 
 impl PvTimer {
-    /// Entry -> return durations per symbol, cumulative.
+    /// Entry -> return durations per attached function, cumulative.
     fn durations(&self) -> crate::model::PvPathSnapshot {
         use libbpf_rs::{MapCore, MapFlags};
         let mut paths: Vec<crate::model::PvPathHist> = self
@@ -96,179 +206,369 @@ impl PvTimer {
     }
 }
 
-/// fentry/fexit on `symbol`, recorded under `index`.
-fn fentry(
-    symbol: &str,
-    index: u32,
-) -> Result<(bpf::pvpath::PvpathSkel<'static>, Vec<libbpf_rs::Link>), BpfError> {
-    let mut open = bpf::pvpath::PvpathSkelBuilder::default()
-        .open(leaked_object_slot())
-        .map_err(BpfError::Open)?;
-    open.progs
-        .pv_fentry
-        .set_attach_target(0, Some(symbol.to_string()))
-        .map_err(BpfError::Retarget)?;
-    open.progs
-        .pv_fexit
-        .set_attach_target(0, Some(symbol.to_string()))
-        .map_err(BpfError::Retarget)?;
-    open.progs.pv_kprobe.set_autoload(false);
-    open.progs.pv_kretprobe.set_autoload(false);
-    if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
-        ro.symbol_index = index;
+/// Set (to anything), fentry is not tried: every function is timed by kprobes, as on a kernel
+/// that refuses fentry (for the VM tier, which checks both ways).
+const KPROBES_ONLY_VAR: &str = "VIRTGAP_PV_KPROBES";
+
+/// Attaches to functions one at a time: fentry, else a kprobe (the cookie object shared by
+/// all, or an object of its own), keeping what attached.
+struct Attacher {
+    /// fentry is left out (`KPROBES_ONLY_VAR`).
+    kprobes_only: bool,
+    /// Why kprobes cannot be used at all here, if they cannot.
+    no_kprobes: Option<String>,
+    cookies_supported: bool,
+    /// The shared kprobe object, once loaded (or why it did not load).
+    cookie_object: Option<Result<usize, String>>,
+    objects: Vec<PvSkel>,
+    links: Vec<libbpf_rs::Link>,
+}
+
+impl Attacher {
+    fn new() -> Self {
+        let no_kprobes = kprobes_unavailable();
+        Self {
+            kprobes_only: std::env::var_os(KPROBES_ONLY_VAR).is_some(),
+            cookies_supported: no_kprobes.is_none() && attach_cookies_supported(),
+            no_kprobes,
+            cookie_object: None,
+            objects: Vec::new(),
+            links: Vec::new(),
+        }
     }
-    let (skel, log) = crate::libbpf_log::captured(|| open.load());
-    let skel = skel.map_err(|e| BpfError::load(None, e, &log, 3))?;
-    let entry = skel.progs.pv_fentry.attach().map_err(BpfError::Attach)?;
-    let exit = skel.progs.pv_fexit.attach().map_err(BpfError::Attach)?;
-    Ok((skel, vec![entry, exit]))
-}
 
-/// Links of each symbol's kprobe pair, or why it did not attach.
-type KprobeLinks = Vec<Result<Vec<libbpf_rs::Link>, BpfError>>;
-
-/// One kprobe object attached to every symbol, the symbol's index as the attach cookie.
-fn kprobes(symbols: &[&str]) -> Result<(bpf::pvpath::PvpathSkel<'static>, KprobeLinks), BpfError> {
-    let mut open = bpf::pvpath::PvpathSkelBuilder::default()
-        .open(leaked_object_slot())
-        .map_err(BpfError::Open)?;
-    open.progs.pv_fentry.set_autoload(false);
-    open.progs.pv_fexit.set_autoload(false);
-    let skel = open.load().map_err(|source| BpfError::Load {
-        kind: None,
-        source,
-        why: None,
-    })?;
-    let attached = symbols
-        .iter()
-        .enumerate()
-        .map(|(i, sym)| {
-            let opts = || libbpf_rs::KprobeOpts {
-                cookie: i as u64,
-                ..Default::default()
-            };
-            let entry = skel
-                .progs
-                .pv_kprobe
-                .attach_kprobe_with_opts(false, sym, opts())
-                .map_err(BpfError::Kprobe)?;
-            let exit = skel
-                .progs
-                .pv_kretprobe
-                .attach_kprobe_with_opts(true, sym, opts())
-                .map_err(BpfError::Kretprobe)?;
-            Ok(vec![entry, exit])
+    /// Times `symbol` under `index`: how it attached, or why it could not.
+    fn attach(&mut self, symbol: &str, index: u32) -> Result<AttachKind, String> {
+        let (fentry_failed, no_ftrace_site) = if self.kprobes_only {
+            (format!("left out ({KPROBES_ONLY_VAR} is set)"), false)
+        } else {
+            let (fentry, log) = crate::libbpf_log::captured(|| fentry(symbol, index));
+            match fentry {
+                Ok((skel, links)) => {
+                    self.objects.push(skel);
+                    self.links.extend(links);
+                    return Ok(AttachKind::Fentry);
+                }
+                // A function in the BTF but without an ftrace site: the trampoline finds no
+                // nop to patch (libbpf logs the errno).
+                Err(e @ BpfError::Attach(_)) if log.contains("-EBUSY") => {
+                    (format!("{} (no ftrace site)", with_why(&e, &log)), true)
+                }
+                Err(e) => (with_why(&e, &log), matches!(e, BpfError::NoBtf { .. })),
+            }
+        };
+        if let Some(why) = &self.no_kprobes {
+            return Err(format!("fentry: {fentry_failed}; {why}"));
+        }
+        let kprobe = if self.cookies_supported {
+            self.kprobe_with_cookie(symbol, index)
+        } else {
+            explained(|| {
+                let skel = load_object(Flavour::KprobeOne, index, None)?;
+                let progs = &skel.progs;
+                let links = kprobe_pair(&progs.pv_kprobe_one, &progs.pv_kretprobe_one, symbol, 0)?;
+                Ok((skel, links))
+            })
+            .map(|(skel, links)| {
+                self.objects.push(skel);
+                self.links.extend(links);
+            })
+        };
+        kprobe.map(|()| AttachKind::Kprobe).map_err(|k| {
+            format!(
+                "fentry: {fentry_failed}; {}",
+                kprobe_failure(symbol, &k, no_ftrace_site)
+            )
         })
-        .collect();
-    Ok((skel, attached))
+    }
+
+    fn kprobe_with_cookie(&mut self, symbol: &str, index: u32) -> Result<(), String> {
+        let object = self
+            .cookie_object
+            .get_or_insert_with(|| {
+                explained(|| load_object(Flavour::KprobeCookies, 0, None))
+                    .map(|skel| {
+                        self.objects.push(skel);
+                        self.objects.len() - 1
+                    })
+                    .map_err(|e| format!("kprobes: {e}"))
+            })
+            .clone()?;
+        let progs = &self.objects[object].progs;
+        let links = explained(|| {
+            kprobe_pair(
+                &progs.pv_kprobe,
+                &progs.pv_kretprobe,
+                symbol,
+                u64::from(index),
+            )
+        })?;
+        self.links.extend(links);
+        Ok(())
+    }
 }
 
-/// Times the hypervisor's paravirt callbacks this kernel has: fentry/fexit where the kernel
-/// allows it, kprobes for the symbols where it does not. Reports per symbol how it attached or
-/// exactly why it could not. Its objects live in leaked slots (see `object_slot`), not `slots`.
+/// Times the host hypervisor's timed paths this kernel has: each path under the first of its
+/// functions that attaches (fentry/fexit where the kernel allows it, else a kprobe). Reports
+/// every path of the table: how it attached, absent on this kernel, or exactly why it could
+/// not. Its objects live in leaked slots (see `leaked_object_slot`), not `slots`.
 fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj> {
-    let unavailable =
-        |why: String| FamilyReport::unavailable(Family::PvPaths, Unavailable::Other(why));
-    let Some(hv) = guest_hypervisor() else {
-        return Err(unavailable(
-            "not a guest: no hypervisor callbacks to time".into(),
-        ));
-    };
-    let symbols: &crate::virt::Symbols = cx.symbols;
-    let selected = select_pv_symbols(hv, symbols);
-    if selected.is_empty() {
-        return Err(unavailable(format!(
-            "no {hv} paravirt callbacks in this kernel's symbols"
+    let unavailable = |why: Unavailable| FamilyReport::unavailable(Family::PvPaths, why);
+    let hv = cx.hypervisor;
+    if hv == Hypervisor::None {
+        return Err(unavailable(Unavailable::NothingToWatch(Absent::Hypervisor)));
+    }
+    if cx.symbols.is_empty() {
+        return Err(unavailable(Unavailable::Other(
+            "kallsyms is empty or its addresses hidden: which paths this kernel has is unknown"
+                .into(),
         )));
     }
-    let mut objects = Vec::new();
-    let mut links = Vec::new();
-    let mut outcomes = Vec::new();
-    let mut need_kprobe = Vec::new();
-    for (i, sym) in selected.iter().enumerate() {
-        match fentry(sym, i as u32) {
-            Ok((skel, l)) => {
-                objects.push(skel);
-                links.extend(l);
-                outcomes.push(AttachOutcome {
-                    tracepoint: sym.to_string(),
-                    attached: Some(crate::AttachKind::Fentry),
-                    reason: None,
-                });
-            }
-            Err(e) => need_kprobe.push((i, *sym, e)),
-        }
-    }
-    if !need_kprobe.is_empty() {
-        match kprobes_unavailable() {
-            Some(why) => {
-                outcomes.extend(need_kprobe.iter().map(|(_, sym, fentry)| AttachOutcome {
-                    tracepoint: sym.to_string(),
-                    attached: None,
-                    reason: Some(format!("fentry: {fentry}; {why}")),
-                }))
-            }
-            None => {
-                // Kprobe cookies index into `selected`, so attach the whole list and keep only
-                // the links of the symbols fentry could not take.
-                match kprobes(&selected) {
-                    Ok((skel, attached)) => {
-                        for (i, sym, fentry) in &need_kprobe {
-                            match &attached[*i] {
-                                Ok(_) => outcomes.push(AttachOutcome {
-                                    tracepoint: sym.to_string(),
-                                    attached: Some(crate::AttachKind::Kprobe),
-                                    reason: None,
-                                }),
-                                Err(k) => outcomes.push(AttachOutcome {
-                                    tracepoint: sym.to_string(),
-                                    attached: None,
-                                    reason: Some(format!("fentry: {fentry}; {k}")),
-                                }),
-                            }
-                        }
-                        for (i, a) in attached.into_iter().enumerate() {
-                            if let Ok(l) = a {
-                                if need_kprobe.iter().any(|(j, ..)| *j == i) {
-                                    links.extend(l);
-                                }
-                            }
-                        }
-                        objects.push(skel);
-                    }
-                    Err(e) => {
-                        outcomes.extend(need_kprobe.iter().map(|(_, sym, fentry)| AttachOutcome {
-                            tracepoint: sym.to_string(),
-                            attached: None,
-                            reason: Some(format!("fentry: {fentry}; kprobes: {e}")),
-                        }))
-                    }
+    let mut attacher = Attacher::new();
+    let mut timed: Vec<&'static str> = Vec::new();
+    let mut tracepoints = Vec::new();
+    for path in timed_paths(hv, |s| cx.symbols.contains(s)) {
+        let Some(&first) = path.present.first() else {
+            tracepoints.push(AttachOutcome {
+                tracepoint: path.names[0].to_string(),
+                attached: None,
+                reason: Some(format!(
+                    "{ABSENT_ON_THIS_KERNEL} (no {} in kallsyms)",
+                    path.names.join(" or ")
+                )),
+            });
+            continue;
+        };
+        let mut failures = Vec::new();
+        let mut outcome = None;
+        for &symbol in &path.present {
+            match attacher.attach(symbol, timed.len() as u32) {
+                Ok(kind) => {
+                    timed.push(symbol);
+                    outcome = Some(AttachOutcome {
+                        tracepoint: symbol.to_string(),
+                        attached: Some(kind),
+                        reason: None,
+                    });
+                    break;
                 }
+                Err(why) => failures.push((symbol, why)),
             }
         }
+        tracepoints.push(outcome.unwrap_or_else(|| {
+            AttachOutcome {
+                tracepoint: first.to_string(),
+                attached: None,
+                reason: Some(match failures.as_slice() {
+                    // One function: the tracepoint names it.
+                    [(_, why)] => why.clone(),
+                    _ => failures
+                        .iter()
+                        .map(|(symbol, why)| format!("{symbol}: {why}"))
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                }),
+            }
+        }));
     }
     let report = FamilyReport {
         family: Family::PvPaths,
         unavailable: None,
-        tracepoints: outcomes,
+        tracepoints,
         fallback: None,
     };
     let timer = PvTimer {
-        symbols: selected,
-        objects,
-        _links: links,
+        symbols: timed,
+        objects: attacher.objects,
+        _links: attacher.links,
     };
     Ok((Box::new(timer), report))
 }
 
 impl LoadedFamily for PvTimer {
     fn read(&self, snap: &mut ProbeSnapshot) {
-        if !self.objects.is_empty() {
+        if !self.symbols.is_empty() {
             snap.pv_paths = Some(self.durations());
         }
     }
 
     fn objects(&self) -> Vec<&Object> {
         self.objects.iter().map(|o| o.object()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hypervisor::{self, Measure};
+    use crate::virt::Symbols;
+
+    /// Excerpts of Debian's kernels' /proc/kallsyms (the VM tier's; every Debian kernel carries
+    /// the Xen, KVM and Hyper-V guest code, so one table serves each hypervisor's guest).
+    const DEBIAN_5_10: &str = include_str!("../../testdata/kallsyms-debian-5.10.txt");
+    const DEBIAN_6_1: &str = include_str!("../../testdata/kallsyms-debian-6.1.txt");
+    const DEBIAN_6_12: &str = include_str!("../../testdata/kallsyms-debian-6.12.txt");
+
+    /// (path's newest name, the function timed) for each timed path; None: absent.
+    fn chosen(hv: Hypervisor, kallsyms: &str) -> Vec<(&'static str, Option<&'static str>)> {
+        let symbols = Symbols::parse(kallsyms);
+        timed_paths(hv, |s| symbols.contains(s))
+            .into_iter()
+            .map(|p| (p.names[0], p.present.first().copied()))
+            .collect()
+    }
+
+    #[test]
+    fn xen_guests_time_their_hypercall_paths_under_each_kernels_names() {
+        let common = |upcall, halt, tlb| {
+            vec![
+                (
+                    "xen_vcpuop_set_next_event",
+                    Some("xen_vcpuop_set_next_event"),
+                ),
+                ("xen_send_IPI_one", Some("xen_send_IPI_one")),
+                ("eoi_pirq", Some("eoi_pirq")),
+                ("xen_hvm_evtchn_do_upcall", Some(upcall)),
+                ("pv_native_safe_halt", Some(halt)),
+                ("xen_qlock_wait", Some("xen_qlock_wait")),
+                ("xen_qlock_kick", Some("xen_qlock_kick")),
+                ("xen_flush_tlb_multi", Some(tlb)),
+            ]
+        };
+        // 5.10 (Amazon Linux 2's series): the HVM upcall and the TLB flush under their old
+        // names, the native halt.
+        assert_eq!(
+            chosen(Hypervisor::Xen, DEBIAN_5_10),
+            common(
+                "xen_hvm_evtchn_do_upcall",
+                "native_safe_halt",
+                "xen_flush_tlb_others"
+            )
+        );
+        // 6.1 (AL2023's series; Debian's carries the 2023 upcall rename).
+        assert_eq!(
+            chosen(Hypervisor::Xen, DEBIAN_6_1),
+            common(
+                "xen_evtchn_do_upcall",
+                "native_safe_halt",
+                "xen_flush_tlb_multi"
+            )
+        );
+        assert_eq!(
+            chosen(Hypervisor::Xen, DEBIAN_6_12),
+            common(
+                "xen_evtchn_do_upcall",
+                "pv_native_safe_halt",
+                "xen_flush_tlb_multi"
+            )
+        );
+        // arch/x86/xen has no ftrace sites: where its callbacks cannot be hooked, their
+        // traceable callers are tried next.
+        let symbols = Symbols::parse(DEBIAN_5_10);
+        let planned = timed_paths(Hypervisor::Xen, |s| symbols.contains(s));
+        let present = |first: &str| {
+            planned
+                .iter()
+                .find(|p| p.names[0] == first)
+                .map(|p| p.present.clone())
+                .unwrap()
+        };
+        assert_eq!(
+            present("xen_vcpuop_set_next_event"),
+            ["xen_vcpuop_set_next_event", "clockevents_program_event"]
+        );
+        assert_eq!(
+            present("xen_qlock_kick"),
+            ["xen_qlock_kick", "__pv_queued_spin_unlock_slowpath"]
+        );
+        assert_eq!(
+            present("pv_native_safe_halt"),
+            ["native_safe_halt", "default_idle"]
+        );
+    }
+
+    #[test]
+    fn kvm_guests_time_the_pv_tlb_flush_under_its_5_10_name() {
+        let kvm = |halt, tlb| {
+            vec![
+                ("kvm_send_ipi_mask", Some("kvm_send_ipi_mask")),
+                (
+                    "kvm_send_ipi_mask_allbutself",
+                    Some("kvm_send_ipi_mask_allbutself"),
+                ),
+                ("kvm_guest_apic_eoi_write", Some("kvm_guest_apic_eoi_write")),
+                ("pv_native_safe_halt", Some(halt)),
+                ("kvm_wait", Some("kvm_wait")),
+                ("kvm_kick_cpu", Some("kvm_kick_cpu")),
+                ("kvm_flush_tlb_multi", Some(tlb)),
+            ]
+        };
+        assert_eq!(
+            chosen(Hypervisor::Kvm, DEBIAN_5_10),
+            kvm("native_safe_halt", "kvm_flush_tlb_others")
+        );
+        assert_eq!(
+            chosen(Hypervisor::Kvm, DEBIAN_6_1),
+            kvm("native_safe_halt", "kvm_flush_tlb_multi")
+        );
+        assert_eq!(
+            chosen(Hypervisor::Kvm, DEBIAN_6_12),
+            kvm("pv_native_safe_halt", "kvm_flush_tlb_multi")
+        );
+    }
+
+    #[test]
+    fn a_module_function_is_absent_until_its_module_loads() {
+        // vmbus_isr is hv_vmbus's, which loads only on Hyper-V.
+        let hv = chosen(Hypervisor::HyperV, DEBIAN_6_1);
+        assert!(hv.contains(&("vmbus_isr", None)), "{hv:?}");
+        let with_module = format!("{DEBIAN_6_1}ffffffffc0402b10 t vmbus_isr\t[hv_vmbus]\n");
+        assert!(
+            chosen(Hypervisor::HyperV, &with_module).contains(&("vmbus_isr", Some("vmbus_isr")))
+        );
+        assert!(hv.contains(&("hyperv_flush_tlb_multi", Some("hyperv_flush_tlb_multi"))));
+        let old = chosen(Hypervisor::HyperV, DEBIAN_5_10);
+        assert!(old.contains(&("hyperv_flush_tlb_multi", Some("hyperv_flush_tlb_others"))));
+    }
+
+    #[test]
+    fn every_timed_path_is_planned_once_and_metal_plans_none() {
+        assert!(timed_paths(Hypervisor::None, |_| true).is_empty());
+        for hv in Hypervisor::ALL {
+            let timed = hypervisor::paths(hv)
+                .iter()
+                .filter(|p| matches!(p.measure, Measure::Timed(_)))
+                .count();
+            assert_eq!(timed_paths(hv, |_| false).len(), timed, "{hv:?}");
+            // Each function is one path's: an index never names two.
+            let planned = timed_paths(hv, |_| true);
+            let mut symbols: Vec<_> = planned.iter().flat_map(|p| p.present.clone()).collect();
+            let all = symbols.len();
+            symbols.sort_unstable();
+            symbols.dedup();
+            assert_eq!(symbols.len(), all, "{hv:?}");
+        }
+    }
+
+    /// The table's every name was checked against a real kernel: each of them exists in one
+    /// of Debian's 5.10, 6.1 and 6.12 (vmbus_isr in its module).
+    #[test]
+    fn every_name_in_the_table_exists_in_a_real_kernel() {
+        let kernels: Vec<Symbols> = [DEBIAN_5_10, DEBIAN_6_1, DEBIAN_6_12]
+            .iter()
+            .map(|k| Symbols::parse(k))
+            .collect();
+        for hv in Hypervisor::ALL {
+            for path in hypervisor::paths(hv) {
+                if let Measure::Timed(names) = path.measure {
+                    for name in names {
+                        assert!(
+                            *name == "vmbus_isr" || kernels.iter().any(|k| k.contains(name)),
+                            "{name} ({hv:?}) is in none of Debian's kernels"
+                        );
+                    }
+                }
+            }
+        }
     }
 }

@@ -83,6 +83,8 @@ struct SamplerProbe<'obj> {
     ran: super::RunningTime,
     hz: u64,
     symbols: Arc<Symbols>,
+    /// What the samples are sorted for: the hypervisor's interface (none on metal).
+    hypervisor: crate::hypervisor::Hypervisor,
     /// Samples drained so far, per CPU (each CPU's rare symbols folded by category).
     drained: RefCell<BTreeMap<u32, CpuSamples>>,
 }
@@ -166,6 +168,7 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         ran,
         hz,
         symbols: Arc::clone(cx.symbols),
+        hypervisor: cx.hypervisor,
         drained: RefCell::new(BTreeMap::new()),
     };
     let report = FamilyReport {
@@ -227,7 +230,7 @@ impl SamplerProbe<'_> {
             }
         }
         for c in drained.values_mut() {
-            c.fold();
+            c.fold(self.hypervisor);
         }
     }
 }
@@ -240,6 +243,7 @@ impl LoadedFamily for SamplerProbe<'_> {
             cpus: self.drained.borrow().values().cloned().collect(),
             dropped: percpu_sum(&self.skel.maps.dropped, 0),
             sampled_ns: self.ran.total_ns(),
+            hypervisor: self.hypervisor,
         });
     }
 

@@ -747,3 +747,124 @@ fn hosts_that_split_an_io_into_different_numbers_of_requests_are_flagged() {
     assert_eq!(flagged(&d), None);
     assert_eq!(d.evidence.a.requests_per_io, None);
 }
+
+/// Five runs of the same load on a host running on `hypervisor` (None: metal), with the
+/// hypervisor's mechanisms per run: `(mechanism, uses per I/O, ns per use)` and the sampled CPU
+/// time per I/O, and an idle baseline that does a little of each.
+pub(crate) fn on_hypervisor(
+    hypervisor: virtgap_probes::hypervisor::Hypervisor,
+    uses: &[(Mechanism, f64, f64)],
+    cpu_per_io: f64,
+) -> Profile {
+    use crate::model::hypervisor::{HypervisorSection, RunHypervisor};
+    use virtgap_probes::hypervisor::Hypervisor as Hv;
+    let mut p = noisy_runs(5, 300_000.0, 5_000.0, 0.02, 900_000.0);
+    p.host.hypervisor = hypervisor.name().into();
+    p.host.clockevent = Some(match hypervisor {
+        Hv::Xen => "xen".into(),
+        _ => "lapic-deadline".into(),
+    });
+    let guest = hypervisor != Hv::None;
+    p.hypervisor = Some(HypervisorSection {
+        hypervisor,
+        seconds: 10.0,
+        mechanisms: Vec::new(),
+        cpu: None,
+    });
+    let pattern = [0.0, 0.03, -0.03, 0.02, -0.02];
+    for (k, r) in p.runs.iter_mut().enumerate() {
+        let ios = r.ios() * (1.0 + pattern[k]);
+        r.probe_seconds = Some(10.0);
+        let mut figures = RunHypervisor {
+            hypervisor: guest.then_some(hypervisor),
+            cpu_ns: guest.then_some(cpu_per_io * ios),
+            ..RunHypervisor::default()
+        };
+        for &(m, per_io, ns) in uses.iter().filter(|_| guest) {
+            let n = per_io * ios;
+            figures.counts.insert(m.name().into(), n as u64);
+            figures.times_ns.insert(m.name().into(), n * ns);
+        }
+        r.hypervisor = Some(figures);
+        let mut idle = RunHypervisor {
+            hypervisor: guest.then_some(hypervisor),
+            cpu_ns: guest.then_some(1_000.0),
+            ..RunHypervisor::default()
+        };
+        for &(m, _, ns) in uses.iter().filter(|_| guest) {
+            idle.counts.insert(m.name().into(), 100);
+            idle.times_ns.insert(m.name().into(), 100.0 * ns);
+        }
+        r.idle = Some(IdleBaseline {
+            seconds: 1.0,
+            hardirq_ns: Some(0),
+            softirq_ns: Some(0),
+            ipis_sent: None,
+            msr_writes: None,
+            hypervisor: Some(idle),
+        });
+    }
+    p
+}
+
+use virtgap_probes::hypervisor::{Hypervisor as Hv, Mechanism};
+
+/// What a Xen guest's hypervisor block reads like against bare metal: every row says B's
+/// figure and that A has no hypervisor, never "equivalent".
+#[test]
+fn a_xen_guest_against_metal_reads_no_hypervisor_never_equivalent() {
+    let xen = [
+        (Mechanism::Timer, 0.9, 1_800.0),
+        (Mechanism::Ipi, 0.3, 1_500.0),
+        (Mechanism::Upcall, 1.2, 900.0),
+    ];
+    let metal = on_hypervisor(Hv::None, &[], 0.0);
+    let guest = on_hypervisor(Hv::Xen, &xen, 4_100.0);
+    let d = diff(&metal, &guest);
+    assert_eq!(d.hypervisor.a, Some(Hv::None));
+    assert_eq!(d.hypervisor.b, Some(Hv::Xen));
+    assert!(!d.hypervisor.rows.is_empty());
+    for r in &d.hypervisor.rows {
+        assert_eq!(r.verdict, Verdict::NoHypervisor, "{:?}", r.metric);
+        assert_eq!(r.a, None, "{:?}", r.metric);
+    }
+    let cpu = d.row(MetricId::HypervisorCpuPerIo).unwrap();
+    assert!((cpu.b.unwrap() - 4_100.0).abs() < 100.0, "{cpu:?}");
+    assert!(d.confounders.iter().any(|c| matches!(
+        c,
+        Confounder::Differs {
+            what: HostTrait::Clockevent,
+            ..
+        }
+    )));
+}
+
+/// On one hypervisor, IPIs that tripled per I/O are the mechanism that moved; the timer, the
+/// same on both, is equivalent; and the same host against itself moves nothing.
+#[test]
+fn the_mechanism_that_moved_is_named_and_the_others_stay_equivalent() {
+    let a = on_hypervisor(
+        Hv::Kvm,
+        &[(Mechanism::Timer, 0.05, 0.0), (Mechanism::Ipi, 0.004, 0.0)],
+        50.0,
+    );
+    let b = on_hypervisor(
+        Hv::Kvm,
+        &[(Mechanism::Timer, 0.05, 0.0), (Mechanism::Ipi, 0.25, 0.0)],
+        50.0,
+    );
+    let d = diff(&a, &b);
+    let ipi = d.row(MetricId::MechanismPerIo(Mechanism::Ipi)).unwrap();
+    assert_eq!(ipi.verdict, Verdict::Significant, "{ipi:?}");
+    assert!(ipi.effect.unwrap() > 1.0, "{ipi:?}");
+    let timer = d.row(MetricId::MechanismPerIo(Mechanism::Timer)).unwrap();
+    assert_ne!(timer.verdict, Verdict::Significant, "{timer:?}");
+    assert_eq!(d.hypervisor.moved, Some(Mechanism::Ipi));
+    let same = diff(&a, &a);
+    assert!(same
+        .hypervisor
+        .rows
+        .iter()
+        .all(|r| r.verdict != Verdict::Significant));
+    assert_eq!(same.hypervisor.moved, None);
+}
