@@ -340,7 +340,7 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 	__u64 rq_start = btf ? rq->start_time_ns : BPF_CORE_READ(rq, start_time_ns);
 	__u64 entered = take_bio_entry(rq, btf, now);
 
-	if (filter_tgid) {
+	if (vg_filtering()) {
 		bool noted = bio && bpf_map_lookup_elem(&bios, &bio);
 
 		if (noted)
@@ -528,6 +528,18 @@ static __always_inline int on_irq_entry(int irq)
 	if (entered)
 		*entered = bpf_ktime_get_ns();
 	return 0;
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(sched_process_fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	return vg_follow_fork(child->pid, child->tgid);
+}
+
+SEC("raw_tp/sched_process_fork")
+int BPF_PROG(sched_process_fork_raw, struct task_struct *parent, struct task_struct *child)
+{
+	return vg_follow_fork(BPF_CORE_READ(child, pid), BPF_CORE_READ(child, tgid));
 }
 
 SEC("tp_btf/irq_handler_entry")

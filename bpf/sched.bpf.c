@@ -62,7 +62,7 @@ static __always_inline bool workload_thread(struct task_struct *p, bool btf)
 	char comm[8] = {};
 	__u32 tgid, pid;
 
-	if (!p || !filter_tgid)
+	if (!p || !vg_filtering())
 		return false;
 	tgid = btf ? p->tgid : BPF_CORE_READ(p, tgid);
 	pid = btf ? p->pid : BPF_CORE_READ(p, pid);
@@ -150,6 +150,18 @@ SEC("raw_tp/sched_switch")
 int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev, struct task_struct *next)
 {
 	return on_switch(prev, next, false);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(sched_process_fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	return vg_follow_fork(child->pid, child->tgid);
+}
+
+SEC("raw_tp/sched_process_fork")
+int BPF_PROG(sched_process_fork_raw, struct task_struct *parent, struct task_struct *child)
+{
+	return vg_follow_fork(BPF_CORE_READ(child, pid), BPF_CORE_READ(child, tgid));
 }
 
 struct vg_hist vg_abi_hist = {};

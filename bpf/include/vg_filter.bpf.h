@@ -4,11 +4,17 @@
  * workload by the pid it sees, which inside a container is a namespace-local number, so the
  * comparison happens in the recorder's own pid namespace (dev and inode of /proc/self/ns/pid);
  * in the initial namespace the plain, cheaper helper is enough.
+ *
+ * Attach mode follows a set of processes instead (`filter_followed`): the tgids in `followed`,
+ * one map shared by every object of a session. User space fills it with the processes it was
+ * asked to attach to and keeps it current; a followed process's fork adds the child at once
+ * (vg_follow_fork), so children started later are followed from their first I/O.
  */
 #ifndef VG_FILTER_BPF_H
 #define VG_FILTER_BPF_H
 
 #include <bpf/bpf_helpers.h>
+#include "virtgap.h"
 
 /* The process to follow, in the recorder's pid namespace (0: every process). */
 const volatile __u32 filter_tgid = 0;
@@ -23,10 +29,35 @@ const volatile __u64 filter_pidns_ino = 0;
  */
 __u32 filter_tgid_global = 0;
 
+/* Attach mode: follow the processes in `followed`, not filter_tgid. */
+const volatile bool filter_followed = false;
+
+/* Whose: the followed processes' tgids (initial namespace); the value is unused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, VG_MAX_FOLLOWED);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u8);
+} followed SEC(".maps");
+
+/* Whether any filter applies (else every process is counted). */
+static __always_inline bool vg_filtering(void)
+{
+	return filter_tgid || filter_followed;
+}
+
+static __always_inline bool vg_tgid_followed(__u32 tgid)
+{
+	return bpf_map_lookup_elem(&followed, &tgid) != NULL;
+}
+
 static __always_inline bool vg_current_wanted(void)
 {
 	struct bpf_pidns_info ns = {};
 
+	if (filter_followed)
+		return vg_tgid_followed(bpf_get_current_pid_tgid() >> 32);
 	if (!filter_tgid)
 		return true;
 	if (!filter_pidns_ino)
@@ -46,7 +77,24 @@ static __always_inline void vg_learn_global_tgid(void)
 /* Whether task `tgid` (a task struct's, initial namespace) is the followed process. */
 static __always_inline bool vg_tgid_wanted(__u32 tgid)
 {
+	if (filter_followed)
+		return vg_tgid_followed(tgid);
 	return !filter_tgid || (filter_tgid_global && tgid == filter_tgid_global);
+}
+
+/*
+ * At a fork (sched_process_fork: `current` is the parent): a new process of a followed one is
+ * followed too. A new thread shares its process's tgid and needs nothing.
+ */
+static __always_inline int vg_follow_fork(__u32 child_pid, __u32 child_tgid)
+{
+	__u8 one = 1;
+
+	if (!filter_followed || child_pid != child_tgid ||
+	    !vg_tgid_followed(bpf_get_current_pid_tgid() >> 32))
+		return 0;
+	bpf_map_update_elem(&followed, &child_tgid, &one, BPF_NOEXIST);
+	return 0;
 }
 
 #endif /* VG_FILTER_BPF_H */

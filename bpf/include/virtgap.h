@@ -27,6 +27,8 @@ enum vg_limits {
 	/* (CPU, IRQ) pairs. */
 	VG_MAX_IRQS = 1024,
 	VG_NR_SOFTIRQS = 10,
+	/* Processes followed in attach mode (a database's, a cgroup's, every one named so). */
+	VG_MAX_FOLLOWED = 65536,
 	/* Threads of the workload tracked between wakeup and running. */
 	VG_MAX_TASKS = 4096,
 	/* Distinct (CPU, user/kernel, IP) sampler keys per interval (user space drains them). */

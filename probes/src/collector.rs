@@ -97,6 +97,7 @@ impl ProbeHandle {
                         session.set_sampler_running(true);
                     }
                     wait_until(next, &flag, &mut || drain_slow(&mut slow));
+                    session.refresh_followed();
                     let cumulative = session.snapshot();
                     let delta = cumulative.since(&previous);
                     previous = cumulative.clone();

@@ -11,6 +11,7 @@ mod bpf;
 pub mod collector;
 pub mod error;
 pub mod families;
+pub mod follow;
 pub mod hist;
 pub mod hypervisor;
 mod libbpf_log;

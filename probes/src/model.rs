@@ -788,6 +788,9 @@ pub struct ProbeSnapshot {
     pub pv_paths: Option<PvPathSnapshot>,
     /// Per-CPU time by state from /proc/stat (user, system, irq, softirq, steal, idle).
     pub cpu_times: Vec<crate::procfs::CpuTimes>,
+    /// Attach mode: the processes followed when the snapshot was taken (a state, not a count:
+    /// an interval's is its end's); None outside attach mode.
+    pub followed: Option<Vec<u32>>,
     /// Empty when run-time statistics are unavailable.
     pub programs: Vec<ProgramStats>,
 }
@@ -831,6 +834,7 @@ impl ProbeSnapshot {
                         .map_or(*t, |e| t.since(e))
                 })
                 .collect(),
+            followed: self.followed.clone(),
             programs: self
                 .programs
                 .iter()

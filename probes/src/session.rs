@@ -8,7 +8,7 @@ use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::Instant;
 
-use libbpf_rs::Object;
+use libbpf_rs::{MapCore, Object};
 
 use crate::attach::KernelTracepoints;
 use crate::error::{BpfError, Unavailable};
@@ -26,6 +26,11 @@ const HYPERVISOR_VAR: &str = "VIRTGAP_HYPERVISOR";
 /// Loaded and attached probes.
 pub struct ProbeSession<'a> {
     families: Vec<(Family, Loaded<'a>)>,
+    /// Attach mode: the tgids the families follow, shared by every object (declared after
+    /// `families`, so it closes after the objects that reuse it).
+    followed: Option<libbpf_rs::MapHandle>,
+    /// What attach mode follows, for the refresh.
+    follow: Option<crate::follow::AttachTarget>,
     _stats_fd: Option<OwnedFd>,
     started: Instant,
     /// /proc/stat at load time: snapshots count from here, like the BPF maps.
@@ -77,6 +82,17 @@ impl<'a> ProbeSession<'a> {
             .unwrap_or_else(|| {
                 crate::virt::detect_hypervisor(std::path::Path::new("/")).hypervisor
             });
+        let followed = config.follow.as_ref().map(|_| followed_map());
+        let filter = match &followed {
+            Some(Ok(map)) => Some(ProcessFilter::following(map.as_fd().as_raw_fd())),
+            _ => config.filter_tgid.map(ProcessFilter::of),
+        };
+        // Without its map attach mode would count every process: nothing loads then.
+        let followed_failed = match (&followed, &permission) {
+            (Some(Err(e)), Ok(())) => Some(format!("the map of followed processes: {e}")),
+            _ => None,
+        };
+        let followed = followed.and_then(Result::ok);
         let notes = RefCell::new(Vec::new());
         let shared = RefCell::new(SharedMaps::default());
         let cx = LoadContext {
@@ -85,7 +101,7 @@ impl<'a> ProbeSession<'a> {
             symbols: &symbols,
             host: &host,
             hypervisor,
-            filter: config.filter_tgid.map(ProcessFilter::of),
+            filter,
             notes: &notes,
             shared: &shared,
         };
@@ -98,6 +114,13 @@ impl<'a> ProbeSession<'a> {
                 report.families.push(FamilyReport::unavailable(
                     family,
                     Unavailable::NoPermission(why),
+                ));
+                continue;
+            }
+            if let Some(why) = &followed_failed {
+                report.families.push(FamilyReport::unavailable(
+                    family,
+                    Unavailable::Other(why.clone()),
                 ));
                 continue;
             }
@@ -121,6 +144,8 @@ impl<'a> ProbeSession<'a> {
             .collect();
         let session = Self {
             families,
+            followed,
+            follow: config.follow.clone(),
             _stats_fd: stats_fd,
             started: Instant::now(),
             base_cpu_times: procfs::read_cpu_times(),
@@ -131,6 +156,8 @@ impl<'a> ProbeSession<'a> {
         if session.families.iter().any(|(f, _)| *f == Family::Sampler) {
             session.set_sampler_running(true);
         }
+        // Attach mode starts with what the target names now.
+        session.refresh_followed();
         session
     }
 
@@ -139,6 +166,63 @@ impl<'a> ProbeSession<'a> {
     pub fn sampler_pauses(&self) -> bool {
         let has = |f: Family| self.families.iter().any(|(family, _)| *family == f);
         has(Family::Sampler) && has(Family::Msr)
+    }
+
+    /// Attach mode: adds processes (tgids as this process sees them, in the initial pid
+    /// namespace) to the followed set; their children started from now on join by themselves.
+    /// Returns how many were new. Without attach mode nothing is followed this way: 0.
+    pub fn follow(&self, tgids: &[u32]) -> usize {
+        let Some(map) = &self.followed else {
+            return 0;
+        };
+        tgids
+            .iter()
+            .filter(|t| {
+                let key = t.to_ne_bytes();
+                map.update(&key, &[1], libbpf_rs::MapFlags::NO_EXIST)
+                    .is_ok()
+            })
+            .count()
+    }
+
+    /// Attach mode: stops following these processes (gone, or no longer in the cgroup).
+    pub fn unfollow(&self, tgids: &[u32]) {
+        if let Some(map) = &self.followed {
+            for t in tgids {
+                let _ = map.delete(&t.to_ne_bytes());
+            }
+        }
+    }
+
+    /// Attach mode: follows what the target names now and lets go of processes that are gone
+    /// (a refresh each interval: a process that joined the cgroup or took the name since, or a
+    /// child of a followed one that forked before the probes attached).
+    pub fn refresh_followed(&self) {
+        let Some(target) = &self.follow else {
+            return;
+        };
+        let root = std::path::Path::new("/");
+        self.follow(&target.current(root));
+        let gone: Vec<u32> = self
+            .followed()
+            .into_iter()
+            .filter(|&t| !crate::follow::alive(root, t))
+            .collect();
+        self.unfollow(&gone);
+    }
+
+    /// Attach mode: the processes followed now, those added here and the children that joined
+    /// at their fork, sorted.
+    pub fn followed(&self) -> Vec<u32> {
+        let Some(map) = &self.followed else {
+            return Vec::new();
+        };
+        let mut tgids: Vec<u32> = map
+            .keys()
+            .filter_map(|k| Some(u32::from_ne_bytes(k.as_slice().try_into().ok()?)))
+            .collect();
+        tgids.sort_unstable();
+        tgids
     }
 
     /// The slow requests the block probe saw since the last call (for the tail autopsy).
@@ -187,6 +271,7 @@ impl<'a> ProbeSession<'a> {
                         .map_or(t, |b| t.since(b))
                 })
                 .collect(),
+            followed: self.follow.is_some().then(|| self.followed()),
             ..ProbeSnapshot::default()
         };
         for (family, f) in &self.families {
@@ -239,6 +324,24 @@ fn program_stats(family: &'static str, object: &Object) -> Vec<ProgramStats> {
             })
         })
         .collect()
+}
+
+/// The followed-process map of attach mode, which every object's `followed` reuses: created
+/// here, not by one family, so it exists whichever families load.
+fn followed_map() -> Result<libbpf_rs::MapHandle, libbpf_rs::Error> {
+    let opts = libbpf_rs::libbpf_sys::bpf_map_create_opts {
+        sz: std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_map_create_opts>() as _,
+        map_flags: libbpf_rs::libbpf_sys::BPF_F_NO_PREALLOC,
+        ..Default::default()
+    };
+    libbpf_rs::MapHandle::create(
+        libbpf_rs::MapType::Hash,
+        Some("followed"),
+        4,
+        1,
+        crate::bpf::hist_check::types::vg_limits::VG_MAX_FOLLOWED.0,
+        &opts,
+    )
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
+use virtgap_probes::follow::AttachTarget;
 use virtgap_probes::model::{BlockOp, BlockStage, SlowRequest};
 use virtgap_probes::{Family, ProbeConfig, ProbeSession, ProbeStorage};
 
@@ -272,6 +273,116 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
     timed_direct_reads(&path, BLOCKS);
     let none = session.drain_slow_requests();
     assert!(none.is_empty(), "{} sent above the threshold", none.len());
+}
+
+/// Attach mode on a program no one here wrote: fio, held on a pipe until the probes follow
+/// its pid, runs its job in a process it forks, which the probes follow from its first I/O.
+/// With each engine every read fio reports is counted (within 1%), and a dd reading another
+/// file of the same disk meanwhile is not; fio's psync thread sleeps on each read, so its
+/// wakeups are counted too.
+#[test]
+fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
+    if !bpf_allowed() {
+        return;
+    }
+    let fio = Command::new("fio").arg("--version").output();
+    if !virtgap_testkit::require(
+        "the attach-mode fio check",
+        fio.map(|_| ())
+            .map_err(|e| format!("fio is not installed ({e}); apt-get install fio")),
+    ) {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let fio_file = data_file(dir.path(), 4096);
+    let dd_dir = dir.path().join("dd");
+    std::fs::create_dir(&dd_dir).unwrap();
+    let dd_file = data_file(&dd_dir, 2048);
+    let disk = devnum(&disk_sysfs(dir.path()));
+    for engine in ["psync", "libaio", "io_uring"] {
+        let mut held = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "read go && exec fio --name=attached --filename={} --rw=randread --bs=4k \
+                 --direct=1 --ioengine={engine} --iodepth=8 --io_size=8M --randrepeat=0 \
+                 --output-format=json",
+                fio_file.display()
+            ))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let config = ProbeConfig {
+            follow: Some(AttachTarget::Pids(vec![held.id()])),
+            ..ProbeConfig::new(vec![Family::Block, Family::Wakeup], None)
+        };
+        let mut storage = ProbeStorage::default();
+        let session = ProbeSession::load(&mut storage, &config);
+        if !family_ready(&session, Family::Block) || !family_ready(&session, Family::Wakeup) {
+            let _ = held.kill();
+            let _ = held.wait();
+            return;
+        }
+        assert_eq!(
+            session.followed(),
+            vec![held.id()],
+            "the held shell is followed"
+        );
+        let before = session.snapshot();
+        let dd = Command::new("dd")
+            .arg(format!("if={}", dd_file.display()))
+            .args(["of=/dev/null", "bs=4k", "iflag=direct"])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        held.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        let out = held.wait_with_output().unwrap();
+        let mut dd = dd;
+        assert!(dd.wait().unwrap().success());
+        let after = session.snapshot();
+        assert!(
+            out.status.success(),
+            "{engine}: fio failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // fio prints notes (psync: "queue depth will be capped at 1") before its JSON.
+        let text = String::from_utf8_lossy(&out.stdout);
+        let report: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap()..])
+            .unwrap_or_else(|e| panic!("{engine}: fio's JSON: {e}: {text}"));
+        let fio_reads = report["jobs"][0]["read"]["total_ios"].as_u64().unwrap();
+        let block = after.block.unwrap().since(&before.block.unwrap());
+        let counted = block
+            .stage(Some(&[disk]), BlockStage::Device, &[BlockOp::Read])
+            .count;
+        let wakeups = after.wakeups.unwrap().since(&before.wakeups.unwrap());
+        eprintln!(
+            "{engine}: fio read {fio_reads} blocks, the probes counted {counted} (a dd read \
+             2048 meanwhile); {} wakeups of fio's threads",
+            wakeups.latency.count
+        );
+        assert!(fio_reads >= 2000, "{engine}: fio read {fio_reads}");
+        assert!(
+            counted.abs_diff(fio_reads) * 100 <= fio_reads,
+            "{engine}: counted {counted} reads, fio reports {fio_reads}"
+        );
+        if engine == "psync" {
+            assert!(
+                wakeups.latency.count > 0,
+                "{engine}: no wakeup of fio's thread"
+            );
+        }
+        assert_eq!(block.dropped, 0);
+        // fio and its job process are gone: the refresh lets go of both, which is how a run
+        // attached to them sees they ended.
+        session.refresh_followed();
+        assert_eq!(
+            session.followed(),
+            Vec::<u32>::new(),
+            "{engine}: followed after exit"
+        );
+    }
 }
 
 /// A bio is noted where it enters the block layer, before blk-throttle can hold it: by the hook

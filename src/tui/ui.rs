@@ -866,6 +866,7 @@ mod tests {
         };
         ProbeSnapshot {
             elapsed_ns: scale * 1_000_000_000,
+            followed: None,
             block: Some(BlockSnapshot {
                 stages: vec![
                     stage(

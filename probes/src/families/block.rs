@@ -10,7 +10,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, Object, RingBuffer, RingBufferBuilder};
 use super::{
     apply_filter, dev_of, entries, kprobes_unavailable, leaked_object_slot, load_tracepoints,
     percpu_entry, percpu_sum, plain_bytes, sections_of, FamilyDef, LoadContext, LoadResult,
-    LoadedFamily, ProcessFilter, QueueShape, Signals, Slots,
+    LoadedFamily, ProcessFilter, QueueShape, Signals, Slots, FORK,
 };
 use crate::attach::{AttachKind, AttachOutcome};
 use crate::bpf::bio_entry::{BioEntrySkel, BioEntrySkelBuilder};
@@ -92,6 +92,7 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         (tp == "block_bio_queue" && (have_io_start || filter.is_none()))
             || (tp == "block_split" && filter.is_none())
             || (tp == REMAP && shared.get())
+            || (tp == FORK && filter.and_then(|f| f.followed).is_none())
     };
     let hists = cx.host.hist_keys(|_| true, KEYS_PER_QUEUE);
     let cpus = cx.host.possible_cpus;

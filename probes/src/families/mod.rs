@@ -131,6 +131,10 @@ pub struct ProbeConfig {
     /// Restrict block and wakeup probes to this process (the workload), numbered as this
     /// process sees it. The wakeup probe needs it and is reported unavailable without it.
     pub filter_tgid: Option<u32>,
+    /// Attach mode: block and wakeup probes count the processes this names (and the children
+    /// they start), not `filter_tgid`; the collector refreshes the set every interval
+    /// ([`crate::ProbeSession::refresh_followed`]).
+    pub follow: Option<crate::follow::AttachTarget>,
     /// kvm-host: count only this VMM process (None: every process that runs a VM).
     pub vmm_pid: Option<u32>,
     /// Load the hypervisor families (msr, sampler, pv-paths) as on a guest of this hypervisor
@@ -151,6 +155,7 @@ impl Default for ProbeConfig {
             sample_hz: 99,
             interval: Duration::from_secs(1),
             filter_tgid: None,
+            follow: None,
             vmm_pid: None,
             slow_request_ns: None,
             hypervisor: None,
@@ -174,6 +179,10 @@ impl ProbeConfig {
 pub(crate) struct ProcessFilter {
     pub tgid: u32,
     pub pidns: Option<(u64, u64)>,
+    /// Attach mode: the session's map of followed tgids (`vg_filter.bpf.h`'s `followed`), which
+    /// every object shares instead of comparing `tgid`. The session owns the map and outlives
+    /// every load.
+    pub followed: Option<std::os::fd::RawFd>,
 }
 
 /// The initial pid namespace's inode number (PROC_PID_INIT_INO).
@@ -185,7 +194,20 @@ impl ProcessFilter {
             .ok()
             .map(|m| (m.dev(), m.ino()))
             .filter(|&(_, ino)| ino != INIT_PIDNS_INO);
-        Self { tgid, pidns }
+        Self {
+            tgid,
+            pidns,
+            followed: None,
+        }
+    }
+
+    /// Attach mode: the processes in the map `followed` (a session's).
+    pub(crate) fn following(followed: std::os::fd::RawFd) -> Self {
+        Self {
+            tgid: 0,
+            pidns: None,
+            followed: Some(followed),
+        }
     }
 
     /// The tgid as task structs hold it, when this process can know it (initial namespace).
@@ -202,8 +224,16 @@ impl ProcessFilter {
 macro_rules! apply_filter {
     ($open:expr, $filter:expr) => {{
         let filter: Option<$crate::families::ProcessFilter> = $filter;
+        if let Some(fd) = filter.and_then(|f| f.followed) {
+            // SAFETY: the fd is the session's followed map, open until the session drops, which
+            // is after every object that reuses it was loaded (reuse_fd duplicates it).
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            // A map that cannot be shared leaves the object's own, empty one: nothing counted.
+            let _ = $open.maps.followed.reuse_fd(fd);
+        }
         if let (Some(f), Some(ro)) = (filter, $open.maps.rodata_data.as_deref_mut()) {
             ro.filter_tgid = f.tgid;
+            ro.filter_followed = f.followed.is_some();
             if let Some((dev, ino)) = f.pidns {
                 ro.filter_pidns_dev = dev;
                 ro.filter_pidns_ino = ino;
@@ -215,6 +245,9 @@ macro_rules! apply_filter {
     }};
 }
 pub(crate) use apply_filter;
+
+/// The tracepoint where a followed process's children join it (attach mode only).
+pub(crate) const FORK: &str = "sched_process_fork";
 
 /// A request-based block device: what sizes the block and NVMe maps.
 #[derive(Clone, Debug, PartialEq, Eq)]

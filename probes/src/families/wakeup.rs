@@ -5,7 +5,7 @@ use libbpf_rs::{Link, Object};
 
 use super::{
     apply_filter, load_tracepoints, percpu_entry, percpu_sum, sections_of, FamilyDef, LoadContext,
-    LoadResult, LoadedFamily, Signals, Slots,
+    LoadResult, LoadedFamily, Signals, Slots, FORK,
 };
 use crate::bpf::sched::{types, SchedSkel, SchedSkelBuilder};
 use crate::error::Unavailable;
@@ -36,7 +36,9 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     let Some(filter) = cx.filter else {
         return Err(FamilyReport::unavailable(
             Family::Wakeup,
-            Unavailable::Other("needs a workload process to follow".into()),
+            Unavailable::Other(
+                "needs processes to follow (the workload, or --pid, --cgroup or --comm)".into(),
+            ),
         ));
     };
     let following_self = filter.tgid == std::process::id();
@@ -51,7 +53,7 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         SchedSkelBuilder::default,
         slots,
         cx.kernel,
-        &|_| false,
+        &|tp| tp == FORK && filter.followed.is_none(),
         &setup,
     )?;
     Ok((
