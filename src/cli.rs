@@ -208,6 +208,9 @@ pub struct RecordArgs {
     #[command(flatten)]
     pub probe: ProbeArgs,
 
+    #[command(flatten)]
+    pub attach: AttachArgs,
+
     /// Time exit-causing operations first and store the figures in the profile
     #[arg(long)]
     pub calibrate: bool,
@@ -216,6 +219,42 @@ pub struct RecordArgs {
     /// act_latency.py reads
     #[arg(long, value_name = "FILE")]
     pub act_log: Option<PathBuf>,
+}
+
+/// `record` on processes already running instead of a built-in workload.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Attach to running processes (no workload runs)")]
+pub struct AttachArgs {
+    /// Measure these running processes (comma-separated pids), their threads and every child
+    /// they start; the run ends at --duration, Ctrl-C, or when they have all exited
+    #[arg(long, value_name = "PID[,PID…]", value_delimiter = ',', group = "attach_to",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub pid: Vec<u32>,
+
+    /// Measure every process in this cgroup and below it: a directory under /sys/fs/cgroup or a
+    /// path relative to it (cgroup v2, or a v1 hierarchy); a container's cgroup works from the
+    /// host
+    #[arg(long, value_name = "PATH", group = "attach_to")]
+    pub cgroup: Option<PathBuf>,
+
+    /// Measure every process with this name (as `ps -e -o comm` shows it) and its children
+    #[arg(long, value_name = "NAME", group = "attach_to")]
+    pub comm: Option<String>,
+
+    /// Measure every process of the host (no wakeup probe: it follows processes by name)
+    #[arg(long, group = "attach_to")]
+    pub all: bool,
+
+    /// Name what was attached to, for the summary and the diff (e.g. "postgres, 16 clients")
+    #[arg(long, value_name = "TEXT", requires = "attach_to")]
+    pub label: Option<String>,
+}
+
+impl AttachArgs {
+    /// Whether a target to attach to was named.
+    pub fn any(&self) -> bool {
+        !self.pid.is_empty() || self.cgroup.is_some() || self.comm.is_some() || self.all
+    }
 }
 
 #[derive(Debug, Args)]

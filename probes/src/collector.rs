@@ -97,8 +97,10 @@ impl ProbeHandle {
                         session.set_sampler_running(true);
                     }
                     wait_until(next, &flag, &mut || drain_slow(&mut slow));
-                    session.refresh_followed();
                     let cumulative = session.snapshot();
+                    // After the snapshot: it lists every process followed in the interval,
+                    // those that exited in it too; the next one lists only the living.
+                    session.refresh_followed();
                     let delta = cumulative.since(&previous);
                     previous = cumulative.clone();
                     let mut sent = tx.send(T::from(ProbeEvent::Snapshot {

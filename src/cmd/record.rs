@@ -51,6 +51,9 @@ pub fn workloads(args: &WorkloadsArgs) -> Result<ExitCode> {
 }
 
 pub fn run(args: &RecordArgs) -> Result<ExitCode> {
+    if args.attach.any() {
+        return record_attached(args);
+    }
     let loaded = spec::load(&args.workload)?;
     let mut spec = loaded.spec.clone();
     let overrides = args.overrides.to_overrides();
@@ -75,6 +78,106 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         return Ok(signals.exit_code());
     };
     report(args, recorded, outputs, verbose, &signals)
+}
+
+/// The first flag given that applies only to a built-in workload.
+fn workload_flag(args: &RecordArgs) -> Option<&'static str> {
+    let o = args.overrides.to_overrides();
+    let given = |set: bool, flag: &'static str| set.then_some(flag);
+    o.typed
+        .iter()
+        .map(|(flag, _)| *flag)
+        .find(|flag| *flag != "--duration")
+        .or(given(o.rw.is_some(), "--rw"))
+        .or(given(o.rwmix_read.is_some(), "--rwmix-read"))
+        .or(given(o.engine.is_some(), "--engine"))
+        .or(given(o.distribution.is_some(), "--distribution"))
+        .or(given(o.kv.ratio.is_some(), "--ratio"))
+        .or(given(o.kv.keys.is_some(), "--keys"))
+        .or(given(args.workload != spec::DEFAULT_PRESET, "--workload"))
+        .or(given(args.target.target.is_some(), "--target"))
+        .or(given(args.target.dir.is_some(), "--dir"))
+        .or(given(args.target.destroy_data.is_some(), "--destroy-data"))
+        .or(given(args.verify, "--verify"))
+        .or(given(args.runs > 1, "--runs"))
+        .or(given(args.calibrate, "--calibrate"))
+        .or(given(args.act_log.is_some(), "--act-log"))
+        .or(given(args.fio_equivalent, "--fio-equivalent"))
+}
+
+/// `record --pid/--cgroup/--comm/--all`: the probes on processes already running, no workload.
+fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
+    use virtgap_probes::follow::{self, AttachTarget};
+    let a = &args.attach;
+    if let Some(flag) = workload_flag(args) {
+        bail!("{flag} is for a built-in workload, and --pid, --cgroup, --comm and --all measure processes already running: drop one or the other");
+    }
+    if args.probe.no_probes {
+        bail!(
+            "--pid, --cgroup, --comm and --all measure processes with the probes: drop --no-probes"
+        );
+    }
+    crate::cli::check_interval(&args.interval)?;
+    let target = if !a.pid.is_empty() {
+        Some(AttachTarget::Pids(a.pid.clone()))
+    } else if let Some(cgroup) = &a.cgroup {
+        Some(AttachTarget::Cgroup(cgroup.clone()))
+    } else {
+        a.comm.clone().map(AttachTarget::Comm)
+    };
+    let root = std::path::Path::new("/");
+    let mut processes = None;
+    if let Some(t) = &target {
+        follow::check_pid_namespace(root)?;
+        processes = Some(t.resolve(root)?.len());
+    }
+    let mut outputs = crate::run::output::Outputs::new(args.force, "pass --force to overwrite it");
+    if let Some(path) = &args.output {
+        outputs.file("--output", path)?;
+    }
+    if let Some(dir) = &args.csv {
+        outputs.dir("--csv", dir, &crate::render::csv_export::FILES)?;
+    }
+    let signals = StopSignals::install(true)?;
+    let verbose = !args.quiet && !args.json;
+    let plan = crate::run::attached::AttachPlan {
+        target,
+        label: a.label.clone(),
+        interval: args.interval.0,
+        duration: args.overrides.duration.as_ref().map(|d| d.value.0),
+        probes: args.probe.choice(),
+    };
+    if verbose {
+        let count = processes.map_or(String::new(), |n| {
+            format!(" ({n} process{} now)", if n == 1 { "" } else { "es" })
+        });
+        let until = plan
+            .duration
+            .map_or("until Ctrl-C or they exit".to_string(), |d| {
+                format!("for {:.0} s", d.as_secs_f64())
+            });
+        say!("attaching to {}{count}, {until}", plan.describe());
+    }
+    let progress = verbose && std::io::stderr().is_terminal();
+    let run = crate::run::attached::record(&plan, &signals.stop, verbose, progress)?;
+    if verbose {
+        if let Some(problems) = run.profile.capabilities.as_ref().map(report_problems) {
+            for line in problems {
+                say!("virtgap: {line}");
+            }
+        }
+    }
+    let printed = print_summary(args, &run.profile, &run.profile.runs);
+    let all_written = write_files(args, &run.profile, &RunStats::default(), &outputs, verbose)?;
+    printed?;
+    if run.interrupted {
+        return Ok(signals.exit_code());
+    }
+    Ok(if all_written {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 /// `--fio-equivalent`: the fio command line that runs the same job, shell-quoted.

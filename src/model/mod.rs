@@ -3,6 +3,7 @@
 //! autopsy — and the profile file (read, parsed, checked). Numbers, no words; no I/O but in
 //! `file.rs` and the host's own reading of itself in `host.rs`.
 
+pub mod attached;
 pub mod calibration;
 pub mod devices;
 pub mod file;

@@ -176,6 +176,12 @@ pub struct Profile {
     /// Calibrated costs of exit-causing operations (`record --calibrate`); None when not run.
     pub calibration: Option<Calibration>,
     pub self_overhead: SelfOverhead,
+    /// The processes an attached run followed and the I/O they sent (attached runs only: no
+    /// built-in workload ran; `workload` and `target` describe what was attached, `results`
+    /// count its block requests as its I/Os — no latency or bytes, which are not measured —
+    /// and `stages.app` is empty).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached: Option<crate::model::attached::Attached>,
     /// The kv workload's rates, integrity figures and per-slice verdict (kv runs only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv: Option<KvSection>,

@@ -624,6 +624,7 @@ pub(crate) mod tests {
             virtualization: None,
             calibration: None,
             kv: None,
+            attached: None,
             self_overhead: SelfOverhead {
                 programs: Some(vec![]),
                 probe_cpu_pct: Some(0.3),

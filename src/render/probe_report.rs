@@ -144,7 +144,8 @@ fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
                 // Never issued itself: one stage, request start -> completion.
                 writeln!(
                     out,
-                    "  cache flushes of this process on {name} (start -> completion):"
+                    "  cache flushes of {} on {name} (start -> completion):",
+                    whose(p).0
                 )?;
                 stage_row(
                     out,
@@ -153,7 +154,7 @@ fn write_block(out: &mut impl Write, p: &Profile) -> io::Result<()> {
                 )?;
                 continue;
             }
-            let title = format!("block stages of this process's {} on {name}", op.op);
+            let title = format!("block stages of {} {} on {name}", whose(p).1, op.op);
             stage_table(out, &title, &op.stages)?;
         }
     }
@@ -378,6 +379,25 @@ fn write_sampler(out: &mut impl Write, s: &SamplerSection, window: f64) -> io::R
 }
 
 /// The probe part of the summary, from the profile: its figures cover the measured window.
+/// Whose requests and threads the probes followed — the workload (this process) or what was
+/// attached to — as (who, whose).
+fn whose(p: &Profile) -> (&'static str, &'static str) {
+    match p.attached.as_ref().map(|a| a.kind) {
+        None => ("this process", "this process's"),
+        Some(crate::model::attached::AttachKind::All) => ("every process", "every process's"),
+        Some(_) => ("the attached processes", "the attached processes'"),
+    }
+}
+
+/// Whose threads the wakeup probe followed.
+fn threads(p: &Profile) -> &'static str {
+    if p.attached.is_some() {
+        whose(p).1
+    } else {
+        "the workload's"
+    }
+}
+
 pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
     let Some(report) = &p.capabilities else {
         return writeln!(out, "  probes: off (--no-probes)");
@@ -406,12 +426,13 @@ pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
     match &p.stages.wakeup {
         Some(w) if w.count > 0 => writeln!(
             out,
-            "  wakeups of the workload's threads: {}, wakeup -> on CPU mean {}, p99 {}",
+            "  wakeups of {} threads: {}, wakeup -> on CPU mean {}, p99 {}",
+            threads(p),
             w.count,
             opt_latency(w.mean_ns()),
             opt_latency(w.percentile_ns(99.0))
         )?,
-        Some(_) => writeln!(out, "  wakeups of the workload's threads: none seen")?,
+        Some(_) => writeln!(out, "  wakeups of {} threads: none seen", threads(p))?,
         None => writeln!(out, "  wakeups: unavailable ({})", why(Family::Wakeup))?,
     }
     let nvme: Vec<(String, &Histogram)> = p

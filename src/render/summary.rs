@@ -58,6 +58,9 @@ fn write_direction(
 /// The summary `record` prints, from the profile of the run (for `--runs N`, the last run's
 /// own profile).
 pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
+    if let Some(a) = &p.attached {
+        return write_attached(out, p, a);
+    }
     let w = &p.workload;
     // The effective spec is the workload's own TOML, so it parses; a profile edited by hand
     // may not, and then only the name is shown.
@@ -138,6 +141,67 @@ pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
             r.measured_s
         )?;
     }
+    Ok(())
+}
+
+/// An attached run's summary: what was followed, how the run ended, the requests its
+/// processes sent, then the probes' figures.
+fn write_attached(
+    out: &mut impl Write,
+    p: &Profile,
+    a: &crate::model::attached::Attached,
+) -> io::Result<()> {
+    use crate::model::attached::AttachEnd;
+    let secs = p.results.measured_s;
+    writeln!(out, "{} ({})", p.workload.name, p.workload.origin)?;
+    let shown: Vec<String> = a.pids.iter().take(8).map(u32::to_string).collect();
+    let more = a.pids.len().saturating_sub(shown.len());
+    if !a.pids.is_empty() {
+        write!(
+            out,
+            "  processes: {} followed (pid {}",
+            a.pids.len(),
+            shown.join(", ")
+        )?;
+        if more > 0 {
+            write!(out, ", … {more} more")?;
+        }
+        writeln!(out, ")")?;
+    }
+    for cmd in a.commands.iter().take(3) {
+        writeln!(out, "    {cmd}")?;
+    }
+    let ended = match a.end {
+        AttachEnd::Duration => "--duration ran out",
+        AttachEnd::Interrupted => "interrupted",
+        AttachEnd::ProcessesExited => "every followed process exited",
+    };
+    writeln!(out, "  attached {secs:.1} s; ended: {ended}")?;
+    let io = &a.io;
+    let rate = |n: u64| {
+        if secs > 0.0 {
+            format!(" ({}/s)", units::count(n as f64 / secs))
+        } else {
+            String::new()
+        }
+    };
+    writeln!(
+        out,
+        "  block requests: {} reads{}, {} writes{}, {} flushes{}{}",
+        units::count(io.read_requests as f64),
+        rate(io.read_requests),
+        units::count(io.write_requests as f64),
+        rate(io.write_requests),
+        units::count(io.flushes as f64),
+        rate(io.flushes),
+        io.read_share()
+            .map_or(String::new(), |r| format!("; {:.0}% reads", r * 100.0))
+    )?;
+    writeln!(
+        out,
+        "  app latency: not measured for attached processes (their block requests only; request sizes not measured)"
+    )?;
+    crate::render::probe_report::write(out, p)?;
     Ok(())
 }
 

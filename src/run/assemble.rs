@@ -377,6 +377,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
         virtualization: total.and_then(virtualization),
         calibration: i.calibration,
         kv: i.stats.kv.as_deref().map(kv_section),
+        attached: None,
         devices: total
             .map(|t| device_profiles(t, i.disks))
             .unwrap_or_default(),

@@ -234,6 +234,33 @@ impl Fingerprint {
 }
 
 impl TargetDisks {
+    /// Every request-based disk under `root`/sys/block (those with hardware queues, where the
+    /// block stages are measured): what an attached run's I/O may reach.
+    pub fn every_disk(root: &Path) -> Self {
+        let mut leaves: Vec<Disk> = fs::read_dir(root.join("sys/block"))
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter(|e| e.path().join("mq").is_dir())
+            .filter_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let dev = read(root, &format!("sys/block/{name}/dev"))?;
+                let (major, minor) = dev.split_once(':')?;
+                Some(Disk {
+                    name,
+                    major: major.parse().ok()?,
+                    minor: minor.parse().ok()?,
+                })
+            })
+            .collect();
+        leaves.sort_by(|a, b| a.name.cmp(&b.name));
+        Self {
+            top: None,
+            leaves,
+            note: None,
+        }
+    }
+
     /// Resolves device number `dev` (a file's st_dev or a block device's st_rdev) under `root`.
     pub fn resolve(root: &Path, (major, minor): (u32, u32)) -> Self {
         let Some(name) = fs::canonicalize(root.join(format!("sys/dev/block/{major}:{minor}")))

@@ -6,6 +6,7 @@
 //! host-side KVM probes.
 
 pub mod assemble;
+pub mod attached;
 pub mod autopsy;
 pub mod calibrate;
 pub mod host;

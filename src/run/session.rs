@@ -79,12 +79,23 @@ pub fn start_probes<T: Carries>(
     if config.families.contains(&Family::Block) {
         config.slow_request_ns = slow_request_ns;
     }
+    start_collector(config, interval, tx, rx).map(Some)
+}
+
+/// Starts the probe collector with `config` and waits for it to attach: the collector and what
+/// attached.
+pub fn start_collector<T: Carries>(
+    config: ProbeConfig,
+    interval: Duration,
+    tx: &Sender<T>,
+    rx: &Receiver<T>,
+) -> Result<(ProbeHandle, CapabilityReport)> {
     let handle = ProbeHandle::start(config, interval, tx.clone());
     match rx
         .recv_timeout(Duration::from_secs(60))
         .map(Carries::into_event)
     {
-        Ok(Ok(Event::Probe(ProbeEvent::Attached(report)))) => Ok(Some((handle, report))),
+        Ok(Ok(Event::Probe(ProbeEvent::Attached(report)))) => Ok((handle, report)),
         _ => bail!("the probe collector did not start"),
     }
 }

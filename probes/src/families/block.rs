@@ -39,6 +39,10 @@ pub(super) const FAMILY: FamilyDef = FamilyDef {
             "a partition's bio entry where submit_bio_noacct has no hook",
         ),
         ("block_rq_merge", "requests merged away"),
+        (
+            FORK,
+            "attach mode: children of followed processes join them",
+        ),
         ("block_rq_requeue", "requests handed back by the driver"),
         (
             BIO_ENTRY_HOOK,

@@ -21,6 +21,10 @@ pub(super) const FAMILY: FamilyDef = FamilyDef {
         ("sched_wakeup", "wakeup latency of the workload"),
         ("sched_wakeup_new", "wakeup latency of the workload"),
         ("sched_switch", "wakeup latency of the workload"),
+        (
+            FORK,
+            "attach mode: children of followed processes join them",
+        ),
     ]),
     modules: &[],
     load,

@@ -85,6 +85,9 @@ pub struct SpecDifference {
 /// The keys of a profile's effective spec that change what is measured (none when the spec
 /// does not parse).
 fn spec_shape(p: &Profile) -> Vec<(SpecKey, SpecValue)> {
+    if let Some(a) = &p.attached {
+        return attached_shape(a);
+    }
     let Ok(table) = toml::from_str::<toml::Table>(&p.workload.effective_spec) else {
         return Vec::new();
     };
@@ -118,6 +121,27 @@ fn spec_shape(p: &Profile) -> Vec<(SpecKey, SpecValue)> {
         keys.push((SpecKey::KvLoad, load));
     }
     keys
+}
+
+/// What an attached run's diff can check of its workload: the label, the program (the first
+/// command's), and the mix of reads and writes (to the nearest 10%).
+fn attached_shape(a: &crate::model::attached::Attached) -> Vec<(SpecKey, SpecValue)> {
+    let program = a
+        .commands
+        .first()
+        .and_then(|c| c.split_whitespace().next())
+        .map(|p| p.rsplit('/').next().unwrap_or(p).to_string());
+    let mix =
+        a.io.read_share()
+            .map(|r| format!("{:.0}% reads", (r * 10.0).round() * 10.0));
+    [
+        ("label", a.label.clone()),
+        ("program", program),
+        ("mix", mix),
+    ]
+    .into_iter()
+    .filter_map(|(k, v)| Some((SpecKey::Workload(k), SpecValue::Toml(v?))))
+    .collect()
 }
 
 /// Workload keys that differ between the two profiles' effective specs. For kv workloads the

@@ -1,0 +1,68 @@
+//! What an attached run measured (`record --pid/--cgroup/--comm/--all`): which processes, how
+//! the run ended, and the kinds of I/O they sent, so a diff of two attached profiles can check
+//! what it can. Pure data, filled in `run::attached`.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// How the processes were named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachKind {
+    Pid,
+    Cgroup,
+    Comm,
+    /// Every process of the host.
+    All,
+}
+
+/// Why an attached run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum AttachEnd {
+    /// `--duration` ran out.
+    Duration,
+    /// Ctrl-C or a termination signal.
+    Interrupted,
+    /// Every followed process exited.
+    ProcessesExited,
+}
+
+/// The I/O the attached processes sent, from their block requests over the measured window
+/// (their sizes are not measured yet).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AttachedIo {
+    pub read_requests: u64,
+    pub write_requests: u64,
+    pub flushes: u64,
+}
+
+impl AttachedIo {
+    /// The share of data requests that are reads (None: no data request).
+    pub fn read_share(&self) -> Option<f64> {
+        let all = self.read_requests + self.write_requests;
+        (all > 0).then(|| self.read_requests as f64 / all as f64)
+    }
+}
+
+/// The processes an attached run followed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Attached {
+    pub kind: AttachKind,
+    /// What was named, as given: "1234,1240", a cgroup path, a process name; empty for all.
+    pub named: String,
+    /// `--label`: the workload's name for the diff.
+    pub label: Option<String>,
+    /// The processes followed at any point of the run (at most [`Attached::MAX_PIDS`]);
+    /// empty for every process.
+    pub pids: Vec<u32>,
+    /// Distinct command lines of those processes (at most [`Attached::MAX_COMMANDS`]).
+    pub commands: Vec<String>,
+    pub end: AttachEnd,
+    pub io: AttachedIo,
+}
+
+impl Attached {
+    pub const MAX_PIDS: usize = 4096;
+    pub const MAX_COMMANDS: usize = 32;
+}

@@ -1,0 +1,357 @@
+//! An attached run (`record --pid/--cgroup/--comm/--all`): no built-in workload; the probes
+//! follow processes already running — a database, a benchmark, a container's cgroup, or every
+//! process — until `--duration` ends, Ctrl-C, or the processes are gone. The profile holds
+//! the same block stages per device and queue and the same host-wide signals as a workload's,
+//! with what was attached (`model::attached`). There is no app latency: what the processes
+//! waited for is seen here as their block requests only.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result};
+use virtgap_probes::follow::AttachTarget;
+use virtgap_probes::model::BlockOp;
+use virtgap_probes::{ProbeEvent, ProbeSnapshot};
+use virtgap_workloads::stats::RunStats;
+
+use crate::model::attached::{AttachEnd, AttachKind, Attached, AttachedIo};
+use crate::model::host::{Fingerprint, TargetDisks};
+use crate::model::profile::{Profile, RunInfo, RunRecord, TargetInfo, WorkloadInfo};
+use crate::run::assemble::{assemble, ProfileInputs};
+use crate::run::pipeline::Event;
+use crate::run::recorder::unix_ms;
+use crate::run::session::{probe_config, start_collector, ProbeChoice};
+
+/// What to attach to and for how long.
+#[derive(Clone, Debug)]
+pub struct AttachPlan {
+    /// None: every process of the host.
+    pub target: Option<AttachTarget>,
+    pub label: Option<String>,
+    pub interval: Duration,
+    /// None: until Ctrl-C or the processes are gone.
+    pub duration: Option<Duration>,
+    pub probes: ProbeChoice,
+}
+
+impl AttachPlan {
+    fn kind(&self) -> AttachKind {
+        match &self.target {
+            None => AttachKind::All,
+            Some(AttachTarget::Pids(_)) => AttachKind::Pid,
+            Some(AttachTarget::Cgroup(_)) => AttachKind::Cgroup,
+            Some(AttachTarget::Comm(_)) => AttachKind::Comm,
+        }
+    }
+
+    /// What was named, as given.
+    fn named(&self) -> String {
+        match &self.target {
+            None => String::new(),
+            Some(AttachTarget::Pids(p)) => {
+                p.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            }
+            Some(AttachTarget::Cgroup(c)) => c.display().to_string(),
+            Some(AttachTarget::Comm(c)) => c.clone(),
+        }
+    }
+
+    /// In words: "pid 1234 and children", "every process".
+    pub fn describe(&self) -> String {
+        self.target
+            .as_ref()
+            .map_or("every process".into(), AttachTarget::describe)
+    }
+}
+
+/// The processes followed so far and their command lines, bounded.
+#[derive(Debug, Default)]
+struct Seen {
+    pids: BTreeSet<u32>,
+    commands: Vec<String>,
+}
+
+impl Seen {
+    fn add(&mut self, pids: &[u32]) {
+        for &pid in pids {
+            if self.pids.len() >= Attached::MAX_PIDS || !self.pids.insert(pid) {
+                continue;
+            }
+            if self.commands.len() >= Attached::MAX_COMMANDS {
+                continue;
+            }
+            if let Some(cmd) = command_line(pid).filter(|c| !self.commands.contains(c)) {
+                self.commands.push(cmd);
+            }
+        }
+    }
+}
+
+/// `/proc/PID/cmdline` as one line (arguments joined by spaces), at most 512 bytes.
+fn command_line(pid: u32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let text: Vec<String> = raw
+        .split(|&b| b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let mut line = text.join(" ");
+    if line.is_empty() {
+        return None;
+    }
+    if line.len() > 512 {
+        let cut = (0..=512)
+            .rev()
+            .find(|&i| line.is_char_boundary(i))
+            .unwrap_or(0);
+        line.truncate(cut);
+        line.push('…');
+    }
+    Some(line)
+}
+
+/// What an attached run left: its profile and whether a signal ended it.
+#[derive(Debug)]
+pub struct AttachedRun {
+    pub profile: Profile,
+    pub interrupted: bool,
+}
+
+/// Attaches, follows until the end, and assembles the profile. `verbose` says on stderr when
+/// the probes are attached (from then on every I/O of the processes is counted); `progress`
+/// draws a line there each interval.
+pub fn record(
+    plan: &AttachPlan,
+    stop: &AtomicBool,
+    verbose: bool,
+    progress: bool,
+) -> Result<AttachedRun> {
+    let mut config = probe_config(&plan.probes, plan.interval)?.context(
+        "--pid, --cgroup, --comm and --all measure processes with the probes: drop --no-probes",
+    )?;
+    config.filter_tgid = None;
+    config.follow = plan.target.clone();
+    let started = SystemTime::now();
+    let (tx, rx) = mpsc::channel::<Event>();
+    let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
+    drop(tx);
+    if verbose {
+        say!("probes attached: measuring {}", plan.describe());
+    }
+    let run_start = Instant::now();
+    let mut seen = Seen::default();
+    if let Some(target) = &plan.target {
+        seen.add(&target.current(std::path::Path::new("/")));
+    }
+    let mut last: Option<ProbeSnapshot> = None;
+    let end;
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            end = AttachEnd::Interrupted;
+            break;
+        }
+        if plan.duration.is_some_and(|d| run_start.elapsed() >= d) {
+            end = AttachEnd::Duration;
+            break;
+        }
+        let Ok(event) = rx.recv_timeout(Duration::from_millis(100)) else {
+            continue;
+        };
+        let Event::Probe(ProbeEvent::Snapshot {
+            cumulative,
+            interval,
+        }) = event
+        else {
+            continue;
+        };
+        let followed = cumulative.followed.clone();
+        if let Some(pids) = &followed {
+            seen.add(pids);
+        }
+        if progress {
+            draw_progress(
+                run_start.elapsed(),
+                plan.duration,
+                &interval,
+                followed.as_deref(),
+            );
+        }
+        last = Some(*cumulative);
+        if followed.is_some_and(|p| p.is_empty()) {
+            end = AttachEnd::ProcessesExited;
+            break;
+        }
+    }
+    collector.stop();
+    // The collector's last snapshot, taken as it stopped.
+    for event in rx.try_iter() {
+        if let Event::Probe(ProbeEvent::Snapshot { cumulative, .. }) = event {
+            if let Some(pids) = &cumulative.followed {
+                seen.add(pids);
+            }
+            last = Some(*cumulative);
+        }
+    }
+    if progress {
+        crate::stderr::clear_progress();
+    }
+    let interrupted = end == AttachEnd::Interrupted;
+    let host = Fingerprint::this_host();
+    let profile = attached_profile(
+        plan,
+        AttachedInputs {
+            host,
+            report,
+            started,
+            // Cumulative totals: the window is the whole time attached.
+            window: last,
+            seen,
+            end,
+        },
+    );
+    Ok(AttachedRun {
+        profile,
+        interrupted,
+    })
+}
+
+/// What the assembly of an attached profile takes.
+struct AttachedInputs {
+    host: Fingerprint,
+    report: virtgap_probes::CapabilityReport,
+    started: SystemTime,
+    /// The probes' totals from attach to the end.
+    window: Option<ProbeSnapshot>,
+    seen: Seen,
+    end: AttachEnd,
+}
+
+/// The profile of an attached run: the probes' window assembled as a workload's is, with the
+/// attached section in place of a workload's results.
+fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
+    let window = i.window.as_ref();
+    let count = |ops: &[BlockOp]| {
+        window.and_then(|w| w.block.as_ref()).map_or(0, |b| {
+            b.stage(None, virtgap_probes::model::BlockStage::Device, ops)
+                .count
+        })
+    };
+    let io = AttachedIo {
+        read_requests: count(&[BlockOp::Read]),
+        write_requests: count(&[BlockOp::Write]),
+        flushes: count(&[BlockOp::Flush]),
+    };
+    // The disks the processes' I/O reached: their stages are the profile's.
+    let mut disks = TargetDisks::every_disk(std::path::Path::new("/"));
+    let reached: BTreeSet<(u32, u32)> = window
+        .and_then(|w| w.block.as_ref())
+        .map(|b| {
+            b.stages
+                .iter()
+                .filter(|s| s.hist.count > 0)
+                .map(|s| s.dev)
+                .collect()
+        })
+        .unwrap_or_default();
+    disks.leaves.retain(|d| reached.contains(&d.dev()));
+    let described = plan.describe();
+    let name = plan.label.clone().unwrap_or_else(|| "attached".into());
+    let seconds = window.map_or(0.0, |w| w.elapsed_ns as f64 / 1e9);
+    let stats = RunStats {
+        measured_ns: window.map_or(0, |w| w.elapsed_ns),
+        ..RunStats::default()
+    };
+    let now = SystemTime::now();
+    let mut profile = assemble(ProfileInputs {
+        run: RunInfo {
+            tool_version: env!("CARGO_PKG_VERSION").into(),
+            command_line: std::env::args().collect(),
+            started_unix_ms: unix_ms(i.started),
+            ended_unix_ms: unix_ms(now),
+            interval_s: plan.interval.as_secs_f64(),
+            requested_interval_s: None,
+            max_intervals: None,
+            complete: i.end != AttachEnd::Interrupted,
+        },
+        host: i.host,
+        workload: WorkloadInfo {
+            name,
+            origin: format!("attached to {described}"),
+            source_text: String::new(),
+            effective_spec: String::new(),
+            fio_equivalent: None,
+        },
+        target: TargetInfo {
+            description: format!("the disks {described} reached"),
+            path: String::new(),
+            size_bytes: 0,
+            device: None,
+            stage_devices: disks.leaves.iter().map(|d| d.name.clone()).collect(),
+            device_note: None,
+        },
+        paced: false,
+        stats: &stats,
+        intervals: Vec::new(),
+        capabilities: Some(i.report),
+        probe_total: window,
+        disks: &disks,
+        recorder_cpu_pct: None,
+        calibration: None,
+        stalls: None,
+    });
+    profile.attached = Some(Attached {
+        kind: plan.kind(),
+        named: plan.named(),
+        label: plan.label.clone(),
+        pids: i.seen.pids.into_iter().collect(),
+        commands: i.seen.commands,
+        end: i.end,
+        io: io.clone(),
+    });
+    profile.results.measured_s = seconds;
+    // Per-I/O figures (host-wide rates, the hypervisor's mechanisms) are per block request of
+    // the attached processes: their I/Os as the kernel saw them.
+    for (d, n) in [
+        (&mut profile.results.read, io.read_requests),
+        (&mut profile.results.write, io.write_requests),
+    ] {
+        d.ios = n;
+        d.iops = if seconds > 0.0 {
+            n as f64 / seconds
+        } else {
+            0.0
+        };
+    }
+    profile.runs = vec![RunRecord::of_profile(&profile, 1)];
+    profile
+}
+
+fn draw_progress(
+    elapsed: Duration,
+    planned: Option<Duration>,
+    interval: &ProbeSnapshot,
+    followed: Option<&[u32]>,
+) {
+    use virtgap_workloads::units;
+    let secs = interval.elapsed_ns as f64 / 1e9;
+    let of = planned.map_or(String::new(), |d| format!("/{:.0}", d.as_secs_f64()));
+    let mut line = format!("[{:>4.0}{of} s]", elapsed.as_secs_f64());
+    if let Some(pids) = followed {
+        line.push_str(&format!(" {} processes", pids.len()));
+    }
+    if let (Some(b), true) = (&interval.block, secs > 0.0) {
+        let n = |op| {
+            b.stage(None, virtgap_probes::model::BlockStage::Device, &[op])
+                .count as f64
+                / secs
+        };
+        line.push_str(&format!(
+            ", {} reads/s, {} writes/s",
+            units::count(n(BlockOp::Read)),
+            units::count(n(BlockOp::Write))
+        ));
+    }
+    progress!("{line}");
+}

@@ -1,0 +1,245 @@
+//! `record --pid/--cgroup/--comm/--all` end to end, on programs no one here wrote: fio and dd
+//! run by the test, measured by a virtgap attached to them; and the one-line errors.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::root_allowed;
+
+fn scratch() -> tempfile::TempDir {
+    common::scratch("vg-attach-")
+}
+
+fn vg() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_virtgap"))
+}
+
+/// A file of `blocks` 4 KiB blocks of data, on disk.
+fn data_file(dir: &Path, name: &str, blocks: usize) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, vec![0x5a_u8; blocks * 4096]).unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    f.sync_all().unwrap();
+    path
+}
+
+/// A shell that waits for a line on its stdin, then runs `script`: the test attaches to it
+/// before it does any I/O.
+fn held(script: &str) -> Child {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("read go && {script}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Starts `virtgap record` with `args` and waits until it says its probes are attached.
+// The child goes back to the caller, which waits for it (`finish`).
+#[allow(clippy::zombie_processes)]
+fn attached_virtgap(args: &[&str]) -> (Child, BufReader<std::process::ChildStderr>) {
+    let mut child = vg()
+        .arg("record")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let n = stderr.read_line(&mut line).unwrap_or(0);
+        if n == 0 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("virtgap ended before attaching: {seen}");
+        }
+        seen.push_str(&line);
+        if line.starts_with("probes attached") {
+            return (child, stderr);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not attached after 2 minutes: {seen}"
+        );
+    }
+}
+
+fn finish(
+    mut child: Child,
+    mut stderr: BufReader<std::process::ChildStderr>,
+) -> (std::process::ExitStatus, String, String) {
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    (child.wait().unwrap(), out, rest)
+}
+
+fn profile(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// fio, held until virtgap is attached to its pid, forks its job process and reads 8 MiB with
+/// psync; virtgap counts exactly fio's reads, none of a dd reading beside it, ends when fio
+/// exits, and the profile says what was attached and how the run ended.
+#[test]
+fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() {
+    if !root_allowed("the attached fio run") {
+        return;
+    }
+    let fio = Command::new("fio").arg("--version").output();
+    if !virtgap_testkit::require(
+        "the attached fio run",
+        fio.map(|_| ())
+            .map_err(|e| format!("fio is not installed ({e}); apt-get install fio")),
+    ) {
+        return;
+    }
+    let dir = scratch();
+    let fio_file = data_file(dir.path(), "fio.dat", 4096);
+    let dd_file = data_file(dir.path(), "dd.dat", 1024);
+    let out = dir.path().join("fio.json");
+    let mut fio = held(&format!(
+        "exec fio --name=attached --filename={} --rw=randread --bs=4k --direct=1 \
+         --ioengine=psync --io_size=8M --randrepeat=0 --output-format=json",
+        fio_file.display()
+    ));
+    let pid = fio.id().to_string();
+    let (virtgap, stderr) = attached_virtgap(&[
+        "--pid",
+        &pid,
+        "--label",
+        "fio psync",
+        "--probes",
+        "block,irq,wakeup",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let mut dd = Command::new("dd")
+        .arg(format!("if={}", dd_file.display()))
+        .args(["of=/dev/null", "bs=4k", "iflag=direct"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    fio.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let fio_out = fio.wait_with_output().unwrap();
+    assert!(dd.wait().unwrap().success());
+    let (status, summary, rest) = finish(virtgap, stderr);
+    assert!(status.success(), "virtgap failed: {rest}");
+    let text = String::from_utf8_lossy(&fio_out.stdout);
+    let report: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+    let fio_reads = report["jobs"][0]["read"]["total_ios"].as_u64().unwrap();
+    let p = profile(&out);
+    let attached = &p["attached"];
+    let counted = attached["io"]["read_requests"].as_u64().unwrap();
+    println!("fio read {fio_reads} blocks; virtgap counted {counted}\n{summary}");
+    assert_eq!(attached["kind"], "pid");
+    assert_eq!(attached["end"], "processes_exited");
+    assert_eq!(attached["label"], "fio psync");
+    assert!(p["complete"].as_bool().unwrap());
+    assert!(
+        attached["commands"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c.as_str().unwrap().contains("fio --name=attached")),
+        "{attached}"
+    );
+    assert!(
+        attached["pids"].as_array().unwrap().len() >= 2,
+        "fio and its job: {attached}"
+    );
+    assert!(
+        counted.abs_diff(fio_reads) * 100 <= fio_reads,
+        "virtgap counted {counted} reads, fio reports {fio_reads}"
+    );
+    assert!(
+        summary.contains("ended: every followed process exited"),
+        "{summary}"
+    );
+    assert!(summary.contains("app latency: not measured"), "{summary}");
+    assert!(
+        summary.contains("block stages of the attached processes' read on"),
+        "{summary}"
+    );
+}
+
+/// `--all` follows every process: a dd run after attach is counted (with whatever else the
+/// host read meanwhile), and `--duration` ends the run.
+#[test]
+fn attached_to_every_process_a_dd_is_counted() {
+    if !root_allowed("the --all run") {
+        return;
+    }
+    let dir = scratch();
+    let dd_file = data_file(dir.path(), "dd.dat", 1000);
+    let out = dir.path().join("all.json");
+    let (virtgap, stderr) = attached_virtgap(&[
+        "--all",
+        "--duration",
+        "3s",
+        "--probes",
+        "block",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let status = Command::new("dd")
+        .arg(format!("if={}", dd_file.display()))
+        .args(["of=/dev/null", "bs=4k", "iflag=direct"])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let (status, summary, rest) = finish(virtgap, stderr);
+    assert!(status.success(), "virtgap failed: {rest}");
+    let p = profile(&out);
+    let reads = p["attached"]["io"]["read_requests"].as_u64().unwrap();
+    assert_eq!(p["attached"]["kind"], "all");
+    assert_eq!(p["attached"]["end"], "duration");
+    assert!(reads >= 1000, "dd's 1000 reads, counted {reads}\n{summary}");
+    assert!(
+        summary.contains("block stages of every process's read"),
+        "{summary}"
+    );
+}
+
+/// Bad attach targets get one line and a non-zero exit, before anything is measured.
+#[test]
+fn bad_attach_targets_are_refused_in_one_line() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--pid", "999999999"], "--pid 999999999: no such process"),
+        (
+            &["--cgroup", "no/such/cgroup"],
+            "--cgroup no/such/cgroup: no such cgroup",
+        ),
+        (
+            &["--comm", "no-such-program"],
+            "--comm no-such-program: no process has that name",
+        ),
+        (
+            &["--pid", "1", "--qd", "4"],
+            "--qd is for a built-in workload",
+        ),
+        (
+            &["--pid", "1", "--target", "/dev/null"],
+            "--target is for a built-in workload",
+        ),
+        (&["--pid", "1", "--no-probes"], "drop --no-probes"),
+    ];
+    for (args, needle) in cases {
+        let out = vg().arg("record").args(*args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
