@@ -61,11 +61,14 @@ INTRODUCED = {
     "ipi_send_cpu": (6, 4),
     "ipi_send_cpumask": (6, 4),
     "csd_queue_cpu": (6, 6),
+    # io_uring_submit_sqe renamed when it began to take the request; before it the app family
+    # times no io_uring request (and leaves io_uring_complete, keyed otherwise, out).
+    "io_uring_submit_req": (5, 19),
 }
 
 # Families that must attach in every guest. kvm-host and pv-paths watch things a TCG guest
 # does not have (a KVM module in use, paravirt callbacks) and are checked only for a reason.
-REQUIRED_FAMILIES = ["block", "irq", "wakeup", "nvme", "msr", "sampler"]
+REQUIRED_FAMILIES = ["block", "irq", "wakeup", "app", "nvme", "msr", "sampler"]
 
 # The hypervisor tables (probes/src/hypervisor.rs) checked on each kernel with `virtgap doctor
 # --hypervisor NAME`: Debian's kernels carry the Xen, KVM and Hyper-V guest code, so each

@@ -119,7 +119,7 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
         "--label",
         "fio psync",
         "--probes",
-        "block,irq,wakeup",
+        "block,irq,wakeup,app",
         "-o",
         out.to_str().unwrap(),
     ]);
@@ -165,7 +165,19 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
         summary.contains("ended: every followed process exited"),
         "{summary}"
     );
-    assert!(summary.contains("app latency: not measured"), "{summary}");
+    assert!(summary.contains("syscall read"), "{summary}");
+    // Every pread fio made, entry to exit, plus the few other file reads of its processes.
+    let app = attached["app"].as_array().unwrap();
+    let timed = app
+        .iter()
+        .find(|k| k["via"] == "syscall" && k["op"] == "read")
+        .unwrap_or_else(|| panic!("no syscall reads: {attached}"));
+    let n = timed["latency"]["count"].as_u64().unwrap();
+    assert!(
+        n >= fio_reads && n <= fio_reads + fio_reads / 10,
+        "{n} timed, fio {fio_reads}"
+    );
+    assert!(timed["bytes"].as_u64().unwrap() >= fio_reads * 4096);
     assert!(
         summary.contains("block stages of the attached processes' read on"),
         "{summary}"

@@ -83,6 +83,30 @@ struct vg_block_key {
 };
 
 /* Counters of the block probe's own trouble. */
+/* What an app latency histogram of attach mode holds (bpf/app.bpf.c). */
+enum vg_app_kind {
+	/* Synchronous system calls on files: read family, write family, fsync/fdatasync. */
+	VG_APP_CALL_READ = 0,
+	VG_APP_CALL_WRITE = 1,
+	VG_APP_CALL_SYNC = 2,
+	/* io_uring requests on files, submission to completion. */
+	VG_APP_RING_READ = 3,
+	VG_APP_RING_WRITE = 4,
+	VG_APP_RING_SYNC = 5,
+	VG_APP_KINDS = 6,
+};
+
+/* Counters of bpf/app.bpf.c. */
+enum vg_app_counter {
+	/* io_submit calls (libaio): their I/O completes out of sight, no app-level time. */
+	VG_APP_IO_SUBMIT = 0,
+	/* File I/O calls that returned an error. */
+	VG_APP_FAILED = 1,
+	/* Calls or requests not timed: a map was full. */
+	VG_APP_DROPPED = 2,
+	VG_APP_COUNTERS = 3,
+};
+
 enum vg_block_counter {
 	/* A map was full: the request or histogram was not recorded. */
 	VG_BLOCK_DROPPED = 0,

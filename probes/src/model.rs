@@ -352,6 +352,85 @@ impl WakeupSnapshot {
     }
 }
 
+/// How an app-level I/O of attached processes was timed (`bpf/app.bpf.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AppVia {
+    /// A synchronous system call, entry to exit.
+    Syscall,
+    /// An io_uring request, submission to completion.
+    IoUring,
+}
+
+/// What an app-level I/O was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AppOp {
+    Read,
+    Write,
+    /// fsync, fdatasync.
+    Sync,
+}
+
+/// One kind of app-level I/O: its latency and the bytes it moved (system calls only).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppHist {
+    pub via: AppVia,
+    pub op: AppOp,
+    pub latency: KernelHist,
+    pub bytes: u64,
+}
+
+/// App latency of the attached processes, where the kernel shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppSnapshot {
+    pub kinds: Vec<AppHist>,
+    /// io_submit calls (libaio): their I/O has no app-level time here.
+    pub io_submits: u64,
+    /// File I/O calls that returned an error.
+    pub failed: u64,
+    /// Calls or requests not timed (a full map).
+    pub dropped: u64,
+}
+
+impl AppSnapshot {
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            kinds: self
+                .kinds
+                .iter()
+                .map(|k| {
+                    let before = earlier
+                        .kinds
+                        .iter()
+                        .find(|e| e.via == k.via && e.op == k.op);
+                    AppHist {
+                        latency: before.map_or(k.latency.clone(), |b| k.latency.since(&b.latency)),
+                        bytes: k.bytes - before.map_or(0, |b| b.bytes.min(k.bytes)),
+                        ..k.clone()
+                    }
+                })
+                .collect(),
+            io_submits: self.io_submits.saturating_sub(earlier.io_submits),
+            failed: self.failed.saturating_sub(earlier.failed),
+            dropped: self.dropped.saturating_sub(earlier.dropped),
+        }
+    }
+
+    /// The latency of `op` I/Os timed `via`, merged (empty when none).
+    pub fn latency(&self, via: AppVia, ops: &[AppOp]) -> KernelHist {
+        let mut h = KernelHist::default();
+        for k in self
+            .kinds
+            .iter()
+            .filter(|k| k.via == via && ops.contains(&k.op))
+        {
+            h.merge(&k.latency);
+        }
+        h
+    }
+}
+
 /// NVMe command latency of one queue (setup -> completion).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NvmeQueueHist {
@@ -781,6 +860,8 @@ pub struct ProbeSnapshot {
     pub block: Option<BlockSnapshot>,
     pub irq: Option<IrqSnapshot>,
     pub wakeups: Option<WakeupSnapshot>,
+    /// App latency of attached processes (attach mode's app family).
+    pub app: Option<AppSnapshot>,
     pub nvme: Option<NvmeSnapshot>,
     pub msr: Option<MsrSnapshot>,
     pub sampler: Option<SamplerSnapshot>,
@@ -818,6 +899,7 @@ impl ProbeSnapshot {
             block: pair(&self.block, &earlier.block, BlockSnapshot::since),
             irq: pair(&self.irq, &earlier.irq, IrqSnapshot::since),
             wakeups: pair(&self.wakeups, &earlier.wakeups, WakeupSnapshot::since),
+            app: pair(&self.app, &earlier.app, AppSnapshot::since),
             nvme: pair(&self.nvme, &earlier.nvme, NvmeSnapshot::since),
             msr: pair(&self.msr, &earlier.msr, MsrSnapshot::since),
             sampler: pair(&self.sampler, &earlier.sampler, SamplerSnapshot::since),

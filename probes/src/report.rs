@@ -33,6 +33,8 @@ declare_families! {
     Block,
     Irq,
     Wakeup,
+    /// App latency of attached processes: file system calls and io_uring requests.
+    App,
     Nvme,
     /// Exit-causing MSR accesses.
     Msr,

@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use virtgap_probes::follow::AttachTarget;
-use virtgap_probes::model::{BlockOp, BlockStage, SlowRequest};
+use virtgap_probes::model::{AppOp, AppVia, BlockOp, BlockStage, SlowRequest};
 use virtgap_probes::{Family, ProbeConfig, ProbeSession, ProbeStorage};
 
 /// These tests measure the machine: run them one at a time.
@@ -316,11 +316,14 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
             .unwrap();
         let config = ProbeConfig {
             follow: Some(AttachTarget::Pids(vec![held.id()])),
-            ..ProbeConfig::new(vec![Family::Block, Family::Wakeup], None)
+            ..ProbeConfig::new(vec![Family::Block, Family::Wakeup, Family::App], None)
         };
         let mut storage = ProbeStorage::default();
         let session = ProbeSession::load(&mut storage, &config);
-        if !family_ready(&session, Family::Block) || !family_ready(&session, Family::Wakeup) {
+        if !family_ready(&session, Family::Block)
+            || !family_ready(&session, Family::Wakeup)
+            || !family_ready(&session, Family::App)
+        {
             let _ = held.kill();
             let _ = held.wait();
             return;
@@ -372,6 +375,46 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
                 wakeups.latency.count > 0,
                 "{engine}: no wakeup of fio's thread"
             );
+        }
+        // App latency, against fio's own completion latency (clat: from handing the I/O to
+        // the kernel to seeing it done, in fio). psync: every pread, entry to exit, plus the few
+        // small reads fio makes of other files; io_uring: each request, submission to
+        // completion; libaio: no app-level time, its io_submit calls counted.
+        let app = after.app.unwrap().since(&before.app.unwrap());
+        let via = if engine == "io_uring" {
+            AppVia::IoUring
+        } else {
+            AppVia::Syscall
+        };
+        let reads = app.latency(via, &[AppOp::Read]);
+        let fio_clat = report["jobs"][0]["read"]["clat_ns"]["mean"]
+            .as_f64()
+            .unwrap();
+        eprintln!(
+            "{engine}: app reads {} ({via:?}), mean {:?} ns; fio's clat mean {fio_clat:.0} ns; \
+             {} io_submit calls",
+            reads.count,
+            reads.mean_ns(),
+            app.io_submits
+        );
+        match engine {
+            "libaio" => {
+                assert!(app.io_submits > 0, "libaio: no io_submit counted");
+                assert_eq!(app.latency(AppVia::IoUring, &[AppOp::Read]).count, 0);
+            }
+            _ => {
+                assert!(
+                    reads.count >= fio_reads && reads.count <= fio_reads + fio_reads / 10,
+                    "{engine}: {} app reads timed, fio read {fio_reads}",
+                    reads.count
+                );
+                // The same reads timed twice: a loose bound, the ratio is what to read.
+                let ratio = reads.mean_ns().unwrap() / fio_clat;
+                assert!(
+                    (0.7..1.3).contains(&ratio),
+                    "{engine}: app/fio mean {ratio:.2}"
+                );
+            }
         }
         assert_eq!(block.dropped, 0);
         // fio and its job process are gone: the refresh lets go of both, which is how a run

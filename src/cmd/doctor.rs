@@ -426,9 +426,12 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
             Family::ALL.to_vec(),
         ),
     };
-    // Follow this process so the wakeup probe is exercised too.
+    // Follow this process as attach mode follows one, so the wakeup and app probes (which
+    // need processes to follow) are exercised too, with the map attach mode shares.
     let config = ProbeConfig {
-        filter_tgid: Some(std::process::id()),
+        follow: Some(virtgap_probes::follow::AttachTarget::Pids(vec![
+            std::process::id(),
+        ])),
         hypervisor: Some(hypervisor),
         families,
         ..ProbeConfig::default()

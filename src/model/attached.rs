@@ -45,6 +45,18 @@ impl AttachedIo {
     }
 }
 
+/// One kind of app-level I/O of the attached processes, timed where the kernel shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AppLatency {
+    /// "syscall" (entry to exit) or "io_uring" (submission to completion).
+    pub via: String,
+    /// "read", "write" or "sync" (fsync, fdatasync).
+    pub op: String,
+    pub latency: crate::model::histogram::Histogram,
+    /// Bytes the calls returned (None for io_uring, whose result is not read).
+    pub bytes: Option<u64>,
+}
+
 /// The processes an attached run followed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Attached {
@@ -60,6 +72,11 @@ pub struct Attached {
     pub commands: Vec<String>,
     pub end: AttachEnd,
     pub io: AttachedIo,
+    /// App latency by kind (file system calls, io_uring requests); None where the app probe
+    /// did not run (--all, or it did not attach): `capabilities` says why.
+    pub app: Option<Vec<AppLatency>>,
+    /// libaio io_submit calls: their I/O completes out of sight and has no app-level time.
+    pub io_submits: u64,
 }
 
 impl Attached {

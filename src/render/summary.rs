@@ -197,10 +197,45 @@ fn write_attached(
         io.read_share()
             .map_or(String::new(), |r| format!("; {:.0}% reads", r * 100.0))
     )?;
-    writeln!(
-        out,
-        "  app latency: not measured for attached processes (their block requests only; request sizes not measured)"
-    )?;
+    match &a.app {
+        None => writeln!(
+            out,
+            "  app latency: not measured (the app probe follows named processes: --pid, --cgroup or --comm)"
+        )?,
+        Some(kinds) if kinds.is_empty() => writeln!(
+            out,
+            "  app latency: no file system call or io_uring request of theirs was seen"
+        )?,
+        Some(kinds) => {
+            writeln!(
+                out,
+                "  app latency (file system calls entry -> exit, page-cache hits included; io_uring submission -> completion):"
+            )?;
+            write_latency_header(out)?;
+            for k in kinds {
+                write_latency_row(out, &format!("{} {}", k.via, k.op), &k.latency)?;
+            }
+            for k in kinds.iter().filter(|k| k.latency.count > 0) {
+                let bytes = k
+                    .bytes
+                    .map_or("bytes not read".to_string(), units::bytes);
+                writeln!(
+                    out,
+                    "      {} {}: {} ({bytes})",
+                    k.via,
+                    k.op,
+                    units::count(k.latency.count as f64)
+                )?;
+            }
+        }
+    }
+    if a.io_submits > 0 {
+        writeln!(
+            out,
+            "  {} libaio io_submit calls: their I/O completes out of sight, counted as block requests only",
+            units::count(a.io_submits as f64)
+        )?;
+    }
     crate::render::probe_report::write(out, p)?;
     Ok(())
 }

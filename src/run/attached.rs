@@ -16,7 +16,8 @@ use virtgap_probes::model::BlockOp;
 use virtgap_probes::{ProbeEvent, ProbeSnapshot};
 use virtgap_workloads::stats::RunStats;
 
-use crate::model::attached::{AttachEnd, AttachKind, Attached, AttachedIo};
+use crate::model::attached::{AppLatency, AttachEnd, AttachKind, Attached, AttachedIo};
+use crate::model::histogram::Histogram;
 use crate::model::host::{Fingerprint, TargetDisks};
 use crate::model::profile::{Profile, RunInfo, RunRecord, TargetInfo, WorkloadInfo};
 use crate::run::assemble::{assemble, ProfileInputs};
@@ -133,6 +134,11 @@ pub fn record(
     )?;
     config.filter_tgid = None;
     config.follow = plan.target.clone();
+    // App latency where the kernel shows it: named processes only (every process's system
+    // calls would cost every process of the host).
+    if plan.probes.families.is_none() && plan.target.is_some() {
+        config.families.push(virtgap_probes::Family::App);
+    }
     let started = SystemTime::now();
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
@@ -301,6 +307,26 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
         calibration: None,
         stalls: None,
     });
+    // App latency: the read and write calls and requests are the app stage (fsyncs are apart).
+    let app_kinds = window.and_then(|w| w.app.as_ref());
+    if let Some(app) = app_kinds {
+        use virtgap_probes::model::{AppOp, AppVia};
+        let mut data = app.latency(AppVia::Syscall, &[AppOp::Read, AppOp::Write]);
+        data.merge(&app.latency(AppVia::IoUring, &[AppOp::Read, AppOp::Write]));
+        profile.stages.app = Histogram::from_kernel(&data);
+    }
+    let app = app_kinds.map(|a| {
+        a.kinds
+            .iter()
+            .filter(|k| k.latency.count > 0)
+            .map(|k| AppLatency {
+                via: serde_name(&k.via),
+                op: serde_name(&k.op),
+                latency: Histogram::from_kernel(&k.latency),
+                bytes: (k.via == virtgap_probes::model::AppVia::Syscall).then_some(k.bytes),
+            })
+            .collect()
+    });
     profile.attached = Some(Attached {
         kind: plan.kind(),
         named: plan.named(),
@@ -309,6 +335,8 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
         commands: i.seen.commands,
         end: i.end,
         io: io.clone(),
+        app,
+        io_submits: app_kinds.map_or(0, |a| a.io_submits),
     });
     profile.results.measured_s = seconds;
     // Per-I/O figures (host-wide rates, the hypervisor's mechanisms) are per block request of
@@ -326,6 +354,14 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
     }
     profile.runs = vec![RunRecord::of_profile(&profile, 1)];
     profile
+}
+
+/// A unit enum's serde name ("io_uring", "read").
+fn serde_name(v: &impl serde::Serialize) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 fn draw_progress(

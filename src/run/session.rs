@@ -54,6 +54,10 @@ pub fn probe_config(args: &ProbeChoice, interval: Duration) -> Result<Option<Pro
     if args.sample_hz == 0 {
         families.retain(|f| *f != Family::Sampler);
     }
+    // The workload times its own I/O; the app family times attached processes'.
+    if args.families.is_none() {
+        families.retain(|f| *f != Family::App);
+    }
     Ok(Some(ProbeConfig {
         interval,
         sample_hz: args.sample_hz.max(1),

@@ -867,6 +867,7 @@ mod tests {
         ProbeSnapshot {
             elapsed_ns: scale * 1_000_000_000,
             followed: None,
+            app: None,
             block: Some(BlockSnapshot {
                 stages: vec![
                     stage(

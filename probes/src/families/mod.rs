@@ -4,6 +4,7 @@
 //! (read-only data, map sizes, which programs this kernel runs), and how its maps read into a
 //! snapshot. `Family::def` is the registry: the one place that lists the families' modules.
 
+mod app;
 mod block;
 mod irq;
 mod kvm_host;
@@ -74,6 +75,7 @@ impl Family {
             Family::Block => &block::FAMILY,
             Family::Irq => &irq::FAMILY,
             Family::Wakeup => &wakeup::FAMILY,
+            Family::App => &app::FAMILY,
             Family::Nvme => &nvme::FAMILY,
             Family::Msr => &msr::FAMILY,
             Family::Sampler => &sampler::FAMILY,
@@ -230,6 +232,9 @@ macro_rules! apply_filter {
             let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
             // A map that cannot be shared leaves the object's own, empty one: nothing counted.
             let _ = $open.maps.followed.reuse_fd(fd);
+        } else {
+            // Unused outside attach mode: the smallest map the kernel takes.
+            let _ = $open.maps.followed.set_max_entries(1);
         }
         if let (Some(f), Some(ro)) = (filter, $open.maps.rodata_data.as_deref_mut()) {
             ro.filter_tgid = f.tgid;

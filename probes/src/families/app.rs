@@ -1,0 +1,136 @@
+//! App latency of the processes attach mode follows (`bpf/app.bpf.c`): their synchronous file
+//! system calls, entry to exit, and their io_uring file requests, submission to completion.
+//! Only in attach mode: a built-in workload times its own I/O.
+
+use libbpf_rs::skel::Skel;
+use libbpf_rs::{Link, Object};
+
+use super::{
+    apply_filter, load_tracepoints, percpu_entry, percpu_sum, sections_of, FamilyDef, LoadContext,
+    LoadResult, LoadedFamily, Signals, Slots, FORK,
+};
+use crate::bpf::app::{types, AppSkel, AppSkelBuilder};
+use crate::error::Unavailable;
+use crate::hist::KernelHist;
+use crate::model::{AppHist, AppOp, AppSnapshot, AppVia, ProbeSnapshot};
+use crate::report::{Family, FamilyReport};
+
+/// The io_uring submission tracepoint that takes the request (6.0 and later); where it is
+/// missing, io_uring_complete has another layout and is left out too.
+const RING_SUBMIT: &str = "io_uring_submit_req";
+const RING_COMPLETE: &str = "io_uring_complete";
+
+pub(super) const FAMILY: FamilyDef = FamilyDef {
+    name: "app",
+    gives: "app latency of attached processes",
+    view: "Where the time goes: app latency (attach mode)",
+    signals: Signals::Named(&[
+        (
+            "sys_enter",
+            "file system calls of attached processes: start",
+        ),
+        (
+            "sys_exit",
+            "file system calls of attached processes: latency",
+        ),
+        (RING_SUBMIT, "io_uring file requests: submission"),
+        (RING_COMPLETE, "io_uring file requests: latency"),
+        (
+            FORK,
+            "attach mode: children of followed processes join them",
+        ),
+    ]),
+    modules: &[],
+    load,
+    sections: sections_of::<AppSkelBuilder>,
+};
+
+struct AppProbe<'obj> {
+    skel: AppSkel<'obj>,
+    _links: Vec<Link>,
+}
+
+fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
+    let Some(filter) = cx.filter.filter(|f| f.followed.is_some()) else {
+        return Err(FamilyReport::unavailable(
+            Family::App,
+            Unavailable::Other(
+                "times the I/O of attached processes (--pid, --cgroup or --comm); a built-in workload times its own".into(),
+            ),
+        ));
+    };
+    if !cfg!(target_arch = "x86_64") {
+        return Err(FamilyReport::unavailable(
+            Family::App,
+            Unavailable::Other("knows x86-64's system call numbers only".into()),
+        ));
+    }
+    let inflight = cx.host.inflight_capacity();
+    let setup = |open: &mut crate::bpf::app::OpenAppSkel<'_>, _kind| {
+        apply_filter!(open, Some(filter));
+        // A map that cannot be resized keeps its compiled-in default.
+        let _ = open.maps.in_ring.set_max_entries(inflight);
+    };
+    let ring = cx.kernel.has(RING_SUBMIT);
+    let (skel, links, report) = load_tracepoints(
+        Family::App,
+        AppSkelBuilder::default,
+        slots,
+        cx.kernel,
+        &|tp| tp == RING_COMPLETE && !ring,
+        &setup,
+    )?;
+    Ok((
+        Box::new(AppProbe {
+            skel,
+            _links: links,
+        }),
+        report,
+    ))
+}
+
+/// What each histogram of `app_hists` holds, by its index (enum vg_app_kind).
+fn kinds() -> [(u32, AppVia, AppOp); 6] {
+    use types::vg_app_kind as k;
+    [
+        (k::VG_APP_CALL_READ.0, AppVia::Syscall, AppOp::Read),
+        (k::VG_APP_CALL_WRITE.0, AppVia::Syscall, AppOp::Write),
+        (k::VG_APP_CALL_SYNC.0, AppVia::Syscall, AppOp::Sync),
+        (k::VG_APP_RING_READ.0, AppVia::IoUring, AppOp::Read),
+        (k::VG_APP_RING_WRITE.0, AppVia::IoUring, AppOp::Write),
+        (k::VG_APP_RING_SYNC.0, AppVia::IoUring, AppOp::Sync),
+    ]
+}
+
+impl LoadedFamily for AppProbe<'_> {
+    fn read(&self, snap: &mut ProbeSnapshot) {
+        let maps = &self.skel.maps;
+        let kinds = kinds()
+            .into_iter()
+            .map(|(index, via, op)| {
+                let key = index.to_ne_bytes();
+                let mut latency = KernelHist::default();
+                for h in percpu_entry::<types::vg_hist>(&maps.app_hists, &key) {
+                    latency.merge(&KernelHist::from(&h));
+                }
+                AppHist {
+                    via,
+                    op,
+                    latency,
+                    bytes: percpu_sum(&maps.app_bytes, index),
+                }
+            })
+            .collect();
+        use types::vg_app_counter as c;
+        snap.app = Some(AppSnapshot {
+            kinds,
+            io_submits: percpu_sum(&maps.app_counters, c::VG_APP_IO_SUBMIT.0),
+            failed: percpu_sum(&maps.app_counters, c::VG_APP_FAILED.0),
+            dropped: percpu_sum(&maps.app_counters, c::VG_APP_DROPPED.0),
+        });
+    }
+
+    fn objects(&self) -> Vec<&Object> {
+        vec![self.skel.object()]
+    }
+}
