@@ -67,6 +67,10 @@ vmlinux:
     ln -sf "vmlinux_$release.h" bpf/vmlinux/$arch/vmlinux.h
     echo "wrote $out; record its provenance in bpf/vmlinux/README.md"
 
+# What attaching costs the program measured: fio alone and with `record --pid` on it, per engine
+bench-attach ROUNDS="5" RUNTIME="10": build
+    python3 scripts/bench_attach.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}}
+
 # Probe overhead: rand4k with no probes, all of ours, and bpftrace's biolatency; IOPS ratios and ns per event
 bench-overhead ROUNDS="5" RUNTIME="10": build
     python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}}

@@ -255,3 +255,227 @@ fn bad_attach_targets_are_refused_in_one_line() {
         assert!(out.stdout.is_empty(), "{args:?}");
     }
 }
+
+/// The directory of PostgreSQL's server programs (Debian keeps them per version).
+fn postgres_bin() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .filter_map(|e| Some(e.ok()?.path().join("bin")))
+        .filter(|d| d.join("initdb").is_file() && d.join("pg_ctl").is_file())
+        .collect();
+    dirs.sort();
+    dirs.pop()
+}
+
+/// Runs `program args` as the postgres user (the server refuses to run as root).
+fn as_postgres(program: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(program)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// A throwaway PostgreSQL cluster under pgbench, measured with `--comm postgres`: its WAL
+/// writes and the flushes of its commits are there as write and flush requests, its fdatasync
+/// calls have app latency, and a dd reading beside it on the same disk is not counted.
+#[test]
+fn a_postgres_cluster_under_pgbench_is_measured_by_name() {
+    if !root_allowed("the PostgreSQL run") {
+        return;
+    }
+    let found = postgres_bin()
+        .zip(which("pgbench"))
+        .ok_or("PostgreSQL is not installed; apt-get install postgresql");
+    if !virtgap_testkit::require("the PostgreSQL run", found.as_ref().map(|_| ())) {
+        return;
+    }
+    let (bin, pgbench) = found.unwrap();
+    let dir = scratch();
+    let data = dir.path().join("pgdata");
+    std::fs::create_dir(&data).unwrap();
+    let chown = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let data_s = data.to_str().unwrap();
+    let init = as_postgres(
+        &bin.join("initdb"),
+        &["-D", data_s, "--no-sync", "-A", "trust"],
+    );
+    assert!(
+        init.status.success(),
+        "initdb: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let port = "54329";
+    let opts = format!("-k {data_s} -p {port} -c listen_addresses=''");
+    let log = dir.path().join("pg.log");
+    let start = as_postgres(
+        &bin.join("pg_ctl"),
+        &[
+            "-D",
+            data_s,
+            "-o",
+            &opts,
+            "-l",
+            log.to_str().unwrap(),
+            "-w",
+            "start",
+        ],
+    );
+    assert!(
+        start.status.success(),
+        "pg_ctl start: {}",
+        String::from_utf8_lossy(&start.stderr)
+    );
+    // Stops the server whatever happens below.
+    struct Stop(PathBuf, String);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = as_postgres(
+                &self.0.join("pg_ctl"),
+                &["-D", &self.1, "-m", "fast", "stop"],
+            );
+        }
+    }
+    let _stop = Stop(bin.clone(), data_s.to_string());
+    let pgbench_args = |extra: &[&str]| {
+        let mut a = vec!["-h", data_s, "-p", port];
+        a.extend_from_slice(extra);
+        a.push("postgres");
+        a.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let fill = Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(&pgbench)
+        .args(pgbench_args(&["-i", "-s", "2", "-q"]))
+        .output()
+        .unwrap();
+    assert!(
+        fill.status.success(),
+        "pgbench -i: {}",
+        String::from_utf8_lossy(&fill.stderr)
+    );
+    let dd_file = data_file(dir.path(), "dd.dat", 2000);
+    let out = dir.path().join("pg.json");
+    let (virtgap, stderr) = attached_virtgap(&[
+        "--comm",
+        "postgres",
+        "--duration",
+        "8s",
+        "--label",
+        "pgbench 4 clients",
+        "--probes",
+        "block,irq,wakeup,app",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let bench = Command::new("runuser")
+        .args(["-u", "postgres", "--"])
+        .arg(&pgbench)
+        .args(pgbench_args(&["-c", "4", "-T", "6", "-n"]))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let dd = Command::new("dd")
+        .arg(format!("if={}", dd_file.display()))
+        .args(["of=/dev/null", "bs=4k", "iflag=direct"])
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(dd.success());
+    let bench = bench.wait_with_output().unwrap();
+    assert!(
+        bench.status.success(),
+        "pgbench: {}",
+        String::from_utf8_lossy(&bench.stderr)
+    );
+    let (status, summary, rest) = finish(virtgap, stderr);
+    assert!(status.success(), "virtgap failed: {rest}");
+    println!("{summary}");
+    let p = profile(&out);
+    let a = &p["attached"];
+    let io = &a["io"];
+    let (reads, writes, flushes) = (
+        io["read_requests"].as_u64().unwrap(),
+        io["write_requests"].as_u64().unwrap(),
+        io["flushes"].as_u64().unwrap(),
+    );
+    assert_eq!(a["kind"], "comm");
+    assert!(
+        a["pids"].as_array().unwrap().len() >= 5,
+        "postmaster, helpers, 4 backends: {a}"
+    );
+    assert!(writes > 50, "WAL writes: {writes}");
+    assert!(flushes > 10, "commit flushes: {flushes}");
+    // The database fits in memory: its own reads are few; dd's 2000 are not counted.
+    assert!(reads < 1000, "{reads} reads counted: dd's leaked in");
+    let app = a["app"].as_array().unwrap();
+    let sync = app
+        .iter()
+        .find(|k| k["via"] == "syscall" && k["op"] == "sync")
+        .unwrap_or_else(|| panic!("no fdatasync timed: {a}"));
+    assert!(sync["latency"]["count"].as_u64().unwrap() > 10, "{sync}");
+    assert!(summary.contains("syscall sync"), "{summary}");
+}
+
+/// The path of `program` on PATH.
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
+}
+
+/// Two attached runs of dd reading with different block sizes, labelled apart: `diff` compares
+/// them and says the label differs instead of refusing.
+#[test]
+fn a_diff_of_two_attached_profiles_warns_of_what_differs() {
+    if !root_allowed("the attached diff") {
+        return;
+    }
+    let dir = scratch();
+    let file = data_file(dir.path(), "dd.dat", 2000);
+    let mut profiles = Vec::new();
+    for (label, bs) in [("dd 4k", "4k"), ("dd 64k", "64k")] {
+        let out = dir.path().join(format!("{bs}.json"));
+        let mut dd = held(&format!(
+            "exec dd if={} of=/dev/null bs={bs} iflag=direct",
+            file.display()
+        ));
+        let pid = dd.id().to_string();
+        let (virtgap, stderr) = attached_virtgap(&[
+            "--pid",
+            &pid,
+            "--label",
+            label,
+            "--probes",
+            "block,app",
+            "-o",
+            out.to_str().unwrap(),
+        ]);
+        dd.stdin.take().unwrap().write_all(b"go\n").unwrap();
+        assert!(dd.wait().unwrap().success());
+        let (status, _, rest) = finish(virtgap, stderr);
+        assert!(status.success(), "virtgap failed: {rest}");
+        profiles.push(out);
+    }
+    let out = vg().arg("diff").args(&profiles).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("workload differs: label: dd 4k vs dd 64k"),
+        "{text}"
+    );
+    assert!(text.contains("device"), "{text}");
+}

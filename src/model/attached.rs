@@ -53,7 +53,7 @@ pub struct AppLatency {
     /// "read", "write" or "sync" (fsync, fdatasync).
     pub op: String,
     pub latency: crate::model::histogram::Histogram,
-    /// Bytes the calls returned (None for io_uring, whose result is not read).
+    /// Bytes the calls returned (None for io_uring, whose result is not read, and for syncs).
     pub bytes: Option<u64>,
 }
 

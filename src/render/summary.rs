@@ -218,13 +218,14 @@ fn write_attached(
             for k in kinds.iter().filter(|k| k.latency.count > 0) {
                 let bytes = k
                     .bytes
-                    .map_or("bytes not read".to_string(), units::bytes);
+                    .map_or(String::new(), |b| format!(", {}", units::bytes(b)));
                 writeln!(
                     out,
-                    "      {} {}: {} ({bytes})",
+                    "      {} {}: {} {}{bytes}",
                     k.via,
                     k.op,
-                    units::count(k.latency.count as f64)
+                    units::count(k.latency.count as f64),
+                    if k.via == "io_uring" { "requests" } else { "calls" }
                 )?;
             }
         }

@@ -263,7 +263,18 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
         .unwrap_or_default();
     disks.leaves.retain(|d| reached.contains(&d.dev()));
     let described = plan.describe();
-    let name = plan.label.clone().unwrap_or_else(|| "attached".into());
+    // Named by --label, else by the program of the first process followed.
+    let program = i
+        .seen
+        .commands
+        .first()
+        .and_then(|c| c.split_whitespace().next())
+        .map(|p| p.rsplit('/').next().unwrap_or(p).to_string());
+    let name = plan
+        .label
+        .clone()
+        .or(program)
+        .unwrap_or_else(|| "attached".into());
     let seconds = window.map_or(0.0, |w| w.elapsed_ns as f64 / 1e9);
     let stats = RunStats {
         measured_ns: window.map_or(0, |w| w.elapsed_ns),
@@ -323,7 +334,10 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
                 via: serde_name(&k.via),
                 op: serde_name(&k.op),
                 latency: Histogram::from_kernel(&k.latency),
-                bytes: (k.via == virtgap_probes::model::AppVia::Syscall).then_some(k.bytes),
+                // io_uring's result is not read; fsyncs move no bytes of their own.
+                bytes: (k.via == virtgap_probes::model::AppVia::Syscall
+                    && k.op != virtgap_probes::model::AppOp::Sync)
+                    .then_some(k.bytes),
             })
             .collect()
     });
