@@ -9,6 +9,14 @@ use std::time::{Duration, Instant};
 mod common;
 use common::root_allowed;
 
+/// One attached run at a time: another test's I/O on the same disk could merge with the
+/// followed processes' requests (or be counted under --all).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn scratch() -> tempfile::TempDir {
     common::scratch("vg-attach-")
 }
@@ -95,6 +103,7 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
     if !root_allowed("the attached fio run") {
         return;
     }
+    let _serial = serial();
     let fio = Command::new("fio").arg("--version").output();
     if !virtgap_testkit::require(
         "the attached fio run",
@@ -107,6 +116,24 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
     let fio_file = data_file(dir.path(), "fio.dat", 4096);
     let dd_file = data_file(dir.path(), "dd.dat", 1024);
     let out = dir.path().join("fio.json");
+    // An untraced read first, so fio's program and libraries are cached: under the probes it
+    // then reads only its job's blocks.
+    let warm = Command::new("fio")
+        .args([
+            "--name=warm",
+            "--rw=randread",
+            "--bs=4k",
+            "--direct=1",
+            "--io_size=4k",
+        ])
+        .arg(format!("--filename={}", fio_file.display()))
+        .output()
+        .unwrap();
+    assert!(
+        warm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&warm.stderr)
+    );
     let mut fio = held(&format!(
         "exec fio --name=attached --filename={} --rw=randread --bs=4k --direct=1 \
          --ioengine=psync --io_size=8M --randrepeat=0 --output-format=json",
@@ -191,6 +218,7 @@ fn attached_to_every_process_a_dd_is_counted() {
     if !root_allowed("the --all run") {
         return;
     }
+    let _serial = serial();
     let dir = scratch();
     let dd_file = data_file(dir.path(), "dd.dat", 1000);
     let out = dir.path().join("all.json");
@@ -285,6 +313,7 @@ fn a_postgres_cluster_under_pgbench_is_measured_by_name() {
     if !root_allowed("the PostgreSQL run") {
         return;
     }
+    let _serial = serial();
     let found = postgres_bin()
         .zip(which("pgbench"))
         .ok_or("PostgreSQL is not installed; apt-get install postgresql");
@@ -440,6 +469,7 @@ fn a_diff_of_two_attached_profiles_warns_of_what_differs() {
     if !root_allowed("the attached diff") {
         return;
     }
+    let _serial = serial();
     let dir = scratch();
     let file = data_file(dir.path(), "dd.dat", 2000);
     let mut profiles = Vec::new();

@@ -237,7 +237,10 @@ pub fn summary(p: &Profile) -> String {
         }
         row(format!("{dir}_ios"), Some(d.ios as f64));
         row(format!("{dir}_iops"), Some(d.iops));
-        row(format!("{dir}_bw_bytes_per_s"), Some(d.bw_bytes_per_s));
+        // An attached run counts requests; their bytes are not measured.
+        if p.attached.is_none() {
+            row(format!("{dir}_bw_bytes_per_s"), Some(d.bw_bytes_per_s));
+        }
         let mut lats = vec![("slat", &d.slat), ("clat", &d.clat), ("lat", &d.lat)];
         if let Some(li) = &d.lat_intended {
             lats.push(("lat_intended", li));

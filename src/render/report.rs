@@ -121,6 +121,18 @@ fn direction_json(
 
 /// `record --json`: the run's profile laid out like fio's JSON, with virtgap's own keys.
 pub fn json(p: &Profile) -> Value {
+    if let Some(a) = &p.attached {
+        // No workload: what was attached, and the probes' figures as the profile keeps them.
+        return json!({
+            "virtgap_version": p.run.tool_version,
+            "host": p.host.describe(),
+            "attached": a,
+            "measured_s": p.results.measured_s,
+            "stages": p.stages,
+            "devices": p.devices,
+            "hypervisor": p.hypervisor,
+        });
+    }
     let w = &p.workload;
     let spec = virtgap_workloads::spec::parse(&w.effective_spec, &w.origin).ok();
     let r = &p.results;
