@@ -69,6 +69,7 @@ pub fn intervals(p: &Profile) -> String {
             w: &mut w,
             iv,
             version: CSV_SCHEMA_VERSION.to_string(),
+            bytes_measured: p.attached.is_none(),
         };
         rows.workload();
         rows.stages(&device);
@@ -88,6 +89,8 @@ struct IntervalRows<'a> {
     w: &'a mut csv::Writer<Vec<u8>>,
     iv: &'a Interval,
     version: String,
+    /// False for attached runs, whose request sizes are not measured: no bandwidth rows.
+    bytes_measured: bool,
 }
 
 impl IntervalRows<'_> {
@@ -136,6 +139,9 @@ impl IntervalRows<'_> {
             ("read_bw_bytes_per_s", iv.read_bytes),
             ("write_bw_bytes_per_s", iv.write_bytes),
         ] {
+            if !self.bytes_measured && metric.contains("_bw_") {
+                continue;
+            }
             let value = self.rate(x as f64);
             self.row(metric, None, "", "", "", value);
         }

@@ -19,8 +19,9 @@ use virtgap_workloads::stats::RunStats;
 use crate::model::attached::{AppLatency, AttachEnd, AttachKind, Attached, AttachedIo};
 use crate::model::histogram::Histogram;
 use crate::model::host::{Fingerprint, TargetDisks};
+use crate::model::interval::Interval;
 use crate::model::profile::{Profile, RunInfo, RunRecord, TargetInfo, WorkloadInfo};
-use crate::run::assemble::{assemble, ProfileInputs};
+use crate::run::assemble::{assemble, ProbeInterval, ProfileInputs};
 use crate::run::pipeline::Event;
 use crate::run::recorder::unix_ms;
 use crate::run::session::{probe_config, start_collector, ProbeChoice};
@@ -113,6 +114,105 @@ fn command_line(pid: u32) -> Option<String> {
     Some(line)
 }
 
+/// The most intervals an attached run keeps: past it, neighbours merge (as a workload's series
+/// does), so memory stays flat however long the run.
+const MAX_INTERVALS: usize = 2048;
+
+/// An attached run's interval series, from the probes' intervals alone: each interval's block
+/// requests of the followed processes as its I/Os, their app latency (read and write calls and
+/// requests) as its latency, and the probed stages and CPU loads as a workload's have.
+#[derive(Debug)]
+struct AttachedSeries {
+    interval: Duration,
+    /// Probe intervals per kept interval (doubles at each coarsening).
+    span: u64,
+    intervals: Vec<Interval>,
+}
+
+impl AttachedSeries {
+    fn new(interval: Duration) -> Self {
+        Self {
+            interval,
+            span: 1,
+            intervals: Vec::new(),
+        }
+    }
+
+    fn interval_s(&self) -> f64 {
+        self.interval.as_secs_f64() * self.span as f64
+    }
+
+    fn add(&mut self, cumulative: &ProbeSnapshot, interval: &ProbeSnapshot) {
+        let end = cumulative.elapsed_ns;
+        let start = end.saturating_sub(interval.elapsed_ns);
+        let count = |op| {
+            interval.block.as_ref().map_or(0, |b| {
+                b.stage(None, virtgap_probes::model::BlockStage::Device, &[op])
+                    .count
+            })
+        };
+        let app = interval.app.as_ref().map(|a| {
+            use virtgap_probes::model::{AppOp, AppVia};
+            let mut h = a.latency(AppVia::Syscall, &[AppOp::Read, AppOp::Write]);
+            h.merge(&a.latency(AppVia::IoUring, &[AppOp::Read, AppOp::Write]));
+            Histogram::from_kernel(&h)
+        });
+        let app = app.unwrap_or_default();
+        let probes = ProbeInterval::of(interval, None);
+        let next = Interval {
+            index: 0,
+            start_s: start as f64 / 1e9,
+            end_s: end as f64 / 1e9,
+            read_ios: count(BlockOp::Read),
+            write_ios: count(BlockOp::Write),
+            // Request sizes are not measured: the outputs leave bandwidth out for attached runs.
+            read_bytes: 0,
+            write_bytes: 0,
+            lat_count: app.count,
+            lat_sum_ns: app.sum_ns,
+            lat_p50_ns: app.percentile_ns(50.0).map(|v| v as u64),
+            lat_p99_ns: app.percentile_ns(99.0).map(|v| v as u64),
+            stages: probes.stages,
+            cpus: probes.cpus,
+            probe_run_ns: probes.probe_run_ns,
+            msr_writes: probes.msr_writes,
+            oldest_in_flight_ns: None,
+        };
+        let span_s = self.interval_s();
+        match self.intervals.last_mut() {
+            // The newest kept interval takes probe intervals until it spans `span` of them.
+            Some(last) if self.span > 1 && last.end_s - last.start_s < span_s * 0.99 => {
+                last.absorb(&next);
+                // Percentiles of a merged interval are not kept (no histogram per interval).
+                last.lat_p50_ns = None;
+                last.lat_p99_ns = None;
+            }
+            _ => self.intervals.push(next),
+        }
+        if self.intervals.len() > MAX_INTERVALS {
+            self.coarsen();
+        }
+        for (k, iv) in self.intervals.iter_mut().enumerate() {
+            iv.index = k as u64;
+        }
+    }
+
+    /// Merges neighbours pairwise: half as many intervals, each twice as long.
+    fn coarsen(&mut self) {
+        let old = std::mem::take(&mut self.intervals);
+        let mut it = old.into_iter();
+        while let Some(mut a) = it.next() {
+            if let Some(b) = it.next() {
+                a.absorb(&b);
+                a.lat_p50_ns = None;
+                a.lat_p99_ns = None;
+            }
+            self.intervals.push(a);
+        }
+        self.span *= 2;
+    }
+}
+
 /// What an attached run left: its profile and whether a signal ended it.
 #[derive(Debug)]
 pub struct AttachedRun {
@@ -148,6 +248,7 @@ pub fn record(
     }
     let run_start = Instant::now();
     let mut seen = Seen::default();
+    let mut series = AttachedSeries::new(plan.interval);
     if let Some(target) = &plan.target {
         seen.add(&target.current(std::path::Path::new("/")));
     }
@@ -176,6 +277,7 @@ pub fn record(
         if let Some(pids) = &followed {
             seen.add(pids);
         }
+        series.add(&cumulative, &interval);
         if progress {
             draw_progress(
                 run_start.elapsed(),
@@ -193,10 +295,15 @@ pub fn record(
     collector.stop();
     // The collector's last snapshot, taken as it stopped.
     for event in rx.try_iter() {
-        if let Event::Probe(ProbeEvent::Snapshot { cumulative, .. }) = event {
+        if let Event::Probe(ProbeEvent::Snapshot {
+            cumulative,
+            interval,
+        }) = event
+        {
             if let Some(pids) = &cumulative.followed {
                 seen.add(pids);
             }
+            series.add(&cumulative, &interval);
             last = Some(*cumulative);
         }
     }
@@ -214,6 +321,7 @@ pub fn record(
             // Cumulative totals: the window is the whole time attached.
             window: last,
             seen,
+            series,
             end,
         },
     );
@@ -231,6 +339,7 @@ struct AttachedInputs {
     /// The probes' totals from attach to the end.
     window: Option<ProbeSnapshot>,
     seen: Seen,
+    series: AttachedSeries,
     end: AttachEnd,
 }
 
@@ -287,9 +396,9 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
             command_line: std::env::args().collect(),
             started_unix_ms: unix_ms(i.started),
             ended_unix_ms: unix_ms(now),
-            interval_s: plan.interval.as_secs_f64(),
-            requested_interval_s: None,
-            max_intervals: None,
+            interval_s: i.series.interval_s(),
+            requested_interval_s: (i.series.span > 1).then_some(plan.interval.as_secs_f64()),
+            max_intervals: (i.series.span > 1).then_some(MAX_INTERVALS as u64),
             complete: i.end != AttachEnd::Interrupted,
         },
         host: i.host,
@@ -310,7 +419,7 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
         },
         paced: false,
         stats: &stats,
-        intervals: Vec::new(),
+        intervals: i.series.intervals,
         capabilities: Some(i.report),
         probe_total: window,
         disks: &disks,
@@ -404,4 +513,38 @@ fn draw_progress(
         ));
     }
     progress!("{line}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long attached run keeps at most MAX_INTERVALS intervals, contiguous, each `span`
+    /// probe intervals long, with every probe interval's time in them.
+    #[test]
+    fn a_long_attached_run_keeps_a_bounded_contiguous_series() {
+        let mut series = AttachedSeries::new(Duration::from_secs(1));
+        let n = 5_000u64;
+        for k in 1..=n {
+            let cumulative = ProbeSnapshot {
+                elapsed_ns: k * 1_000_000_000,
+                ..ProbeSnapshot::default()
+            };
+            let interval = ProbeSnapshot {
+                elapsed_ns: 1_000_000_000,
+                ..ProbeSnapshot::default()
+            };
+            series.add(&cumulative, &interval);
+        }
+        let kept = &series.intervals;
+        assert!(kept.len() <= MAX_INTERVALS, "{} kept", kept.len());
+        assert_eq!(series.span, 4);
+        assert_eq!(series.interval_s(), 4.0);
+        assert_eq!(kept[0].start_s, 0.0);
+        assert_eq!(kept.last().unwrap().end_s, n as f64);
+        for (k, w) in kept.windows(2).enumerate() {
+            assert_eq!(w[0].end_s, w[1].start_s, "gap after interval {k}");
+            assert_eq!(w[1].index, k as u64 + 1);
+        }
+    }
 }
