@@ -7,7 +7,7 @@
  *   filesystem on one, from entry to exit, per operation, with the bytes they returned.
  *   Sockets, pipes, /proc, /sys and tmpfs are left out. x86-64 system call numbers.
  * - io_uring requests of file reads, writes and fsyncs, from io_uring_submit_req to
- *   io_uring_complete (6.0 and later, where both take the request; earlier kernels key these
+ *   io_uring_complete (kernels after 6.1, where both take the request; earlier ones key these
  *   tracepoints otherwise and are reported as not measured).
  *
  * Asynchronous submissions that complete out of sight (libaio's io_submit) are counted, so the
@@ -311,7 +311,7 @@ int BPF_PROG(io_uring_submit_req_raw, struct io_kiocb *req)
 	return on_ring_submit(req);
 }
 
-/* Every layout since 6.0 passes the request second. */
+/* Every layout of the kernels with io_uring_submit_req passes the request second. */
 SEC("raw_tp/io_uring_complete")
 int BPF_PROG(io_uring_complete_raw, void *ring, void *req)
 {

