@@ -184,8 +184,9 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
         attached["pids"].as_array().unwrap().len() >= 2,
         "fio and its job: {attached}"
     );
+    // Usually exact; see probes_root's fio test for the spread seen and why the bound is 5%.
     assert!(
-        counted.abs_diff(fio_reads) * 100 <= fio_reads,
+        counted.abs_diff(fio_reads) * 100 <= fio_reads * 5,
         "virtgap counted {counted} reads, fio reports {fio_reads}"
     );
     assert!(
