@@ -6,9 +6,9 @@
  *   pwritev, preadv2, pwritev2, fsync, fdatasync) on a block device or a regular file of a
  *   filesystem on one, from entry to exit, per operation, with the bytes they returned.
  *   Sockets, pipes, /proc, /sys and tmpfs are left out. x86-64 system call numbers.
- * - io_uring requests of file reads, writes and fsyncs, from io_uring_submit_req to
- *   io_uring_complete (kernels after 6.1, where both take the request; earlier ones key these
- *   tracepoints otherwise and are reported as not measured).
+ * - io_uring requests of file reads, writes and fsyncs, from io_uring_submit_req (or 6.1's
+ *   io_uring_submit_sqe, which takes the request too) to io_uring_complete; earlier kernels key
+ *   these tracepoints otherwise and are reported as not measured.
  *
  * Asynchronous submissions that complete out of sight (libaio's io_submit) are counted, so the
  * summary can say which I/O had no app-level time.
@@ -311,7 +311,24 @@ int BPF_PROG(io_uring_submit_req_raw, struct io_kiocb *req)
 	return on_ring_submit(req);
 }
 
-/* Every layout of the kernels with io_uring_submit_req passes the request second. */
+/*
+ * 6.1's submission tracepoint, before its rename, where it already takes the request first
+ * (user space enables it only where BTF says so: 5.15's passes the ring first, 5.10's no
+ * request at all).
+ */
+SEC("tp_btf/io_uring_submit_sqe")
+int BPF_PROG(io_uring_submit_sqe_btf, struct io_kiocb *req)
+{
+	return on_ring_submit(req);
+}
+
+SEC("raw_tp/io_uring_submit_sqe")
+int BPF_PROG(io_uring_submit_sqe_raw, struct io_kiocb *req)
+{
+	return on_ring_submit(req);
+}
+
+/* Every layout of the kernels with either submission tracepoint above passes the request second. */
 SEC("raw_tp/io_uring_complete")
 int BPF_PROG(io_uring_complete_raw, void *ring, void *req)
 {

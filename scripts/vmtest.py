@@ -628,6 +628,14 @@ def check_doctor(c, doctor, release):
     else:
         c.check("no BTF" in (kvm.get("unavailable") or ""),
                 f"kvm_host says the kvm module has no BTF ({kvm.get('unavailable')})")
+    # 6.1's io_uring_submit_sqe already takes the request (AL2023's kernel): io_uring is timed
+    # there through it; 5.10's and 6.12's leave it out (no request; renamed).
+    app = {t["tracepoint"]: t for t in (families.get("app") or {}).get("tracepoints", [])}
+    if tuple(version[:2]) == (6, 1):
+        c.check(app.get("io_uring_submit_sqe", {}).get("attached") is not None,
+                f"app: io_uring timed at 6.1's io_uring_submit_sqe ({app.get('io_uring_submit_sqe')})")
+    else:
+        c.check("io_uring_submit_sqe" not in app, "app: io_uring_submit_sqe left out where it does not take the request")
     pv = families.get("pv_paths")
     c.check(pv is not None and (pv.get("unavailable") or pv["tracepoints"]), "pv_paths attached or says why")
     selftest = doctor.get("histogram_self_test") or {}

@@ -207,6 +207,12 @@ impl KernelTracepoints {
     /// Whether tracepoint `name`'s first argument is a `struct request_queue *` (block
     /// tracepoints before Linux 5.11). None when BTF does not say.
     pub fn queue_first(&self, name: &str) -> Option<bool> {
+        self.first_arg_is(name, "request_queue")
+    }
+
+    /// Whether tracepoint `name`'s first argument is a `struct <wanted> *` (or one). None when
+    /// BTF does not say.
+    pub fn first_arg_is(&self, name: &str, wanted: &str) -> Option<bool> {
         let btf = self.btf.as_ref()?;
         let typedef = btf.type_by_name::<Typedef<'_>>(&format!("btf_trace_{name}"))?;
         let proto = FuncProto::try_from(
@@ -226,7 +232,7 @@ impl KernelTracepoints {
         } else {
             pointee
         };
-        Some(target.name().is_some_and(|n| n == "request_queue"))
+        Some(target.name().is_some_and(|n| n == wanted))
     }
 }
 

@@ -15,9 +15,11 @@ use crate::hist::KernelHist;
 use crate::model::{AppHist, AppOp, AppSnapshot, AppVia, ProbeSnapshot};
 use crate::report::{Family, FamilyReport};
 
-/// The io_uring submission tracepoint that takes the request (kernels after 6.1); where it is
-/// missing, io_uring_complete has another layout and is left out too.
+/// The io_uring submission tracepoint that takes the request (kernels after 6.1), and its
+/// name before (6.1 takes the request first too; earlier kernels do not). Where neither takes
+/// it, io_uring_complete has another layout and is left out too.
 const RING_SUBMIT: &str = "io_uring_submit_req";
+const RING_SUBMIT_OLD: &str = "io_uring_submit_sqe";
 const RING_COMPLETE: &str = "io_uring_complete";
 
 pub(super) const FAMILY: FamilyDef = FamilyDef {
@@ -34,6 +36,7 @@ pub(super) const FAMILY: FamilyDef = FamilyDef {
             "file system calls of attached processes: latency",
         ),
         (RING_SUBMIT, "io_uring file requests: submission"),
+        (RING_SUBMIT_OLD, "io_uring file requests: submission (6.1)"),
         (RING_COMPLETE, "io_uring file requests: latency"),
         (
             FORK,
@@ -72,12 +75,13 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         let _ = open.maps.in_ring.set_max_entries(inflight);
     };
     let ring = cx.kernel.has(RING_SUBMIT);
+    let old_ring = !ring && cx.kernel.first_arg_is(RING_SUBMIT_OLD, "io_kiocb") == Some(true);
     let (skel, links, report) = load_tracepoints(
         Family::App,
         AppSkelBuilder::default,
         slots,
         cx.kernel,
-        &|tp| tp == RING_COMPLETE && !ring,
+        &|tp| (tp == RING_SUBMIT_OLD && !old_ring) || (tp == RING_COMPLETE && !ring && !old_ring),
         &setup,
     )?;
     Ok((
