@@ -341,17 +341,7 @@ int BPF_PROG(io_uring_complete_btf, void *ring, void *req)
 	return on_ring_complete(req);
 }
 
-SEC("tp_btf/sched_process_fork")
-int BPF_PROG(sched_process_fork_btf, struct task_struct *parent, struct task_struct *child)
-{
-	return vg_follow_fork(child->pid, child->tgid);
-}
-
-SEC("raw_tp/sched_process_fork")
-int BPF_PROG(sched_process_fork_raw, struct task_struct *parent, struct task_struct *child)
-{
-	return vg_follow_fork(BPF_CORE_READ(child, pid), BPF_CORE_READ(child, tgid));
-}
+VG_FOLLOW_FORK_PROGRAMS;
 
 struct vg_hist vg_abi_app_hist = {};
 enum vg_app_kind vg_abi_app_kind = VG_APP_CALL_READ;

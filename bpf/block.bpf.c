@@ -530,17 +530,7 @@ static __always_inline int on_irq_entry(int irq)
 	return 0;
 }
 
-SEC("tp_btf/sched_process_fork")
-int BPF_PROG(sched_process_fork_btf, struct task_struct *parent, struct task_struct *child)
-{
-	return vg_follow_fork(child->pid, child->tgid);
-}
-
-SEC("raw_tp/sched_process_fork")
-int BPF_PROG(sched_process_fork_raw, struct task_struct *parent, struct task_struct *child)
-{
-	return vg_follow_fork(BPF_CORE_READ(child, pid), BPF_CORE_READ(child, tgid));
-}
+VG_FOLLOW_FORK_PROGRAMS;
 
 SEC("tp_btf/irq_handler_entry")
 int BPF_PROG(irq_handler_entry_btf, int irq, struct irqaction *action)

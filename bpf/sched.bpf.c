@@ -152,16 +152,6 @@ int BPF_PROG(sched_switch_raw, bool preempt, struct task_struct *prev, struct ta
 	return on_switch(prev, next, false);
 }
 
-SEC("tp_btf/sched_process_fork")
-int BPF_PROG(sched_process_fork_btf, struct task_struct *parent, struct task_struct *child)
-{
-	return vg_follow_fork(child->pid, child->tgid);
-}
-
-SEC("raw_tp/sched_process_fork")
-int BPF_PROG(sched_process_fork_raw, struct task_struct *parent, struct task_struct *child)
-{
-	return vg_follow_fork(BPF_CORE_READ(child, pid), BPF_CORE_READ(child, tgid));
-}
+VG_FOLLOW_FORK_PROGRAMS;
 
 struct vg_hist vg_abi_hist = {};

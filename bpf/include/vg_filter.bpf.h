@@ -97,4 +97,24 @@ static __always_inline int vg_follow_fork(__u32 child_pid, __u32 child_tgid)
 	return 0;
 }
 
+/*
+ * The sched_process_fork twins that call vg_follow_fork, for the objects of the families that
+ * follow processes. A macro, as VG_ZERO_HIST_MAP: objects that include this header for the
+ * filter alone (bio_entry, kvm) get no programs. User space attaches them in one object only.
+ */
+#define VG_FOLLOW_FORK_PROGRAMS                                                             \
+	SEC("tp_btf/sched_process_fork")                                                    \
+	int BPF_PROG(sched_process_fork_btf, struct task_struct *parent,                    \
+		     struct task_struct *child)                                             \
+	{                                                                                   \
+		return vg_follow_fork(child->pid, child->tgid);                             \
+	}                                                                                   \
+	SEC("raw_tp/sched_process_fork")                                                    \
+	int BPF_PROG(sched_process_fork_raw, struct task_struct *parent,                    \
+		     struct task_struct *child)                                             \
+	{                                                                                   \
+		return vg_follow_fork(BPF_CORE_READ(child, pid), BPF_CORE_READ(child, tgid)); \
+	}                                                                                   \
+	struct vg_follow_fork_programs_end
+
 #endif /* VG_FILTER_BPF_H */

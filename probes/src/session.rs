@@ -31,6 +31,8 @@ pub struct ProbeSession<'a> {
     followed: Option<libbpf_rs::MapHandle>,
     /// What attach mode follows, for the refresh.
     follow: Option<crate::follow::AttachTarget>,
+    /// The followed set was filled from the target once.
+    seeded: std::cell::Cell<bool>,
     _stats_fd: Option<OwnedFd>,
     started: Instant,
     /// /proc/stat at load time: snapshots count from here, like the BPF maps.
@@ -146,6 +148,7 @@ impl<'a> ProbeSession<'a> {
             families,
             followed,
             follow: config.follow.clone(),
+            seeded: std::cell::Cell::new(false),
             _stats_fd: stats_fd,
             started: Instant::now(),
             base_cpu_times: procfs::read_cpu_times(),
@@ -202,7 +205,12 @@ impl<'a> ProbeSession<'a> {
             return;
         };
         let root = std::path::Path::new("/");
-        self.follow(&target.current(root));
+        // Named pids have no newcomers: their children join at the fork, in the kernel, and
+        // the ones they had before the probes attached were taken with them at load.
+        if !self.seeded.get() || !matches!(target, crate::follow::AttachTarget::Pids(_)) {
+            self.follow(&target.current(root));
+            self.seeded.set(true);
+        }
         let gone: Vec<u32> = self
             .followed()
             .into_iter()

@@ -132,12 +132,7 @@ fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
         processes = Some(t.resolve(root)?.len());
     }
     let mut outputs = crate::run::output::Outputs::new(args.force, "pass --force to overwrite it");
-    if let Some(path) = &args.output {
-        outputs.file("--output", path)?;
-    }
-    if let Some(dir) = &args.csv {
-        outputs.dir("--csv", dir, &crate::render::csv_export::FILES)?;
-    }
+    profile_outputs(args, &mut outputs)?;
     let signals = StopSignals::install(true)?;
     let verbose = !args.quiet && !args.json;
     let plan = crate::run::attached::AttachPlan {
@@ -220,12 +215,7 @@ fn check_outputs(
     if let Some(target) = &args.target.target {
         outputs.input("the --target", target);
     }
-    if let Some(path) = &args.output {
-        outputs.file("--output", path)?;
-    }
-    if let Some(dir) = &args.csv {
-        outputs.dir("--csv", dir, &crate::render::csv_export::FILES)?;
-    }
+    profile_outputs(args, &mut outputs)?;
     if spec.kv.is_none() && args.act_log.is_some() {
         bail!("--act-log applies only to kv workloads (e.g. -w kv-act)");
     }
@@ -236,6 +226,17 @@ fn check_outputs(
         outputs.file("--act-log", path)?;
     }
     Ok(outputs)
+}
+
+/// `--output` and `--csv`, checked into `outputs` (after any inputs it must not overwrite).
+fn profile_outputs(args: &RecordArgs, outputs: &mut crate::run::output::Outputs) -> Result<()> {
+    if let Some(path) = &args.output {
+        outputs.file("--output", path)?;
+    }
+    if let Some(dir) = &args.csv {
+        outputs.dir("--csv", dir, &crate::render::csv_export::FILES)?;
+    }
+    Ok(())
 }
 
 /// What `--runs N` recorded: each run's profile (holding its one run record), the runs'

@@ -145,12 +145,6 @@ impl AttachedSeries {
     fn add(&mut self, cumulative: &ProbeSnapshot, interval: &ProbeSnapshot) {
         let end = cumulative.elapsed_ns;
         let start = end.saturating_sub(interval.elapsed_ns);
-        let count = |op| {
-            interval.block.as_ref().map_or(0, |b| {
-                b.stage(None, virtgap_probes::model::BlockStage::Device, &[op])
-                    .count
-            })
-        };
         let app = interval.app.as_ref().map(|a| {
             use virtgap_probes::model::{AppOp, AppVia};
             let mut h = a.latency(AppVia::Syscall, &[AppOp::Read, AppOp::Write]);
@@ -163,8 +157,8 @@ impl AttachedSeries {
             index: 0,
             start_s: start as f64 / 1e9,
             end_s: end as f64 / 1e9,
-            read_ios: count(BlockOp::Read),
-            write_ios: count(BlockOp::Write),
+            read_ios: requests(interval, BlockOp::Read),
+            write_ios: requests(interval, BlockOp::Write),
             // Request sizes are not measured: the outputs leave bandwidth out for attached runs.
             read_bytes: 0,
             write_bytes: 0,
@@ -347,16 +341,11 @@ struct AttachedInputs {
 /// attached section in place of a workload's results.
 fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
     let window = i.window.as_ref();
-    let count = |ops: &[BlockOp]| {
-        window.and_then(|w| w.block.as_ref()).map_or(0, |b| {
-            b.stage(None, virtgap_probes::model::BlockStage::Device, ops)
-                .count
-        })
-    };
+    let count = |op| window.map_or(0, |w| requests(w, op));
     let io = AttachedIo {
-        read_requests: count(&[BlockOp::Read]),
-        write_requests: count(&[BlockOp::Write]),
-        flushes: count(&[BlockOp::Flush]),
+        read_requests: count(BlockOp::Read),
+        write_requests: count(BlockOp::Write),
+        flushes: count(BlockOp::Flush),
     };
     // The disks the processes' I/O reached: their stages are the profile's.
     let mut disks = TargetDisks::every_disk(std::path::Path::new("/"));
@@ -479,6 +468,14 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
     profile
 }
 
+/// The block requests of operation `op` the probes saw in `snap` (0 without the block probe).
+fn requests(snap: &ProbeSnapshot, op: BlockOp) -> u64 {
+    snap.block.as_ref().map_or(0, |b| {
+        b.stage(None, virtgap_probes::model::BlockStage::Device, &[op])
+            .count
+    })
+}
+
 /// A unit enum's serde name ("io_uring", "read").
 fn serde_name(v: &impl serde::Serialize) -> String {
     serde_json::to_value(v)
@@ -500,12 +497,8 @@ fn draw_progress(
     if let Some(pids) = followed {
         line.push_str(&format!(" {} processes", pids.len()));
     }
-    if let (Some(b), true) = (&interval.block, secs > 0.0) {
-        let n = |op| {
-            b.stage(None, virtgap_probes::model::BlockStage::Device, &[op])
-                .count as f64
-                / secs
-        };
+    if interval.block.is_some() && secs > 0.0 {
+        let n = |op| requests(interval, op) as f64 / secs;
         line.push_str(&format!(
             ", {} reads/s, {} writes/s",
             units::count(n(BlockOp::Read)),

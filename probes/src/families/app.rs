@@ -6,8 +6,8 @@ use libbpf_rs::skel::Skel;
 use libbpf_rs::{Link, Object};
 
 use super::{
-    apply_filter, load_tracepoints, percpu_entry, percpu_sum, sections_of, FamilyDef, LoadContext,
-    LoadResult, LoadedFamily, Signals, Slots, FORK,
+    apply_filter, load_tracepoints, note_forks, percpu_entry, percpu_sum, sections_of, takes_forks,
+    FamilyDef, LoadContext, LoadResult, LoadedFamily, Signals, Slots, FORK,
 };
 use crate::bpf::app::{types, AppSkel, AppSkelBuilder};
 use crate::error::Unavailable;
@@ -76,14 +76,20 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     };
     let ring = cx.kernel.has(RING_SUBMIT);
     let old_ring = !ring && cx.kernel.first_arg_is(RING_SUBMIT_OLD, "io_kiocb") == Some(true);
+    let forks = takes_forks(cx);
     let (skel, links, report) = load_tracepoints(
         Family::App,
         AppSkelBuilder::default,
         slots,
         cx.kernel,
-        &|tp| (tp == RING_SUBMIT_OLD && !old_ring) || (tp == RING_COMPLETE && !ring && !old_ring),
+        &|tp| {
+            (tp == FORK && !forks)
+                || (tp == RING_SUBMIT_OLD && !old_ring)
+                || (tp == RING_COMPLETE && !ring && !old_ring)
+        },
         &setup,
     )?;
+    note_forks(cx, &report);
     Ok((
         Box::new(AppProbe {
             skel,

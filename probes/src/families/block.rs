@@ -9,8 +9,8 @@ use libbpf_rs::{Link, MapCore, MapFlags, Object, RingBuffer, RingBufferBuilder};
 
 use super::{
     apply_filter, dev_of, entries, kprobes_unavailable, leaked_object_slot, load_tracepoints,
-    percpu_entry, percpu_sum, plain_bytes, sections_of, FamilyDef, LoadContext, LoadResult,
-    LoadedFamily, ProcessFilter, QueueShape, Signals, Slots, FORK,
+    note_forks, percpu_entry, percpu_sum, plain_bytes, sections_of, takes_forks, FamilyDef,
+    LoadContext, LoadResult, LoadedFamily, ProcessFilter, QueueShape, Signals, Slots, FORK,
 };
 use crate::attach::{AttachKind, AttachOutcome};
 use crate::bpf::bio_entry::{BioEntrySkel, BioEntrySkelBuilder};
@@ -92,11 +92,12 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     let share_error = RefCell::new(None);
     // Before block_io_start, the filter notes the process's bios at block_bio_queue; a split
     // bio inherits its original's notes (and, with a filter, its bio-entry time).
+    let forks = takes_forks(cx);
     let unused = |tp: &str| {
         (tp == "block_bio_queue" && (have_io_start || filter.is_none()))
             || (tp == "block_split" && filter.is_none())
             || (tp == REMAP && shared.get())
-            || (tp == FORK && filter.and_then(|f| f.followed).is_none())
+            || (tp == FORK && !forks)
     };
     let hists = cx.host.hist_keys(|_| true, KEYS_PER_QUEUE);
     let cpus = cx.host.possible_cpus;
@@ -144,6 +145,7 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         &unused,
         &setup,
     )?;
+    note_forks(cx, &report);
     map_queue_irqs(&skel, &cx.host.devices);
     // A hook whose map could not be shared notes nothing the block object reads; block_bio_remap
     // took its place.

@@ -254,6 +254,23 @@ pub(crate) use apply_filter;
 /// The tracepoint where a followed process's children join it (attach mode only).
 pub(crate) const FORK: &str = "sched_process_fork";
 
+/// Whether a family loading now attaches its fork programs: in attach mode, and only while no
+/// family loaded before it follows forks (one program per fork is enough: they share the map).
+pub(crate) fn takes_forks(cx: &LoadContext<'_>) -> bool {
+    cx.filter.is_some_and(|f| f.followed.is_some()) && !cx.shared.borrow().follows_forks
+}
+
+/// Notes that the family `report` describes now follows forks, when its fork program attached.
+pub(crate) fn note_forks(cx: &LoadContext<'_>, report: &FamilyReport) {
+    if report
+        .tracepoints
+        .iter()
+        .any(|t| t.tracepoint == FORK && t.attached.is_some())
+    {
+        cx.shared.borrow_mut().follows_forks = true;
+    }
+}
+
 /// A request-based block device: what sizes the block and NVMe maps.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct QueueShape {
@@ -408,6 +425,8 @@ pub(crate) struct LoadContext<'h> {
 pub(crate) struct SharedMaps {
     /// The msr object's per-CPU "last sampled at" stamps, which the sampler writes.
     pub sampler_stamp: Option<std::os::fd::OwnedFd>,
+    /// A family's fork program attached (attach mode): the others leave theirs out.
+    pub follows_forks: bool,
 }
 
 /// A loaded, attached family. Dropping it detaches its programs.

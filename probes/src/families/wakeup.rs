@@ -4,8 +4,8 @@ use libbpf_rs::skel::Skel;
 use libbpf_rs::{Link, Object};
 
 use super::{
-    apply_filter, load_tracepoints, percpu_entry, percpu_sum, sections_of, FamilyDef, LoadContext,
-    LoadResult, LoadedFamily, Signals, Slots, FORK,
+    apply_filter, load_tracepoints, note_forks, percpu_entry, percpu_sum, sections_of, takes_forks,
+    FamilyDef, LoadContext, LoadResult, LoadedFamily, Signals, Slots, FORK,
 };
 use crate::bpf::sched::{types, SchedSkel, SchedSkelBuilder};
 use crate::error::Unavailable;
@@ -52,14 +52,16 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
             ro.skip_main_thread = following_self;
         }
     };
+    let forks = takes_forks(cx);
     let (skel, links, report) = load_tracepoints(
         Family::Wakeup,
         SchedSkelBuilder::default,
         slots,
         cx.kernel,
-        &|tp| tp == FORK && filter.followed.is_none(),
+        &|tp| tp == FORK && !forks,
         &setup,
     )?;
+    note_forks(cx, &report);
     Ok((
         Box::new(WakeupProbe {
             skel,
