@@ -145,11 +145,19 @@ fn assert_gap_in_queue(d: &Value, from_bio_entry: bool) {
         queue >= gap_low,
         "the queue's extra {queue:.0} ns is below the gap's interval {app}"
     );
-    let largest = ["queue_mean", "device_mean", "completion_mean", "software_mean"]
-        .into_iter()
-        .max_by(|x, y| share(d, x).total_cmp(&share(d, y)))
-        .unwrap();
-    assert_eq!(largest, "queue_mean", "the largest share is not the queue's");
+    let largest = [
+        "queue_mean",
+        "device_mean",
+        "completion_mean",
+        "software_mean",
+    ]
+    .into_iter()
+    .max_by(|x, y| share(d, x).total_cmp(&share(d, y)))
+    .unwrap();
+    assert_eq!(
+        largest, "queue_mean",
+        "the largest share is not the queue's"
+    );
     assert!(
         share(d, "device_mean") < 0.2,
         "device took {:.0}%",
