@@ -47,8 +47,40 @@ pub enum Command {
     Diff(DiffArgs),
     /// Time exit-causing operations (cpuid, timer reprogramming, IPIs, clock reads)
     Calibrate(CalibrateArgs),
+    /// Serve the probes' figures as Prometheus metrics at /metrics, continuously
+    Serve(ServeArgs),
     /// Print the JSON Schema of the profile files `record` writes
     Schema,
+}
+
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Without --pid, --cgroup or --comm every process of the host is followed (as --all).\n\
+Scrape with Prometheus: scrape_configs: [{job_name: virtgap, static_configs: [{targets: ['HOST:9477']}]}]\n\
+Stop with Ctrl-C or SIGTERM: the probes are detached and the process exits 0."
+)]
+pub struct ServeArgs {
+    /// Address to serve /metrics on; 0.0.0.0:PORT exposes it to the network
+    #[arg(long, default_value = "127.0.0.1:9477", value_name = "ADDR:PORT")]
+    pub listen: std::net::SocketAddr,
+
+    #[command(flatten)]
+    pub attach: AttachArgs,
+
+    /// How often the probes' totals are read and the page rebuilt (100ms to 1h)
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    pub interval: Span,
+
+    /// Stop after this long, e.g. 10m [default: until Ctrl-C or SIGTERM]
+    #[arg(short, long, value_name = "DURATION", value_parser = typed::<Span>)]
+    pub duration: Option<Typed<Span>>,
+
+    /// Say nothing on stderr but errors
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 #[derive(Debug, Args)]
@@ -254,6 +286,18 @@ impl AttachArgs {
     /// Whether a target to attach to was named.
     pub fn any(&self) -> bool {
         !self.pid.is_empty() || self.cgroup.is_some() || self.comm.is_some() || self.all
+    }
+
+    /// The processes named (None: every process, with --all or nothing named).
+    pub fn target(&self) -> Option<virtgap_probes::follow::AttachTarget> {
+        use virtgap_probes::follow::AttachTarget;
+        if !self.pid.is_empty() {
+            Some(AttachTarget::Pids(self.pid.clone()))
+        } else if let Some(cgroup) = &self.cgroup {
+            Some(AttachTarget::Cgroup(cgroup.clone()))
+        } else {
+            self.comm.clone().map(AttachTarget::Comm)
+        }
     }
 }
 

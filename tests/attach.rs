@@ -1,13 +1,12 @@
 //! `record --pid/--cgroup/--comm/--all` end to end, on programs no one here wrote: fio and dd
 //! run by the test, measured by a virtgap attached to them; and the one-line errors.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 mod common;
-use common::root_allowed;
+use common::{data_file, held, root_allowed, which};
 
 /// One attached run at a time: another test's I/O on the same disk could merge with the
 /// followed processes' requests (or be counted under --all).
@@ -25,59 +24,11 @@ fn vg() -> Command {
     Command::new(env!("CARGO_BIN_EXE_virtgap"))
 }
 
-/// A file of `blocks` 4 KiB blocks of data, on disk.
-fn data_file(dir: &Path, name: &str, blocks: usize) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, vec![0x5a_u8; blocks * 4096]).unwrap();
-    let f = std::fs::File::open(&path).unwrap();
-    f.sync_all().unwrap();
-    path
-}
-
-/// A shell that waits for a line on its stdin, then runs `script`: the test attaches to it
-/// before it does any I/O.
-fn held(script: &str) -> Child {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("read go && {script}"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
-
 /// Starts `virtgap record` with `args` and waits until it says its probes are attached.
-// The child goes back to the caller, which waits for it (`finish`).
-#[allow(clippy::zombie_processes)]
 fn attached_virtgap(args: &[&str]) -> (Child, BufReader<std::process::ChildStderr>) {
-    let mut child = vg()
-        .arg("record")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut seen = String::new();
-    loop {
-        let mut line = String::new();
-        let n = stderr.read_line(&mut line).unwrap_or(0);
-        if n == 0 {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("virtgap ended before attaching: {seen}");
-        }
-        seen.push_str(&line);
-        if line.starts_with("probes attached") {
-            return (child, stderr);
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not attached after 2 minutes: {seen}"
-        );
-    }
+    let mut cmd = vg();
+    cmd.arg("record").args(args);
+    common::started(cmd, "probes attached")
 }
 
 fn finish(
@@ -607,15 +558,6 @@ fn rocksdb_db_bench_reads_are_counted_and_timed_as_rocksdb_times_them() {
         close(ours_p99, p99_us, 0.30),
         "p99 {ours_p99:.1} vs {p99_us:.1} µs"
     );
-}
-
-/// The path of `program` on PATH.
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(program))
-        .find(|p| p.is_file())
 }
 
 /// Two attached runs of dd reading with different block sizes, labelled apart: `diff` compares

@@ -1,11 +1,12 @@
 //! The subcommands other than the TUI: `record` (and `workloads`), `diff`, `doctor`,
-//! `calibrate` and `schema`. Each parses nothing itself (`cli.rs` does) and returns the exit
+//! `calibrate`, `serve` and `schema`. Each parses nothing itself (`cli.rs` does) and returns the exit
 //! code.
 
 pub mod calibrate;
 pub mod diff;
 pub mod doctor;
 pub mod record;
+pub mod serve;
 
 /// `virtgap schema`: the profile's JSON Schema on standard output.
 pub fn schema() -> anyhow::Result<std::process::ExitCode> {

@@ -107,7 +107,7 @@ fn workload_flag(args: &RecordArgs) -> Option<&'static str> {
 
 /// `record --pid/--cgroup/--comm/--all`: the probes on processes already running, no workload.
 fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
-    use virtgap_probes::follow::{self, AttachTarget};
+    use virtgap_probes::follow;
     let a = &args.attach;
     if let Some(flag) = workload_flag(args) {
         bail!("{flag} is for a built-in workload, and --pid, --cgroup, --comm and --all measure processes already running: drop one or the other");
@@ -118,13 +118,7 @@ fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
         );
     }
     crate::cli::check_interval(&args.interval)?;
-    let target = if !a.pid.is_empty() {
-        Some(AttachTarget::Pids(a.pid.clone()))
-    } else if let Some(cgroup) = &a.cgroup {
-        Some(AttachTarget::Cgroup(cgroup.clone()))
-    } else {
-        a.comm.clone().map(AttachTarget::Comm)
-    };
+    let target = a.target();
     let root = std::path::Path::new("/");
     let mut processes = None;
     if let Some(t) = &target {

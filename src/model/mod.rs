@@ -12,6 +12,7 @@ pub mod host;
 pub mod hypervisor;
 pub mod interval;
 pub mod kv;
+pub mod metrics;
 pub mod profile;
 pub mod stages;
 pub mod stalls;

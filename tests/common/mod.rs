@@ -1,7 +1,10 @@
 //! Helpers shared by the end-to-end tests.
 #![allow(dead_code)] // each test binary uses its own subset
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::time::{Duration, Instant};
 
 /// Numbers the memory cgroups one test binary makes.
 static NEXT_CGROUP: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -24,6 +27,69 @@ pub fn is_root() -> bool {
 /// Root-only tests: in CI (`CI` set) not being root is a failure, elsewhere a recorded skip.
 pub fn root_allowed(what: &str) -> bool {
     virtgap_testkit::require(what, if is_root() { Ok(()) } else { Err("needs root") })
+}
+
+/// A file of `blocks` 4 KiB blocks of data, on disk.
+pub fn data_file(dir: &Path, name: &str, blocks: usize) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, vec![0x5a_u8; blocks * 4096]).unwrap();
+    let f = std::fs::File::open(&path).unwrap();
+    f.sync_all().unwrap();
+    path
+}
+
+/// A shell that waits for a line on its stdin, then runs `script`: a test attaches to it
+/// before it does any I/O.
+pub fn held(script: &str) -> Child {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("read go && {script}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Starts `cmd` and waits (up to 2 minutes) until a line of its stderr starts with `ready`:
+/// the child and the rest of its stderr, for the caller to wait on.
+// The child goes back to the caller, which waits for it.
+#[allow(clippy::zombie_processes)]
+pub fn started(mut cmd: Command, ready: &str) -> (Child, BufReader<ChildStderr>) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let n = stderr.read_line(&mut line).unwrap_or(0);
+        if n == 0 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("ended before saying '{ready}': {seen}");
+        }
+        seen.push_str(&line);
+        if line.starts_with(ready) {
+            return (child, stderr);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not '{ready}' after 2 minutes: {seen}"
+        );
+    }
+}
+
+/// The path of `program` on PATH.
+pub fn which(program: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(program))
+        .find(|p| p.is_file())
 }
 
 /// The file names in `dir`, sorted.

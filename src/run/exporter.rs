@@ -1,0 +1,683 @@
+//! The metrics `virtgap serve` exposes, built from the probes' cumulative snapshot: counters
+//! stay monotonic and histograms cumulative because every figure is a total since the probes
+//! attached. Label sets are bounded per host: queues beyond the first few of a device and IRQs
+//! beyond the first [`MAX_IRQ_SERIES`] (cpu, irq) pairs are summed under "other", and a key
+//! keeps its label for the life of the process, so no series ever goes backwards.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use virtgap_probes::hist::{slot_bounds, KernelHist};
+use virtgap_probes::hypervisor::Hypervisor;
+use virtgap_probes::model::{BlockStage, DevNum};
+use virtgap_probes::{CapabilityReport, ProbeSnapshot};
+
+use crate::model::host::Fingerprint;
+use crate::model::hypervisor::PathState;
+use crate::model::metrics::{MetricFamily, MetricKind, MetricUnit, Sample, SampleValue};
+use crate::run::pipeline::device_name;
+
+/// Hardware queues of one device with a label of their own; the rest are "other".
+pub const MAX_QUEUES_PER_DEVICE: usize = 4;
+/// (cpu, irq) pairs with a label of their own; the rest are "other" on their CPU.
+pub const MAX_IRQ_SERIES: usize = 64;
+
+/// Histogram bucket bounds in ns: four per power of two from 512 ns to 16 s (each one a slot
+/// boundary of the kernel's log-linear histogram, so no slot is split), then +Inf.
+fn bucket_bounds_ns() -> Vec<u64> {
+    let mut bounds = Vec::new();
+    for e in 9..34u32 {
+        for quarter in 0..4u64 {
+            bounds.push((1u64 << e) + quarter * (1u64 << (e - 2)));
+        }
+    }
+    bounds.push(1u64 << 34);
+    bounds
+}
+
+/// A kernel histogram as Prometheus buckets in seconds: each slot counts under the first bound
+/// above its highest value.
+pub fn buckets(h: &KernelHist, bounds_ns: &[u64]) -> SampleValue {
+    let mut counts = vec![0u64; bounds_ns.len() + 1];
+    for (slot, &n) in h.slots.iter().enumerate() {
+        if n == 0 {
+            continue;
+        }
+        let (_, high) = slot_bounds(slot);
+        let i = bounds_ns.partition_point(|&b| b <= high);
+        counts[i] += n;
+    }
+    let mut buckets: Vec<(f64, u64)> = bounds_ns
+        .iter()
+        .zip(&counts)
+        .map(|(&b, &n)| (b as f64 / 1e9, n))
+        .collect();
+    buckets.push((f64::MAX, counts[bounds_ns.len()]));
+    SampleValue::Histogram {
+        sum: h.sum_ns as f64 / 1e9,
+        count: h.count,
+        buckets,
+    }
+}
+
+/// Keys that keep the label they were first given: the first `limit` seen (per group) are
+/// named, every later one is "other", for as long as the exporter runs.
+#[derive(Debug, Default)]
+struct StickyLabels<G: Ord, K: Ord> {
+    named: BTreeMap<G, BTreeSet<K>>,
+    other: BTreeSet<(G, K)>,
+}
+
+impl<G: Ord + Clone, K: Ord + Clone> StickyLabels<G, K> {
+    /// Whether `key` of `group` has its own label.
+    fn named(&mut self, group: &G, key: &K, limit: usize) -> bool {
+        if self.other.contains(&(group.clone(), key.clone())) {
+            return false;
+        }
+        let set = self.named.entry(group.clone()).or_default();
+        if set.contains(key) {
+            return true;
+        }
+        if set.len() < limit {
+            set.insert(key.clone());
+            return true;
+        }
+        self.other.insert((group.clone(), key.clone()));
+        false
+    }
+}
+
+/// What the exporter says of the host and the run besides the probes' figures.
+#[derive(Clone, Debug)]
+pub struct ExporterContext {
+    pub host: Fingerprint,
+    /// `--label`, or empty.
+    pub label: String,
+    /// What the probes follow, in words ("every process", "pid 1234 and children").
+    pub attached: String,
+    pub report: CapabilityReport,
+}
+
+/// Builds the families from each snapshot, keeping label assignments across snapshots.
+#[derive(Debug)]
+pub struct Exporter {
+    cx: ExporterContext,
+    bounds_ns: Vec<u64>,
+    queues: StickyLabels<DevNum, u16>,
+    irqs: StickyLabels<(), (u32, u32)>,
+    devices: BTreeMap<DevNum, String>,
+}
+
+fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn family(
+    name: &'static str,
+    help: &'static str,
+    unit: Option<MetricUnit>,
+    kind: MetricKind,
+    samples: Vec<Sample>,
+) -> MetricFamily {
+    MetricFamily {
+        name,
+        help,
+        unit,
+        kind,
+        samples,
+    }
+}
+
+fn count(labels: Vec<(String, String)>, n: u64) -> Sample {
+    Sample {
+        labels,
+        value: SampleValue::Count(n),
+    }
+}
+
+fn number(labels: Vec<(String, String)>, x: f64) -> Sample {
+    Sample {
+        labels,
+        value: SampleValue::Number(x),
+    }
+}
+
+impl Exporter {
+    pub fn new(cx: ExporterContext) -> Self {
+        Self {
+            cx,
+            bounds_ns: bucket_bounds_ns(),
+            queues: StickyLabels::default(),
+            irqs: StickyLabels::default(),
+            devices: BTreeMap::new(),
+        }
+    }
+
+    fn device(&mut self, dev: DevNum) -> String {
+        self.devices
+            .entry(dev)
+            .or_insert_with(|| device_name(dev))
+            .clone()
+    }
+
+    /// Every family, from the probes' totals since they attached. Families of a probe that
+    /// did not run are left out (never zeros for what was not measured).
+    pub fn families(&mut self, total: &ProbeSnapshot) -> Vec<MetricFamily> {
+        let mut out = vec![self.host_info(total)];
+        self.block(total, &mut out);
+        self.app(total, &mut out);
+        self.irq(total, &mut out);
+        if let Some(w) = &total.wakeups {
+            out.push(family(
+                "virtgap_wakeup_latency",
+                "Wakeup to on-CPU latency of the followed processes' threads",
+                Some(MetricUnit::Seconds),
+                MetricKind::Histogram,
+                vec![Sample {
+                    labels: vec![],
+                    value: buckets(&w.latency, &self.bounds_ns),
+                }],
+            ));
+        }
+        if !total.cpu_times.is_empty() {
+            out.push(family(
+                "virtgap_cpu_steal",
+                "Time each vCPU wanted to run while the hypervisor ran something else (/proc/stat)",
+                Some(MetricUnit::Seconds),
+                MetricKind::Counter,
+                total
+                    .cpu_times
+                    .iter()
+                    .map(|t| {
+                        number(
+                            labels(&[("cpu", &t.cpu.to_string())]),
+                            t.steal_ns as f64 / 1e9,
+                        )
+                    })
+                    .collect(),
+            ));
+        }
+        self.hypervisor(total, &mut out);
+        self.probe_cost(total, &mut out);
+        out
+    }
+
+    fn host_info(&self, total: &ProbeSnapshot) -> MetricFamily {
+        let h = &self.cx.host;
+        let or_unknown = |s: &Option<String>| s.clone().unwrap_or_else(|| "unknown".into());
+        let _ = total;
+        family(
+            "virtgap_host_info",
+            "The host's fingerprint and what the probes follow (always 1)",
+            None,
+            MetricKind::Gauge,
+            vec![number(
+                vec![
+                    ("platform".into(), h.platform.clone()),
+                    ("hypervisor".into(), h.hypervisor.clone()),
+                    ("instance_type".into(), or_unknown(&h.instance_type)),
+                    ("kernel".into(), or_unknown(&h.kernel)),
+                    ("clocksource".into(), or_unknown(&h.clocksource)),
+                    ("clockevent".into(), or_unknown(&h.clockevent)),
+                    ("cpu_model".into(), or_unknown(&h.cpu_model)),
+                    ("cpus".into(), h.cpus.to_string()),
+                    ("label".into(), self.cx.label.clone()),
+                    ("attached".into(), self.cx.attached.clone()),
+                ],
+                1.0,
+            )],
+        )
+    }
+
+    fn block(&mut self, total: &ProbeSnapshot, out: &mut Vec<MetricFamily>) {
+        let Some(b) = &total.block else {
+            return;
+        };
+        // (device, queue label, op, stage) -> histogram, "other" queues merged.
+        let mut stages: BTreeMap<(String, String, &'static str, BlockStage), KernelHist> =
+            BTreeMap::new();
+        let mut requests: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
+        for s in &b.stages {
+            let device = self.device(s.dev);
+            let queue = if self.queues.named(&s.dev, &s.hctx, MAX_QUEUES_PER_DEVICE) {
+                s.hctx.to_string()
+            } else {
+                "other".to_string()
+            };
+            stages
+                .entry((device.clone(), queue, s.op.name(), s.stage))
+                .or_default()
+                .merge(&s.hist);
+            if s.stage == BlockStage::Device {
+                *requests.entry((device, s.op.name())).or_default() += s.hist.count;
+            }
+        }
+        out.push(family(
+            "virtgap_block_stage",
+            "Block request latency by stage: queue (start or bio entry to issue), device (issue to the queue's interrupt), completion (interrupt to request done)",
+            Some(MetricUnit::Seconds),
+            MetricKind::Histogram,
+            stages
+                .iter()
+                .map(|((device, queue, op, stage), h)| Sample {
+                    labels: labels(&[
+                        ("device", device),
+                        ("queue", queue),
+                        ("op", op),
+                        ("stage", stage.name()),
+                    ]),
+                    value: buckets(h, &self.bounds_ns),
+                })
+                .collect(),
+        ));
+        out.push(family(
+            "virtgap_block_requests",
+            "Block requests completed, by device and operation (flushes are op=\"flush\")",
+            None,
+            MetricKind::Counter,
+            requests
+                .iter()
+                .map(|((device, op), &n)| count(labels(&[("device", device), ("op", op)]), n))
+                .collect(),
+        ));
+        let devices: Vec<(String, i64)> = b
+            .devices
+            .clone()
+            .iter()
+            .map(|d| (self.device(d.dev), d.inflight.max(0)))
+            .collect();
+        out.push(family(
+            "virtgap_block_inflight_requests",
+            "Requests issued to each device and not yet completed",
+            None,
+            MetricKind::Gauge,
+            devices
+                .iter()
+                .map(|(device, n)| number(labels(&[("device", device)]), *n as f64))
+                .collect(),
+        ));
+        for (name, help, n) in [
+            (
+                "virtgap_block_requeues",
+                "Requests the driver handed back to be issued again",
+                b.requeued,
+            ),
+            (
+                "virtgap_block_errors",
+                "Requests that completed with an error status",
+                b.errors,
+            ),
+            (
+                "virtgap_block_timeouts",
+                "Requests the block layer's timeout ended",
+                b.timeouts,
+            ),
+        ] {
+            out.push(family(
+                name,
+                help,
+                None,
+                MetricKind::Counter,
+                vec![count(vec![], n)],
+            ));
+        }
+        let cross: u64 = b
+            .cpu_pairs
+            .iter()
+            .filter(|p| p.submit_cpu != p.complete_cpu)
+            .map(|p| p.count)
+            .sum();
+        out.push(family(
+            "virtgap_block_cross_cpu_completions",
+            "Requests completed on another CPU than the one that submitted them",
+            None,
+            MetricKind::Counter,
+            vec![count(vec![], cross)],
+        ));
+    }
+
+    fn app(&self, total: &ProbeSnapshot, out: &mut Vec<MetricFamily>) {
+        let Some(a) = &total.app else {
+            return;
+        };
+        let via = |v: virtgap_probes::model::AppVia| match v {
+            virtgap_probes::model::AppVia::Syscall => "syscall",
+            virtgap_probes::model::AppVia::IoUring => "io_uring",
+        };
+        let op = |o: virtgap_probes::model::AppOp| match o {
+            virtgap_probes::model::AppOp::Read => "read",
+            virtgap_probes::model::AppOp::Write => "write",
+            virtgap_probes::model::AppOp::Sync => "sync",
+        };
+        out.push(family(
+            "virtgap_app_latency",
+            "App latency of the followed processes: file system calls entry to exit, io_uring requests submission to completion",
+            Some(MetricUnit::Seconds),
+            MetricKind::Histogram,
+            // A kind appears once the processes first use it: six empty histograms would be
+            // some 600 series of zeros.
+            a.kinds
+                .iter()
+                .filter(|k| k.latency.count > 0)
+                .map(|k| Sample {
+                    labels: labels(&[("via", via(k.via)), ("op", op(k.op))]),
+                    value: buckets(&k.latency, &self.bounds_ns),
+                })
+                .collect(),
+        ));
+        out.push(family(
+            "virtgap_app",
+            "Bytes the followed processes' read and write system calls returned",
+            Some(MetricUnit::Bytes),
+            MetricKind::Counter,
+            a.kinds
+                .iter()
+                .filter(|k| {
+                    k.via == virtgap_probes::model::AppVia::Syscall
+                        && k.op != virtgap_probes::model::AppOp::Sync
+                        && k.latency.count > 0
+                })
+                .map(|k| count(labels(&[("op", op(k.op))]), k.bytes))
+                .collect(),
+        ));
+        out.push(family(
+            "virtgap_app_io_submits",
+            "libaio io_submit calls of the followed processes (their I/O has no app-level time)",
+            None,
+            MetricKind::Counter,
+            vec![count(vec![], a.io_submits)],
+        ));
+        out.push(family(
+            "virtgap_app_failed_calls",
+            "File I/O calls of the followed processes that returned an error",
+            None,
+            MetricKind::Counter,
+            vec![count(vec![], a.failed)],
+        ));
+    }
+
+    fn irq(&mut self, total: &ProbeSnapshot, out: &mut Vec<MetricFamily>) {
+        let Some(irq) = &total.irq else {
+            return;
+        };
+        let mut handlers: BTreeMap<(u32, String), (u64, u64)> = BTreeMap::new();
+        for h in &irq.hardirqs {
+            let name = if self.irqs.named(&(), &(h.cpu, h.irq), MAX_IRQ_SERIES) {
+                format!("{} {}", h.irq, h.name)
+            } else {
+                "other".to_string()
+            };
+            let e = handlers.entry((h.cpu, name)).or_default();
+            e.0 += h.count;
+            e.1 += h.time_ns;
+        }
+        out.push(family(
+            "virtgap_hardirq",
+            "Time in hard-IRQ handlers, by CPU and IRQ (\"number name\" as /proc/interrupts names it)",
+            Some(MetricUnit::Seconds),
+            MetricKind::Counter,
+            handlers
+                .iter()
+                .map(|((cpu, name), &(_, ns))| {
+                    number(
+                        labels(&[("cpu", &cpu.to_string()), ("irq", name)]),
+                        ns as f64 / 1e9,
+                    )
+                })
+                .collect(),
+        ));
+        out.push(family(
+            "virtgap_hardirqs",
+            "Hard-IRQ handler runs, by CPU and IRQ",
+            None,
+            MetricKind::Counter,
+            handlers
+                .iter()
+                .map(|((cpu, name), &(n, _))| {
+                    count(labels(&[("cpu", &cpu.to_string()), ("irq", name)]), n)
+                })
+                .collect(),
+        ));
+        let events = |name, help, unit, list: &[virtgap_probes::model::CpuEvents], key| {
+            family(
+                name,
+                help,
+                unit,
+                MetricKind::Counter,
+                list.iter()
+                    .map(|e| {
+                        let l = labels(&[("cpu", &e.cpu.to_string()), (key, &e.kind)]);
+                        if unit.is_some() {
+                            number(l, e.time_ns as f64 / 1e9)
+                        } else {
+                            count(l, e.count)
+                        }
+                    })
+                    .collect(),
+            )
+        };
+        out.push(events(
+            "virtgap_softirq",
+            "Time in softirqs, by CPU and vector",
+            Some(MetricUnit::Seconds),
+            &irq.softirqs,
+            "vector",
+        ));
+        out.push(events(
+            "virtgap_ipis_sent",
+            "IPIs sent, by sending CPU and kind",
+            None,
+            &irq.ipis_sent,
+            "kind",
+        ));
+        out.push(events(
+            "virtgap_cross_cpu_calls",
+            "Cross-CPU calls queued, by CPU and purpose",
+            None,
+            &irq.cross_cpu_calls,
+            "purpose",
+        ));
+    }
+
+    fn hypervisor(&self, total: &ProbeSnapshot, out: &mut Vec<MetricFamily>) {
+        if let Some(msr) = &total.msr {
+            let mut writes: BTreeMap<(u32, bool), u64> = BTreeMap::new();
+            for c in msr.counts.iter().filter(|c| c.write && !c.by_sampler) {
+                *writes.entry((c.msr, c.exits)).or_default() += c.count;
+            }
+            out.push(family(
+                "virtgap_msr_writes",
+                "MSR writes by MSR (exits=\"true\" where a write exits to this host's hypervisor)",
+                None,
+                MetricKind::Counter,
+                writes
+                    .iter()
+                    .map(|(&(msr, exits), &n)| {
+                        count(
+                            labels(&[
+                                ("msr", &format!("{msr:#x}")),
+                                ("name", virtgap_probes::virt::msr_name(msr)),
+                                ("exits", if exits { "true" } else { "false" }),
+                            ]),
+                            n,
+                        )
+                    })
+                    .collect(),
+            ));
+        }
+        let hypervisor = Hypervisor::of_name(&self.cx.host.hypervisor);
+        if hypervisor == Hypervisor::None {
+            return;
+        }
+        let virt = crate::run::assemble::virtualization(total);
+        let section = crate::run::hypervisor::section(
+            hypervisor,
+            total.elapsed_ns as f64 / 1e9,
+            virt.as_ref(),
+            Some(&self.cx.report),
+        );
+        let mut events = Vec::new();
+        let mut times = Vec::new();
+        let mut paths = Vec::new();
+        for m in &section.mechanisms {
+            let l = labels(&[("mechanism", m.mechanism.name())]);
+            if let Some(n) = m.count {
+                events.push(count(l.clone(), n));
+            }
+            if let Some(t) = m.time_ns {
+                times.push(number(l.clone(), t / 1e9));
+            }
+            for p in &m.paths {
+                let state = match &p.state {
+                    PathState::Measured => "measured",
+                    PathState::Absent => "absent",
+                    PathState::NotMeasured(_) => "not_measured",
+                };
+                paths.push(number(
+                    labels(&[
+                        ("mechanism", m.mechanism.name()),
+                        ("path", &p.what),
+                        ("state", state),
+                    ]),
+                    1.0,
+                ));
+            }
+        }
+        out.push(family(
+            "virtgap_hypervisor_mechanism_events",
+            "Calls and exit-causing writes of each hypervisor mechanism (timer, IPIs, interrupt delivery, hypercalls); a mechanism none of whose paths is measured here is left out",
+            None,
+            MetricKind::Counter,
+            events,
+        ));
+        out.push(family(
+            "virtgap_hypervisor_mechanism",
+            "Time in the timed paths of each hypervisor mechanism",
+            Some(MetricUnit::Seconds),
+            MetricKind::Counter,
+            times,
+        ));
+        out.push(family(
+            "virtgap_hypervisor_path_info",
+            "Each path of each mechanism and whether it is measured on this host (always 1)",
+            None,
+            MetricKind::Gauge,
+            paths,
+        ));
+    }
+
+    fn probe_cost(&self, total: &ProbeSnapshot, out: &mut Vec<MetricFamily>) {
+        out.push(family(
+            "virtgap_probes_attached",
+            "How long the probes have been attached",
+            Some(MetricUnit::Seconds),
+            MetricKind::Gauge,
+            vec![number(vec![], total.elapsed_ns as f64 / 1e9)],
+        ));
+        if let Some(pids) = &total.followed {
+            out.push(family(
+                "virtgap_followed_processes",
+                "Processes the probes follow now",
+                None,
+                MetricKind::Gauge,
+                vec![number(vec![], pids.len() as f64)],
+            ));
+        }
+        let mut by_family: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for p in &total.programs {
+            let e = by_family.entry(p.family.as_str()).or_default();
+            e.0 += p.run_count;
+            e.1 += p.run_time_ns;
+        }
+        if !by_family.is_empty() {
+            out.push(family(
+                "virtgap_probe_runs",
+                "Runs of virtgap's BPF programs, by probe family",
+                None,
+                MetricKind::Counter,
+                by_family
+                    .iter()
+                    .map(|(f, &(n, _))| count(labels(&[("family", f)]), n))
+                    .collect(),
+            ));
+            out.push(family(
+                "virtgap_probe_run",
+                "CPU time in virtgap's BPF programs, by probe family: the probes' overhead",
+                Some(MetricUnit::Seconds),
+                MetricKind::Counter,
+                by_family
+                    .iter()
+                    .map(|(f, &(_, ns))| number(labels(&[("family", f)]), ns as f64 / 1e9))
+                    .collect(),
+            ));
+        }
+        let mut dropped = Vec::new();
+        let mut add = |name: &str, n: Option<u64>| {
+            if let Some(n) = n {
+                dropped.push(count(labels(&[("family", name)]), n));
+            }
+        };
+        add("block", total.block.as_ref().map(|b| b.dropped));
+        add("irq", total.irq.as_ref().map(|i| i.dropped));
+        add("wakeup", total.wakeups.as_ref().map(|w| w.dropped));
+        add("app", total.app.as_ref().map(|a| a.dropped));
+        out.push(family(
+            "virtgap_probe_dropped_events",
+            "Events a probe could not record (a full map or ring buffer)",
+            None,
+            MetricKind::Counter,
+            dropped,
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_follow_slot_boundaries_and_add_up() {
+        let mut h = KernelHist::default();
+        for v in [
+            100,
+            511,
+            512,
+            600,
+            1_000,
+            70_000,
+            3_000_000_000,
+            u64::MAX / 2,
+        ] {
+            h.record(v);
+        }
+        let bounds = bucket_bounds_ns();
+        // Every bound is a slot's low end: no slot straddles one.
+        for &b in &bounds {
+            assert_eq!(slot_bounds(virtgap_probes::hist::slot_of(b)).0, b);
+        }
+        let SampleValue::Histogram { count, buckets, .. } = buckets(&h, &bounds) else {
+            panic!("not a histogram");
+        };
+        assert_eq!(count, 8);
+        assert_eq!(buckets.iter().map(|b| b.1).sum::<u64>(), 8);
+        // 100 and 511 ns fall under the first bound (512 ns); 512 and 600 under the next.
+        assert_eq!(buckets[0], (512e-9, 2));
+        assert_eq!(buckets[1], (640e-9, 2));
+        assert_eq!(buckets.last().unwrap(), &(f64::MAX, 1));
+        assert!(buckets.windows(2).all(|w| w[0].0 < w[1].0));
+    }
+
+    #[test]
+    fn a_key_keeps_its_label_and_later_ones_share_other() {
+        let mut s: StickyLabels<u8, u16> = StickyLabels::default();
+        assert!(s.named(&0, &5, 2));
+        assert!(s.named(&0, &7, 2));
+        assert!(!s.named(&0, &9, 2));
+        // Still named, still other, whatever the order they come back in.
+        assert!(!s.named(&0, &9, 2));
+        assert!(s.named(&0, &5, 2));
+        assert!(s.named(&1, &9, 2));
+    }
+}

@@ -1,0 +1,302 @@
+//! `virtgap serve` scraped by a real Prometheus (Debian's `prometheus`): a fio run measured
+//! through the exporter, checked against fio's own IOPS and against a `record` of the same
+//! I/Os; and the scrape itself checked by `promtool check metrics`.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+mod common;
+use common::{data_file, held, root_allowed, started, which};
+
+fn vg() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_virtgap"))
+}
+
+/// A port free on the loopback now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// GET `path` from 127.0.0.1:`port` with `accept`: (status line, body). HTTP/1.0, so the
+/// server closes the connection after the body.
+fn get(port: u16, path: &str, accept: &str) -> std::io::Result<(String, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: {accept}\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Ok((
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    ))
+}
+
+/// A query string value, percent-encoded.
+fn encode(q: &str) -> String {
+    q.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An instant query to Prometheus at `time` (unix seconds; None: now): its result vector.
+fn query(port: u16, promql: &str, time: Option<f64>) -> Vec<serde_json::Value> {
+    let mut path = format!("/api/v1/query?query={}", encode(promql));
+    if let Some(t) = time {
+        path.push_str(&format!("&time={t:.3}"));
+    }
+    let (status, body) = get(port, &path, "application/json").unwrap();
+    assert!(status.contains("200"), "{promql}: {status} {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["status"], "success", "{promql}: {body}");
+    v["data"]["result"].as_array().unwrap().clone()
+}
+
+/// The single value of an instant query's result.
+fn scalar(port: u16, promql: &str, time: Option<f64>) -> f64 {
+    let r = query(port, promql, time);
+    assert_eq!(r.len(), 1, "{promql}: {r:?}");
+    r[0]["value"][1].as_str().unwrap().parse().unwrap()
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// Kills a child process when dropped (Prometheus, a serve left running by a failed check).
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits until `ready` holds, polling, up to `limit`.
+fn wait_for(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// fio reads at 1000 IOPS for 12 s, held until `serve` (and a `record` beside it) follow its
+/// pid; Prometheus scrapes `serve` every second. Then Prometheus's own queries give: the
+/// device stage's request rate = fio's IOPS (±3%), the device stage's p99 from the buckets =
+/// the record's (±10%), the host-info labels; `promtool check metrics` finds nothing wrong
+/// with a scrape; SIGTERM ends `serve` with status 0.
+#[test]
+fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
+    if !root_allowed("the Prometheus scrape") {
+        return;
+    }
+    let found = which("prometheus")
+        .zip(which("promtool"))
+        .zip(which("fio"))
+        .ok_or("prometheus, promtool or fio is not installed; apt-get install prometheus fio");
+    if !virtgap_testkit::require("the Prometheus scrape", found.as_ref().map(|_| ())) {
+        return;
+    }
+    let dir = common::scratch("vg-serve-");
+    let file = data_file(dir.path(), "fio.dat", 4096);
+    let mut fio = held(&format!(
+        "exec fio --name=scraped --filename={} --rw=randread --bs=4k --direct=1 \
+         --ioengine=psync --rate_iops=1000 --runtime=12 --time_based --output-format=json",
+        file.display()
+    ));
+    let pid = fio.id().to_string();
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut cmd = vg();
+    cmd.args([
+        "serve",
+        "--pid",
+        &pid,
+        "--listen",
+        &listen,
+        "--probes",
+        "block,irq,wakeup,app,msr",
+    ]);
+    let (serve, _serve_err) = started(cmd, "serving http://");
+    let mut serve = KillOnDrop(serve);
+    let recorded = dir.path().join("record.json");
+    let mut cmd = vg();
+    cmd.args(["record", "--pid", &pid, "--probes", "block", "-o"])
+        .arg(&recorded);
+    let (record, record_err) = started(cmd, "probes attached");
+
+    // The classic format, as curl or promtool read it.
+    let (status, page) = get(port, "/metrics", "*/*").unwrap();
+    assert!(status.contains("200"), "{status}");
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(page.as_bytes())
+        .unwrap();
+    let checked = check.wait_with_output().unwrap();
+    assert!(
+        checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+
+    let prom_port = free_port();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+             scrape_configs:\n  - job_name: virtgap\n    static_configs:\n      - targets: ['{listen}']\n"
+        ),
+    )
+    .unwrap();
+    let prometheus = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _prometheus = KillOnDrop(prometheus);
+    wait_for("prometheus ready", Duration::from_secs(60), || {
+        get(prom_port, "/-/ready", "*/*").is_ok_and(|(s, _)| s.contains("200"))
+    });
+    wait_for("a first scrape", Duration::from_secs(30), || {
+        !query(prom_port, "up{job=\"virtgap\"} == 1", None).is_empty()
+    });
+
+    let fio_start = now();
+    fio.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let fio_out = fio.wait_with_output().unwrap();
+    assert!(fio_out.status.success());
+    let (record_status, _, record_rest) = {
+        let mut record = record;
+        let mut rest = String::new();
+        let mut err = record_err;
+        err.read_to_string(&mut rest).unwrap();
+        let mut out = String::new();
+        record
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        (record.wait().unwrap(), out, rest)
+    };
+    assert!(record_status.success(), "record: {record_rest}");
+    // Three more scrapes after fio's last I/O.
+    std::thread::sleep(Duration::from_secs(4));
+
+    let text = String::from_utf8_lossy(&fio_out.stdout);
+    let report: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+    let fio_iops = report["jobs"][0]["read"]["iops"].as_f64().unwrap();
+    let scrapes = scalar(prom_port, "count_over_time(up{job=\"virtgap\"}[5m])", None);
+    // Steady state: the 8 s from 2 s after fio started.
+    let rate = scalar(
+        prom_port,
+        "sum(rate(virtgap_block_stage_seconds_count{stage=\"device\",op=\"read\"}[8s]))",
+        Some(fio_start + 10.0),
+    );
+    let prom_p99 = scalar(
+        prom_port,
+        "histogram_quantile(0.99, sum by (le) (virtgap_block_stage_seconds_bucket{stage=\"device\"}))",
+        None,
+    );
+    let profile = virtgap::model::file::load(&recorded).unwrap();
+    let record_p99 = profile
+        .stages
+        .device
+        .as_ref()
+        .expect("device stage")
+        .percentile_ns(99.0)
+        .unwrap()
+        / 1e9;
+    let info = query(prom_port, "virtgap_host_info", None);
+    println!(
+        "{scrapes} scrapes; device-stage read rate {rate:.1}/s vs fio {fio_iops:.1} IOPS \
+         ({:.3}x); device p99 from the buckets {:.1} µs vs record {:.1} µs ({:.3}x)",
+        rate / fio_iops,
+        prom_p99 * 1e6,
+        record_p99 * 1e6,
+        prom_p99 / record_p99
+    );
+    assert!(scrapes >= 3.0, "{scrapes} scrapes");
+    assert!(
+        (rate / fio_iops - 1.0).abs() <= 0.03,
+        "rate {rate} vs fio {fio_iops}"
+    );
+    assert!(
+        (prom_p99 / record_p99 - 1.0).abs() <= 0.10,
+        "p99 {prom_p99} vs record {record_p99}"
+    );
+    assert_eq!(info.len(), 1, "{info:?}");
+    let labels = &info[0]["metric"];
+    for key in ["platform", "hypervisor", "kernel", "clockevent", "cpus"] {
+        assert!(
+            labels[key].as_str().is_some_and(|v| !v.is_empty()),
+            "{key}: {labels}"
+        );
+    }
+    assert_eq!(labels["attached"], format!("pid {pid} and children"));
+
+    // SIGTERM: the probes detach and serve exits 0.
+    // SAFETY: kill(2) on our own child's pid, which has not been waited for yet.
+    unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = serve.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "serve exited {status}");
+}
+
+/// A port already taken is refused in one line before any probe loads.
+#[test]
+fn a_taken_port_is_refused_in_one_line() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = vg()
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("cannot listen there"), "{err}");
+}
