@@ -71,6 +71,11 @@ vmlinux:
 bench-attach ROUNDS="5" RUNTIME="10": build
     python3 scripts/bench_attach.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}}
 
+# `virtgap serve` scraped every second by two clients for MINUTES while fio reads beside it: RSS
+# growth after the first minute (PASS under 5%) and scrape latency p50/p99 (root)
+bench-serve MINUTES="10": build
+    python3 scripts/soak_serve.py --virtgap target/release/virtgap --minutes {{MINUTES}}
+
 # Probe overhead: rand4k with no probes, all of ours, and bpftrace's biolatency; IOPS ratios and ns per event
 bench-overhead ROUNDS="5" RUNTIME="10": build
     python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}}

@@ -86,12 +86,10 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
     let latest: Latest = Arc::new(RwLock::new(Arc::new(Pages::of(
         exporter.families(&virtgap_probes::ProbeSnapshot::default()),
     ))));
+    let wake = wake_address(&listener)?;
     let endpoint = {
         let latest = Arc::clone(&latest);
         let stop = Arc::clone(stop);
-        listener
-            .set_nonblocking(true)
-            .context("setting up the listening socket")?;
         std::thread::Builder::new()
             .name("metrics-endpoint".into())
             .spawn(move || endpoint(&listener, &latest, &stop))
@@ -126,8 +124,24 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
     }
     stop.store(true, Ordering::Relaxed);
     collector.stop();
+    // The endpoint waits in accept: a connection of our own wakes it to see the stop.
+    let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
     let _ = endpoint.join();
     Ok(())
+}
+
+/// Where a connection reaches the listener from this host (loopback for a wildcard address).
+fn wake_address(listener: &TcpListener) -> Result<SocketAddr> {
+    let mut addr = listener
+        .local_addr()
+        .context("reading the listening socket's address")?;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(match addr {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    Ok(addr)
 }
 
 /// Most a request may send before its blank line; a scrape's is a few hundred bytes.
@@ -140,15 +154,15 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// and this endpoint must cost the same whatever the number of scrapers — one thread, one
 /// request buffer, the page shared by reference.
 fn endpoint(listener: &TcpListener, latest: &Latest, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                // A client that misbehaves loses its own answer, nothing else.
-                let _ = answer(stream, latest);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(20));
-            }
+    loop {
+        let accepted = listener.accept();
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        match accepted {
+            // A client that misbehaves loses its own answer, nothing else.
+            Ok((stream, _)) => drop(answer(stream, latest)),
+            // Out of descriptors, or a connection reset before it was accepted: wait a little.
             Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
@@ -220,7 +234,6 @@ impl Body {
 }
 
 fn answer(mut stream: TcpStream, latest: &Latest) -> std::io::Result<()> {
-    stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
     let mut request = Vec::with_capacity(512);
