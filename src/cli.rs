@@ -123,14 +123,17 @@ pub struct TuiArgs {
 
 #[derive(Debug, Args)]
 pub struct DiffArgs {
-    /// Reference profile (e.g. the bare-metal host)
+    /// Reference profile (e.g. the bare-metal host); a directory or a quoted glob
+    /// ('metal-*.json') names a group of hosts, whose runs pool as replicates
     pub a: PathBuf,
-    /// Profile to explain (e.g. the VM)
+    /// Profile to explain (e.g. the VM); a directory or a quoted glob as for A
     pub b: PathBuf,
-    /// Another profile of host A (repeatable): its runs pool with A's as replicates
+    /// Another profile of host A (repeatable; a directory or quoted glob too): its runs pool
+    /// with A's as replicates
     #[arg(long, value_name = "FILE")]
     pub with_a: Vec<PathBuf>,
-    /// Another profile of host B (repeatable): its runs pool with B's as replicates
+    /// Another profile of host B (repeatable; a directory or quoted glob too): its runs pool
+    /// with B's as replicates
     #[arg(long, value_name = "FILE")]
     pub with_b: Vec<PathBuf>,
     /// Smallest difference worth a verdict, in percent: rows whose 95% interval lies within

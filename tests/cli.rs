@@ -932,3 +932,59 @@ fn killing_a_kv_run_leaves_no_temp_file() {
     );
     assert!(entries(dir.path()).is_empty());
 }
+
+/// A group of hosts per side: a directory of profiles, or a quoted glob, pools like `--with-a`
+/// and `--with-b` naming each file; an empty group is refused in one line.
+#[test]
+fn diff_takes_a_directory_or_a_glob_per_side() {
+    let dir = scratch();
+    let (metal, vm) = (dir.path().join("metal"), dir.path().join("vm"));
+    std::fs::create_dir(&metal).unwrap();
+    std::fs::create_dir(&vm).unwrap();
+    for path in [
+        metal.join("h1.json"),
+        metal.join("h2.json"),
+        vm.join("h1.json"),
+        vm.join("h2.json"),
+    ] {
+        quick_with(dir.path(), &["--no-probes", "-o", path.to_str().unwrap()])
+            .assert()
+            .success();
+    }
+    let json = |args: &[&std::ffi::OsStr]| {
+        let out = vg().arg("diff").arg("--json").args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (by_files, _) = json(&[
+        metal.join("h1.json").as_os_str(),
+        vm.join("h1.json").as_os_str(),
+        "--with-a".as_ref(),
+        metal.join("h2.json").as_os_str(),
+        "--with-b".as_ref(),
+        vm.join("h2.json").as_os_str(),
+    ]);
+    let (by_dirs, said) = json(&[metal.as_os_str(), vm.as_os_str()]);
+    assert_eq!(by_dirs, by_files);
+    assert!(said.contains("host A: 2 profiles"), "{said}");
+    let pattern = metal.join("h*.json");
+    let (by_glob, _) = json(&[pattern.as_os_str(), vm.as_os_str()]);
+    assert_eq!(by_glob, by_files);
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    fails_with(
+        vg().arg("diff").arg(&empty).arg(&vm),
+        "a directory with no .json profiles",
+    );
+    fails_with(
+        vg().arg("diff").arg(dir.path().join("x*.json")).arg(&vm),
+        "no profile matches",
+    );
+}

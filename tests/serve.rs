@@ -272,6 +272,34 @@ fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
     }
     assert_eq!(labels["attached"], format!("pid {pid} and children"));
 
+    // Every query of the Grafana dashboard runs on this Prometheus; those of the signals this
+    // run had (block stages, requests, IRQs) return series.
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/grafana/virtgap-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "20s")
+                .replace("$instance", ".*");
+            let series = query(prom_port, &expr, None);
+            let title = panel["title"].as_str().unwrap();
+            if ["waterfall", "Block requests", "IRQ", "Stage p99"]
+                .iter()
+                .any(|t| title.contains(t))
+            {
+                assert!(!series.is_empty(), "{title}: no series for {expr}");
+            }
+        }
+    }
+
     // SIGTERM: the probes detach and serve exits 0.
     // SAFETY: kill(2) on our own child's pid, which has not been waited for yet.
     unsafe { libc::kill(serve.0.id() as i32, libc::SIGTERM) };

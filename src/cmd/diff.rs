@@ -17,12 +17,58 @@ const SVG_FILES: [&str; 2] = ["waterfall.svg", "stages.svg"];
 /// size a profile may have. Parsed, a profile takes about three times its size in memory.
 pub const MAX_DIFF_INPUT_BYTES: u64 = 2 * file::MAX_PROFILE_BYTES;
 
+/// The profiles a path names: itself, every `.json` file of a directory (sorted), or the files
+/// a quoted glob pattern matches (`'vm-*.json'`), so "10 VMs vs 10 metal" is one command.
+fn expand(path: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let shown = units::printable(&path.display().to_string()).into_owned();
+    if path.is_dir() {
+        let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(path)
+            .map_err(|e| anyhow::anyhow!("{shown}: cannot list it: {e}"))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "json") && p.is_file())
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            anyhow::bail!("{shown}: a directory with no .json profiles in it; name profile files, or a directory holding them");
+        }
+        return Ok(files);
+    }
+    let text = path.to_string_lossy();
+    if !path.exists() && text.contains(['*', '?', '[']) {
+        let mut files: Vec<std::path::PathBuf> = glob::glob(&text)
+            .map_err(|e| anyhow::anyhow!("{shown}: not a valid pattern: {e}"))?
+            .filter_map(Result::ok)
+            .filter(|p| p.is_file())
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            anyhow::bail!("{shown}: no profile matches this pattern");
+        }
+        return Ok(files);
+    }
+    Ok(vec![path.to_path_buf()])
+}
+
+/// One side's profiles: the positional path's, then each `--with-` path's, expanded.
+fn side_paths(
+    first: &std::path::Path,
+    more: &[std::path::PathBuf],
+) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut paths = expand(first)?;
+    for p in more {
+        paths.extend(expand(p)?);
+    }
+    Ok(paths)
+}
+
 pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
-    let inputs: Vec<(&str, &std::path::PathBuf)> = [("profile A", &args.a), ("profile B", &args.b)]
-        .into_iter()
-        .chain(args.with_a.iter().map(|p| ("a --with-a profile", p)))
-        .chain(args.with_b.iter().map(|p| ("a --with-b profile", p)))
+    let a_paths = side_paths(&args.a, &args.with_a)?;
+    let b_paths = side_paths(&args.b, &args.with_b)?;
+    let inputs: Vec<(&str, &std::path::PathBuf)> = a_paths
+        .iter()
+        .map(|p| ("a profile of host A", p))
+        .chain(b_paths.iter().map(|p| ("a profile of host B", p)))
         .collect();
     // Outputs first, before anything is read: none may be an input, whatever the consent.
     let mut outputs = output::Outputs::new(args.overwrite, "pass --overwrite to replace it");
@@ -36,14 +82,27 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
         outputs.dir("--svg", dir, &SVG_FILES)?;
     }
     check_input_budget(inputs.iter().map(|(_, p)| p.as_path()))?;
-    let load_side = |first: &std::path::PathBuf, more: &[std::path::PathBuf]| {
-        std::iter::once(first)
-            .chain(more)
+    let load_side = |paths: &[std::path::PathBuf]| {
+        paths
+            .iter()
             .map(|path| Ok((path.clone(), file::load(path)?)))
             .collect::<anyhow::Result<Vec<_>>>()
     };
-    let a_side = load_side(&args.a, &args.with_a)?;
-    let b_side = load_side(&args.b, &args.with_b)?;
+    let a_side = load_side(&a_paths)?;
+    let b_side = load_side(&b_paths)?;
+    for (name, side) in [("A", &a_side), ("B", &b_side)] {
+        if side.len() > 1 {
+            let names: Vec<String> = side
+                .iter()
+                .map(|(p, _)| units::printable(&p.display().to_string()).into_owned())
+                .collect();
+            say!(
+                "virtgap: host {name}: {} profiles: {}",
+                side.len(),
+                names.join(", ")
+            );
+        }
+    }
     for (path, p) in a_side.iter().chain(&b_side) {
         if !p.complete {
             say!(
@@ -58,9 +117,14 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let pairs = a_side
         .iter()
         .skip(1)
-        .map(|(path, p)| (&args.a, a, path, p))
-        .chain(b_side.iter().skip(1).map(|(path, p)| (&args.b, b, path, p)))
-        .chain(std::iter::once((&args.a, a, &args.b, b)));
+        .map(|(path, p)| (&a_paths[0], a, path, p))
+        .chain(
+            b_side
+                .iter()
+                .skip(1)
+                .map(|(path, p)| (&b_paths[0], b, path, p)),
+        )
+        .chain(std::iter::once((&a_paths[0], a, &b_paths[0], b)));
     for (first_path, first, path, p) in pairs {
         let differences = diff::spec_differences(first, p);
         // Two attached runs measured programs no one here chose: what differs is said in the

@@ -680,4 +680,94 @@ mod tests {
         assert!(s.named(&0, &5, 2));
         assert!(s.named(&1, &9, 2));
     }
+
+    /// Every family the exporter can build: a snapshot with every probe's part present.
+    fn every_family() -> Vec<MetricFamily> {
+        let host = crate::render::csv_export::tests::fixture().host;
+        let mut exporter = Exporter::new(ExporterContext {
+            host,
+            label: String::new(),
+            attached: "every process".into(),
+            report: CapabilityReport::default(),
+        });
+        let snapshot = ProbeSnapshot {
+            block: Some(Default::default()),
+            irq: Some(Default::default()),
+            wakeups: Some(Default::default()),
+            app: Some(Default::default()),
+            msr: Some(Default::default()),
+            followed: Some(vec![]),
+            cpu_times: vec![virtgap_probes::procfs::CpuTimes::default()],
+            programs: vec![virtgap_probes::model::ProgramStats {
+                family: "block".into(),
+                name: "p".into(),
+                run_count: 1,
+                run_time_ns: 1,
+            }],
+            ..Default::default()
+        };
+        exporter.families(&snapshot)
+    }
+
+    /// The Grafana dashboard's queries name only series `serve` exports.
+    #[test]
+    fn the_dashboard_queries_only_metrics_serve_exports() {
+        let mut exported = BTreeSet::new();
+        for f in every_family() {
+            let name = f.exposed_name();
+            if f.kind == MetricKind::Histogram {
+                for suffix in ["_bucket", "_sum", "_count"] {
+                    exported.insert(format!("{name}{suffix}"));
+                }
+            } else {
+                exported.insert(name);
+            }
+        }
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../../grafana/virtgap-dashboard.json")).unwrap();
+        let mut queries: Vec<String> = dashboard["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|p| {
+                let targets = p["targets"].as_array().unwrap();
+                assert!(!targets.is_empty(), "a panel with no query: {}", p["title"]);
+                targets
+                    .iter()
+                    .map(|t| t["expr"].as_str().unwrap().to_string())
+            })
+            .collect();
+        for v in dashboard["templating"]["list"].as_array().unwrap() {
+            if let Some(q) = v["definition"].as_str() {
+                queries.push(q.to_string());
+            }
+        }
+        let mut named = 0;
+        for q in &queries {
+            let mut rest = q.as_str();
+            while let Some(at) = rest.find("virtgap_") {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                assert!(exported.contains(&name), "{name} is not exported (in {q})");
+                named += 1;
+                rest = &rest[at + name.len()..];
+            }
+        }
+        assert!(named >= queries.len(), "every query names a metric");
+        // The views the dashboard is for.
+        let titles: Vec<&str> = dashboard["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["title"].as_str().unwrap())
+            .collect();
+        for view in ["waterfall", "platform", "p99", "per CPU", "Hypervisor"] {
+            assert!(
+                titles.iter().any(|t| t.contains(view)),
+                "no {view} panel: {titles:?}"
+            );
+        }
+    }
 }

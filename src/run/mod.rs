@@ -18,7 +18,6 @@ pub mod pipeline;
 pub mod prepare;
 pub mod recorder;
 pub mod series;
-pub mod serve;
 pub mod session;
 pub mod signals;
 pub mod stalls;
