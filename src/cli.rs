@@ -109,6 +109,11 @@ pub struct TuiArgs {
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub interval: Span,
 
+    /// Also serve the probes' figures as Prometheus metrics at http://ADDR/metrics while the
+    /// run lasts (as `virtgap serve` does), e.g. 127.0.0.1:9477
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<std::net::SocketAddr>,
+
     /// Show a recorded profile's stage latencies beside the live ones
     #[arg(long, value_name = "FILE")]
     pub baseline: Option<PathBuf>,
@@ -210,6 +215,11 @@ pub struct RecordArgs {
     /// 2048 coarser ones, each twice as long per halving, so memory stays flat)
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub interval: Span,
+
+    /// Also serve the probes' figures as Prometheus metrics at http://ADDR/metrics while the
+    /// run lasts (as `virtgap serve` does), e.g. 127.0.0.1:9477
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub listen: Option<std::net::SocketAddr>,
 
     /// Record N runs back to back, each on a freshly prepared target with its own ramp; the
     /// profile keeps every run, and `diff` compares runs (5 per host resolve gaps of ~5%)

@@ -328,3 +328,61 @@ fn a_taken_port_is_refused_in_one_line() {
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains("cannot listen there"), "{err}");
 }
+
+/// `record --listen` serves the same metrics while a built-in workload runs: its block
+/// requests appear in a scrape taken during the run, labelled with the workload.
+#[test]
+fn record_with_listen_serves_its_workloads_metrics_while_it_runs() {
+    if !root_allowed("record --listen") {
+        return;
+    }
+    let dir = common::scratch("vg-serve-");
+    let port = free_port();
+    let mut cmd = vg();
+    cmd.args([
+        "record",
+        "-w",
+        "rand4k-qd1",
+        "-d",
+        "4s",
+        "--size",
+        "16MiB",
+        "--probes",
+        "block,irq",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "-o",
+    ])
+    .arg(dir.path().join("p.json"))
+    .arg("--dir")
+    .arg(dir.path());
+    let (record, err) = started(cmd, "running ");
+    let record = KillOnDrop(record);
+    let mut page = String::new();
+    wait_for(
+        "block requests in a scrape",
+        Duration::from_secs(30),
+        || {
+            page = get(port, "/metrics", "*/*")
+                .map(|r| r.1)
+                .unwrap_or_default();
+            page.lines().any(|l| {
+                l.starts_with("virtgap_block_requests_total{")
+                    && l.rsplit(' ').next().is_some_and(|n| n != "0")
+            })
+        },
+    );
+    assert!(
+        page.contains("label=\"rand4k-qd1\"")
+            && page.contains("attached=\"virtgap's own workload\""),
+        "{page}"
+    );
+    let mut record = record;
+    let status = record.0.wait().unwrap();
+    let mut rest = String::new();
+    let mut err = err;
+    err.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "{rest}");
+    // The run is over: the endpoint is closed with it.
+    assert!(get(port, "/metrics", "*/*").is_err());
+}

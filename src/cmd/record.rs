@@ -18,6 +18,7 @@ use crate::cli::{RecordArgs, WorkloadsArgs};
 use crate::model::kv::KvOutcome;
 use crate::model::profile::{Profile, RunRecord};
 use crate::render::report;
+use crate::run::endpoint::SharedEndpoint;
 use crate::run::pipeline::Event;
 use crate::run::prepare::{prepare, Prepared};
 use crate::run::recorder::{RecordPlan, Recorder, RunContext};
@@ -63,8 +64,17 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         return print_fio_equivalent(args, &spec);
     }
     let outputs = check_outputs(args, &spec)?;
+    if args.listen.is_some() && args.probe.no_probes {
+        bail!("--listen serves what the probes measure: drop --no-probes or --listen");
+    }
+    let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
     let signals = StopSignals::install(true)?;
     let verbose = !args.quiet && !args.json;
+    if verbose {
+        if let Some(addr) = args.listen {
+            say!("serving the probes' metrics at http://{addr}/metrics while the run lasts");
+        }
+    }
     let Some(recorded) = record_runs(
         args,
         &spec,
@@ -72,6 +82,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
         overrides.size.is_some(),
         verbose,
         &signals,
+        metrics.as_ref(),
     )?
     else {
         // Interrupted while preparing the first run: nothing was measured.
@@ -147,8 +158,15 @@ fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
             });
         say!("attaching to {}{count}, {until}", plan.describe());
     }
+    let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
+    if verbose {
+        if let Some(addr) = args.listen {
+            say!("serving the probes' metrics at http://{addr}/metrics while the run lasts");
+        }
+    }
     let progress = verbose && std::io::stderr().is_terminal();
-    let run = crate::run::attached::record(&plan, &signals.stop, verbose, progress)?;
+    let run =
+        crate::run::attached::record(&plan, &signals.stop, (verbose, progress), metrics.as_ref())?;
     if verbose {
         if let Some(problems) = run.profile.capabilities.as_ref().map(report_problems) {
             for line in problems {
@@ -252,6 +270,7 @@ fn record_runs(
     size_explicit: bool,
     verbose: bool,
     signals: &StopSignals,
+    metrics: Option<&SharedEndpoint>,
 ) -> Result<Option<Recorded>> {
     let mut calibration = None;
     let mut recorded: Option<Recorded> = None;
@@ -275,7 +294,15 @@ fn record_runs(
             });
         }
         // What the probes could not attach is said once, not for every run.
-        let one = record_one(args, spec, loaded, &prepared, &calibration, number, verbose)?;
+        let one = record_one(
+            args,
+            spec,
+            loaded,
+            &prepared,
+            &calibration,
+            (number, verbose),
+            metrics,
+        )?;
         if args.runs > 1 && verbose {
             say!("  {}", run_line(&one.profile.runs[0]));
         }
@@ -525,8 +552,8 @@ fn record_one(
     loaded: &virtgap_workloads::LoadedSpec,
     prepared: &Prepared,
     calibration: &Option<crate::model::calibration::Calibration>,
-    number: u32,
-    verbose: bool,
+    (number, verbose): (u32, bool),
+    metrics: Option<&SharedEndpoint>,
 ) -> Result<OneRun> {
     let stop = &prepared.stop;
     let (tx, rx) = mpsc::channel::<Event>();
@@ -536,6 +563,9 @@ fn record_one(
         disks: prepared.disks.clone(),
         probed: !args.probe.no_probes,
     });
+    if let Some(endpoint) = metrics {
+        recorder.serve_metrics(Arc::clone(endpoint), &spec.name);
+    }
     // The tail autopsy: the workers (kv's client threads: their device reads) keep their I/Os
     // near the tail, the block probe the requests that took a good part of that.
     let slow_request_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));

@@ -103,6 +103,12 @@ pub fn encode(families: Vec<MetricFamily>) -> String {
     text
 }
 
+/// The families in both formats: (OpenMetrics, classic), as the endpoint serves them.
+pub fn pages(families: Vec<MetricFamily>) -> (String, String) {
+    let classic = encode_classic(&families);
+    (encode(families), classic)
+}
+
 /// A label value as both formats quote it.
 fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")

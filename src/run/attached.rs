@@ -22,6 +22,7 @@ use crate::model::host::{Fingerprint, TargetDisks};
 use crate::model::interval::Interval;
 use crate::model::profile::{Profile, RunInfo, RunRecord, TargetInfo, WorkloadInfo};
 use crate::run::assemble::{assemble, ProbeInterval, ProfileInputs};
+use crate::run::endpoint::SharedEndpoint;
 use crate::run::pipeline::Event;
 use crate::run::recorder::unix_ms;
 use crate::run::session::{probe_config, start_collector, ProbeChoice};
@@ -217,11 +218,12 @@ pub struct AttachedRun {
 /// Attaches, follows until the end, and assembles the profile. `verbose` says on stderr when
 /// the probes are attached (from then on every I/O of the processes is counted); `progress`
 /// draws a line there each interval.
+/// With `metrics` (`--listen`), the probes' totals are served there as they arrive.
 pub fn record(
     plan: &AttachPlan,
     stop: &AtomicBool,
-    verbose: bool,
-    progress: bool,
+    (verbose, progress): (bool, bool),
+    metrics: Option<&SharedEndpoint>,
 ) -> Result<AttachedRun> {
     let mut config = probe_config(&plan.probes, plan.interval)?.context(
         "--pid, --cgroup, --comm and --all measure processes with the probes: drop --no-probes",
@@ -237,6 +239,24 @@ pub fn record(
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
     drop(tx);
+    let publish = |total: &ProbeSnapshot| {
+        if let Some(endpoint) = metrics {
+            endpoint
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .publish(total);
+        }
+    };
+    if let Some(endpoint) = metrics {
+        endpoint.lock().unwrap_or_else(|e| e.into_inner()).follow(
+            crate::run::exporter::ExporterContext {
+                host: Fingerprint::this_host(),
+                label: plan.label.clone().unwrap_or_default(),
+                attached: plan.describe(),
+                report: report.clone(),
+            },
+        );
+    }
     if verbose {
         say!("probes attached: measuring {}", plan.describe());
     }
@@ -271,6 +291,7 @@ pub fn record(
         if let Some(pids) = &followed {
             seen.add(pids);
         }
+        publish(&cumulative);
         series.add(&cumulative, &interval);
         if progress {
             draw_progress(

@@ -9,6 +9,7 @@ pub mod assemble;
 pub mod attached;
 pub mod autopsy;
 pub mod calibrate;
+pub mod endpoint;
 pub mod exporter;
 pub mod host;
 pub mod hypervisor;

@@ -23,6 +23,8 @@ use crate::model::profile::{IdleBaseline, Profile, RunInfo, RunRecord, TargetInf
 use crate::model::stalls::Stalls;
 use crate::model::tail::TailAutopsy;
 use crate::run::assemble::{assemble, ProbeInterval, ProfileInputs};
+use crate::run::endpoint::SharedEndpoint;
+use crate::run::exporter::ExporterContext;
 use crate::run::pipeline::{device_name, Event};
 use crate::run::series::IntervalSeries;
 
@@ -177,6 +179,8 @@ pub struct Recorder {
     totals: Totals,
     tail: TailMaterial,
     tail_watch: Option<Arc<TailWatch>>,
+    /// `--listen`: where the probes' totals are served as they arrive, and the workload's name.
+    metrics: Option<(SharedEndpoint, String)>,
 }
 
 impl Recorder {
@@ -201,7 +205,14 @@ impl Recorder {
             totals: Totals::default(),
             tail: TailMaterial::default(),
             tail_watch: None,
+            metrics: None,
         }
+    }
+
+    /// Serves the probes' totals at `endpoint` as they arrive (`--listen`), labelled with
+    /// the workload's name.
+    pub fn serve_metrics(&mut self, endpoint: SharedEndpoint, workload: &str) {
+        self.metrics = Some((endpoint, workload.to_string()));
     }
 
     /// The workload's `workers` reporting threads started.
@@ -232,6 +243,17 @@ impl Recorder {
     fn on_probe(&mut self, event: ProbeEvent) -> Update {
         match event {
             ProbeEvent::Attached(report) => {
+                if let Some((endpoint, workload)) = &self.metrics {
+                    endpoint
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .follow(ExporterContext {
+                            host: crate::model::host::Fingerprint::this_host(),
+                            label: workload.clone(),
+                            attached: "virtgap's own workload".into(),
+                            report: report.clone(),
+                        });
+                }
                 self.report = Some(report);
                 Update::Report
             }
@@ -243,6 +265,12 @@ impl Recorder {
                 cumulative,
                 interval,
             } => {
+                if let Some((endpoint, _)) = &self.metrics {
+                    endpoint
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .publish(&cumulative);
+                }
                 for d in cumulative.block.iter().flat_map(|b| &b.devices) {
                     self.device_names
                         .entry(d.dev)

@@ -86,6 +86,10 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
             "the live view needs a terminal (stdin and stdout are not both one); for a headless run use `virtgap record`"
         );
     }
+    if args.listen.is_some() && args.probe.no_probes {
+        anyhow::bail!("--listen serves what the probes measure: drop --no-probes or --listen");
+    }
+    let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
     let signals = crate::run::signals::StopSignals::install(true)?;
     let target_options = args.target.options();
     let size_explicit = args.overrides.size.is_some();
@@ -93,7 +97,14 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
         return Ok(signals.exit_code());
     };
     let (tx, rx) = mpsc::channel::<Input>();
-    let mut app = start(args, &spec, &prepared, baseline, &tx, &rx)?;
+    let mut app = start(
+        args,
+        &spec,
+        &prepared,
+        (baseline, metrics.as_ref()),
+        &tx,
+        &rx,
+    )?;
     let stop = &prepared.stop;
     // The workers hand their slow I/Os over as they go, so the autopsy shows while they run.
     let block_attached = app
@@ -157,7 +168,10 @@ fn start(
     args: &TuiArgs,
     spec: &virtgap_workloads::WorkloadSpec,
     prepared: &crate::run::prepare::Prepared,
-    baseline: Option<crate::model::profile::Profile>,
+    (baseline, metrics): (
+        Option<crate::model::profile::Profile>,
+        Option<&crate::run::endpoint::SharedEndpoint>,
+    ),
     tx: &mpsc::Sender<Input>,
     rx: &mpsc::Receiver<Input>,
 ) -> Result<Started> {
@@ -172,12 +186,15 @@ fn start(
         rx,
     )?;
     let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
-    let recorder = Recorder::new(RecordPlan {
+    let mut recorder = Recorder::new(RecordPlan {
         interval: args.interval.0,
         ramp: spec.ramp.0,
         disks: prepared.disks.clone(),
         probed: probes.is_some(),
     });
+    if let Some(endpoint) = metrics {
+        recorder.serve_metrics(Arc::clone(endpoint), &spec.name);
+    }
     let mut app = App::new(host, workload, recorder);
     app.baseline = baseline;
     app.kv = spec.kv.as_ref().map(|kv| {
