@@ -1446,6 +1446,16 @@ def _(c):
             raise Defect(f"{what}: the run never got there ({p.finish(10).says()})")
         p.signal(sig)
         p.finish(30)
+    # serve, stopped as a server is stopped (SIGTERM: it detaches and exits 0), and killed.
+    for what, sig, code in (("serve on SIGTERM", signal.SIGTERM, 0),
+                            ("serve on SIGKILL", signal.SIGKILL, None)):
+        p = c.start("serve", "--listen", "127.0.0.1:0", "--probes", "block,irq")
+        if not p.wait_for(rb"serving http://", 60):
+            raise Defect(f"{what}: it never served ({p.finish(10).says()})")
+        p.signal(sig)
+        r = p.finish(30)
+        if code is not None and r.rc != code:
+            raise Defect(f"{what}: {r.says()}, not exit {code}")
     # One that fails on its own after the probes attached: a --target too small for --size.
     small = c.path("small.img")
     with open(small, "wb") as f:

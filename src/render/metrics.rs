@@ -11,11 +11,6 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::model::metrics::{MetricFamily, MetricKind, MetricUnit, SampleValue};
 
-/// The content type of what [`encode`] writes.
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
-/// The content type of what [`encode_classic`] writes.
-pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
 /// One scrape's families, handed to the crate's registry as a collector.
 #[derive(Debug)]
 struct Page(Vec<MetricFamily>);

@@ -257,15 +257,17 @@ pub fn record(
             },
         );
     }
+    // The command lines of what is followed now, read before the line that says the probes are
+    // attached: a process held until then may do its I/O and exit at once.
+    let mut seen = Seen::default();
+    if let Some(target) = &plan.target {
+        seen.add(&target.current(std::path::Path::new("/")));
+    }
     if verbose {
         say!("probes attached: measuring {}", plan.describe());
     }
     let run_start = Instant::now();
-    let mut seen = Seen::default();
     let mut series = AttachedSeries::new(plan.interval);
-    if let Some(target) = &plan.target {
-        seen.add(&target.current(std::path::Path::new("/")));
-    }
     let mut last: Option<ProbeSnapshot> = None;
     let end;
     loop {

@@ -20,6 +20,11 @@ use crate::run::exporter::{Exporter, ExporterContext};
 /// Encodes the families as (OpenMetrics, classic text format).
 pub type Encoder = fn(Vec<MetricFamily>) -> (String, String);
 
+/// The content type of the OpenMetrics page.
+const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of the classic text format's page.
+const CLASSIC_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
 /// An endpoint shared by the runs of one command (`record --runs`, the TUI's restarts).
 pub type SharedEndpoint = Arc<std::sync::Mutex<MetricsEndpoint>>;
 
@@ -173,17 +178,9 @@ fn route(head: &str, latest: &Latest) -> (&'static str, &'static str, Body) {
         ("GET" | "HEAD", "/metrics") => {
             let pages = Arc::clone(&latest.read().unwrap_or_else(|e| e.into_inner()));
             if openmetrics {
-                (
-                    "200 OK",
-                    crate::render::metrics::CONTENT_TYPE,
-                    Body::OpenMetrics(pages),
-                )
+                ("200 OK", OPENMETRICS_TYPE, Body::OpenMetrics(pages))
             } else {
-                (
-                    "200 OK",
-                    crate::render::metrics::CLASSIC_CONTENT_TYPE,
-                    Body::Classic(pages),
-                )
+                ("200 OK", CLASSIC_TYPE, Body::Classic(pages))
             }
         }
         ("GET" | "HEAD", "/") => (
