@@ -100,6 +100,9 @@ pub struct TuiArgs {
     pub workload: String,
 
     #[command(flatten)]
+    pub attach: AttachArgs,
+
+    #[command(flatten)]
     pub target: TargetArgs,
 
     #[command(flatten)]
@@ -563,7 +566,34 @@ pub fn check_interval(interval: &Span) -> anyhow::Result<()> {
     Ok(())
 }
 
+impl WorkloadOverrides {
+    /// The first override given that only a built-in workload takes (`--duration` is not one:
+    /// an attached run lasts it too).
+    pub fn workload_flag(&self) -> Option<&'static str> {
+        let o = self.to_overrides();
+        let given = |set: bool, flag: &'static str| set.then_some(flag);
+        o.typed
+            .iter()
+            .map(|(flag, _)| *flag)
+            .find(|flag| *flag != "--duration")
+            .or(given(o.rw.is_some(), "--rw"))
+            .or(given(o.rwmix_read.is_some(), "--rwmix-read"))
+            .or(given(o.engine.is_some(), "--engine"))
+            .or(given(o.distribution.is_some(), "--distribution"))
+            .or(given(o.kv.ratio.is_some(), "--ratio"))
+            .or(given(o.kv.keys.is_some(), "--keys"))
+    }
+}
+
 impl TargetArgs {
+    /// The first target flag given.
+    pub fn given(&self) -> Option<&'static str> {
+        let given = |set: bool, flag: &'static str| set.then_some(flag);
+        given(self.target.is_some(), "--target")
+            .or(given(self.dir.is_some(), "--dir"))
+            .or(given(self.destroy_data.is_some(), "--destroy-data"))
+    }
+
     /// The target as the run takes it.
     pub fn options(&self) -> crate::run::prepare::TargetOptions {
         crate::run::prepare::TargetOptions {

@@ -226,14 +226,32 @@ fn bad_attach_targets_are_refused_in_one_line() {
         ),
         (&["--pid", "1", "--no-probes"], "drop --no-probes"),
     ];
-    for (args, needle) in cases {
-        let out = vg().arg("record").args(*args).output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{args:?} succeeded");
-        assert!(stderr.contains(needle), "{args:?}: {stderr}");
-        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
-        assert!(out.stdout.is_empty(), "{args:?}");
+    // record, the live view (with or without its subcommand's name), and serve (which takes
+    // no workload flags at all) refuse alike.
+    let commands: &[&[&str]] = &[&["record"], &["tui"], &[], &["serve"]];
+    for command in commands {
+        for (args, needle) in cases {
+            if command == &["serve"] && needle.contains("is for a built-in workload") {
+                continue;
+            }
+            let out = vg().args(*command).args(*args).output().unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let what = (command, args);
+            assert!(!out.status.success(), "{what:?} succeeded");
+            assert!(stderr.contains(needle), "{what:?}: {stderr}");
+            assert_eq!(stderr.lines().count(), 1, "{what:?}: {stderr}");
+            assert!(out.stdout.is_empty(), "{what:?}");
+        }
     }
+    let out = vg()
+        .args(["tui", "--pid", "1", "--save", "x.json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--save is for a built-in workload"),
+        "{stderr}"
+    );
 }
 
 /// The directory of PostgreSQL's server programs (Debian keeps them per version).

@@ -487,13 +487,15 @@ fn a_cpu_hog_on_the_irq_cpu_shows_up_in_the_completion_path() {
     let dir = scratch();
     let cpu = irq_cpu(dir.path()).unwrap_or(0);
     let cpu_s = cpu.to_string();
+    // Twelve one-second batches a side: the hog's bursts spread the batches' means widely,
+    // and with six a 3x gap was once left inconclusive.
     let args = [
         "-w",
         "rand4k-qd1",
         "--size",
         "256MiB",
         "--duration",
-        "6s",
+        "12s",
         "--dir",
         dir.path().to_str().unwrap(),
     ];

@@ -360,3 +360,84 @@ fn a_profile_saved_from_the_tui_has_the_fields_of_a_recorded_one() {
         assert_eq!(p["runs"][0]["intervals"], intervals.len());
     }
 }
+
+/// Attached to a running process (`virtgap --pid`): no workload runs, the view shows the
+/// process's block requests, stays up marked finished once it exits, and `q` exits 0 with
+/// every probe detached.
+#[test]
+fn the_tui_attached_to_a_pid_shows_its_requests_and_its_end() {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !virtgap_testkit::require(
+        "the attached TUI",
+        if root { Ok(()) } else { Err("needs root") },
+    ) {
+        return;
+    }
+    let Some((_serial, dir)) = tmux_test("vg-tui-") else {
+        return;
+    };
+    let file = dir.path().join("data");
+    std::fs::write(&file, vec![0x5a_u8; 8 << 20]).unwrap();
+    std::fs::File::open(&file).unwrap().sync_all().unwrap();
+    // dd waits for a line before it reads, so the view is attached before its first I/O.
+    let mut dd = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "read go && exec dd if={} of=/dev/null bs=4k iflag=direct",
+            file.display()
+        ))
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let exit_file = dir.path().join("exit-status");
+    let session = format!("vg-tui-attached-{}", std::process::id());
+    let cmd = format!(
+        "{} --pid {} --probes block,irq,app; echo $? > {}",
+        env!("CARGO_BIN_EXE_virtgap"),
+        dd.id(),
+        exit_file.display()
+    );
+    start_session(&session, &cmd);
+    let kill = || tmux(&["kill-session", "-t", &session]);
+    let attached = wait_for(&session, "attached to pid", Duration::from_secs(60));
+    if !attached.contains("attached to pid") {
+        kill();
+        let _ = dd.kill();
+        panic!("the attached view did not start:\n{attached}");
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    use std::io::Write;
+    dd.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(dd.wait().unwrap().success());
+    let end = wait_for(
+        &session,
+        "every followed process has exited",
+        Duration::from_secs(20),
+    );
+    let device_row = end
+        .lines()
+        .find(|l| l.contains("│device "))
+        .unwrap_or_default()
+        .to_string();
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let status = exit_status(&exit_file);
+    kill();
+    assert!(end.contains("every followed process has exited"), "{end}");
+    assert!(
+        end.contains("mean block request of the attached processes"),
+        "{end}"
+    );
+    // dd's 2048 reads have a device time.
+    assert!(
+        device_row.contains("µs") || device_row.contains("ms"),
+        "no device time: {device_row:?}\n{end}"
+    );
+    assert_eq!(status.trim(), "0", "virtgap exited with {status:?}");
+    let loaded = our_programs_loaded();
+    assert!(
+        loaded.is_empty(),
+        "programs still loaded after quit: {loaded:?}"
+    );
+}

@@ -417,6 +417,14 @@ impl AppSnapshot {
         }
     }
 
+    /// The latency of every read and write, system calls and io_uring requests together: the
+    /// attached processes' app stage (fsyncs are apart).
+    pub fn data_latency(&self) -> KernelHist {
+        let mut h = self.latency(AppVia::Syscall, &[AppOp::Read, AppOp::Write]);
+        h.merge(&self.latency(AppVia::IoUring, &[AppOp::Read, AppOp::Write]));
+        h
+    }
+
     /// The latency of `op` I/Os timed `via`, merged (empty when none).
     pub fn latency(&self, via: AppVia, ops: &[AppOp]) -> KernelHist {
         let mut h = KernelHist::default();

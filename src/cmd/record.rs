@@ -93,22 +93,11 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
 
 /// The first flag given that applies only to a built-in workload.
 fn workload_flag(args: &RecordArgs) -> Option<&'static str> {
-    let o = args.overrides.to_overrides();
     let given = |set: bool, flag: &'static str| set.then_some(flag);
-    o.typed
-        .iter()
-        .map(|(flag, _)| *flag)
-        .find(|flag| *flag != "--duration")
-        .or(given(o.rw.is_some(), "--rw"))
-        .or(given(o.rwmix_read.is_some(), "--rwmix-read"))
-        .or(given(o.engine.is_some(), "--engine"))
-        .or(given(o.distribution.is_some(), "--distribution"))
-        .or(given(o.kv.ratio.is_some(), "--ratio"))
-        .or(given(o.kv.keys.is_some(), "--keys"))
+    args.overrides
+        .workload_flag()
         .or(given(args.workload != spec::DEFAULT_PRESET, "--workload"))
-        .or(given(args.target.target.is_some(), "--target"))
-        .or(given(args.target.dir.is_some(), "--dir"))
-        .or(given(args.target.destroy_data.is_some(), "--destroy-data"))
+        .or(args.target.given())
         .or(given(args.verify, "--verify"))
         .or(given(args.runs > 1, "--runs"))
         .or(given(args.calibrate, "--calibrate"))
@@ -564,7 +553,11 @@ fn record_one(
         probed: !args.probe.no_probes,
     });
     if let Some(endpoint) = metrics {
-        recorder.serve_metrics(Arc::clone(endpoint), &spec.name);
+        recorder.serve_metrics(
+            Arc::clone(endpoint),
+            &spec.name,
+            crate::run::recorder::OWN_WORKLOAD,
+        );
     }
     // The tail autopsy: the workers (kv's client threads: their device reads) keep their I/Os
     // near the tail, the block probe the requests that took a good part of that.

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use virtgap_probes::follow::AttachTarget;
 use virtgap_probes::ProbeEvent;
 
@@ -15,7 +15,7 @@ use crate::cli::ServeArgs;
 use crate::run::endpoint::MetricsEndpoint;
 use crate::run::exporter::ExporterContext;
 use crate::run::pipeline::Event;
-use crate::run::session::{probe_config, start_collector, ProbeChoice};
+use crate::run::session::{start_collector, ProbeChoice};
 use crate::run::signals::StopSignals;
 
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
@@ -68,13 +68,8 @@ impl ServePlan {
 /// probes, and serves until `stop` or `--duration`.
 pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<()> {
     let mut endpoint = MetricsEndpoint::bind(plan.listen, crate::render::metrics::pages)?;
-    let mut config = probe_config(&plan.probes, plan.interval)?
-        .context("serve exports what the probes measure: drop --no-probes")?;
-    config.filter_tgid = None;
-    config.follow = plan.target.clone();
-    if plan.probes.families.is_none() && plan.target.is_some() {
-        config.families.push(virtgap_probes::Family::App);
-    }
+    let config =
+        crate::run::attached::follow_config(plan.target.as_ref(), &plan.probes, plan.interval)?;
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
     drop(tx);

@@ -146,12 +146,10 @@ impl AttachedSeries {
     fn add(&mut self, cumulative: &ProbeSnapshot, interval: &ProbeSnapshot) {
         let end = cumulative.elapsed_ns;
         let start = end.saturating_sub(interval.elapsed_ns);
-        let app = interval.app.as_ref().map(|a| {
-            use virtgap_probes::model::{AppOp, AppVia};
-            let mut h = a.latency(AppVia::Syscall, &[AppOp::Read, AppOp::Write]);
-            h.merge(&a.latency(AppVia::IoUring, &[AppOp::Read, AppOp::Write]));
-            Histogram::from_kernel(&h)
-        });
+        let app = interval
+            .app
+            .as_ref()
+            .map(|a| Histogram::from_kernel(&a.data_latency()));
         let app = app.unwrap_or_default();
         let probes = ProbeInterval::of(interval, None);
         let next = Interval {
@@ -208,6 +206,25 @@ impl AttachedSeries {
     }
 }
 
+/// The probes of a run that follows `target` (None: every process) rather than virtgap's own
+/// workload: `record`'s and the TUI's attach mode, and `serve`.
+pub fn follow_config(
+    target: Option<&AttachTarget>,
+    probes: &ProbeChoice,
+    interval: Duration,
+) -> Result<virtgap_probes::ProbeConfig> {
+    let mut config = probe_config(probes, interval)?
+        .context("following processes is done by the probes: drop --no-probes")?;
+    config.filter_tgid = None;
+    config.follow = target.cloned();
+    // App latency where the kernel shows it: named processes only (every process's system
+    // calls would cost every process of the host).
+    if probes.families.is_none() && target.is_some() {
+        config.families.push(virtgap_probes::Family::App);
+    }
+    Ok(config)
+}
+
 /// What an attached run left: its profile and whether a signal ended it.
 #[derive(Debug)]
 pub struct AttachedRun {
@@ -225,16 +242,7 @@ pub fn record(
     (verbose, progress): (bool, bool),
     metrics: Option<&SharedEndpoint>,
 ) -> Result<AttachedRun> {
-    let mut config = probe_config(&plan.probes, plan.interval)?.context(
-        "--pid, --cgroup, --comm and --all measure processes with the probes: drop --no-probes",
-    )?;
-    config.filter_tgid = None;
-    config.follow = plan.target.clone();
-    // App latency where the kernel shows it: named processes only (every process's system
-    // calls would cost every process of the host).
-    if plan.probes.families.is_none() && plan.target.is_some() {
-        config.families.push(virtgap_probes::Family::App);
-    }
+    let config = follow_config(plan.target.as_ref(), &plan.probes, plan.interval)?;
     let started = SystemTime::now();
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
@@ -442,10 +450,7 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
     // App latency: the read and write calls and requests are the app stage (fsyncs are apart).
     let app_kinds = window.and_then(|w| w.app.as_ref());
     if let Some(app) = app_kinds {
-        use virtgap_probes::model::{AppOp, AppVia};
-        let mut data = app.latency(AppVia::Syscall, &[AppOp::Read, AppOp::Write]);
-        data.merge(&app.latency(AppVia::IoUring, &[AppOp::Read, AppOp::Write]));
-        profile.stages.app = Histogram::from_kernel(&data);
+        profile.stages.app = Histogram::from_kernel(&app.data_latency());
     }
     let app = app_kinds.map(|a| {
         a.kinds

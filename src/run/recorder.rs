@@ -155,6 +155,9 @@ pub struct RunContext<'a> {
     pub complete: bool,
 }
 
+/// What the probes follow in a run of virtgap's own workload, as the metrics say it.
+pub const OWN_WORKLOAD: &str = "virtgap's own workload";
+
 #[derive(Debug)]
 pub struct Recorder {
     disks: TargetDisks,
@@ -179,8 +182,9 @@ pub struct Recorder {
     totals: Totals,
     tail: TailMaterial,
     tail_watch: Option<Arc<TailWatch>>,
-    /// `--listen`: where the probes' totals are served as they arrive, and the workload's name.
-    metrics: Option<(SharedEndpoint, String)>,
+    /// `--listen`: where the probes' totals are served as they arrive, with the label and what
+    /// the probes follow, in words.
+    metrics: Option<(SharedEndpoint, String, String)>,
 }
 
 impl Recorder {
@@ -209,10 +213,10 @@ impl Recorder {
         }
     }
 
-    /// Serves the probes' totals at `endpoint` as they arrive (`--listen`), labelled with
-    /// the workload's name.
-    pub fn serve_metrics(&mut self, endpoint: SharedEndpoint, workload: &str) {
-        self.metrics = Some((endpoint, workload.to_string()));
+    /// Serves the probes' totals at `endpoint` as they arrive (`--listen`), with `label` (the
+    /// workload's name) and what the probes follow (`attached`, in words).
+    pub fn serve_metrics(&mut self, endpoint: SharedEndpoint, label: &str, attached: &str) {
+        self.metrics = Some((endpoint, label.to_string(), attached.to_string()));
     }
 
     /// The workload's `workers` reporting threads started.
@@ -243,14 +247,14 @@ impl Recorder {
     fn on_probe(&mut self, event: ProbeEvent) -> Update {
         match event {
             ProbeEvent::Attached(report) => {
-                if let Some((endpoint, workload)) = &self.metrics {
+                if let Some((endpoint, label, attached)) = &self.metrics {
                     endpoint
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .follow(ExporterContext {
                             host: crate::model::host::Fingerprint::this_host(),
-                            label: workload.clone(),
-                            attached: "virtgap's own workload".into(),
+                            label: label.clone(),
+                            attached: attached.clone(),
                             report: report.clone(),
                         });
                 }
@@ -265,7 +269,7 @@ impl Recorder {
                 cumulative,
                 interval,
             } => {
-                if let Some((endpoint, _)) = &self.metrics {
+                if let Some((endpoint, ..)) = &self.metrics {
                     endpoint
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())

@@ -61,7 +61,8 @@ pub enum RunState {
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Point {
     pub iops: f64,
-    pub bytes_per_s: f64,
+    /// None where the bytes are not seen (an attached run without the app probe).
+    pub bytes_per_s: Option<f64>,
     pub p99_ns: Option<u64>,
 }
 
@@ -80,6 +81,9 @@ pub struct Data {
     pub probes: Option<ProbeSnapshot>,
     /// The most recent probe interval.
     pub probe_interval: Option<ProbeSnapshot>,
+    /// Attach mode: the followed processes' reads and writes (system calls and io_uring
+    /// requests) since start, where the app probe times them.
+    pub attached_app: Option<crate::model::histogram::Histogram>,
 }
 
 /// What the TUI says of a kv run: ACT's verdict needs whole slices, so it comes when the run
@@ -155,6 +159,9 @@ pub struct App {
     /// What the run recorded since start or the last reset (the interval series, the probes'
     /// window, the tail autopsy's material): what a saved profile is made of.
     pub recorder: Recorder,
+    /// Attach mode: the probes follow running processes and no workload runs, so the rates
+    /// and app latency come from the probes.
+    pub attached: bool,
 }
 
 impl App {
@@ -175,6 +182,7 @@ impl App {
             kv: None,
             tail: None,
             recorder,
+            attached: false,
         }
     }
 
@@ -195,6 +203,9 @@ impl App {
                 false
             }
             Update::ProbeInterval(interval) => {
+                if self.attached {
+                    self.show_attached_interval(&interval, elapsed);
+                }
                 self.show_probe_interval(*interval);
                 false
             }
@@ -228,7 +239,57 @@ impl App {
             }
         }
         self.live.probes = self.recorder.window();
+        if self.attached {
+            self.live.attached_app = self.live.probes.as_ref().and_then(|w| {
+                let a = w.app.as_ref()?;
+                Some(crate::model::histogram::Histogram::from_kernel(
+                    &a.data_latency(),
+                ))
+            });
+        }
         self.live.probe_interval = Some(interval);
+    }
+
+    /// Attach mode: the interval's block requests, the bytes and p99 of the followed
+    /// processes' reads and writes where the app probe sees them, and the end of the run when
+    /// every followed process has exited.
+    fn show_attached_interval(&mut self, interval: &ProbeSnapshot, elapsed: Duration) {
+        use virtgap_probes::model::{BlockOp, BlockStage};
+        let secs = interval.elapsed_ns as f64 / 1e9;
+        let rate = |x: u64| if secs > 0.0 { x as f64 / secs } else { 0.0 };
+        let requests: u64 = interval
+            .block
+            .iter()
+            .flat_map(|b| &b.stages)
+            .filter(|s| s.stage == BlockStage::Device && s.op != BlockOp::Flush)
+            .map(|s| s.hist.count)
+            .sum();
+        let app = interval.app.as_ref();
+        let bytes = app.map(|a| {
+            a.kinds
+                .iter()
+                .filter(|k| k.via == virtgap_probes::model::AppVia::Syscall)
+                .map(|k| k.bytes)
+                .sum::<u64>()
+        });
+        let p99 = app
+            .map(|a| crate::model::histogram::Histogram::from_kernel(&a.data_latency()))
+            .and_then(|h| h.percentile_ns(99.0));
+        let d = &mut self.live;
+        d.elapsed = elapsed;
+        d.points.push_back(Point {
+            iops: rate(requests),
+            bytes_per_s: bytes.map(rate),
+            p99_ns: p99.map(|v| v as u64),
+        });
+        while d.points.len() > HISTORY {
+            d.points.pop_front();
+        }
+        if interval.followed.as_ref().is_some_and(Vec::is_empty) && self.state == RunState::Running
+        {
+            self.state = RunState::Finished;
+            self.message = Some("every followed process has exited".into());
+        }
     }
 
     /// The shown data, as of a merged whole-run interval.
@@ -240,7 +301,7 @@ impl App {
         d.elapsed = elapsed;
         d.points.push_back(Point {
             iops: rate(sample.ios()),
-            bytes_per_s: rate(sample.read_bytes + sample.write_bytes),
+            bytes_per_s: Some(rate(sample.read_bytes + sample.write_bytes)),
             p99_ns: sample.lat.percentile_ns(99.0),
         });
         while d.points.len() > HISTORY {

@@ -65,6 +65,9 @@ struct Session<'a> {
 }
 
 pub fn run(args: &TuiArgs) -> Result<ExitCode> {
+    if args.attach.any() {
+        return run_attached(args);
+    }
     let loaded = spec::load(&args.workload)?;
     let mut spec = loaded.spec.clone();
     let mut overrides = args.overrides.to_overrides();
@@ -136,7 +139,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     let input_stop = Arc::new(AtomicBool::new(false));
     let input = spawn_input(tx, Arc::clone(&input_stop))?;
     let mut terminal = ratatui::init();
-    let result = event_loop(&mut terminal, &mut app.app, &rx, stop, &session);
+    let result = event_loop(&mut terminal, &mut app.app, &rx, stop, Some(&session));
     ratatui::restore();
 
     stop.store(true, Ordering::Relaxed);
@@ -193,7 +196,11 @@ fn start(
         probed: probes.is_some(),
     });
     if let Some(endpoint) = metrics {
-        recorder.serve_metrics(Arc::clone(endpoint), &spec.name);
+        recorder.serve_metrics(
+            Arc::clone(endpoint),
+            &spec.name,
+            crate::run::recorder::OWN_WORKLOAD,
+        );
     }
     let mut app = App::new(host, workload, recorder);
     app.baseline = baseline;
@@ -235,6 +242,95 @@ fn start(
     })
 }
 
+/// The live view of processes already running (`--pid`, `--cgroup`, `--comm`, `--all`): no
+/// workload; the probes follow them until `q`, a signal, or the last of them exits (the view
+/// then stays, marked finished, until `q`).
+fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
+    let given = |set: bool, flag: &'static str| set.then_some(flag);
+    let workload_flag = args
+        .overrides
+        .workload_flag()
+        .or(given(args.workload != spec::DEFAULT_PRESET, "--workload"))
+        .or(args.target.given())
+        .or(given(args.save.is_some(), "--save"));
+    if let Some(flag) = workload_flag {
+        anyhow::bail!("{flag} is for a built-in workload, and --pid, --cgroup, --comm and --all show processes already running: drop one or the other");
+    }
+    if args.probe.no_probes {
+        anyhow::bail!(
+            "--pid, --cgroup, --comm and --all show processes through the probes: drop --no-probes"
+        );
+    }
+    crate::cli::check_interval(&args.interval)?;
+    let baseline = match &args.baseline {
+        Some(path) => Some(crate::model::file::load(path)?),
+        None => None,
+    };
+    let target = args.attach.target();
+    if let Some(t) = &target {
+        let root = std::path::Path::new("/");
+        virtgap_probes::follow::check_pid_namespace(root)?;
+        t.resolve(root)?;
+    }
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
+        anyhow::bail!(
+            "the live view needs a terminal (stdin and stdout are not both one); for a headless run use `virtgap record --pid/--cgroup/--comm/--all`"
+        );
+    }
+    let describe = target.as_ref().map_or(
+        "every process".into(),
+        virtgap_probes::follow::AttachTarget::describe,
+    );
+    let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
+    let signals = crate::run::signals::StopSignals::install(true)?;
+    let config = crate::run::attached::follow_config(
+        target.as_ref(),
+        &args.probe.choice(),
+        args.interval.0,
+    )?;
+    let (tx, rx) = mpsc::channel::<Input>();
+    let (collector, report) =
+        crate::run::session::start_collector(config, args.interval.0, &tx, &rx)?;
+    let mut recorder = Recorder::new(RecordPlan {
+        interval: args.interval.0,
+        ramp: Duration::ZERO,
+        disks: crate::model::host::TargetDisks::every_disk(std::path::Path::new("/")),
+        probed: true,
+    });
+    let label = args
+        .attach
+        .label
+        .clone()
+        .unwrap_or_else(|| describe.clone());
+    if let Some(endpoint) = &metrics {
+        recorder.serve_metrics(Arc::clone(endpoint), &label, &describe);
+    }
+    let workload =
+        virtgap_workloads::units::printable(&format!("attached to {label}")).into_owned();
+    let mut app = App::new(
+        crate::model::host::Fingerprint::this_host(),
+        workload,
+        recorder,
+    );
+    app.attached = true;
+    app.baseline = baseline;
+    app.on_probe_report(report);
+    let input_stop = Arc::new(AtomicBool::new(false));
+    let input = spawn_input(tx, Arc::clone(&input_stop))?;
+    let mut terminal = ratatui::init();
+    let result = event_loop(&mut terminal, &mut app, &rx, &signals.stop, None);
+    ratatui::restore();
+    input_stop.store(true, Ordering::Relaxed);
+    collector.stop();
+    let _ = input.join();
+    result?;
+    if signals.received().is_some() {
+        return Ok(signals.exit_code());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// Key presses and resizes, polled on their own thread into the channel.
 fn spawn_input(
     tx: mpsc::Sender<Input>,
@@ -263,7 +359,7 @@ fn event_loop(
     app: &mut App,
     rx: &mpsc::Receiver<Input>,
     stop: &AtomicBool,
-    session: &Session<'_>,
+    session: Option<&Session<'_>>,
 ) -> Result<()> {
     let started = Instant::now();
     let mut redraw = true;
@@ -272,7 +368,10 @@ fn event_loop(
     // How much material the shown autopsy was made of: redone only when more came.
     let mut tail_made_of = 0;
     loop {
-        if app.state == RunState::Running && app.paused.is_none() && Instant::now() >= next_tail {
+        // The tail autopsy joins the workload's own slow I/Os (none in attach mode).
+        if let Some(session) = session.filter(|_| {
+            app.state == RunState::Running && app.paused.is_none() && Instant::now() >= next_tail
+        }) {
             app.recorder.collect_slow_ios();
             let material = app.recorder.tail_material().len();
             if material != tail_made_of {
@@ -310,10 +409,15 @@ fn event_loop(
         match input {
             Input::Terminal(TermEvent::Key(key)) => {
                 redraw = true;
-                match app.handle_key(key) {
-                    Action::Quit => return Ok(()),
-                    Action::Save => save(app, session),
-                    Action::None => {}
+                match (app.handle_key(key), session) {
+                    (Action::Quit, _) => return Ok(()),
+                    (Action::Save, Some(session)) => save(app, session),
+                    (Action::Save, None) => {
+                        app.message = Some(
+                            "an attached view is not saved: record it with `virtgap record --pid/--cgroup/--comm/--all -o FILE`".into(),
+                        );
+                    }
+                    (Action::None, _) => {}
                 }
             }
             Input::Terminal(TermEvent::Resize(..)) => redraw = true,
@@ -321,7 +425,9 @@ fn event_loop(
             Input::Pipeline(ev) => {
                 let was_running = app.state == RunState::Running;
                 redraw |= app.on_event(ev, started.elapsed());
-                if was_running && app.state != RunState::Running {
+                if let Some(session) =
+                    session.filter(|_| was_running && app.state != RunState::Running)
+                {
                     // The whole run's autopsy (or what a failed run left).
                     refresh_tail(app, session);
                 }

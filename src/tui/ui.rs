@@ -93,10 +93,11 @@ fn render_header(f: &mut Frame<'_>, app: &App, area: Rect) {
     let lines = vec![
         Line::from(vec!["virtgap ".bold(), Span::raw(app.host.describe())]),
         Line::from(format!(
-            "{} · {} IOPS · {:.1} MB/s · p99 {} · {:.0} s{state}",
+            "{} · {} IOPS · {} MB/s · p99 {} · {:.0} s{state}",
             app.workload,
             units::count(last.iops),
-            last.bytes_per_s / 1e6,
+            last.bytes_per_s
+                .map_or("-".into(), |b| format!("{:.1}", b / 1e6)),
             lat(last.p99_ns.map(|v| v as f64)),
             d.elapsed.as_secs_f64()
         )),
@@ -112,13 +113,31 @@ fn render_header(f: &mut Frame<'_>, app: &App, area: Rect) {
 /// (each per request; completion 0 where no request had the stage), from the shown data as a
 /// profile's stages.
 fn stage_means(app: &App) -> (Option<f64>, Option<StageBreakdown>) {
-    let d = app.shown();
-    let stages = crate::run::assemble::stages(
-        Histogram::from_latency(&d.app),
-        d.probes.as_ref(),
-        app.target_devs(),
-    );
+    let stages = shown_stages(app);
+    if app.attached {
+        // The attached processes' calls are not one block request each (page-cache hits,
+        // merged and split requests): the bar is the block request alone.
+        let mean = |st: Stage| stages.get(st).and_then(Histogram::mean_ns);
+        let means = mean(Stage::Queue).zip(mean(Stage::Device)).map(|(q, dv)| {
+            let c = stages.completion_per_request().unwrap_or(0.0);
+            StageBreakdown::of(q + dv + c, q, dv, c)
+        });
+        return (stages.app.mean_ns(), means);
+    }
     (stages.app.mean_ns(), stages.breakdown())
+}
+
+/// The shown data as a profile's stages: the same histograms a saved profile holds (in attach
+/// mode the app stage is the followed processes' reads and writes, where the app probe times
+/// them).
+fn shown_stages(app: &App) -> crate::model::stages::Stages {
+    let d = app.shown();
+    let app_stage = if app.attached {
+        d.attached_app.clone().unwrap_or_default()
+    } else {
+        Histogram::from_latency(&d.app)
+    };
+    crate::run::assemble::stages(app_stage, d.probes.as_ref(), app.target_devs())
 }
 
 fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
@@ -166,7 +185,11 @@ fn render_kv_panel(f: &mut Frame<'_>, kv: &crate::tui::app::KvPanel, area: Rect)
 /// The mean I/O as one bar: submit + reap | queue | device | completion, with its legend.
 fn render_mean_bar(f: &mut Frame<'_>, app: &App, bar: Rect) {
     let (app_mean, means) = stage_means(app);
-    let block = Block::bordered().title(" mean latency of the workload's I/Os ");
+    let block = Block::bordered().title(if app.attached {
+        " mean block request of the attached processes "
+    } else {
+        " mean latency of the workload's I/Os "
+    });
     let inner = block.inner(bar);
     f.render_widget(block, bar);
     let mut lines = Vec::new();
@@ -187,9 +210,14 @@ fn render_mean_bar(f: &mut Frame<'_>, app: &App, bar: Rect) {
                 Span::styled("█".repeat(cd), Style::new().fg(Color::Magenta)),
                 Span::styled("▓".repeat(cc), Style::new().fg(Color::Green)),
             ]));
+            // An attached bar is the block request alone: nothing of it is submit + reap.
+            let software = if app.attached {
+                String::new()
+            } else {
+                format!("░ submit+reap {}  ", units::latency(m.software_ns.max(0.0)))
+            };
             let legend = format!(
-                "░ submit+reap {}  ▒ queue {}  █ device {}  ▓ completion {}",
-                units::latency(m.software_ns.max(0.0)),
+                "{software}▒ queue {}  █ device {}  ▓ completion {}",
                 units::latency(m.queue_ns),
                 units::latency(m.device_ns),
                 units::latency(m.completion_ns),
@@ -212,12 +240,7 @@ fn render_mean_bar(f: &mut Frame<'_>, app: &App, bar: Rect) {
 /// Each stage's mean and percentiles since start (or reset), beside the baseline's.
 fn render_stage_table(f: &mut Frame<'_>, app: &App, table: Rect) {
     let d = app.shown();
-    // The shown data as a profile's stages: the same histograms a saved profile holds.
-    let stages = crate::run::assemble::stages(
-        Histogram::from_latency(&d.app),
-        d.probes.as_ref(),
-        app.target_devs(),
-    );
+    let stages = shown_stages(app);
     let bl = app.baseline.as_ref();
     let row_of = |name: &str, mean: Option<f64>, p: &dyn Fn(f64) -> Option<f64>, base| {
         let mut cells = vec![
@@ -241,14 +264,20 @@ fn render_stage_table(f: &mut Frame<'_>, app: &App, table: Rect) {
             bl.and_then(|b| b.stages.get(stage)),
         )
     };
-    let app_p = |q: f64| d.app.percentile_ns(q).map(|v| v as f64);
+    let app_p = |q: f64| {
+        if app.attached {
+            stages.app.percentile_ns(q)
+        } else {
+            d.app.percentile_ns(q).map(|v| v as f64)
+        }
+    };
+    let app_mean = if app.attached {
+        stages.app.mean_ns()
+    } else {
+        d.app.mean_ns()
+    };
     let rows = vec![
-        row_of(
-            "app (lat)",
-            d.app.mean_ns(),
-            &app_p,
-            bl.map(|b| &b.stages.app),
-        ),
+        row_of("app (lat)", app_mean, &app_p, bl.map(|b| &b.stages.app)),
         probed("block queue", Stage::Queue),
         probed("device", Stage::Device),
         probed("completion", Stage::Completion),
@@ -1090,6 +1119,54 @@ mod tests {
             press(&mut app, KeyCode::Char('?'));
             insta::assert_snapshot!(format!("help_{w}x{h}"), draw(&app, w, h));
         }
+    }
+
+    /// An attached view: no workload, the rates and app latency from the probes; the last
+    /// followed process exiting ends it.
+    #[test]
+    fn an_attached_view_shows_the_probes_rates_and_app_latency_then_the_end() {
+        use virtgap_probes::model::{AppHist, AppOp, AppSnapshot, AppVia};
+        let profile: Profile =
+            serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
+        let mut app = App::new(
+            profile.host.clone(),
+            "attached to pid 4242 and children".into(),
+            crate::tui::app::tests::recorder(std::time::Duration::ZERO),
+        );
+        app.attached = true;
+        let with_app = |scale: u64, followed: Vec<u32>| {
+            let mut s = probe_snapshot(scale);
+            s.followed = Some(followed);
+            s.app = Some(AppSnapshot {
+                kinds: vec![AppHist {
+                    via: AppVia::Syscall,
+                    op: AppOp::Read,
+                    latency: hist(&[(90_000, 990 * scale), (2_000_000, 10 * scale)]),
+                    bytes: 4096 * 1000 * scale,
+                }],
+                ..Default::default()
+            });
+            s
+        };
+        for i in 1..=5u64 {
+            app.on_probe_snapshot(with_app(i, vec![4242]), with_app(1, vec![4242]));
+        }
+        app.device_names = BTreeMap::from([((254, 0), "vda".to_string())]);
+        let screen = draw(&app, 100, 30);
+        insta::assert_snapshot!("attached_100x30", screen);
+        assert!(
+            screen.contains("mean block request of the attached processes"),
+            "{screen}"
+        );
+        assert!(!screen.contains("finished"), "{screen}");
+        // The last followed process exits: the view stays, marked finished.
+        app.on_probe_snapshot(with_app(6, vec![]), with_app(1, vec![]));
+        let screen = draw(&app, 100, 30);
+        assert!(screen.contains("finished"), "{screen}");
+        assert!(
+            screen.contains("every followed process has exited"),
+            "{screen}"
+        );
     }
 
     #[test]
