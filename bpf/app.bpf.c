@@ -57,11 +57,12 @@ enum {
 	URING_OP_WRITE = 23,
 };
 
-/* A system call in progress: when it entered and what it is. */
+/* A system call or io_uring request in progress: when it started, what it is, whose. */
 struct app_call {
 	__u64 start_ns;
 	__u32 kind;
-	__u32 pad;
+	/* The thread that made the call or submitted the request. */
+	__u32 tid;
 };
 
 /* Thread id -> the file I/O call it is in. */
@@ -95,6 +96,19 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } app_bytes SEC(".maps");
+
+/*
+ * Calls and requests that took at least `slow_call_ns`, for the attached tail autopsy. User
+ * space moves the threshold with the processes' running tail and drains the buffer every
+ * interval; a full buffer counts drops.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20);
+} slow_calls SEC(".maps");
+
+/* Written by user space as soon as the object is loaded (0 would send every call). */
+__u64 slow_call_ns = 0;
 
 /* enum vg_app_counter, per CPU. */
 struct {
@@ -161,13 +175,34 @@ static __always_inline __u32 call_kind(long id)
 	}
 }
 
-static __always_inline void record(__u32 kind, __u64 start, long ret)
+/* Sends a finished call or request to user space when it was slow enough (slow_calls). */
+static __always_inline void emit_if_slow(const struct app_call *call, __u64 now, __u64 delta)
 {
-	__u64 delta, *bytes;
+	struct vg_slow_call *r;
+
+	if (delta < slow_call_ns)
+		return;
+	r = bpf_ringbuf_reserve(&slow_calls, sizeof(*r), 0);
+	if (!r) {
+		vg_bump(&app_counters, VG_APP_SLOW_DROPPED);
+		return;
+	}
+	r->start_ns = call->start_ns;
+	r->end_ns = now;
+	r->tid = call->tid;
+	r->kind = call->kind;
+	bpf_ringbuf_submit(r, 0);
+}
+
+static __always_inline void record(const struct app_call *call, long ret)
+{
+	__u64 delta, *bytes, now = bpf_ktime_get_ns();
+	__u32 kind = call->kind;
 	struct vg_hist *h;
 
-	if (kind >= VG_APP_KINDS || !vg_elapsed(start, bpf_ktime_get_ns(), &delta))
+	if (kind >= VG_APP_KINDS || !vg_elapsed(call->start_ns, now, &delta))
 		return;
+	emit_if_slow(call, now, delta);
 	h = bpf_map_lookup_elem(&app_hists, &kind);
 	if (h)
 		vg_hist_add(h, delta, false);
@@ -195,6 +230,7 @@ static __always_inline int on_sys_enter(struct pt_regs *regs, long id)
 		return 0;
 	call.start_ns = bpf_ktime_get_ns();
 	tid = (__u32)bpf_get_current_pid_tgid();
+	call.tid = tid;
 	if (bpf_map_update_elem(&in_call, &tid, &call, BPF_ANY))
 		vg_bump(&app_counters, VG_APP_DROPPED);
 	return 0;
@@ -207,7 +243,7 @@ static __always_inline int on_sys_exit(long ret)
 
 	if (!call)
 		return 0;
-	record(call->kind, call->start_ns, ret);
+	record(call, ret);
 	bpf_map_delete_elem(&in_call, &tid);
 	return 0;
 }
@@ -277,6 +313,7 @@ static __always_inline int on_ring_submit(struct io_kiocb *req)
 	if (call.kind >= VG_APP_KINDS)
 		return 0;
 	call.start_ns = bpf_ktime_get_ns();
+	call.tid = (__u32)bpf_get_current_pid_tgid();
 	if (bpf_map_update_elem(&in_ring, &key, &call, BPF_ANY))
 		vg_bump(&app_counters, VG_APP_DROPPED);
 	return 0;
@@ -294,7 +331,7 @@ static __always_inline int on_ring_complete(void *req)
 		return 0;
 	/* The result's place in the tracepoint moved between kernels: latency only. */
 	if (ring_file(req))
-		record(call->kind, call->start_ns, 0);
+		record(call, 0);
 	bpf_map_delete_elem(&in_ring, &key);
 	return 0;
 }
@@ -344,5 +381,6 @@ int BPF_PROG(io_uring_complete_btf, void *ring, void *req)
 VG_FOLLOW_FORK_PROGRAMS;
 
 struct vg_hist vg_abi_app_hist = {};
+struct vg_slow_call vg_abi_slow_call = {};
 enum vg_app_kind vg_abi_app_kind = VG_APP_CALL_READ;
 enum vg_app_counter vg_abi_app_counter = VG_APP_IO_SUBMIT;

@@ -68,6 +68,9 @@ struct rq_track {
 	/* Bytes and first sector as issued, for the slow-request record. */
 	__u32 bytes;
 	__u64 sector;
+	/* The thread it was started or claimed for (the slow-request record's). */
+	__u32 tid;
+	__u32 pad;
 };
 
 /* Requests in flight, from start (or first issue) to completion; user space sizes it. */
@@ -259,7 +262,10 @@ static __always_inline __u64 take_bio_entry(struct request *rq, bool btf, __u64 
 static __always_inline int on_io_start(struct request *rq, bool btf)
 {
 	__u64 key = (__u64)rq;
-	struct rq_track fresh = { .start_ns = bpf_ktime_get_ns() };
+	struct rq_track fresh = {
+		.start_ns = bpf_ktime_get_ns(),
+		.tid = (__u32)bpf_get_current_pid_tgid(),
+	};
 	__u32 cmd_flags, data_len;
 	__u64 entered;
 
@@ -366,7 +372,7 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 		return 0;
 	t = bpf_map_lookup_elem(&requests, &key);
 	if (!t) {
-		struct rq_track fresh = {};
+		struct rq_track fresh = { .tid = (__u32)bpf_get_current_pid_tgid() };
 
 		/* With block_io_start, a request not seen starting is not ours (or predates us). */
 		if (have_io_start ||
@@ -470,6 +476,7 @@ static __always_inline void emit_if_slow(struct rq_track *t, __u64 device_end, _
 	r->bytes = t->bytes;
 	r->op = t->key.op;
 	__builtin_memset(r->pad, 0, sizeof(r->pad));
+	r->tid = t->tid;
 	bpf_ringbuf_submit(r, 0);
 }
 

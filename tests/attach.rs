@@ -161,6 +161,25 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
         summary.contains("block stages of the attached processes' read on"),
         "{summary}"
     );
+    // The tail autopsy: fio's slowest preads, each joined by its thread to the request it
+    // waited for (every call is kept in the first interval, and fio's run is shorter).
+    let tail = &p["runs"][0]["tail"];
+    assert_eq!(tail["by_thread"], true, "{tail}");
+    let p99 = &tail["sets"][0];
+    let (ios, joined) = (
+        p99["ios"].as_u64().unwrap(),
+        p99["joined"].as_u64().unwrap(),
+    );
+    println!("tail autopsy above p99: {ios} calls, {joined} joined");
+    assert!(ios >= fio_reads / 200, "{tail}");
+    assert!(
+        joined * 10 >= ios * 9,
+        "only {joined} of {ios} joined: {tail}"
+    );
+    assert!(
+        summary.contains("joined to their block requests by thread and time"),
+        "{summary}"
+    );
 }
 
 /// `--all` follows every process: a dd run after attach is counted (with whatever else the
@@ -575,6 +594,16 @@ fn rocksdb_db_bench_reads_are_counted_and_timed_as_rocksdb_times_them() {
     assert!(
         close(ours_p99, p99_us, 0.30),
         "p99 {ours_p99:.1} vs {p99_us:.1} µs"
+    );
+    // Its slowest direct reads are joined, by thread and time, to the requests they waited
+    // for (seen: 93% above p99, 97% above p99.9).
+    let tail = p.runs[0].tail.as_ref().expect("a tail autopsy");
+    let p99 = tail.set(99.0).expect("reads above p99");
+    assert!(
+        p99.ios > 0 && p99.joined * 10 >= p99.ios * 8,
+        "{} of {} joined",
+        p99.joined,
+        p99.ios
     );
 }
 

@@ -104,7 +104,9 @@ enum vg_app_counter {
 	VG_APP_FAILED = 1,
 	/* Calls or requests not timed: a map was full. */
 	VG_APP_DROPPED = 2,
-	VG_APP_COUNTERS = 3,
+	/* Slow calls lost for the tail autopsy: its ring buffer was full. */
+	VG_APP_SLOW_DROPPED = 3,
+	VG_APP_COUNTERS = 4,
 };
 
 enum vg_block_counter {
@@ -147,7 +149,20 @@ struct vg_slow_request {
 	__u32 dev; /* major << 20 | minor of the whole disk */
 	__u32 bytes; /* as issued */
 	__u8 op; /* enum vg_block_op */
-	__u8 pad[7];
+	__u8 pad[3];
+	/* The thread the request was started (or claimed) for: the attached tail autopsy joins a
+	 * slow system call to the requests its thread waited for. */
+	__u32 tid;
+};
+
+/* One slow file I/O call or io_uring request of a followed process, for the attached tail
+ * autopsy (bpf/app.bpf.c). */
+struct vg_slow_call {
+	__u64 start_ns;
+	__u64 end_ns;
+	/* The thread that made the call or submitted the request. */
+	__u32 tid;
+	__u32 kind; /* enum vg_app_kind */
 };
 
 /* NVMe command latency key. qid = hardware queue index + 1; 0 is the admin queue. */

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::families::{ProbeConfig, ProbeStorage};
-use crate::model::{ProbeSnapshot, SlowRequest};
+use crate::model::{ProbeSnapshot, SlowCall, SlowRequest};
 use crate::report::CapabilityReport;
 use crate::session::ProbeSession;
 
@@ -25,6 +25,9 @@ pub enum ProbeEvent {
     /// Sent after each snapshot when slow requests are asked for: those completed since the
     /// last (see `ProbeConfig::slow_request_ns`).
     SlowRequests(Vec<SlowRequest>),
+    /// The attached processes' slow calls since the last batch (see
+    /// `ProbeConfig::slow_call_ns`), sent right after their interval's slow requests.
+    SlowCalls(Vec<SlowCall>),
 }
 
 /// The first snapshot comes this soon after attaching (or after one interval, when shorter),
@@ -72,14 +75,19 @@ impl ProbeHandle {
                 // Slow requests are drained (and their threshold follows the workload's) every
                 // step of the wait, so the kernel's buffer holds only a fraction of a second.
                 let slow_threshold = config.slow_request_ns.clone();
-                let mut slow = Vec::new();
-                let drain_slow = |slow: &mut Vec<SlowRequest>| {
-                    let ns = slow_threshold
-                        .as_ref()
-                        .map_or(u64::MAX, |t| t.load(Ordering::Relaxed));
-                    session.set_slow_request_threshold(ns);
+                let call_threshold = config.slow_call_ns.clone();
+                let mut slow = (Vec::new(), Vec::new());
+                let drain_slow = |slow: &mut (Vec<SlowRequest>, Vec<SlowCall>)| {
+                    let ns = |t: &Option<Arc<std::sync::atomic::AtomicU64>>| {
+                        t.as_ref().map_or(u64::MAX, |t| t.load(Ordering::Relaxed))
+                    };
+                    session.set_slow_request_threshold(ns(&slow_threshold));
+                    session.set_slow_call_threshold(ns(&call_threshold));
                     if slow_threshold.is_some() {
-                        slow.append(&mut session.drain_slow_requests());
+                        slow.0.append(&mut session.drain_slow_requests());
+                    }
+                    if call_threshold.is_some() {
+                        slow.1.append(&mut session.drain_slow_calls());
                     }
                 };
                 drain_slow(&mut slow);
@@ -107,10 +115,16 @@ impl ProbeHandle {
                         cumulative: Box::new(cumulative),
                         interval: Box::new(delta),
                     }));
-                    if slow_threshold.is_some() && sent.is_ok() {
+                    if sent.is_ok() {
                         drain_slow(&mut slow);
-                        let batch = std::mem::take(&mut slow);
+                    }
+                    if slow_threshold.is_some() && sent.is_ok() {
+                        let batch = std::mem::take(&mut slow.0);
                         sent = tx.send(T::from(ProbeEvent::SlowRequests(batch)));
+                    }
+                    if call_threshold.is_some() && sent.is_ok() {
+                        let batch = std::mem::take(&mut slow.1);
+                        sent = tx.send(T::from(ProbeEvent::SlowCalls(batch)));
                     }
                     if sent.is_err() || flag.load(Ordering::Relaxed) {
                         break;

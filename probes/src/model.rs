@@ -142,6 +142,20 @@ pub struct SlowRequest {
     /// The queue's interrupt handler entry ending device time (None: unsplit).
     pub irq_ns: Option<u64>,
     pub complete_ns: u64,
+    /// The thread it was started for (attach mode joins a slow call to it by this).
+    pub tid: u32,
+}
+
+/// One file I/O call or io_uring request of an attached process slow enough for the tail
+/// autopsy. Times are CLOCK_MONOTONIC nanoseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlowCall {
+    pub via: AppVia,
+    pub op: AppOp,
+    /// The thread that made the call or submitted the request.
+    pub tid: u32,
+    pub start_ns: u64,
+    pub end_ns: u64,
 }
 
 impl BlockSnapshot {
@@ -391,6 +405,9 @@ pub struct AppSnapshot {
     pub failed: u64,
     /// Calls or requests not timed (a full map).
     pub dropped: u64,
+    /// Slow calls lost for the tail autopsy: its ring buffer was full.
+    #[serde(default)]
+    pub slow_dropped: u64,
 }
 
 impl AppSnapshot {
@@ -414,6 +431,7 @@ impl AppSnapshot {
             io_submits: self.io_submits.saturating_sub(earlier.io_submits),
             failed: self.failed.saturating_sub(earlier.failed),
             dropped: self.dropped.saturating_sub(earlier.dropped),
+            slow_dropped: self.slow_dropped.saturating_sub(earlier.slow_dropped),
         }
     }
 

@@ -249,6 +249,22 @@ impl<'a> ProbeSession<'a> {
         }
     }
 
+    /// The slow calls the app probe saw since the last call (the attached tail autopsy).
+    pub fn drain_slow_calls(&self) -> Vec<crate::model::SlowCall> {
+        let mut out = Vec::new();
+        for (_, f) in &self.families {
+            f.drain_slow_calls(&mut out);
+        }
+        out
+    }
+
+    /// Calls and io_uring requests at least `ns` long are kept as slow calls.
+    pub fn set_slow_call_threshold(&self, ns: u64) {
+        for (_, f) in &self.families {
+            f.set_slow_call_threshold(ns);
+        }
+    }
+
     /// Starts or pauses the sampler. Pausing stops it first and then tells the others, starting
     /// tells them first, so no write it causes is counted as the host's.
     pub fn set_sampler_running(&self, running: bool) {

@@ -1,5 +1,6 @@
 //! The tail autopsy (pure): joins the workload's slow I/Os to the kernel's slow requests by
-//! disk, sector and time, and says where the I/Os above the run's p99 and p99.9 spent their time.
+//! disk, sector and time (an attached run's slow calls by thread and time), and says where the
+//! I/Os above the run's p99 and p99.9 spent their time.
 
 use virtgap_probes::model::{BlockOp, SlowRequest};
 use virtgap_workloads::extents::{ExtentMap, StackMap};
@@ -18,14 +19,29 @@ pub struct TailInputs<'a> {
     pub ios: &'a [SlowIo],
     /// The block probe's slow requests.
     pub requests: &'a [SlowRequest],
-    /// Where the target's bytes sit (Err: why they cannot be joined).
-    pub extents: Result<&'a ExtentMap, String>,
-    /// When the target is stacked (md RAID0, dm linear or striped): how its sectors lie on the
-    /// member disks, where the requests are.
-    pub stripes: Option<&'a StackMap>,
+    /// How an I/O finds its request.
+    pub join: Join<'a>,
     /// The run's stages (app from the workload, block stages over the measured window).
     pub stages: &'a Stages,
     pub requests_dropped: u64,
+}
+
+/// How a slow I/O finds the block request it waited for.
+#[derive(Debug)]
+pub enum Join<'a> {
+    /// The workload's I/Os, by disk, sector and time.
+    Extents {
+        /// Where the target's bytes sit (Err: why they cannot be joined).
+        extents: Result<&'a ExtentMap, String>,
+        /// When the target is stacked (md RAID0, dm linear or striped): how its sectors lie on
+        /// the member disks, where the requests are.
+        stripes: Option<&'a StackMap>,
+    },
+    /// An attached run's calls, by thread and time: the thread of each (beside `ios`, index
+    /// for index), whose requests started and completed within the call. A file's extents are
+    /// not needed: a system call's thread waits for the requests it started (an io_uring
+    /// request issued by a worker thread is not joined).
+    Threads(&'a [u32]),
 }
 
 /// The run's autopsy; None when it had no app latency at all.
@@ -47,10 +63,11 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
         if expected == 0 {
             continue;
         }
-        let slow: Vec<&SlowIo> = input
+        let slow: Vec<(usize, &SlowIo)> = input
             .ios
             .iter()
-            .filter(|io| io.latency_ns() as f64 > threshold)
+            .enumerate()
+            .filter(|(_, io)| io.latency_ns() as f64 > threshold)
             .collect();
         if slow.is_empty() {
             continue;
@@ -58,13 +75,17 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
         let mut per_io = Vec::with_capacity(slow.len());
         let mut joined = 0;
         let mut split = SoftwareSplit::default();
-        for io in &slow {
+        for &(index, io) in &slow {
             let app_ns = io.latency_ns() as f64;
-            let block = input
-                .extents
-                .as_ref()
-                .ok()
-                .and_then(|map| request_of(io, map, input.stripes, &requests));
+            let block = match &input.join {
+                Join::Extents { extents, stripes } => extents
+                    .as_ref()
+                    .ok()
+                    .and_then(|map| request_of(io, map, *stripes, &requests)),
+                Join::Threads(tids) => tids
+                    .get(index)
+                    .and_then(|&tid| request_of_thread(io, tid, &requests)),
+            };
             let (queue, device, completion) = match block {
                 Some(r) => {
                     joined += 1;
@@ -104,7 +125,11 @@ pub fn autopsy(input: &TailInputs<'_>) -> Option<TailAutopsy> {
     Some(TailAutopsy {
         sets,
         requests_dropped: input.requests_dropped,
-        unjoinable: input.extents.as_ref().err().cloned(),
+        unjoinable: match &input.join {
+            Join::Extents { extents, .. } => extents.as_ref().err().cloned(),
+            Join::Threads(_) => None,
+        },
+        by_thread: matches!(input.join, Join::Threads(_)),
     })
 }
 
@@ -146,6 +171,24 @@ fn request_of<'r>(
         .copied()
 }
 
+/// The request an attached call waited for: started for its thread after the call began and
+/// completed before it returned, of its direction; the one that completed last.
+fn request_of_thread<'r>(
+    io: &SlowIo,
+    tid: u32,
+    by_completion: &[&'r SlowRequest],
+) -> Option<&'r SlowRequest> {
+    let first = by_completion.partition_point(|r| r.complete_ns < io.start_ns);
+    by_completion[first..]
+        .iter()
+        .take_while(|r| r.complete_ns <= io.end_ns)
+        .filter(|r| {
+            r.tid == tid && r.start_ns >= io.start_ns && matches!(r.op, BlockOp::Write) == io.write
+        })
+        .max_by_key(|r| r.complete_ns)
+        .copied()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,8 +209,10 @@ mod tests {
         autopsy(&TailInputs {
             ios,
             requests,
-            extents,
-            stripes: None,
+            join: Join::Extents {
+                extents,
+                stripes: None,
+            },
             stages,
             requests_dropped: 0,
         })
@@ -202,6 +247,7 @@ mod tests {
             issue_ns: start + queue,
             irq_ns: Some(start + queue + device),
             complete_ns: start + queue + device + completion,
+            tid: 7,
         }
     }
 
@@ -348,10 +394,12 @@ mod tests {
         let striped = autopsy(&TailInputs {
             ios: &ios,
             requests: &on_members,
-            extents: Ok(&map),
-            stripes: Some(&StackMap {
-                segments: vec![(0, u64::MAX, raid0.clone())],
-            }),
+            join: Join::Extents {
+                extents: Ok(&map),
+                stripes: Some(&StackMap {
+                    segments: vec![(0, u64::MAX, raid0.clone())],
+                }),
+            },
             stages: &stages,
             requests_dropped: 0,
         })
@@ -361,5 +409,56 @@ mod tests {
         // Read as if the md device itself had them, none matches.
         let flat = open(&ios, &on_members, Ok(&map), &stages);
         assert_eq!(flat.set(99.0).unwrap().joined, 0);
+    }
+
+    /// An attached run's slow calls find their requests by thread and time, whatever their
+    /// offset: another thread's request in the same window is not theirs.
+    #[test]
+    fn attached_calls_join_their_threads_requests() {
+        // Ten reads of 1 ms; the block request of each took 900 µs of device time.
+        let ios: Vec<SlowIo> = (0..10u64)
+            .map(|i| read(0, i * 10_000_000, 1_000_000))
+            .collect();
+        let mut requests: Vec<SlowRequest> = (0..10u64)
+            .map(|i| request(5_000, i * 10_000_000 + 20_000, 10_000, 900_000, 5_000))
+            .collect();
+        // Another thread's request inside the first call's window, slower: not joined to it.
+        requests.push(SlowRequest {
+            tid: 8,
+            ..request(9_000, 30_000, 10_000, 950_000, 5_000)
+        });
+        let tids = vec![7u32; ios.len()];
+        let mut values: Vec<u64> = vec![100_000; 990];
+        values.extend(std::iter::repeat_n(1_000_000, 10));
+        let stages = Stages {
+            app: hist(&values),
+            queue: Some(hist(&[10_000; 1000])),
+            device: Some(hist(&[80_000; 1000])),
+            completion: Some(hist(&[5_000; 1000])),
+            ..Stages::default()
+        };
+        let a = autopsy(&TailInputs {
+            ios: &ios,
+            requests: &requests,
+            join: Join::Threads(&tids),
+            stages: &stages,
+            requests_dropped: 0,
+        })
+        .unwrap();
+        let p99 = a.set(99.0).unwrap();
+        assert_eq!((p99.ios, p99.joined), (10, 10), "{p99:?}");
+        assert!((p99.mean.device_ns - 900_000.0).abs() < 1.0, "{p99:?}");
+        assert_eq!(a.unjoinable, None);
+        // Under another thread id, nothing joins.
+        let other = vec![9u32; ios.len()];
+        let none = autopsy(&TailInputs {
+            ios: &ios,
+            requests: &requests,
+            join: Join::Threads(&other),
+            stages: &stages,
+            requests_dropped: 0,
+        })
+        .unwrap();
+        assert_eq!(none.set(99.0).unwrap().joined, 0);
     }
 }

@@ -17,6 +17,10 @@ pub struct TailAutopsy {
     /// Why slow I/Os could not be joined to their requests, in words (e.g. a stacked device).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unjoinable: Option<String>,
+    /// An attached run's: its slow calls were joined to their requests by thread and time,
+    /// not by disk sector.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_thread: bool,
 }
 
 impl TailAutopsy {

@@ -291,10 +291,12 @@ pub fn write_runs(
 /// The tail autopsy of one run: the mean I/O, then the I/Os above p99 and p99.9 stage by
 /// stage, and where the slowest set's extra time went.
 pub fn write_tail(out: &mut dyn Write, tail: &crate::model::tail::TailAutopsy) -> io::Result<()> {
-    writeln!(
-        out,
-        "  tail autopsy (the slowest I/Os joined to their block requests by disk sector and time):"
-    )?;
+    let by = if tail.by_thread {
+        "the slowest reads and writes joined to their block requests by thread and time"
+    } else {
+        "the slowest I/Os joined to their block requests by disk sector and time"
+    };
+    writeln!(out, "  tail autopsy ({by}):")?;
     if let Some(why) = &tail.unjoinable {
         writeln!(out, "    not joined: {why}")?;
     }

@@ -238,6 +238,9 @@ fn write_attached(
         )?;
     }
     crate::render::probe_report::write(out, p)?;
+    if let Some(tail) = p.runs.first().and_then(|r| r.tail.as_ref()) {
+        crate::render::report::write_tail(out, tail)?;
+    }
     Ok(())
 }
 

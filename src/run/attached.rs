@@ -6,8 +6,8 @@
 //! waited for is seen here as their block requests only.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
@@ -242,7 +242,14 @@ pub fn record(
     (verbose, progress): (bool, bool),
     metrics: Option<&SharedEndpoint>,
 ) -> Result<AttachedRun> {
-    let config = follow_config(plan.target.as_ref(), &plan.probes, plan.interval)?;
+    let mut config = follow_config(plan.target.as_ref(), &plan.probes, plan.interval)?;
+    // The tail autopsy's material: slow calls (the app probe) and slow requests of the
+    // followed processes, at thresholds that follow their running p99 (none until it is known).
+    let mut tail = AttachedTail::default();
+    if config.families.contains(&virtgap_probes::Family::App) {
+        config.slow_call_ns = Some(Arc::clone(&tail.call_ns));
+        config.slow_request_ns = Some(Arc::clone(&tail.request_ns));
+    }
     let started = SystemTime::now();
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
@@ -290,17 +297,24 @@ pub fn record(
         let Ok(event) = rx.recv_timeout(Duration::from_millis(100)) else {
             continue;
         };
-        let Event::Probe(ProbeEvent::Snapshot {
-            cumulative,
-            interval,
-        }) = event
-        else {
+        let Event::Probe(event) = event else {
             continue;
+        };
+        let (cumulative, interval) = match event {
+            ProbeEvent::Snapshot {
+                cumulative,
+                interval,
+            } => (cumulative, interval),
+            other => {
+                tail.add(other);
+                continue;
+            }
         };
         let followed = cumulative.followed.clone();
         if let Some(pids) = &followed {
             seen.add(pids);
         }
+        tail.follow(&cumulative);
         publish(&cumulative);
         series.add(&cumulative, &interval);
         if progress {
@@ -318,18 +332,21 @@ pub fn record(
         }
     }
     collector.stop();
-    // The collector's last snapshot, taken as it stopped.
+    // The collector's last snapshot, taken as it stopped, and the last slow records.
     for event in rx.try_iter() {
-        if let Event::Probe(ProbeEvent::Snapshot {
-            cumulative,
-            interval,
-        }) = event
-        {
-            if let Some(pids) = &cumulative.followed {
-                seen.add(pids);
+        match event {
+            Event::Probe(ProbeEvent::Snapshot {
+                cumulative,
+                interval,
+            }) => {
+                if let Some(pids) = &cumulative.followed {
+                    seen.add(pids);
+                }
+                series.add(&cumulative, &interval);
+                last = Some(*cumulative);
             }
-            series.add(&cumulative, &interval);
-            last = Some(*cumulative);
+            Event::Probe(other) => tail.add(other),
+            Event::Workload(_) => {}
         }
     }
     if progress {
@@ -348,6 +365,7 @@ pub fn record(
             seen,
             series,
             end,
+            tail: tail.enabled().then_some(tail),
         },
     );
     Ok(AttachedRun {
@@ -366,6 +384,103 @@ struct AttachedInputs {
     seen: Seen,
     series: AttachedSeries,
     end: AttachEnd,
+    /// The slow calls and requests kept (None: the app probe did not run).
+    tail: Option<AttachedTail>,
+}
+
+/// The attached tail autopsy's material, bounded, and the thresholds the probes keep it at.
+#[derive(Debug)]
+struct AttachedTail {
+    calls: Vec<virtgap_probes::model::SlowCall>,
+    requests: Vec<virtgap_probes::model::SlowRequest>,
+    /// Calls at least this long are sent (0, every one, until the first interval's p99).
+    call_ns: Arc<AtomicU64>,
+    request_ns: Arc<AtomicU64>,
+    /// Whether the app probe was asked for calls at all.
+    asked: bool,
+}
+
+impl Default for AttachedTail {
+    fn default() -> Self {
+        Self {
+            calls: Vec::new(),
+            requests: Vec::new(),
+            // Every one is kept until the first interval says where the tail is (a process
+            // may do all its I/O in less than an interval).
+            call_ns: Arc::new(AtomicU64::new(0)),
+            request_ns: Arc::new(AtomicU64::new(0)),
+            asked: false,
+        }
+    }
+}
+
+impl AttachedTail {
+    /// Calls are kept at half the running p99 of the processes' reads and writes, so those
+    /// above the run's final p99 are all kept while the estimate wanders; requests at 0.4 of
+    /// it (as a workload's autopsy keeps them: a slow call whose request was shorter spent its
+    /// time outside the block layer).
+    fn follow(&mut self, total: &ProbeSnapshot) {
+        let Some(p99) = total.app.as_ref().and_then(|a| {
+            crate::model::histogram::Histogram::from_kernel(&a.data_latency()).percentile_ns(99.0)
+        }) else {
+            return;
+        };
+        self.call_ns.store((p99 * 0.5) as u64, Ordering::Relaxed);
+        self.request_ns.store((p99 * 0.4) as u64, Ordering::Relaxed);
+    }
+
+    fn add(&mut self, event: ProbeEvent) {
+        match event {
+            ProbeEvent::SlowCalls(calls) => {
+                self.asked = true;
+                self.calls.extend(calls);
+            }
+            ProbeEvent::SlowRequests(requests) => self.requests.extend(requests),
+            _ => return,
+        }
+        // Past the bound both keep their later half, so the autopsy covers the later part of
+        // the run (its sets then say fewer calls were kept than expected).
+        let bound = crate::run::recorder::MAX_TAIL_MATERIAL;
+        if self.calls.len() > bound || self.requests.len() > bound {
+            fn later_half<T>(v: &mut Vec<T>) {
+                v.drain(..v.len() - v.len() / 2);
+            }
+            later_half(&mut self.calls);
+            later_half(&mut self.requests);
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        self.asked
+    }
+
+    /// The autopsy of the kept calls (reads and writes: the app stage's) over `stages`.
+    fn autopsy(
+        &self,
+        stages: &crate::model::stages::Stages,
+        requests_dropped: u64,
+    ) -> Option<crate::model::tail::TailAutopsy> {
+        use virtgap_probes::model::AppOp;
+        let data: Vec<_> = self.calls.iter().filter(|c| c.op != AppOp::Sync).collect();
+        let ios: Vec<virtgap_workloads::slow::SlowIo> = data
+            .iter()
+            .map(|c| virtgap_workloads::slow::SlowIo {
+                offset: 0,
+                len: 0,
+                write: c.op == AppOp::Write,
+                start_ns: c.start_ns,
+                end_ns: c.end_ns,
+            })
+            .collect();
+        let tids: Vec<u32> = data.iter().map(|c| c.tid).collect();
+        crate::analysis::tail::autopsy(&crate::analysis::tail::TailInputs {
+            ios: &ios,
+            requests: &self.requests,
+            join: crate::analysis::tail::Join::Threads(&tids),
+            stages,
+            requests_dropped,
+        })
+    }
 }
 
 /// The profile of an attached run: the probes' window assembled as a workload's is, with the
@@ -492,7 +607,14 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
             0.0
         };
     }
-    profile.runs = vec![RunRecord::of_profile(&profile, 1)];
+    let mut run = RunRecord::of_profile(&profile, 1);
+    run.tail = i.tail.as_ref().and_then(|tail| {
+        tail.autopsy(
+            &profile.stages,
+            window.map_or(0, ProbeSnapshot::slow_dropped),
+        )
+    });
+    profile.runs = vec![run];
     profile
 }
 

@@ -44,8 +44,10 @@ pub fn tail_autopsy(
     crate::analysis::tail::autopsy(&crate::analysis::tail::TailInputs {
         ios,
         requests,
-        extents: extents.as_ref().map_err(Clone::clone),
-        stripes: stripes.as_ref(),
+        join: crate::analysis::tail::Join::Extents {
+            extents: extents.as_ref().map_err(Clone::clone),
+            stripes: stripes.as_ref(),
+        },
         stages,
         requests_dropped,
     })

@@ -261,6 +261,8 @@ impl Recorder {
                 self.report = Some(report);
                 Update::Report
             }
+            // An attached run's (its recorder is run::attached's).
+            ProbeEvent::SlowCalls(_) => Update::Nothing,
             ProbeEvent::SlowRequests(slow) => {
                 self.tail.add_requests(slow);
                 Update::Nothing
@@ -664,6 +666,7 @@ mod tests {
             issue_ns: t + 2,
             irq_ns: None,
             complete_ns: t + 9,
+            tid: 1,
         };
         let mut a = TailMaterial::default();
         let n = MAX_TAIL_MATERIAL as u64;

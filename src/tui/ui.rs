@@ -1344,6 +1344,7 @@ mod tests {
             sets: vec![set(99.0, 900_000.0, 600), set(99.9, 3_000_000.0, 60)],
             requests_dropped: 0,
             unjoinable: None,
+            by_thread: false,
         });
         for (w, h) in [(160, 50), (80, 24)] {
             let screen = draw(&app, w, h);

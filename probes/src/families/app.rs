@@ -2,8 +2,11 @@
 //! system calls, entry to exit, and their io_uring file requests, submission to completion.
 //! Only in attach mode: a built-in workload times its own I/O.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use libbpf_rs::skel::Skel;
-use libbpf_rs::{Link, Object};
+use libbpf_rs::{Link, Object, RingBuffer, RingBufferBuilder};
 
 use super::{
     apply_filter, load_tracepoints, note_forks, percpu_entry, percpu_sum, sections_of, takes_forks,
@@ -12,7 +15,7 @@ use super::{
 use crate::bpf::app::{types, AppSkel, AppSkelBuilder};
 use crate::error::Unavailable;
 use crate::hist::KernelHist;
-use crate::model::{AppHist, AppOp, AppSnapshot, AppVia, ProbeSnapshot};
+use crate::model::{AppHist, AppOp, AppSnapshot, AppVia, ProbeSnapshot, SlowCall};
 use crate::report::{Family, FamilyReport};
 
 /// The io_uring submission tracepoint that takes the request (kernels after 6.1), and its
@@ -51,6 +54,9 @@ pub(super) const FAMILY: FamilyDef = FamilyDef {
 struct AppProbe<'obj> {
     skel: AppSkel<'obj>,
     _links: Vec<Link>,
+    /// Over `slow_calls`; its callback decodes each record into `slow_seen`.
+    slow_ring: Option<RingBuffer<'obj>>,
+    slow_seen: Rc<RefCell<Vec<SlowCall>>>,
 }
 
 fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
@@ -90,13 +96,47 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         &setup,
     )?;
     note_forks(cx, &report);
-    Ok((
-        Box::new(AppProbe {
-            skel,
-            _links: links,
-        }),
-        report,
-    ))
+    let slow_seen = Rc::new(RefCell::new(Vec::new()));
+    let slow_ring = slow_call_ring(&skel, Rc::clone(&slow_seen));
+    if slow_ring.is_none() {
+        cx.notes
+            .borrow_mut()
+            .push("app: the slow-call ring buffer did not open; no attached tail autopsy".into());
+    }
+    let probe = AppProbe {
+        skel,
+        _links: links,
+        slow_ring,
+        slow_seen,
+    };
+    // Nothing is sent until user space sets a threshold.
+    probe.set_slow_call_threshold(u64::MAX);
+    Ok((Box::new(probe), report))
+}
+
+/// A ring buffer over `slow_calls` whose callback decodes each record into `seen`.
+fn slow_call_ring<'obj>(
+    skel: &AppSkel<'obj>,
+    seen: Rc<RefCell<Vec<SlowCall>>>,
+) -> Option<RingBuffer<'obj>> {
+    let mut builder = RingBufferBuilder::new();
+    builder
+        .add(&skel.maps.slow_calls, move |bytes: &[u8]| {
+            if let Some(r) = super::copy::<types::vg_slow_call>(bytes) {
+                if let Some(&(_, via, op)) = kinds().iter().find(|(k, ..)| *k == r.kind) {
+                    seen.borrow_mut().push(SlowCall {
+                        via,
+                        op,
+                        tid: r.tid,
+                        start_ns: r.start_ns,
+                        end_ns: r.end_ns,
+                    });
+                }
+            }
+            0
+        })
+        .ok()?;
+    builder.build().ok()
 }
 
 /// What each histogram of `app_hists` holds, by its index (enum vg_app_kind).
@@ -137,10 +177,30 @@ impl LoadedFamily for AppProbe<'_> {
             io_submits: percpu_sum(&maps.app_counters, c::VG_APP_IO_SUBMIT.0),
             failed: percpu_sum(&maps.app_counters, c::VG_APP_FAILED.0),
             dropped: percpu_sum(&maps.app_counters, c::VG_APP_DROPPED.0),
+            slow_dropped: percpu_sum(&maps.app_counters, c::VG_APP_SLOW_DROPPED.0),
         });
     }
 
     fn objects(&self) -> Vec<&Object> {
         vec![self.skel.object()]
+    }
+
+    fn drain_slow_calls(&self, out: &mut Vec<SlowCall>) {
+        if let Some(ring) = &self.slow_ring {
+            let _ = ring.consume();
+        }
+        out.append(&mut self.slow_seen.borrow_mut());
+    }
+
+    fn set_slow_call_threshold(&self, ns: u64) {
+        let Some(bss) = self.skel.maps.bss_data.as_deref() else {
+            return;
+        };
+        // SAFETY: the bss map is mmap'd and shared with the programs; an aligned 8-byte store
+        // is atomic on x86-64 and arm64, and the programs only read this word.
+        unsafe {
+            let p = std::ptr::addr_of!(bss.slow_call_ns).cast_mut();
+            std::ptr::write_volatile(p, ns);
+        }
     }
 }

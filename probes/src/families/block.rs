@@ -315,6 +315,7 @@ fn slow_request_of(r: &types::vg_slow_request) -> SlowRequest {
         issue_ns: r.issue_ns,
         irq_ns: (r.irq_ns != 0).then_some(r.irq_ns),
         complete_ns: r.complete_ns,
+        tid: r.tid,
     }
 }
 

@@ -146,6 +146,10 @@ pub struct ProbeConfig {
     /// Block requests at least this many nanoseconds long are sent as slow requests, for the
     /// tail autopsy; the workload moves it with its running tail (None: none are sent).
     pub slow_request_ns: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// Attached processes' calls and io_uring requests at least this long are sent as slow
+    /// calls, for the attached tail autopsy; attach mode moves it with their running tail
+    /// (None: none are sent).
+    pub slow_call_ns: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for ProbeConfig {
@@ -160,6 +164,7 @@ impl Default for ProbeConfig {
             follow: None,
             vmm_pid: None,
             slow_request_ns: None,
+            slow_call_ns: None,
             hypervisor: None,
         }
     }
@@ -446,6 +451,10 @@ pub(crate) trait LoadedFamily {
     fn drain_slow_requests(&self, _out: &mut Vec<crate::model::SlowRequest>) {}
     /// Requests at least this long are sent as slow requests (the block family's).
     fn set_slow_request_threshold(&self, _ns: u64) {}
+    /// Moves the slow calls seen since the last call into `out` (the app family's).
+    fn drain_slow_calls(&self, _out: &mut Vec<crate::model::SlowCall>) {}
+    /// Calls at least this long are sent as slow calls (the app family's).
+    fn set_slow_call_threshold(&self, _ns: u64) {}
 }
 
 /// How long something that starts and pauses has run in total.
