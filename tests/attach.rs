@@ -161,6 +161,10 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
         summary.contains("block stages of the attached processes' read on"),
         "{summary}"
     );
+    // psync keeps one read in flight at a time: Little's law over the window gives at most one
+    // (far less here: fio reads for a fraction of a second of the seconds attached).
+    let qd = attached["io"]["mean_in_flight"].as_f64().unwrap();
+    assert!(qd > 0.0 && qd <= 1.02, "mean in flight {qd}");
     // The tail autopsy: fio's slowest preads, each joined by its thread to the request it
     // waited for (every call is kept in the first interval, and fio's run is shorter).
     let tail = &p["runs"][0]["tail"];

@@ -29,12 +29,17 @@ pub enum AttachEnd {
 }
 
 /// The I/O the attached processes sent, from their block requests over the measured window
-/// (their sizes are not measured yet).
+/// (the requests' sizes are not measured; the app section has the calls' bytes).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct AttachedIo {
     pub read_requests: u64,
     pub write_requests: u64,
     pub flushes: u64,
+    /// Their reads and writes in the block layer at once, on average over the window (Little's
+    /// law: the requests' queue, device and completion time over the window's length): under
+    /// a steady load, the queue depth it ran at. None without the block probe's stages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_in_flight: Option<f64>,
 }
 
 impl AttachedIo {

@@ -197,6 +197,12 @@ fn write_attached(
         io.read_share()
             .map_or(String::new(), |r| format!("; {:.0}% reads", r * 100.0))
     )?;
+    if let Some(qd) = io.mean_in_flight {
+        writeln!(
+            out,
+            "  in flight: {qd:.2} reads and writes in the block layer on average over the run (their block time over its length: a steady load's queue depth)"
+        )?;
+    }
     match &a.app {
         None => writeln!(
             out,
@@ -216,9 +222,13 @@ fn write_attached(
                 write_latency_row(out, &format!("{} {}", k.via, k.op), &k.latency)?;
             }
             for k in kinds.iter().filter(|k| k.latency.count > 0) {
-                let bytes = k
-                    .bytes
-                    .map_or(String::new(), |b| format!(", {}", units::bytes(b)));
+                let bytes = k.bytes.map_or(String::new(), |b| {
+                    format!(
+                        ", {} ({} per call)",
+                        units::bytes(b),
+                        units::bytes(b / k.latency.count.max(1))
+                    )
+                });
                 writeln!(
                     out,
                     "      {} {}: {} {}{bytes}",

@@ -492,6 +492,7 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
         read_requests: count(BlockOp::Read),
         write_requests: count(BlockOp::Write),
         flushes: count(BlockOp::Flush),
+        mean_in_flight: window.and_then(mean_in_flight),
     };
     // The disks the processes' I/O reached: their stages are the profile's.
     let mut disks = TargetDisks::every_disk(std::path::Path::new("/"));
@@ -616,6 +617,29 @@ fn attached_profile(plan: &AttachPlan, i: AttachedInputs) -> Profile {
     });
     profile.runs = vec![run];
     profile
+}
+
+/// Reads and writes in the block layer at once, on average over `snap`'s window: the time
+/// each spent there (queue + device + completion) summed over all of them, over the window.
+fn mean_in_flight(snap: &ProbeSnapshot) -> Option<f64> {
+    use virtgap_probes::model::BlockStage;
+    let block = snap.block.as_ref()?;
+    if snap.elapsed_ns == 0 {
+        return None;
+    }
+    let busy_ns: u64 = [
+        BlockStage::Queue,
+        BlockStage::Device,
+        BlockStage::Completion,
+    ]
+    .into_iter()
+    .map(|stage| {
+        block
+            .stage(None, stage, &[BlockOp::Read, BlockOp::Write])
+            .sum_ns
+    })
+    .sum();
+    Some(busy_ns as f64 / snap.elapsed_ns as f64)
 }
 
 /// The block requests of operation `op` the probes saw in `snap` (0 without the block probe).
