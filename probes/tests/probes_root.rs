@@ -355,6 +355,9 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
             vec![held.id()],
             "the held shell is followed"
         );
+        // Every call and request is sent for the tail autopsy (threshold 0).
+        session.set_slow_call_threshold(0);
+        session.set_slow_request_threshold(0);
         let before = session.snapshot();
         let dd = Command::new("dd")
             .arg(format!("if={}", dd_file.display()))
@@ -415,6 +418,36 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
             AppVia::Syscall
         };
         let reads = app.latency(via, &[AppOp::Read]);
+        // Each timed read was sent as a slow call; each psync or io_uring read finds the request
+        // its thread waited for, by thread and time (the attached tail autopsy's join).
+        let calls: Vec<_> = session
+            .drain_slow_calls()
+            .into_iter()
+            .filter(|c| c.via == via && c.op == AppOp::Read)
+            .collect();
+        let requests = session.drain_slow_requests();
+        let joined = calls
+            .iter()
+            .filter(|c| {
+                requests.iter().any(|r| {
+                    r.tid == c.tid && r.start_ns >= c.start_ns && r.complete_ns <= c.end_ns
+                })
+            })
+            .count();
+        eprintln!(
+            "{engine}: {} slow calls sent for {} timed reads, {joined} joined to a request of \
+             their thread",
+            calls.len(),
+            reads.count
+        );
+        assert_eq!(calls.len() as u64, reads.count, "{engine}: slow calls");
+        if engine != "libaio" {
+            assert!(
+                joined * 10 >= calls.len() * 9,
+                "{engine}: {joined} of {} joined",
+                calls.len()
+            );
+        }
         let fio_clat = report["jobs"][0]["read"]["clat_ns"]["mean"]
             .as_f64()
             .unwrap();
@@ -1129,7 +1162,8 @@ fn the_hosts_timer_writes_do_not_follow_the_samplers_rate() {
                         break;
                     }
                 }
-                virtgap_probes::ProbeEvent::SlowRequests(_) => {}
+                virtgap_probes::ProbeEvent::SlowRequests(_)
+                | virtgap_probes::ProbeEvent::SlowCalls(_) => {}
             }
         }
         drop(rx);
