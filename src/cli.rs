@@ -64,9 +64,6 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:9477", value_name = "ADDR:PORT")]
     pub listen: std::net::SocketAddr,
 
-    #[command(flatten)]
-    pub attach: AttachArgs,
-
     /// How often the probes' totals are read and the page rebuilt (100ms to 1h)
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub interval: Span,
@@ -78,6 +75,9 @@ pub struct ServeArgs {
     /// Say nothing on stderr but errors
     #[arg(short, long)]
     pub quiet: bool,
+
+    #[command(flatten)]
+    pub attach: AttachArgs,
 
     #[command(flatten)]
     pub probe: ProbeArgs,
@@ -99,15 +99,6 @@ pub struct TuiArgs {
     #[arg(short, long, default_value = virtgap_workloads::spec::DEFAULT_PRESET, value_name = "NAME|FILE")]
     pub workload: String,
 
-    #[command(flatten)]
-    pub attach: AttachArgs,
-
-    #[command(flatten)]
-    pub target: TargetArgs,
-
-    #[command(flatten)]
-    pub overrides: WorkloadOverrides,
-
     /// Refresh period of the screen and the probes' interval (100ms to 1h)
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub interval: Span,
@@ -124,6 +115,15 @@ pub struct TuiArgs {
     /// Where `s` saves a profile [default: virtgap-<workload>-<time>.json]
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub attach: AttachArgs,
+
+    #[command(flatten)]
+    pub target: TargetArgs,
+
+    #[command(flatten)]
+    pub overrides: WorkloadOverrides,
 
     #[command(flatten)]
     pub probe: ProbeArgs,
@@ -204,12 +204,6 @@ pub struct RecordArgs {
     #[arg(short, long, default_value = virtgap_workloads::spec::DEFAULT_PRESET, value_name = "NAME|FILE")]
     pub workload: String,
 
-    #[command(flatten)]
-    pub target: TargetArgs,
-
-    #[command(flatten)]
-    pub overrides: WorkloadOverrides,
-
     /// Check every sector read carries the data written there (temp-file targets only)
     #[arg(long)]
     pub verify: bool,
@@ -253,12 +247,6 @@ pub struct RecordArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    #[command(flatten)]
-    pub probe: ProbeArgs,
-
-    #[command(flatten)]
-    pub attach: AttachArgs,
-
     /// Time exit-causing operations first and store the figures in the profile
     #[arg(long)]
     pub calibrate: bool,
@@ -267,6 +255,18 @@ pub struct RecordArgs {
     /// act_latency.py reads
     #[arg(long, value_name = "FILE")]
     pub act_log: Option<PathBuf>,
+
+    #[command(flatten)]
+    pub target: TargetArgs,
+
+    #[command(flatten)]
+    pub overrides: WorkloadOverrides,
+
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+
+    #[command(flatten)]
+    pub attach: AttachArgs,
 }
 
 /// `record` on processes already running instead of a built-in workload.
