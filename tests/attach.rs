@@ -470,9 +470,10 @@ fn sst_reads(stats: &str) -> Option<(u64, f64, f64, f64)> {
 /// one block request, and RocksDB times each read itself (`rocksdb.sst.read.micros`, a
 /// stopwatch around its file read): the block read requests match RocksDB's count (±1%), and
 /// the pread latency sits at or below RocksDB's — seen here 0.96x at the mean, 0.92–0.99x at
-/// p50 and 0.80–0.86x at p99. Ours is the system call alone (entry to exit); RocksDB's also
-/// holds its aligned-buffer copy and, in the tail, the time its thread waits for a CPU after
-/// the call returns on two shared vCPUs. db_bench's headline micros/op is per Get, which reads
+/// p50 and 0.79–0.86x at p99 (asserted: at most 1.10x; at least 0.80x at the mean and p50,
+/// 0.60x at p99). Ours is the system call alone (entry to exit); RocksDB's also holds its
+/// aligned-buffer copy and, in the tail, the time its thread waits for a CPU after the call
+/// returns on two shared vCPUs. db_bench's headline micros/op is per Get, which reads
 /// one to three blocks and decodes them, so it is printed beside the read latency, not compared.
 #[test]
 fn rocksdb_db_bench_reads_are_counted_and_timed_as_rocksdb_times_them() {
@@ -587,16 +588,18 @@ fn rocksdb_db_bench_reads_are_counted_and_timed_as_rocksdb_times_them() {
     let close = |ours: f64, theirs: f64, below: f64| {
         ours <= theirs * 1.10 && ours >= theirs * (1.0 - below)
     };
+    // The lower bounds leave room for a busier machine, where RocksDB's thread waits longer
+    // for a CPU inside its stopwatch and outside the call.
     assert!(
-        close(ours_mean, mean_us, 0.15),
+        close(ours_mean, mean_us, 0.20),
         "mean {ours_mean:.1} vs {mean_us:.1} µs"
     );
     assert!(
-        close(ours_p50, p50_us, 0.15),
+        close(ours_p50, p50_us, 0.20),
         "p50 {ours_p50:.1} vs {p50_us:.1} µs"
     );
     assert!(
-        close(ours_p99, p99_us, 0.30),
+        close(ours_p99, p99_us, 0.40),
         "p99 {ours_p99:.1} vs {p99_us:.1} µs"
     );
     // Its slowest direct reads are joined, by thread and time, to the requests they waited

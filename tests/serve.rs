@@ -10,6 +10,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 mod common;
 use common::{data_file, held, root_allowed, started, which};
 
+/// One probed run at a time: the other's workload would load the disk and CPUs the checked
+/// rates and percentiles come from.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn vg() -> Command {
     Command::new(env!("CARGO_BIN_EXE_virtgap"))
 }
@@ -117,6 +125,7 @@ fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
     if !virtgap_testkit::require("the Prometheus scrape", found.as_ref().map(|_| ())) {
         return;
     }
+    let _serial = serial();
     let dir = common::scratch("vg-serve-");
     let file = data_file(dir.path(), "fio.dat", 4096);
     let mut fio = held(&format!(
@@ -336,6 +345,7 @@ fn record_with_listen_serves_its_workloads_metrics_while_it_runs() {
     if !root_allowed("record --listen") {
         return;
     }
+    let _serial = serial();
     let dir = common::scratch("vg-serve-");
     let port = free_port();
     let mut cmd = vg();
