@@ -469,10 +469,14 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
                     "{engine}: {} app reads timed, fio read {fio_reads}",
                     reads.count
                 );
-                // The same reads timed twice: a loose bound, the ratio is what to read.
+                // The same reads timed twice: a loose bound, the ratio is what to read. An
+                // io_uring completion is posted before fio reaps it, and fio's clat holds the
+                // wait for fio's thread: on a busy machine that wait alone can be most of it
+                // (seen once 0.36, usually 0.89-0.95), so its floor is low; never above fio's.
                 let ratio = reads.mean_ns().unwrap() / fio_clat;
+                let floor = if engine == "io_uring" { 0.25 } else { 0.7 };
                 assert!(
-                    (0.7..1.3).contains(&ratio),
+                    (floor..1.3).contains(&ratio),
                     "{engine}: app/fio mean {ratio:.2}"
                 );
             }
