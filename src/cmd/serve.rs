@@ -8,14 +8,14 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use virtgap_probes::follow::AttachTarget;
 use virtgap_probes::ProbeEvent;
 
 use crate::cli::ServeArgs;
+use crate::run::attached::AttachPlan;
 use crate::run::endpoint::MetricsEndpoint;
 use crate::run::exporter::ExporterContext;
 use crate::run::pipeline::Event;
-use crate::run::session::{start_collector, ProbeChoice};
+use crate::run::session::start_collector;
 use crate::run::signals::StopSignals;
 
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
@@ -32,65 +32,51 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let signals = StopSignals::install(true)?;
     let plan = ServePlan {
         listen: args.listen,
-        target,
-        label: args.attach.label.clone(),
-        interval: args.interval.0,
-        duration: args.duration.as_ref().map(|d| d.value.0),
-        probes: args.probe.choice(),
+        attach: AttachPlan {
+            target,
+            label: args.attach.label.clone(),
+            interval: args.interval.0,
+            duration: args.duration.as_ref().map(|d| d.value.0),
+            probes: args.probe.choice(),
+        },
     };
     serve(&plan, &signals.stop, !args.quiet)?;
     // A signal is how a server is meant to stop: that is success.
     Ok(ExitCode::SUCCESS)
 }
 
-/// What to serve and what to follow.
+/// What to serve and what to follow (for `--duration` or until a signal).
 #[derive(Clone, Debug)]
 pub struct ServePlan {
     pub listen: SocketAddr,
-    /// None: every process of the host.
-    pub target: Option<AttachTarget>,
-    pub label: Option<String>,
-    pub interval: Duration,
-    /// None: until a signal.
-    pub duration: Option<Duration>,
-    pub probes: ProbeChoice,
-}
-
-impl ServePlan {
-    fn describe(&self) -> String {
-        self.target
-            .as_ref()
-            .map_or("every process".into(), AttachTarget::describe)
-    }
+    pub attach: AttachPlan,
 }
 
 /// Binds the endpoint (so a taken port is refused before any probe loads), attaches the
 /// probes, and serves until `stop` or `--duration`.
 pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<()> {
-    let mut endpoint = MetricsEndpoint::bind(plan.listen, crate::render::metrics::pages)?;
-    let config =
-        crate::run::attached::follow_config(plan.target.as_ref(), &plan.probes, plan.interval)?;
+    let endpoint = MetricsEndpoint::bind(plan.listen, crate::render::metrics::pages)?;
+    let (attach, described) = (&plan.attach, plan.attach.describe());
+    let config = crate::run::attached::follow_config(attach)?;
     let (tx, rx) = mpsc::channel::<Event>();
-    let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
+    let (collector, report) = start_collector(config, attach.interval, &tx, &rx)?;
     drop(tx);
-    endpoint.follow(ExporterContext {
-        host: crate::model::host::Fingerprint::this_host(),
-        label: plan.label.clone().unwrap_or_default(),
-        attached: plan.describe(),
-        report,
-    });
+    endpoint.follow(ExporterContext::this_host(
+        attach.label.as_deref().unwrap_or_default(),
+        &described,
+        &report,
+    ));
     if verbose {
         say!(
-            "serving http://{}/metrics: probes attached, following {}, updated every {}",
+            "serving http://{}/metrics: probes attached, following {described}, updated every {}",
             plan.listen,
-            plan.describe(),
-            humantime::format_duration(plan.interval)
+            humantime::format_duration(attach.interval)
         );
     }
     let started = Instant::now();
     let mut told_gone = false;
     while !stop.load(Ordering::Relaxed) {
-        if plan.duration.is_some_and(|d| started.elapsed() >= d) {
+        if attach.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
         }
         let Ok(event) = rx.recv_timeout(Duration::from_millis(100)) else {

@@ -206,20 +206,16 @@ impl AttachedSeries {
     }
 }
 
-/// The probes of a run that follows `target` (None: every process) rather than virtgap's own
-/// workload: `record`'s and the TUI's attach mode, and `serve`.
-pub fn follow_config(
-    target: Option<&AttachTarget>,
-    probes: &ProbeChoice,
-    interval: Duration,
-) -> Result<virtgap_probes::ProbeConfig> {
-    let mut config = probe_config(probes, interval)?
+/// The probes of a run that follows `plan`'s processes rather than virtgap's own workload:
+/// `record`'s and the TUI's attach mode, and `serve`.
+pub fn follow_config(plan: &AttachPlan) -> Result<virtgap_probes::ProbeConfig> {
+    let mut config = probe_config(&plan.probes, plan.interval)?
         .context("following processes is done by the probes: drop --no-probes")?;
     config.filter_tgid = None;
-    config.follow = target.cloned();
+    config.follow = plan.target.clone();
     // App latency where the kernel shows it: named processes only (every process's system
     // calls would cost every process of the host).
-    if probes.families.is_none() && target.is_some() {
+    if plan.probes.families.is_none() && plan.target.is_some() {
         config.families.push(virtgap_probes::Family::App);
     }
     Ok(config)
@@ -242,9 +238,10 @@ pub fn record(
     (verbose, progress): (bool, bool),
     metrics: Option<&SharedEndpoint>,
 ) -> Result<AttachedRun> {
-    let mut config = follow_config(plan.target.as_ref(), &plan.probes, plan.interval)?;
+    let mut config = follow_config(plan)?;
     // The tail autopsy's material: slow calls (the app probe) and slow requests of the
-    // followed processes, at thresholds that follow their running p99 (none until it is known).
+    // followed processes, at thresholds that follow their running p99 (every one until it is
+    // known).
     let mut tail = AttachedTail::default();
     if config.families.contains(&virtgap_probes::Family::App) {
         config.slow_call_ns = Some(Arc::clone(&tail.call_ns));
@@ -254,23 +251,12 @@ pub fn record(
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
     drop(tx);
-    let publish = |total: &ProbeSnapshot| {
-        if let Some(endpoint) = metrics {
-            endpoint
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .publish(total);
-        }
-    };
     if let Some(endpoint) = metrics {
-        endpoint.lock().unwrap_or_else(|e| e.into_inner()).follow(
-            crate::run::exporter::ExporterContext {
-                host: Fingerprint::this_host(),
-                label: plan.label.clone().unwrap_or_default(),
-                attached: plan.describe(),
-                report: report.clone(),
-            },
-        );
+        endpoint.follow(crate::run::exporter::ExporterContext::this_host(
+            plan.label.as_deref().unwrap_or_default(),
+            &plan.describe(),
+            &report,
+        ));
     }
     // The command lines of what is followed now, read before the line that says the probes are
     // attached: a process held until then may do its I/O and exit at once.
@@ -315,7 +301,9 @@ pub fn record(
             seen.add(pids);
         }
         tail.follow(&cumulative);
-        publish(&cumulative);
+        if let Some(endpoint) = metrics {
+            endpoint.publish(&cumulative);
+        }
         series.add(&cumulative, &interval);
         if progress {
             draw_progress(

@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -26,11 +26,11 @@ const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 const CLASSIC_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// An endpoint shared by the runs of one command (`record --runs`, the TUI's restarts).
-pub type SharedEndpoint = Arc<std::sync::Mutex<MetricsEndpoint>>;
+pub type SharedEndpoint = Arc<MetricsEndpoint>;
 
 /// `--listen ADDR` on `record` and the TUI: the endpoint, bound before anything runs.
 pub fn listen(addr: Option<SocketAddr>, encode: Encoder) -> Result<Option<SharedEndpoint>> {
-    addr.map(|a| MetricsEndpoint::bind(a, encode).map(|e| Arc::new(std::sync::Mutex::new(e))))
+    addr.map(|a| MetricsEndpoint::bind(a, encode).map(Arc::new))
         .transpose()
 }
 
@@ -49,7 +49,9 @@ type Latest = Arc<RwLock<Arc<Pages>>>;
 pub struct MetricsEndpoint {
     latest: Latest,
     encode: Encoder,
-    exporter: Option<Exporter>,
+    /// Set once the probes attached; the one writer is the run's loop, so the lock is
+    /// uncontended (scrapes read `latest`).
+    exporter: Mutex<Option<Exporter>>,
     stop: Arc<AtomicBool>,
     wake: SocketAddr,
     thread: Option<JoinHandle<()>>,
@@ -78,7 +80,7 @@ impl MetricsEndpoint {
         Ok(Self {
             latest,
             encode,
-            exporter: None,
+            exporter: Mutex::new(None),
             stop,
             wake,
             thread: Some(thread),
@@ -87,16 +89,17 @@ impl MetricsEndpoint {
 
     /// What the probes follow on this host, once they are attached: the page then holds the
     /// host's fingerprint, and each snapshot published after it.
-    pub fn follow(&mut self, cx: ExporterContext) {
+    pub fn follow(&self, cx: ExporterContext) {
         let mut exporter = Exporter::new(cx);
         let families = exporter.families(&ProbeSnapshot::default());
-        self.exporter = Some(exporter);
+        *self.exporter.lock().unwrap_or_else(|e| e.into_inner()) = Some(exporter);
         self.store(families);
     }
 
     /// The probes' totals since they attached, as the next page.
-    pub fn publish(&mut self, total: &ProbeSnapshot) {
-        if let Some(exporter) = &mut self.exporter {
+    pub fn publish(&self, total: &ProbeSnapshot) {
+        let mut exporter = self.exporter.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(exporter) = exporter.as_mut() {
             let families = exporter.families(total);
             self.store(families);
         }

@@ -97,6 +97,18 @@ pub struct ExporterContext {
     pub report: CapabilityReport,
 }
 
+impl ExporterContext {
+    /// This host's, read now, for probes that attached with `report`.
+    pub fn this_host(label: &str, attached: &str, report: &CapabilityReport) -> Self {
+        Self {
+            host: Fingerprint::this_host(),
+            label: label.to_string(),
+            attached: attached.to_string(),
+            report: report.clone(),
+        }
+    }
+}
+
 /// Builds the families from each snapshot, keeping label assignments across snapshots.
 #[derive(Debug)]
 pub struct Exporter {
@@ -165,7 +177,7 @@ impl Exporter {
     /// Every family, from the probes' totals since they attached. Families of a probe that
     /// did not run are left out (never zeros for what was not measured).
     pub fn families(&mut self, total: &ProbeSnapshot) -> Vec<MetricFamily> {
-        let mut out = vec![self.host_info(total)];
+        let mut out = vec![self.host_info()];
         self.block(total, &mut out);
         self.app(total, &mut out);
         self.irq(total, &mut out);
@@ -204,10 +216,9 @@ impl Exporter {
         out
     }
 
-    fn host_info(&self, total: &ProbeSnapshot) -> MetricFamily {
+    fn host_info(&self) -> MetricFamily {
         let h = &self.cx.host;
         let or_unknown = |s: &Option<String>| s.clone().unwrap_or_else(|| "unknown".into());
-        let _ = total;
         family(
             "virtgap_host_info",
             "The host's fingerprint and what the probes follow (always 1)",
@@ -284,7 +295,6 @@ impl Exporter {
         ));
         let devices: Vec<(String, i64)> = b
             .devices
-            .clone()
             .iter()
             .map(|d| (self.device(d.dev), d.inflight.max(0)))
             .collect();

@@ -248,15 +248,7 @@ impl Recorder {
         match event {
             ProbeEvent::Attached(report) => {
                 if let Some((endpoint, label, attached)) = &self.metrics {
-                    endpoint
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .follow(ExporterContext {
-                            host: crate::model::host::Fingerprint::this_host(),
-                            label: label.clone(),
-                            attached: attached.clone(),
-                            report: report.clone(),
-                        });
+                    endpoint.follow(ExporterContext::this_host(label, attached, &report));
                 }
                 self.report = Some(report);
                 Update::Report
@@ -272,10 +264,7 @@ impl Recorder {
                 interval,
             } => {
                 if let Some((endpoint, ..)) = &self.metrics {
-                    endpoint
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .publish(&cumulative);
+                    endpoint.publish(&cumulative);
                 }
                 for d in cumulative.block.iter().flat_map(|b| &b.devices) {
                     self.device_names

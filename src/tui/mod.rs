@@ -278,17 +278,17 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
             "the live view needs a terminal (stdin and stdout are not both one); for a headless run use `virtgap record --pid/--cgroup/--comm/--all`"
         );
     }
-    let describe = target.as_ref().map_or(
-        "every process".into(),
-        virtgap_probes::follow::AttachTarget::describe,
-    );
+    let plan = crate::run::attached::AttachPlan {
+        target,
+        label: args.attach.label.clone(),
+        interval: args.interval.0,
+        duration: None,
+        probes: args.probe.choice(),
+    };
+    let describe = plan.describe();
     let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
     let signals = crate::run::signals::StopSignals::install(true)?;
-    let config = crate::run::attached::follow_config(
-        target.as_ref(),
-        &args.probe.choice(),
-        args.interval.0,
-    )?;
+    let config = crate::run::attached::follow_config(&plan)?;
     let (tx, rx) = mpsc::channel::<Input>();
     let (collector, report) =
         crate::run::session::start_collector(config, args.interval.0, &tx, &rx)?;

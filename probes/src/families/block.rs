@@ -426,12 +426,7 @@ impl LoadedFamily for BlockProbe<'_> {
         let Some(bss) = self.skel.maps.bss_data.as_deref() else {
             return;
         };
-        // SAFETY: the bss map is mmap'd and shared with the programs; an aligned 8-byte store
-        // is atomic on x86-64 and arm64, and the programs only read this word.
-        unsafe {
-            let p = std::ptr::addr_of!(bss.slow_request_ns).cast_mut();
-            std::ptr::write_volatile(p, ns);
-        }
+        super::store_bss_u64(std::ptr::addr_of!(bss.slow_request_ns), ns);
     }
 }
 

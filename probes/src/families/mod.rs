@@ -457,6 +457,15 @@ pub(crate) trait LoadedFamily {
     fn set_slow_call_threshold(&self, _ns: u64) {}
 }
 
+/// Stores `value` in a word of an object's mmap'd bss (a threshold user space moves while the
+/// programs run).
+pub(crate) fn store_bss_u64(word: *const u64, value: u64) {
+    // SAFETY: `word` points into a bss map mmap'd and shared with the programs for as long as
+    // the skeleton lives; an aligned 8-byte store is atomic on x86-64 and arm64, and the
+    // programs only read the word.
+    unsafe { std::ptr::write_volatile(word.cast_mut(), value) }
+}
+
 /// How long something that starts and pauses has run in total.
 #[derive(Debug, Default)]
 pub(crate) struct RunningTime {
