@@ -151,7 +151,7 @@ pub struct DiffArgs {
     /// Compare even when the two profiles ran different workloads
     #[arg(long)]
     pub force: bool,
-    /// Replace existing --csv and --svg files (never an input profile)
+    /// Replace existing --csv, --svg and --html files (never an input profile)
     #[arg(long)]
     pub overwrite: bool,
     /// Print Markdown instead of the terminal report
@@ -163,9 +163,15 @@ pub struct DiffArgs {
     /// Also write one CSV row per metric (a, b, delta, ci_low, ci_high, verdict) to FILE
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
-    /// Also write waterfall.svg and stages.svg into DIR
+    /// Also write the charts into DIR: percentiles.svg (each stage's latency by percentile,
+    /// p50 to p99.99, every run drawn), waterfall.svg (the mean and tail waterfalls) and
+    /// hypervisor.svg (each mechanism per I/O)
     #[arg(long, value_name = "DIR")]
     pub svg: Option<PathBuf>,
+    /// Also write the whole diff as one self-contained HTML page to FILE: the verdict, every
+    /// table, the charts and the warnings, nothing fetched (to attach to a ticket)
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
 /// "5%" or "5" -> 0.05: a smallest effect between 0.1% and 100%.
@@ -231,7 +237,12 @@ pub struct RecordArgs {
     #[arg(long, value_name = "DIR")]
     pub csv: Option<PathBuf>,
 
-    /// Overwrite an existing --output file or CSV files
+    /// Also draw each stage's latency by percentile (p50 to p99.99, each run a line) as an SVG
+    /// chart in FILE
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
+
+    /// Overwrite an existing --output file, CSV files or --svg chart
     #[arg(long)]
     pub force: bool,
 

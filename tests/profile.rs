@@ -520,6 +520,8 @@ fn diff_writes_markdown_csv_json_and_svg() {
         .arg(&csv)
         .arg("--svg")
         .arg(&svg)
+        .arg("--html")
+        .arg(dir.path().join("d.html"))
         .output()
         .unwrap();
     assert!(
@@ -531,10 +533,12 @@ fn diff_writes_markdown_csv_json_and_svg() {
     assert!(text.starts_with(
         "metric,unit,a,b,delta,ci_low,ci_high,effect,effect_low,effect_high,confidence,share,verdict,runs_needed\n"
     ));
-    for f in ["waterfall.svg", "stages.svg"] {
+    for f in ["waterfall.svg", "percentiles.svg", "hypervisor.svg"] {
         let s = std::fs::read_to_string(svg.join(f)).unwrap();
         roxmltree::Document::parse(&s).unwrap_or_else(|e| panic!("{f} is not XML: {e}"));
     }
+    let page = std::fs::read_to_string(dir.path().join("d.html")).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.trim_end().ends_with("</html>"));
 }
 
 #[test]

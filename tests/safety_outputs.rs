@@ -156,7 +156,7 @@ fn diff_replaces_existing_files_only_with_overwrite() {
     std::fs::write(&csv, "keep me").unwrap();
     let svg = dir.path().join("svg");
     std::fs::create_dir(&svg).unwrap();
-    std::fs::write(svg.join("stages.svg"), "keep me too").unwrap();
+    std::fs::write(svg.join("percentiles.svg"), "keep me too").unwrap();
     let diff = || {
         let mut c = vg();
         c.arg("diff").arg(&a).arg(&a);
@@ -168,11 +168,18 @@ fn diff_replaces_existing_files_only_with_overwrite() {
     );
     fails_with(
         diff().arg("--svg").arg(&svg),
-        "stages.svg already exists; pass --overwrite to replace it",
+        "percentiles.svg already exists; pass --overwrite to replace it",
     );
+    let html = dir.path().join("report.html");
+    std::fs::write(&html, "keep me three").unwrap();
+    fails_with(
+        diff().arg("--html").arg(&html),
+        "already exists; pass --overwrite to replace it",
+    );
+    assert_eq!(std::fs::read_to_string(&html).unwrap(), "keep me three");
     assert_eq!(std::fs::read_to_string(&csv).unwrap(), "keep me");
     assert_eq!(
-        std::fs::read_to_string(svg.join("stages.svg")).unwrap(),
+        std::fs::read_to_string(svg.join("percentiles.svg")).unwrap(),
         "keep me too"
     );
     // New files need no consent; existing ones are replaced with it.
@@ -184,7 +191,10 @@ fn diff_replaces_existing_files_only_with_overwrite() {
         .arg(&fresh)
         .assert()
         .success();
-    assert_eq!(names_in(&fresh), ["stages.svg", "waterfall.svg"]);
+    assert_eq!(
+        names_in(&fresh),
+        ["hypervisor.svg", "percentiles.svg", "waterfall.svg"]
+    );
     diff()
         .arg("--csv")
         .arg(&csv)
@@ -196,7 +206,7 @@ fn diff_replaces_existing_files_only_with_overwrite() {
     assert!(std::fs::read_to_string(&csv)
         .unwrap()
         .starts_with("metric,"));
-    assert!(std::fs::read_to_string(svg.join("stages.svg"))
+    assert!(std::fs::read_to_string(svg.join("percentiles.svg"))
         .unwrap()
         .contains("<svg"));
     assert!(

@@ -8,7 +8,7 @@ use std::time::Duration;
 use virtgap::analysis::diff::{self, DiffOptions, ProfileDiff};
 use virtgap::model::file;
 use virtgap::model::profile::Profile;
-use virtgap::render::{csv_export, diff_render, report, summary};
+use virtgap::render::{charts, csv_export, diff_html, diff_render, report, summary};
 use virtgap_workloads::spec::{self, Pattern, WorkloadSpec};
 
 use crate::{one_line, Outcome};
@@ -46,8 +46,10 @@ pub fn profile(input: &[u8], reference: &Profile) -> Outcome {
             ("diff terminal", diff_render::terminal(&d)),
             ("diff markdown", diff_render::markdown(&d)),
             ("diff csv", diff_render::csv(&d)),
-            ("waterfall.svg", diff_render::waterfall_svg(&d)),
-            ("stages.svg", diff_render::stages_svg(a[0], b[0], &d)),
+            ("waterfall.svg", charts::waterfalls::waterfall_chart(&d)),
+            ("percentiles.svg", charts::percentiles::diff_chart(a, b, &d)),
+            ("hypervisor.svg", charts::waterfalls::hypervisor_chart(&d)),
+            ("diff --html", diff_html::page(a, b, &d)),
         ];
         for (consumer, text) in &texts {
             // As `virtgap diff` prints it.

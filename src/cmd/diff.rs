@@ -1,17 +1,18 @@
 //! `virtgap diff A B`: loads each host's profiles, refuses different workloads unless forced, and
-//! prints the comparison (text, Markdown or JSON), with CSV and SVG files on request.
+//! prints the comparison (text, Markdown or JSON), with CSV, SVG charts and an HTML page on
+//! request.
 
 use std::process::ExitCode;
 
 use crate::analysis::diff;
 use crate::cli::DiffArgs;
 use crate::model::{file, profile};
-use crate::render::diff_render;
+use crate::render::{charts, diff_html, diff_render};
 use crate::run::output;
 use virtgap_workloads::units;
 
 /// The charts `--svg DIR` writes.
-const SVG_FILES: [&str; 2] = ["waterfall.svg", "stages.svg"];
+const SVG_FILES: [&str; 3] = ["percentiles.svg", "waterfall.svg", "hypervisor.svg"];
 
 /// The most bytes of profiles one diff reads, all inputs together: two profiles of the largest
 /// size a profile may have. Parsed, a profile takes about three times its size in memory.
@@ -80,6 +81,9 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(dir) = &args.svg {
         outputs.dir("--svg", dir, &SVG_FILES)?;
+    }
+    if let Some(path) = &args.html {
+        outputs.file("--html", path)?;
     }
     check_input_budget(inputs.iter().map(|(_, p)| p.as_path()))?;
     let load_side = |paths: &[std::path::PathBuf]| {
@@ -166,13 +170,18 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
         outputs.write("--csv", path, diff_render::csv(&d).as_bytes())?;
     }
     if let Some(dir) = &args.svg {
-        let charts = [
-            diff_render::waterfall_svg(&d),
-            diff_render::stages_svg(a, b, &d),
+        let drawn = [
+            charts::percentiles::diff_chart(&a_profiles, &b_profiles, &d),
+            charts::waterfalls::waterfall_chart(&d),
+            charts::waterfalls::hypervisor_chart(&d),
         ];
-        for (name, svg) in SVG_FILES.into_iter().zip(charts) {
+        for (name, svg) in SVG_FILES.into_iter().zip(drawn) {
             outputs.write("--svg", &dir.join(name), svg.as_bytes())?;
         }
+    }
+    if let Some(path) = &args.html {
+        let page = diff_html::page(&a_profiles, &b_profiles, &d);
+        outputs.write("--html", path, page.as_bytes())?;
     }
     Ok(ExitCode::SUCCESS)
 }

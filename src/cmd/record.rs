@@ -237,6 +237,9 @@ fn profile_outputs(args: &RecordArgs, outputs: &mut crate::run::output::Outputs)
     if let Some(dir) = &args.csv {
         outputs.dir("--csv", dir, &crate::render::csv_export::FILES)?;
     }
+    if let Some(path) = &args.svg {
+        outputs.file("--svg", path)?;
+    }
     Ok(())
 }
 
@@ -445,7 +448,7 @@ fn write_files(
     verbose: bool,
 ) -> Result<bool> {
     use crate::run::output::Pending;
-    if args.output.is_none() && args.csv.is_none() && args.act_log.is_none() {
+    if args.output.is_none() && args.csv.is_none() && args.act_log.is_none() && args.svg.is_none() {
         return Ok(true);
     }
     let mut profile_json = serde_json::to_vec_pretty(profile)?;
@@ -468,6 +471,17 @@ fn write_files(
             path: dir.join(name),
             bytes: text.as_bytes(),
         }));
+    }
+    let chart = args
+        .svg
+        .as_ref()
+        .map(|_| crate::render::charts::percentiles::profile_chart(profile));
+    if let (Some(path), Some(chart)) = (&args.svg, &chart) {
+        files.push(Pending {
+            flag: "--svg",
+            path: path.clone(),
+            bytes: chart.as_bytes(),
+        });
     }
     if let (Some(path), Some(kv)) = (&args.act_log, &last_stats.kv) {
         files.push(Pending {
@@ -502,6 +516,9 @@ fn write_files(
                 crate::render::csv_export::FILES.len(),
                 name(dir)
             );
+        }
+        if let Some(path) = args.svg.as_deref().filter(|_| done("--svg")) {
+            say!("wrote percentile chart {}", name(path));
         }
         if let Some(path) = args.act_log.as_deref().filter(|_| done("--act-log")) {
             say!("wrote ACT log {}", name(path));
