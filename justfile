@@ -85,6 +85,13 @@ bench-overhead ROUNDS="5" RUNTIME="10": build
 attribution-check:
     cargo test --locked --test attribution -- --ignored --nocapture --test-threads=1
 
+# Redraws the README's pictures from the charts the last `just attribution-check` left in
+# target/tmp (needs rsvg-convert: apt-get install librsvg2-bin)
+pictures:
+    @command -v rsvg-convert >/dev/null || { echo "pictures: rsvg-convert is missing; apt-get install librsvg2-bin" >&2; exit 1; }
+    @test -f target/tmp/slow-tail/percentiles.svg || { echo "pictures: no slow-tail charts; run just attribution-check first" >&2; exit 1; }
+    rsvg-convert -w 960 -b white target/tmp/slow-tail/percentiles.svg -o docs/slow-tail-percentiles.png
+
 # The diff's false-positive rate here: REPEATS A/A pairs of RUNS interleaved runs per side,
 # counting the rows called significant (each one a false positive)
 aa-check REPEATS="10" RUNS="5": build

@@ -9,12 +9,13 @@ cd "$(dirname "$0")"
 # util-linux (unshare, addpart), mount (mount, losetup), procps, strace and e2fsprogs (the
 # hostile sweep's held syscalls and its ext4 fixtures), postgresql (pgbench; the attach-mode test
 # starts a throwaway cluster), rocksdb-tools (db_bench, read under attach mode) and prometheus
-# (Prometheus and promtool, which scrape and check `virtgap serve`). The VM tier
+# (Prometheus and promtool, which scrape and check `virtgap serve`), chromium and a font (the
+# HTML report's test loads `diff --html` in headless Chromium). The VM tier
 # (`vmtest`): QEMU, a static busybox, mdadm and dmsetup for the guest, cpio/xz/zstd/kmod to pack it, dpkg-dev's
 # tools to unpack kernels.
 PACKAGES=(clang libelf-dev zlib1g-dev pkg-config make gcc libc6-dev fio bpftool python3 tmux
           util-linux mount procps strace e2fsprogs postgresql
-          rocksdb-tools prometheus)
+          rocksdb-tools prometheus chromium fonts-dejavu-core)
 if [[ "${1:-}" == vmtest ]]; then
     PACKAGES+=(qemu-system-x86 busybox-static mdadm dmsetup cpio xz-utils zstd kmod
                debian-archive-keyring)

@@ -711,6 +711,19 @@ def _(c):
             raise Defect(f"diff --svg DIR replaced DIR/waterfall.svg without --force ({r.says()})")
 
 
+@case("diff-html-overwrites-an-input-profile", 3)
+def _(c):
+    a, b = c.profile(), c.profile()
+    with open(a, "rb") as f:
+        before = f.read()
+    r = c.vg("diff", a, b, "--html", a, "--overwrite")
+    with open(a, "rb") as f:
+        if f.read() != before:
+            raise Defect(f"diff --html A --overwrite replaced input profile A ({r.says()})")
+    if r.rc == 0:
+        raise Defect("diff --html naming an input profile succeeded")
+
+
 # Item 4: profiles lost.
 
 def sync_held_run(c, argv, out_dir, hold_s=4.0, prefix=()):

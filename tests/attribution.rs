@@ -792,6 +792,41 @@ fn a_slow_tail_is_found_in_the_p999_while_the_mean_barely_moves() {
         .and_then(|r| r["share"].as_f64())
         .unwrap();
     assert!(device_share >= 0.8, "device share of the p99.9 gap: {tail}");
+    // The chart shows it: at p99.9 the two app curves are drawn at least as far apart as the
+    // diff's figure (the charts and the page stay in target/tmp/slow-tail for a reader).
+    let charts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("slow-tail");
+    std::fs::create_dir_all(&charts).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_virtgap"));
+    cmd.arg("diff").arg(&a[0]).arg(&b[0]);
+    for p in &a[1..] {
+        cmd.arg("--with-a").arg(p);
+    }
+    for p in &b[1..] {
+        cmd.arg("--with-b").arg(p);
+    }
+    let out = cmd
+        .arg("--svg")
+        .arg(&charts)
+        .arg("--html")
+        .arg(charts.join("report.html"))
+        .arg("--overwrite")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = std::fs::read_to_string(charts.join("percentiles.svg")).unwrap();
+    for (stage, metric) in [("app", "app_p99_9"), ("device", "device_p99_9")] {
+        let reported = 1.0 + row(&d, metric)["effect"].as_f64().unwrap();
+        let drawn = virtgap_testkit::chart::Panel::read(&svg, stage).drawn_ratio(99.9);
+        eprintln!("{stage} p99.9: drawn x{drawn:.2} apart, the diff says x{reported:.2}");
+        assert!(
+            drawn >= reported * 0.995,
+            "{stage} p99.9 drawn x{drawn:.3} apart, the diff says x{reported:.3}"
+        );
+    }
 }
 
 /// The CPUs online, from sysfs ("0-1" -> [0, 1]).

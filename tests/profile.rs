@@ -146,6 +146,8 @@ fn real_profile_with_probes_matches_the_schema() {
         ])
         .arg(dir.path())
         .args(["-o", out.to_str().unwrap(), "--csv", csv.to_str().unwrap()])
+        .arg("--svg")
+        .arg(dir.path().join("percentiles.svg"))
         .output()
         .unwrap();
     assert!(
@@ -154,6 +156,19 @@ fn real_profile_with_probes_matches_the_schema() {
         String::from_utf8_lossy(&res.stderr)
     );
     let doc = validate(&out);
+    // The chart draws the run's own percentiles: app and device p99 where the profile has them.
+    let svg = std::fs::read_to_string(dir.path().join("percentiles.svg")).unwrap();
+    let profile: virtgap::model::profile::Profile =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let run = &profile.runs[0].stages;
+    for (stage, h) in [("app", Some(&run.app)), ("device", run.device.as_ref())] {
+        let want = h.and_then(|h| h.percentile_ns(99.0)).unwrap();
+        let drawn = virtgap_testkit::chart::Panel::read(&svg, stage).drawn_ns("", 99.0);
+        assert!(
+            (drawn / want - 1.0).abs() < 0.01,
+            "{stage} p99 drawn at {drawn:.0} ns, the profile says {want:.0} ns"
+        );
+    }
     let device = &doc["stages"]["device"];
     let app = &doc["stages"]["app"];
     assert!(

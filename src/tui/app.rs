@@ -137,6 +137,8 @@ impl KvPanel {
 pub struct App {
     pub view: View,
     pub help: bool,
+    /// The time view draws each stage's latency by percentile instead of the rates.
+    pub percentiles: bool,
     pub paused: Option<Data>,
     /// The CPU picked with the arrows; until then the CPU panels follow the busiest CPU
     /// (see [`App::focus_cpu`]).
@@ -169,6 +171,7 @@ impl App {
         Self {
             view: View::Time,
             help: false,
+            percentiles: false,
             paused: None,
             selected_cpu: None,
             selected_device: 0,
@@ -397,6 +400,10 @@ impl App {
                     Some(_) => None,
                     None => Some(self.live.clone()),
                 }
+            }
+            KeyCode::Char('n') => {
+                self.percentiles = !self.percentiles || self.view != View::Time;
+                self.view = View::Time;
             }
             KeyCode::Char('r') => self.reset(),
             KeyCode::Char('s') => return Action::Save,

@@ -151,6 +151,14 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         Constraint::Min(4),
     ])
     .areas(area);
+    if app.percentiles {
+        // The chart takes the mean bar's rows too: a tail needs height to show.
+        let [table, chart] =
+            Layout::vertical([Constraint::Length(8), Constraint::Min(4)]).areas(area);
+        render_stage_table(f, app, table);
+        render_percentiles(f, app, chart);
+        return;
+    }
     render_mean_bar(f, app, bar);
     render_stage_table(f, app, table);
     // The tail autopsy takes the bottom of the view, the sparklines what is left.
@@ -159,6 +167,87 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
         None => sparks,
     };
     render_sparklines(f, app.shown(), sparks);
+}
+
+/// Each stage's latency by percentile since start (or reset): the nines axis of `record --svg`
+/// and `diff --svg` (p0, p90, p99, p99.9 … equally spaced), latency on a log axis.
+fn render_percentiles(f: &mut Frame<'_>, app: &App, area: Rect) {
+    use crate::render::charts::percentiles::{
+        curve_points, depth_of, percentile_at, percentile_label,
+    };
+    use ratatui::symbols::Marker;
+    use ratatui::widgets::{Axis, Chart, Dataset, GraphType};
+    let stages = shown_stages(app);
+    let drawn: Vec<(&str, Color, &Histogram)> = [
+        ("app", Stage::App, Color::Yellow),
+        ("queue", Stage::Queue, Color::Cyan),
+        ("device", Stage::Device, Color::Magenta),
+        ("completion", Stage::Completion, Color::Green),
+    ]
+    .into_iter()
+    .filter_map(|(name, stage, color)| Some((name, color, stages.get(stage)?)))
+    .filter(|(_, _, h)| h.count > 0)
+    .collect();
+    let block = Block::bordered().title(" latency by percentile since start (or reset) · n: back ");
+    let Some(fewest) = drawn.iter().map(|(_, _, h)| h.count).min() else {
+        f.render_widget(
+            Paragraph::new("waiting for the first I/Os…").block(block),
+            area,
+        );
+        return;
+    };
+    // Whole nines only: the axis labels are spaced evenly.
+    let depth = depth_of(fewest).floor();
+    // Each stage's (nines, log10 ns) points.
+    type Curve<'a> = (&'a str, Color, Vec<(f64, f64)>);
+    let curves: Vec<Curve<'_>> = drawn
+        .iter()
+        .map(|(name, color, h)| {
+            let points = curve_points(h, depth)
+                .into_iter()
+                .map(|(n, ns)| (n, ns.log10()))
+                .collect();
+            (*name, *color, points)
+        })
+        .collect();
+    let (lo, hi) = curves
+        .iter()
+        .flat_map(|c| c.2.iter().map(|p| p.1))
+        .fold((f64::MAX, f64::MIN), |(l, h), y| (l.min(y), h.max(y)));
+    let (lo, hi) = (lo.floor(), hi.ceil().max(lo.floor() + 1.0));
+    let datasets = curves
+        .iter()
+        .map(|(name, color, points)| {
+            Dataset::default()
+                .name(*name)
+                .marker(Marker::Braille)
+                .graph_type(GraphType::Line)
+                .style(Style::new().fg(*color))
+                .data(points)
+        })
+        .collect();
+    let x_labels: Vec<Line<'_>> = (0..=depth as u32)
+        .map(|n| Line::from(percentile_label(percentile_at(f64::from(n)))))
+        .collect();
+    // A label per decade where the rows allow (labels are spaced evenly), else the ends.
+    let rows = area.height.saturating_sub(4) as f64;
+    let decades: Vec<i32> = if hi - lo < rows / 2.0 {
+        (lo as i32..=hi as i32).collect()
+    } else {
+        vec![lo as i32, hi as i32]
+    };
+    let y_labels: Vec<Line<'_>> = decades
+        .into_iter()
+        .map(|k| Line::from(units::latency(10f64.powi(k))))
+        .collect();
+    let chart = Chart::new(datasets)
+        .block(block)
+        .x_axis(Axis::default().bounds([0.0, depth]).labels(x_labels).dim())
+        .y_axis(Axis::default().bounds([lo, hi]).labels(y_labels).dim())
+        .legend_position(Some(ratatui::widgets::LegendPosition::TopLeft))
+        // The legend names the colours: shown down to a short chart.
+        .hidden_legend_constraints((Constraint::Ratio(1, 3), Constraint::Ratio(1, 1)));
+    f.render_widget(chart, area);
 }
 
 /// The kv run's panel at the top of `area`, as tall as its lines once wrapped (within half of
@@ -298,7 +387,10 @@ fn render_stage_table(f: &mut Frame<'_>, app: &App, table: Rect) {
     f.render_widget(
         Table::new(rows, widths)
             .header(Row::new(header).bold())
-            .block(Block::bordered().title(" stage latency since start (or reset) ")),
+            .block(
+                Block::bordered()
+                    .title(" stage latency since start (or reset) · n: by percentile "),
+            ),
         table,
     );
 }
@@ -832,7 +924,7 @@ fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
 
 fn render_help(f: &mut Frame<'_>, area: Rect) {
     let w = area.width.min(64);
-    let h = area.height.min(16);
+    let h = area.height.min(17);
     let popup = Rect {
         x: area.x + (area.width - w) / 2,
         y: area.y + (area.height - h) / 2,
@@ -847,6 +939,7 @@ fn render_help(f: &mut Frame<'_>, area: Rect) {
         Line::from("  arrows           select a CPU (CPUs, Hypervisor) or a device"),
         Line::from("                   (Devices); until picked, the busiest CPU"),
         Line::from("  p                pause / resume the display"),
+        Line::from("  n                Time: each stage's latency by percentile"),
         Line::from("  r                reset the cumulative counters"),
         Line::from("  s                save a profile of what has run so far"),
         Line::from("  ?, 5             this help (any key closes it)"),
@@ -1116,6 +1209,9 @@ mod tests {
                 press(&mut app, KeyCode::Char(key));
                 insta::assert_snapshot!(format!("{name}_{w}x{h}"), draw(&app, w, h));
             }
+            press(&mut app, KeyCode::Char('n'));
+            insta::assert_snapshot!(format!("percentiles_{w}x{h}"), draw(&app, w, h));
+            press(&mut app, KeyCode::Char('n'));
             press(&mut app, KeyCode::Char('?'));
             insta::assert_snapshot!(format!("help_{w}x{h}"), draw(&app, w, h));
         }

@@ -11,6 +11,7 @@ use std::fmt::Display;
 use std::io::Write;
 
 pub mod block;
+pub mod chart;
 
 /// Whether this is a CI run (`CI` set, as `.ci/run` and most CI services do).
 pub fn in_ci() -> bool {

@@ -65,6 +65,30 @@ fn stage_runs<'a>(side: &[&'a Profile], stage: Stage) -> Vec<&'a Histogram> {
         .collect()
 }
 
+/// How many nines deep a curve of `count` I/Os can go, on a point of the axis (at least one
+/// nine, at most `MAX_NINES`): beyond 1/count a percentile is the maximum.
+pub fn depth_of(count: u64) -> f64 {
+    let nines = (count as f64).log10().clamp(1.0, MAX_NINES);
+    (nines * f64::from(STEPS_PER_NINE)).floor() / f64::from(STEPS_PER_NINE)
+}
+
+/// A histogram's latency by percentile, as (nines, ns), from p0 to `depth` nines: what the
+/// TUI's percentile view draws, point for point as the charts do.
+pub fn curve_points(h: &Histogram, depth: f64) -> Vec<(f64, f64)> {
+    let steps = (depth * f64::from(STEPS_PER_NINE)).round() as u32;
+    curve(h, steps)
+        .into_iter()
+        .enumerate()
+        .map(|(k, ns)| (k as f64 / f64::from(STEPS_PER_NINE), ns))
+        .filter(|(_, ns)| ns.is_finite())
+        .collect()
+}
+
+/// "p99.9", "p50", "p0".
+pub fn percentile_label(p: f64) -> String {
+    percentile_name(p)
+}
+
 /// A run's latency (ns) at each point of the axis, from p0 down to `steps` points.
 fn curve(h: &Histogram, steps: u32) -> Vec<f64> {
     (0..=steps)
@@ -129,9 +153,8 @@ fn panel(
         .flat_map(|(_, runs)| runs.iter().map(|h| h.count))
         .min()
         .unwrap_or(1);
-    let depth = (fewest as f64).log10().clamp(1.0, MAX_NINES);
-    let steps = (depth * f64::from(STEPS_PER_NINE)).floor() as u32;
-    let depth = f64::from(steps) / f64::from(STEPS_PER_NINE);
+    let depth = depth_of(fewest);
+    let steps = (depth * f64::from(STEPS_PER_NINE)).round() as u32;
     let series: Vec<StageCurves> = measured
         .iter()
         .filter(|(_, runs)| !runs.is_empty())

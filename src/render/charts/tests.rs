@@ -7,6 +7,7 @@ use crate::model::histogram::Histogram;
 use crate::model::profile::{Profile, RunRecord};
 use crate::model::stages::{Stage, StageBreakdown, Stages};
 use crate::model::tail::{TailAutopsy, TailSet};
+use virtgap_testkit::chart::Panel;
 
 /// A latency in ns: 60 µs plus an exponential spread of mean 40 µs, from a fixed sequence.
 fn latencies(n: usize, seed: u64, scale: f64) -> Vec<u64> {
@@ -115,103 +116,6 @@ fn tail_pair() -> (Profile, Profile, ProfileDiff) {
     (a, b, d)
 }
 
-/// The (x, y) points of a polyline.
-fn points(n: roxmltree::Node<'_, '_>) -> Vec<(f64, f64)> {
-    n.attribute("points")
-        .unwrap()
-        .split(' ')
-        .map(|xy| {
-            let (x, y) = xy.split_once(',').unwrap();
-            (x.parse().unwrap(), y.parse().unwrap())
-        })
-        .collect()
-}
-
-/// A polyline's y at `x`, interpolated between its points.
-fn y_at(line: &[(f64, f64)], x: f64) -> f64 {
-    let k = line.iter().position(|p| p.0 >= x - 1e-9).unwrap();
-    if k == 0 || (line[k].0 - x).abs() < 1e-9 {
-        return line[k].1;
-    }
-    let (p, q) = (line[k - 1], line[k]);
-    p.1 + (q.1 - p.1) * (x - p.0) / (q.0 - p.0)
-}
-
-/// A stage's panel, read back: its percentile ticks' x, its latency scale (pixels per factor
-/// of ten, from two ticks' own values), and each host's bold curve.
-struct Panel {
-    xtick: Vec<(f64, f64)>,
-    px_per_decade: f64,
-    curves: Vec<(String, Vec<(f64, f64)>)>,
-    runs: Vec<(String, Vec<(f64, f64)>)>,
-}
-
-fn read_panel(svg: &str, stage: &str) -> Panel {
-    let doc = roxmltree::Document::parse(svg).expect("the chart is XML");
-    let g = doc
-        .descendants()
-        .find(|n| n.attribute("class") == Some("panel") && n.attribute("data-stage") == Some(stage))
-        .unwrap_or_else(|| panic!("no {stage} panel"));
-    let of = |class: &'static str| {
-        g.descendants()
-            .filter(move |n| n.attribute("class") == Some(class))
-    };
-    let xtick: Vec<(f64, f64)> = of("xtick")
-        .map(|n| {
-            let p: f64 = n.attribute("data-percentile").unwrap().parse().unwrap();
-            (p, n.attribute("x1").unwrap().parse().unwrap())
-        })
-        .collect();
-    let yticks: Vec<(f64, f64)> = of("ytick")
-        .map(|n| {
-            let ns: f64 = n.attribute("data-ns").unwrap().parse().unwrap();
-            (
-                ns.log10(),
-                n.attribute("y1").unwrap().parse::<f64>().unwrap(),
-            )
-        })
-        .collect();
-    let (first, last) = (yticks[0], yticks[yticks.len() - 1]);
-    let px_per_decade = (first.1 - last.1) / (last.0 - first.0);
-    let lines = |run_filter: &dyn Fn(&str) -> bool| {
-        g.descendants()
-            .filter(|n| n.has_tag_name("polyline"))
-            .filter(|n| run_filter(n.attribute("data-run").unwrap()))
-            .map(|n| {
-                let class = n.attribute("class").unwrap();
-                (class.rsplit('-').next().unwrap().to_string(), points(n))
-            })
-            .collect::<Vec<_>>()
-    };
-    Panel {
-        xtick,
-        px_per_decade,
-        curves: lines(&|r| r == "all"),
-        runs: lines(&|r| r != "all"),
-    }
-}
-
-impl Panel {
-    fn x_of(&self, percentile: f64) -> f64 {
-        self.xtick
-            .iter()
-            .find(|t| (t.0 - percentile).abs() < 1e-6)
-            .unwrap_or_else(|| panic!("no p{percentile} tick"))
-            .1
-    }
-
-    fn curve(&self, host: &str) -> &[(f64, f64)] {
-        &self.curves.iter().find(|c| c.0 == host).unwrap().1
-    }
-
-    /// B's latency over A's at `percentile`, as drawn.
-    fn drawn_ratio(&self, percentile: f64) -> f64 {
-        let x = self.x_of(percentile);
-        let (ya, yb) = (y_at(self.curve("A"), x), y_at(self.curve("B"), x));
-        10f64.powf((ya - yb) / self.px_per_decade)
-    }
-}
-
 #[test]
 fn a_tail_of_one_read_in_a_thousand_is_drawn_as_far_apart_as_the_diff_says() {
     let (a, b, d) = tail_pair();
@@ -229,7 +133,7 @@ fn a_tail_of_one_read_in_a_thousand_is_drawn_as_far_apart_as_the_diff_says() {
     let mean = d.waterfall.app.effect.unwrap();
     assert!(mean < 0.1, "the mean barely moves: {mean}");
     let svg = diff_chart(&[&a], &[&b], &d);
-    let app = read_panel(&svg, "app");
+    let app = Panel::read(&svg, "app");
     let drawn = app.drawn_ratio(99.9);
     assert!(
         drawn >= reported * 0.995,
@@ -247,7 +151,7 @@ fn a_tail_of_one_read_in_a_thousand_is_drawn_as_far_apart_as_the_diff_says() {
         p99.effect
     );
     // The device panel shows the same tail; each run is a faint line of its own.
-    assert!(read_panel(&svg, "device").drawn_ratio(99.9) > 10.0);
+    assert!(Panel::read(&svg, "device").drawn_ratio(99.9) > 10.0);
     assert_eq!(app.runs.iter().filter(|r| r.0 == "A").count(), 3);
     assert_eq!(app.runs.iter().filter(|r| r.0 == "B").count(), 3);
     // The percentile axis reaches p99.99 (20,000 reads per run) and p99.9 sits at three nines.
@@ -290,24 +194,12 @@ fn the_waterfall_shares_a_gap_only_when_it_is_significant() {
 fn a_one_host_chart_draws_each_run_and_names_its_tails() {
     let p = tail_fixture(3, true, 5);
     let svg = profile_chart(&p);
-    let app = read_panel(&svg, "app");
+    let app = Panel::read(&svg, "app");
     assert_eq!(app.runs.len(), 3);
     assert_eq!(app.curves.len(), 1);
     assert!(svg.contains("p99.9: "), "{svg}");
     // Its p99.9 is the 5 ms tail.
-    let x = app.x_of(99.9);
-    let y = y_at(&app.curves[0].1, x);
-    let y_100us = {
-        let doc = roxmltree::Document::parse(&svg).unwrap();
-        let tick = doc
-            .descendants()
-            .find(|n| {
-                n.attribute("class") == Some("ytick") && n.attribute("data-ns") == Some("100000")
-            })
-            .expect("a 100 µs tick");
-        tick.attribute("y1").unwrap().parse::<f64>().unwrap()
-    };
-    let drawn_ns = 1e5 * 10f64.powf((y_100us - y) / app.px_per_decade);
+    let drawn_ns = app.drawn_ns("", 99.9);
     assert!(drawn_ns > 4e6, "p99.9 drawn at {drawn_ns} ns");
 }
 
