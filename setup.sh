@@ -10,12 +10,13 @@ cd "$(dirname "$0")"
 # hostile sweep's held syscalls and its ext4 fixtures), postgresql (pgbench; the attach-mode test
 # starts a throwaway cluster), rocksdb-tools (db_bench, read under attach mode) and prometheus
 # (Prometheus and promtool, which scrape and check `virtgap serve`), chromium and a font (the
-# HTML report's test loads `diff --html` in headless Chromium). The VM tier
+# HTML report's test loads `diff --html` in headless Chromium), python3-yaml (PyYAML reads back
+# iotune's io_properties.yaml as ScyllaDB's scripts do). The VM tier
 # (`vmtest`): QEMU, a static busybox, mdadm and dmsetup for the guest, cpio/xz/zstd/kmod to pack it, dpkg-dev's
 # tools to unpack kernels.
 PACKAGES=(clang libelf-dev zlib1g-dev pkg-config make gcc libc6-dev fio bpftool python3 tmux
           util-linux mount procps strace e2fsprogs postgresql
-          rocksdb-tools prometheus chromium fonts-dejavu-core)
+          rocksdb-tools prometheus chromium fonts-dejavu-core python3-yaml)
 if [[ "${1:-}" == vmtest ]]; then
     PACKAGES+=(qemu-system-x86 busybox-static mdadm dmsetup cpio xz-utils zstd kmod
                debian-archive-keyring)

@@ -49,6 +49,10 @@ pub enum Command {
     Calibrate(CalibrateArgs),
     /// Serve the probes' figures as Prometheus metrics at /metrics, continuously
     Serve(ServeArgs),
+    /// Find the storage's four IOTune figures — sequential read and write bandwidth, random
+    /// 4 KiB read and write IOPS — raising concurrency until each stops growing, then measuring
+    /// there with the probes; writes ScyllaDB's io_properties.yaml on request
+    Iotune(IotuneArgs),
     /// Print the JSON Schema of the profile files `record` writes
     Schema,
 }
@@ -184,6 +188,78 @@ fn parse_min_effect(text: &str) -> Result<f64, String> {
         return Err(format!("{text:?} is out of range: give 0.1% to 100%"));
     }
     Ok(pct / 100.0)
+}
+
+#[derive(Debug, Args)]
+pub struct IotuneArgs {
+    /// What to measure: a directory (a temp file in it), an existing file, or a block device
+    /// (an md or dm array is measured as the aggregate its members give)
+    #[arg(long, value_name = "PATH")]
+    pub target: PathBuf,
+
+    /// Allow the write phases on an existing file or block device, naming it: its serial or
+    /// WWN, an md array's UUID (/sys/block/mdN/md/uuid), a loop device's backing file, a file's
+    /// path. They overwrite its data. Without it only the read phases run there
+    #[arg(long, value_name = "IDENTITY")]
+    pub destroy_data: Option<String>,
+
+    /// Only these phases, comma-separated: read_bandwidth, write_bandwidth, read_iops,
+    /// write_iops [default: all four; the write phases only where writing is allowed]
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = ["read_bandwidth", "write_bandwidth", "read_iops", "write_iops"])]
+    pub phases: Option<Vec<String>>,
+
+    /// Measured runs per phase at its saturation point: the replicates `diff` compares
+    #[arg(long, default_value_t = 3, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
+
+    /// Length of each measured run
+    #[arg(long, default_value = "5s", value_name = "DURATION")]
+    pub duration: Span,
+
+    /// Length of each step of the concurrency search
+    #[arg(long, default_value = "2s", value_name = "DURATION")]
+    pub step: Span,
+
+    /// Time run before each step and run, left out of its figure
+    #[arg(long, default_value = "500ms", value_name = "DURATION")]
+    pub ramp: Span,
+
+    /// A search step whose figure beats the best so far by less than this counts as no growth;
+    /// two in a row end the search
+    #[arg(long, default_value = "3%", value_name = "PCT", value_parser = parse_min_effect)]
+    pub tolerance: f64,
+
+    /// Workers (threads issuing I/O) [default: one per CPU, as a shard-per-core database does]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub workers: Option<u32>,
+
+    /// The most I/Os in flight over all workers the search tries
+    #[arg(long, default_value_t = 1024, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_in_flight: u32,
+
+    /// Bytes of the target to use [default: 1 GiB for a temp file; all of a file or device]
+    #[arg(long, value_name = "SIZE")]
+    pub size: Option<ByteSize>,
+
+    /// Write the result (each phase's search and its measured runs as a profile) to FILE, for
+    /// `virtgap diff`
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+
+    /// Write the four figures as ScyllaDB's io_properties.yaml to FILE (needs all four phases)
+    #[arg(long, value_name = "FILE")]
+    pub yaml: Option<PathBuf>,
+
+    /// Overwrite an existing --output or --yaml file
+    #[arg(long)]
+    pub force: bool,
+
+    /// Print only the result, no progress
+    #[arg(short, long)]
+    pub quiet: bool,
+
+    #[command(flatten)]
+    pub probe: ProbeArgs,
 }
 
 #[derive(Debug, Args)]

@@ -15,6 +15,7 @@ fn main() -> ExitCode {
         Some(cli::Command::Diff(args)) => cmd::diff::run(&args),
         Some(cli::Command::Calibrate(args)) => cmd::calibrate::run(&args),
         Some(cli::Command::Serve(args)) => cmd::serve::run(&args),
+        Some(cli::Command::Iotune(args)) => cmd::iotune::run(&args),
         Some(cli::Command::Schema) => cmd::schema(),
         Some(cli::Command::Tui(args)) => tui::run(&args),
         None => tui::run(&cli.tui),

@@ -1,6 +1,9 @@
-//! Comparing profiles, in numbers: the diff of two hosts and the tail autopsy's join (pure
-//! functions of profiles), and the statistics they judge by.
+//! Comparing profiles, in numbers: the diff of two hosts (and of two iotune results) and the
+//! tail autopsy's join (pure functions of profiles), the statistics they judge by, and iotune's
+//! concurrency search.
 
 pub mod diff;
+pub mod iotune_diff;
+pub mod saturation;
 pub mod stats;
 pub mod tail;

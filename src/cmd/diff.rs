@@ -89,11 +89,23 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let load_side = |paths: &[std::path::PathBuf]| {
         paths
             .iter()
-            .map(|path| Ok((path.clone(), file::load(path)?)))
+            .map(|path| Ok((path.clone(), file::load_document(path)?)))
             .collect::<anyhow::Result<Vec<_>>>()
     };
-    let a_side = load_side(&a_paths)?;
-    let b_side = load_side(&b_paths)?;
+    let (a_docs, b_docs) = (load_side(&a_paths)?, load_side(&b_paths)?);
+    let is_iotune = |d: &file::Document| matches!(d, file::Document::Iotune(_));
+    if a_docs.iter().chain(&b_docs).any(|(_, d)| is_iotune(d)) {
+        return diff_iotune(args, a_docs, b_docs);
+    }
+    let profiles_of = |docs: Vec<(std::path::PathBuf, file::Document)>| {
+        docs.into_iter()
+            .filter_map(|(path, d)| match d {
+                file::Document::Profile(p) => Some((path, *p)),
+                file::Document::Iotune(_) => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let (a_side, b_side) = (profiles_of(a_docs), profiles_of(b_docs));
     for (name, side) in [("A", &a_side), ("B", &b_side)] {
         if side.len() > 1 {
             let names: Vec<String> = side
@@ -182,6 +194,51 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.html {
         let page = diff_html::page(&a_profiles, &b_profiles, &d);
         outputs.write("--html", path, page.as_bytes())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Two iotune results, one a side: the four figures judged over their measured runs, and each
+/// phase's saturation point compared.
+fn diff_iotune(
+    args: &DiffArgs,
+    a: Vec<(std::path::PathBuf, file::Document)>,
+    b: Vec<(std::path::PathBuf, file::Document)>,
+) -> anyhow::Result<ExitCode> {
+    use std::io::Write;
+    let one = |side: &str, docs: Vec<(std::path::PathBuf, file::Document)>| {
+        let n = docs.len();
+        let mut iotune = docs.into_iter().filter_map(|(path, d)| match d {
+            file::Document::Iotune(r) => Some((path, *r)),
+            file::Document::Profile(_) => None,
+        });
+        match (iotune.next(), n) {
+            (Some(r), 1) => Ok(r),
+            (Some(_), _) => anyhow::bail!("host {side}: an iotune result is compared on its own (its runs are the replicates): name one per host"),
+            (None, _) => anyhow::bail!("host {side} is a profile, the other an iotune result: compare two iotune results, or two profiles"),
+        }
+    };
+    let ((_, a), (_, b)) = (one("A", a)?, one("B", b)?);
+    for (flag, given) in [
+        ("--svg", args.svg.is_some()),
+        ("--html", args.html.is_some()),
+        ("--csv", args.csv.is_some()),
+        ("--markdown", args.markdown),
+    ] {
+        if given {
+            anyhow::bail!("{flag} draws a profile's diff; for iotune results the text or --json says it all: drop {flag}");
+        }
+    }
+    let options = diff::DiffOptions {
+        min_effect: args.min_effect,
+    };
+    let d = crate::analysis::iotune_diff::diff(&a, &b, &options);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        writeln!(out, "{}", crate::render::iotune_report::diff_json(&d)?)?;
+    } else {
+        let text = crate::render::iotune_report::diff_text(&d);
+        out.write_all(units::printable(&text).as_bytes())?;
     }
     Ok(ExitCode::SUCCESS)
 }

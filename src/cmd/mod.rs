@@ -1,10 +1,11 @@
 //! The subcommands other than the TUI: `record` (and `workloads`), `diff`, `doctor`,
-//! `calibrate`, `serve` and `schema`. Each parses nothing itself (`cli.rs` does) and returns the exit
+//! `calibrate`, `serve`, `iotune` and `schema`. Each parses nothing itself (`cli.rs` does) and returns the exit
 //! code.
 
 pub mod calibrate;
 pub mod diff;
 pub mod doctor;
+pub mod iotune;
 pub mod record;
 pub mod serve;
 

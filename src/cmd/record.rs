@@ -3,27 +3,19 @@
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use virtgap_probes::{CapabilityReport, Family};
 use virtgap_workloads::spec::{self, PRESETS};
 use virtgap_workloads::stats::RunStats;
-use virtgap_workloads::{units, RunOptions};
+use virtgap_workloads::units;
 
 use crate::cli::{RecordArgs, WorkloadsArgs};
 use crate::model::kv::KvOutcome;
 use crate::model::profile::{Profile, RunRecord};
 use crate::render::report;
 use crate::run::endpoint::SharedEndpoint;
-use crate::run::pipeline::Event;
+use crate::run::one_run::{record_one, report_problems, RunSettings};
 use crate::run::prepare::{prepare, Prepared};
-use crate::run::recorder::{RecordPlan, Recorder, RunContext};
-use crate::run::series::SeriesPoint;
-use crate::run::session::start_probes;
 use crate::run::signals::StopSignals;
 
 pub fn workloads(args: &WorkloadsArgs) -> Result<ExitCode> {
@@ -286,13 +278,19 @@ fn record_runs(
             });
         }
         // What the probes could not attach is said once, not for every run.
+        let settings = RunSettings {
+            interval: args.interval.0,
+            probes: args.probe.choice(),
+            verify: args.verify,
+            verbose,
+        };
         let one = record_one(
-            args,
             spec,
             loaded,
             &prepared,
             &calibration,
-            (number, verbose),
+            number,
+            &settings,
             metrics,
         )?;
         if args.runs > 1 && verbose {
@@ -540,229 +538,4 @@ fn run_line(r: &RunRecord) -> String {
         lat(r.stages.app.percentile_ns(99.0)),
         lat(r.stages.app.percentile_ns(99.9)),
     )
-}
-
-/// What one run of the workload produced: its profile (with its run record, numbered), the
-/// workload's statistics, and whether a signal cut it short.
-struct OneRun {
-    profile: Profile,
-    stats: RunStats,
-    interrupted: bool,
-}
-
-/// Runs the workload once on `prepared` with its own probes, attached for this run only so
-/// every run's probe intervals line up with its workload intervals.
-fn record_one(
-    args: &RecordArgs,
-    spec: &virtgap_workloads::WorkloadSpec,
-    loaded: &virtgap_workloads::LoadedSpec,
-    prepared: &Prepared,
-    calibration: &Option<crate::model::calibration::Calibration>,
-    (number, verbose): (u32, bool),
-    metrics: Option<&SharedEndpoint>,
-) -> Result<OneRun> {
-    let stop = &prepared.stop;
-    let (tx, rx) = mpsc::channel::<Event>();
-    let mut recorder = Recorder::new(RecordPlan {
-        interval: args.interval.0,
-        ramp: spec.ramp.0,
-        disks: prepared.disks.clone(),
-        probed: !args.probe.no_probes,
-    });
-    if let Some(endpoint) = metrics {
-        recorder.serve_metrics(
-            Arc::clone(endpoint),
-            &spec.name,
-            crate::run::recorder::OWN_WORKLOAD,
-        );
-    }
-    // The tail autopsy: the workers (kv's client threads: their device reads) keep their I/Os
-    // near the tail, the block probe the requests that took a good part of that.
-    let slow_request_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let choice = args.probe.choice();
-    let slow = Some(Arc::clone(&slow_request_ns));
-    let collector = match start_probes(&choice, args.interval.0, slow, &tx, &rx)? {
-        Some((handle, report)) => {
-            if verbose && number == 1 {
-                for line in report_problems(&report) {
-                    say!("virtgap: {line}");
-                }
-            }
-            recorder.on_event(Event::Probe(virtgap_probes::ProbeEvent::Attached(report)));
-            Some(handle)
-        }
-        None => None,
-    };
-    let mut options = RunOptions {
-        interval: args.interval.0,
-        verify_reads: args.verify,
-        ..RunOptions::default()
-    };
-    if recorder.report().is_some_and(|r| r.attached(Family::Block)) {
-        options.tail_watch = Some(virtgap_workloads::slow::TailWatch::new(
-            spec.workers,
-            Arc::clone(&slow_request_ns),
-        ));
-    }
-    if collector.is_some() {
-        if verbose {
-            say!("measuring the idle host for a second before the workload starts");
-        }
-        measure_idle(&mut recorder, &rx, stop, args.interval.0);
-    }
-    let started = std::time::SystemTime::now();
-    let cpu_start = virtgap_workloads::stats::CpuTime::of_this_process().total_ns();
-    let handle = prepared.start(spec, &options, tx);
-    recorder.workload_started(handle.workers());
-    if verbose {
-        // Where a log (or a script waiting to signal the run) sees measurement begin.
-        say!(
-            "running {}: {:.1} s ramp, then {:.1} s measured",
-            spec.name,
-            spec.ramp.0.as_secs_f64(),
-            spec.duration.0.as_secs_f64()
-        );
-    }
-    let run_start = Instant::now();
-    let progress = verbose && std::io::stderr().is_terminal();
-    follow(&mut recorder, &rx, spec, progress);
-    handle.join();
-    if let Some(c) = collector {
-        // One last snapshot arrives before the collector detaches the probes.
-        c.stop();
-        for ev in rx.try_iter() {
-            recorder.on_event(ev);
-        }
-    }
-    recorder.finish();
-    if let Some(problem) = recorder.series().spool_problem() {
-        say!("warning: the interval series was held in memory: {problem}");
-    }
-    if progress {
-        crate::stderr::clear_progress();
-    }
-    if let Some(e) = recorder.take_error() {
-        return Err(e).context("the workload failed");
-    }
-    let stats = recorder.stats().clone();
-    let run_wall = run_start.elapsed().as_secs_f64();
-    let recorder_cpu_ns = virtgap_workloads::stats::CpuTime::of_this_process()
-        .total_ns()
-        .saturating_sub(cpu_start)
-        .saturating_sub(stats.cpu.user_ns + stats.cpu.system_ns);
-    let interrupted = stop.load(Ordering::Relaxed);
-    let cx = RunContext {
-        spec,
-        loaded,
-        target: &prepared.target,
-        host: crate::model::host::Fingerprint::this_host(),
-        interval: args.interval.0,
-        started,
-        calibration: calibration.clone(),
-        recorder_cpu_pct: (run_wall > 0.0).then(|| recorder_cpu_ns as f64 / 1e9 / run_wall * 100.0),
-        complete: !interrupted,
-    };
-    let mut profile = recorder
-        .profile(&cx, options.tail_watch.is_some())
-        .map_err(anyhow::Error::msg)?;
-    profile.runs[0].run = number;
-    Ok(OneRun {
-        profile,
-        stats,
-        interrupted,
-    })
-}
-
-/// The idle host's interval before the workload starts, into `recorder`.
-fn measure_idle(
-    recorder: &mut Recorder,
-    rx: &mpsc::Receiver<Event>,
-    stop: &AtomicBool,
-    interval: Duration,
-) {
-    let idle = crate::run::session::wait_for_idle_interval(rx, stop, interval, |ev| {
-        recorder.on_event(Event::Probe(ev));
-    });
-    if let Some((cumulative, interval)) = idle {
-        recorder.set_idle(cumulative, interval);
-    }
-}
-
-/// Feeds the run's events to `recorder` until every worker finished, with a progress line.
-fn follow(
-    recorder: &mut Recorder,
-    rx: &mpsc::Receiver<Event>,
-    spec: &virtgap_workloads::WorkloadSpec,
-    progress: bool,
-) {
-    let total = spec.ramp.0 + spec.duration.0;
-    let run_start = Instant::now();
-    while !recorder.all_finished() {
-        match rx.recv_timeout(Duration::from_millis(250)) {
-            Ok(ev) => {
-                recorder.on_event(ev);
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => break,
-        }
-        if progress {
-            draw_progress(run_start.elapsed(), total, recorder.series().last_point());
-        }
-    }
-}
-
-/// One line per probe family or tracepoint that did not attach.
-fn report_problems(report: &CapabilityReport) -> Vec<String> {
-    let mut lines = Vec::new();
-    for f in &report.families {
-        if let Some(why) = &f.unavailable {
-            // A host without NVMe is not missing anything.
-            if f.family != Family::Nvme || !f.watches_nothing_here() {
-                lines.push(format!("{} probes unavailable: {why}", f.family.name()));
-            }
-            continue;
-        }
-        let failed: Vec<_> = f
-            .tracepoints
-            .iter()
-            .filter(|t| t.attached.is_none())
-            .collect();
-        // One line per family when every failure has the same reason.
-        let same = failed.windows(2).all(|w| w[0].reason == w[1].reason);
-        if failed.len() > 1 && same {
-            let names: Vec<&str> = failed.iter().map(|t| t.tracepoint.as_str()).collect();
-            lines.push(format!(
-                "{} probes {} unavailable: {}",
-                f.family.name(),
-                names.join(", "),
-                failed[0].reason.as_deref().unwrap_or("unknown reason")
-            ));
-            continue;
-        }
-        for t in failed {
-            lines.push(format!(
-                "{} probe {} unavailable: {}",
-                f.family.name(),
-                t.tracepoint,
-                t.reason.as_deref().unwrap_or("unknown reason")
-            ));
-        }
-    }
-    lines
-}
-
-fn draw_progress(elapsed: Duration, total: Duration, last: Option<&SeriesPoint>) {
-    let mut line = format!(
-        "[{:>4.0}/{:.0} s]",
-        elapsed.as_secs_f64().min(total.as_secs_f64()),
-        total.as_secs_f64()
-    );
-    if let Some(p) = last.filter(|p| p.secs() > 0.0) {
-        let ios = p.interval.read_ios + p.interval.write_ios;
-        line.push_str(&format!(" {} IOPS", units::count(ios as f64 / p.secs())));
-        if let Some(p99) = p.interval.lat_p99_ns {
-            line.push_str(&format!(", p99 lat {}", units::latency(p99 as f64)));
-        }
-    }
-    progress!("{line}");
 }

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use crate::model::devices::DeviceStages;
 use crate::model::histogram::Histogram;
 use crate::model::interval::{CpuLoad, Interval};
+use crate::model::iotune::{IotuneProfile, IOTUNE_VERSION};
 use crate::model::profile::{Profile, RunRecord, SCHEMA_VERSION};
 use crate::model::stages::{Stage, Stages};
 
@@ -56,10 +57,77 @@ pub fn json_schema() -> serde_json::Value {
 /// waiting for a writer), are implausibly large or come from a newer virtgap; a value that does
 /// not fit says where it is (`stages.device.count: …`).
 pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
+    let bytes = read(path)?;
+    parse(&bytes, &path.display().to_string())
+}
+
+/// A file `diff` reads: a profile, or an iotune result (each phase's profile inside).
+#[derive(Debug)]
+pub enum Document {
+    Profile(Box<Profile>),
+    Iotune(Box<IotuneProfile>),
+}
+
+/// Reads a profile or an iotune result, with the checks of [`load`] (an iotune result's
+/// phases' profiles get each profile's checks, their fields named from the phase).
+pub fn load_document(path: &std::path::Path) -> Result<Document, ProfileError> {
+    let bytes = read(path)?;
+    parse_document(&bytes, &path.display().to_string())
+}
+
+/// Parses a profile or an iotune result, told apart by the iotune result's `iotune_version`.
+pub fn parse_document(bytes: &[u8], shown: &str) -> Result<Document, ProfileError> {
+    let not_profile = |err: String| ProfileError::NotProfile {
+        path: shown.to_string(),
+        err,
+    };
+    #[derive(Deserialize)]
+    struct Kind {
+        iotune_version: Option<serde_json::Value>,
+    }
+    let head: Kind =
+        serde_json::from_slice(bytes).map_err(|e| not_profile(format!("not JSON: {e}")))?;
+    let Some(version) = head.iotune_version else {
+        return parse(bytes, shown).map(|p| Document::Profile(Box::new(p)));
+    };
+    if version.as_u64() != Some(u64::from(IOTUNE_VERSION)) {
+        return Err(not_profile(format!(
+            "an iotune result of version {version}; this virtgap reads version {IOTUNE_VERSION}"
+        )));
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let result: IotuneProfile = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let at = e.path().to_string();
+        not_profile(format!("{at}: {}", e.into_inner()))
+    })?;
+    for (n, phase) in result.phases.iter().enumerate() {
+        let at = format!("phases[{n}]");
+        if phase.profile.schema_version != SCHEMA_VERSION {
+            return Err(not_profile(format!(
+                "{at}.profile.schema_version: {}, where an iotune result of this version holds {SCHEMA_VERSION}",
+                phase.profile.schema_version
+            )));
+        }
+        for (k, v) in std::iter::once(phase.figure)
+            .chain(phase.runs.iter().copied())
+            .enumerate()
+        {
+            at_most(&format!("{at}.figure or runs[{k}]"), v, MAX_NS_SUM).map_err(&not_profile)?;
+        }
+        if phase.runs.is_empty() {
+            return Err(not_profile(format!("{at}.runs: no measured run")));
+        }
+        validate(&phase.profile).map_err(|e| not_profile(format!("{at}.profile.{e}")))?;
+    }
+    Ok(Document::Iotune(Box::new(result)))
+}
+
+/// A profile file's bytes: a regular file, within [`MAX_PROFILE_BYTES`].
+fn read(path: &std::path::Path) -> Result<Vec<u8>, ProfileError> {
     use virtgap_workloads::input::{read_bounded, InputError};
     let shown = path.display().to_string();
     // A FIFO, a device or a file over the limit is refused before anything is read from it.
-    let bytes = read_bounded(path, MAX_PROFILE_BYTES).map_err(|e| match e {
+    read_bounded(path, MAX_PROFILE_BYTES).map_err(|e| match e {
         InputError::Io(err) => ProfileError::Read {
             path: shown.clone(),
             err,
@@ -72,8 +140,7 @@ pub fn load(path: &std::path::Path) -> Result<Profile, ProfileError> {
             path: shown.clone(),
             size,
         },
-    })?;
-    parse(&bytes, &shown)
+    })
 }
 
 /// Parses a profile's bytes (`shown` names it in errors): the schema version first, then the

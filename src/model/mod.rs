@@ -11,6 +11,7 @@ pub mod histogram;
 pub mod host;
 pub mod hypervisor;
 pub mod interval;
+pub mod iotune;
 pub mod kv;
 pub mod metrics;
 pub mod profile;

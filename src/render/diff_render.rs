@@ -384,7 +384,7 @@ pub struct EvidenceLine {
     pub b: String,
 }
 
-fn busiest_irq_cpu(e: &HostEvidence) -> String {
+pub(crate) fn busiest_irq_cpu(e: &HostEvidence) -> String {
     match e.busiest_irq_cpu {
         BusiestIrqCpu::NotMeasured => NOT_MEASURED.into(),
         BusiestIrqCpu::NoneSeen => "no interrupts seen".into(),
@@ -407,7 +407,7 @@ fn msr_exit_rates(e: &HostEvidence) -> String {
     }
 }
 
-fn hypervisor_share(e: &HostEvidence) -> String {
+pub(crate) fn hypervisor_share(e: &HostEvidence) -> String {
     let Some(cpus) = &e.hypervisor_share else {
         return NOT_MEASURED.into();
     };

@@ -7,6 +7,7 @@ pub mod diff_html;
 pub mod diff_render;
 pub mod host;
 pub mod hypervisor_report;
+pub mod iotune_report;
 pub mod kv_report;
 pub mod latency_table;
 pub mod metrics;

@@ -1,4 +1,5 @@
-//! What a run is made of, shared by `record` and the TUI: the target made ready (`prepare`),
+//! What a run is made of, shared by `record`, `iotune` and the TUI: the target made ready
+//! (`prepare`), one run recorded (`one_run`), iotune's concurrency search (`iotune`),
 //! the probes attached before the workload (`session`), the one event channel (`pipeline`), the
 //! one recorder of its events (`recorder`: the interval series, the probes' window, the idle
 //! baseline, the tail autopsy's material) and the profile assembled from it (`assemble`), the
@@ -13,7 +14,9 @@ pub mod endpoint;
 pub mod exporter;
 pub mod host;
 pub mod hypervisor;
+pub mod iotune;
 pub mod microvm;
+pub mod one_run;
 pub mod output;
 pub mod pipeline;
 pub mod prepare;

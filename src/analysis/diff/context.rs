@@ -358,7 +358,7 @@ pub struct CpuShare {
 }
 
 impl HostEvidence {
-    pub(super) fn of(side: &[&Profile]) -> Self {
+    pub fn of(side: &[&Profile]) -> Self {
         let p = side[0];
         Self {
             busiest_irq_cpu: busiest_irq_cpu(p),

@@ -1,0 +1,246 @@
+//! `virtgap iotune`: the storage's four figures, phase by phase (the search and measurement are
+//! `run::iotune`'s), printed, and written as an iotune result for `diff` and as ScyllaDB's
+//! io_properties.yaml.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use virtgap_workloads::units;
+
+use crate::cli::IotuneArgs;
+use crate::model::host::Fingerprint;
+use crate::model::iotune::{IotuneProfile, Phase, IOTUNE_VERSION};
+use crate::render::iotune_report;
+use crate::run::iotune::{run_phase, IotunePlan};
+use crate::run::output::{Outputs, Pending};
+use crate::run::prepare::TargetOptions;
+use crate::run::signals::StopSignals;
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The phases asked for, in iotune's order.
+fn wanted_phases(args: &IotuneArgs) -> Vec<Phase> {
+    match &args.phases {
+        None => Phase::ALL.to_vec(),
+        Some(keys) => Phase::ALL
+            .into_iter()
+            .filter(|p| keys.iter().any(|k| k == p.key()))
+            .collect(),
+    }
+}
+
+pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
+    let shown = units::printable(&args.target.display().to_string()).into_owned();
+    let meta = std::fs::metadata(&args.target)
+        .with_context(|| format!("--target {shown}: cannot use it"))?;
+    let is_dir = meta.is_dir();
+    if is_dir && args.destroy_data.is_some() {
+        bail!("--destroy-data names an existing file or device to overwrite; in a directory iotune writes only its own temp file: drop --destroy-data");
+    }
+    let target = if is_dir {
+        TargetOptions {
+            dir: Some(args.target.clone()),
+            ..TargetOptions::default()
+        }
+    } else {
+        TargetOptions {
+            target: Some(args.target.clone()),
+            destroy_data: args.destroy_data.clone(),
+            ..TargetOptions::default()
+        }
+    };
+    let writes_allowed = is_dir || args.destroy_data.is_some();
+    let (phases, skipped): (Vec<Phase>, Vec<Phase>) = wanted_phases(args)
+        .into_iter()
+        .partition(|p| !p.writes() || writes_allowed);
+    if args.yaml.is_some() && phases.len() < Phase::ALL.len() {
+        let why = if skipped.is_empty() {
+            "--phases leaves some out".to_string()
+        } else {
+            format!(
+                "{} would write to {shown}: pass --destroy-data naming it (they overwrite its data)",
+                skipped.iter().map(|p| p.key()).collect::<Vec<_>>().join(" and ")
+            )
+        };
+        bail!("--yaml needs all four figures, but {why}");
+    }
+    let mut outputs = Outputs::new(args.force, "pass --force to replace it");
+    outputs.input("the target", &args.target);
+    if let Some(path) = &args.output {
+        outputs.file("--output", path)?;
+    }
+    if let Some(path) = &args.yaml {
+        outputs.file("--yaml", path)?;
+    }
+    let signals = StopSignals::install(true)?;
+    let verbose = !args.quiet;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let plan = IotunePlan {
+        workers: args.workers.unwrap_or(cpus),
+        tolerance: args.tolerance,
+        ramp: args.ramp.0,
+        step: args.step.0,
+        measure: args.duration.0,
+        runs: args.runs,
+        size: args.size.map(|s| s.0),
+        target,
+        probes: args.probe.choice(),
+        interval: Duration::from_secs(1).min(args.duration.0.max(Duration::from_millis(100))),
+        max_in_flight: args.max_in_flight,
+        verbose,
+    };
+    if verbose {
+        if !skipped.is_empty() {
+            say!(
+                "virtgap: skipping {}: writing to {shown} needs --destroy-data naming it",
+                skipped
+                    .iter()
+                    .map(|p| p.key())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            );
+        }
+        say!(
+            "iotune on {shown}: {} phase{}, {} workers, depth per worker doubling from 1 (up to {}) until it grows less than {}% twice, then {} run{} of {:.1} s at the peak",
+            phases.len(),
+            if phases.len() == 1 { "" } else { "s" },
+            plan.workers,
+            plan.max_qd(),
+            args.tolerance * 100.0,
+            plan.runs,
+            if plan.runs == 1 { "" } else { "s" },
+            plan.measure.as_secs_f64()
+        );
+    }
+    let started = unix_ms();
+    let mut done = Vec::new();
+    let mut interrupted = false;
+    for (k, &phase) in phases.iter().enumerate() {
+        if verbose {
+            say!("phase {} of {}: {}", k + 1, phases.len(), phase.key());
+        }
+        match run_phase(phase, &plan, &signals, k == 0)? {
+            Some(p) => done.push(p),
+            None => {
+                interrupted = true;
+                break;
+            }
+        }
+    }
+    let result = IotuneProfile {
+        iotune_version: IOTUNE_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        command_line: std::env::args().collect(),
+        started_unix_ms: started,
+        ended_unix_ms: unix_ms(),
+        complete: !interrupted,
+        host: Fingerprint::this_host(),
+        target: args.target.display().to_string(),
+        mountpoint: mountpoint_of(&args.target),
+        tolerance: args.tolerance,
+        phases: done,
+    };
+    {
+        let mut out = std::io::stdout().lock();
+        out.write_all(units::printable(&iotune_report::summary(&result)).as_bytes())?;
+    }
+    let mut json = serde_json::to_vec_pretty(&result)?;
+    json.push(b'\n');
+    let yaml = match &args.yaml {
+        Some(_) if !interrupted => Some(iotune_report::io_properties_yaml(&result)?),
+        _ => None,
+    };
+    let mut files = Vec::new();
+    if let Some(path) = &args.output {
+        files.push(Pending {
+            flag: "--output",
+            path: path.clone(),
+            bytes: &json,
+        });
+    }
+    if let (Some(path), Some(yaml)) = (&args.yaml, &yaml) {
+        files.push(Pending {
+            flag: "--yaml",
+            path: path.clone(),
+            bytes: yaml.as_bytes(),
+        });
+    }
+    let written = if files.is_empty() {
+        Vec::new()
+    } else {
+        outputs.write_all(&files, ("iotune.json", &json))
+    };
+    if verbose {
+        for (f, ok) in files.iter().zip(&written) {
+            if *ok {
+                say!(
+                    "wrote {} {}",
+                    if f.flag == "--yaml" {
+                        "io_properties"
+                    } else {
+                        "iotune result"
+                    },
+                    units::printable(&f.path.display().to_string())
+                );
+            }
+        }
+    }
+    if interrupted {
+        say!("virtgap: interrupted: the phases that finished are kept, marked incomplete");
+        return Ok(signals.exit_code());
+    }
+    if written.iter().any(|w| !w) {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where ScyllaDB would mount what `path` names: the mount point holding a directory or file
+/// (the longest in /proc/self/mountinfo), a mounted device's mount point, else the path itself.
+fn mountpoint_of(path: &Path) -> String {
+    let Ok(canonical) = std::fs::canonicalize(path) else {
+        return path.display().to_string();
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return canonical.display().to_string();
+    };
+    // Fields: id parent major:minor root mountpoint options ... - fstype source superoptions.
+    let unescape = |s: &str| {
+        s.replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\012", "\n")
+            .replace("\\134", "\\")
+    };
+    let mounts: Vec<(String, String)> = info
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            let dash = fields.iter().position(|f| *f == "-")?;
+            Some((unescape(fields.get(4)?), unescape(fields.get(dash + 2)?)))
+        })
+        .collect();
+    let is_device = std::fs::metadata(&canonical).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_block_device()
+    });
+    if is_device {
+        return mounts
+            .iter()
+            .find(|(_, source)| std::fs::canonicalize(source).is_ok_and(|s| s == canonical))
+            .map_or(canonical.display().to_string(), |(point, _)| point.clone());
+    }
+    mounts
+        .iter()
+        .map(|(point, _)| point)
+        .filter(|point| canonical.starts_with(point.as_str()))
+        .max_by_key(|point| point.len())
+        .cloned()
+        .unwrap_or_else(|| canonical.display().to_string())
+}

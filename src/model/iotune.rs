@@ -1,0 +1,110 @@
+//! What `virtgap iotune` leaves: the storage's four figures — sequential read and write
+//! bandwidth, random 4 KiB read and write IOPS — each with the concurrency search that found its
+//! saturation point and the profile of the runs measured there (pure data).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::model::host::Fingerprint;
+use crate::model::profile::Profile;
+
+/// The version of the iotune file's layout (the profiles inside carry their own).
+pub const IOTUNE_VERSION: u32 = 1;
+
+/// One of the four measurements, in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Sequential 1 MiB reads: bytes per second.
+    ReadBandwidth,
+    /// Sequential 1 MiB writes: bytes per second.
+    WriteBandwidth,
+    /// Random 4 KiB reads: I/Os per second.
+    ReadIops,
+    /// Random 4 KiB writes: I/Os per second.
+    WriteIops,
+}
+
+impl Phase {
+    pub const ALL: [Phase; 4] = [
+        Phase::ReadBandwidth,
+        Phase::WriteBandwidth,
+        Phase::ReadIops,
+        Phase::WriteIops,
+    ];
+
+    /// The key ScyllaDB's io_properties.yaml gives this figure ("read_iops").
+    pub fn key(self) -> &'static str {
+        match self {
+            Phase::ReadBandwidth => "read_bandwidth",
+            Phase::WriteBandwidth => "write_bandwidth",
+            Phase::ReadIops => "read_iops",
+            Phase::WriteIops => "write_iops",
+        }
+    }
+
+    pub fn writes(self) -> bool {
+        matches!(self, Phase::WriteBandwidth | Phase::WriteIops)
+    }
+
+    /// Bandwidth (bytes/s), not IOPS.
+    pub fn is_bandwidth(self) -> bool {
+        matches!(self, Phase::ReadBandwidth | Phase::WriteBandwidth)
+    }
+}
+
+/// One point of the search: a concurrency and the figure a short run reached there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SearchStep {
+    pub workers: u32,
+    /// I/Os each worker keeps in flight.
+    pub qd: u32,
+    /// Bytes/s for a bandwidth phase, I/Os per second for an IOPS phase.
+    pub figure: f64,
+}
+
+/// One phase: how its saturation point was found and what was measured there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct IotunePhase {
+    pub phase: Phase,
+    /// Request size in bytes.
+    pub block_size: u64,
+    /// The short runs of the search, in the order they ran.
+    pub search: Vec<SearchStep>,
+    /// The concurrency measured: where the search's figure peaked.
+    pub workers: u32,
+    pub qd: u32,
+    /// The mean of the measured runs' figures (bytes/s or I/Os per second).
+    pub figure: f64,
+    /// Each measured run's figure, in order: the replicates a diff compares.
+    pub runs: Vec<f64>,
+    /// The measured runs as a profile (one run record each): the stages, the CPUs' interrupt
+    /// load and the hypervisor section at saturation.
+    pub profile: Profile,
+}
+
+/// The file `iotune -o` writes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct IotuneProfile {
+    pub iotune_version: u32,
+    pub tool_version: String,
+    pub command_line: Vec<String>,
+    pub started_unix_ms: u64,
+    pub ended_unix_ms: u64,
+    /// False when a signal cut the search or a measurement short.
+    pub complete: bool,
+    pub host: Fingerprint,
+    /// What was measured, as the user named it, and where ScyllaDB would mount it.
+    pub target: String,
+    pub mountpoint: String,
+    /// A step that grew the figure by less than this fraction counts as no growth.
+    pub tolerance: f64,
+    /// The phases that ran, in order (the write phases only with consent to write).
+    pub phases: Vec<IotunePhase>,
+}
+
+impl IotuneProfile {
+    pub fn phase(&self, phase: Phase) -> Option<&IotunePhase> {
+        self.phases.iter().find(|p| p.phase == phase)
+    }
+}

@@ -1,0 +1,234 @@
+//! iotune's phases, run: each phase's target prepared once, the concurrency search in short
+//! runs without probes (one worker per CPU, each worker's depth doubling), then `runs`
+//! measured runs at the peak with the probes, pooled into the phase's profile.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use virtgap_workloads::spec::{self, Overrides};
+use virtgap_workloads::stats::RunStats;
+use virtgap_workloads::values::{ByteSize, Span};
+use virtgap_workloads::{units, LoadedSpec, WorkloadSpec};
+
+use crate::analysis::saturation::Saturation;
+use crate::model::iotune::{IotunePhase, Phase};
+use crate::run::one_run::{record_one, OneRun, RunSettings};
+use crate::run::prepare::{prepare, TargetOptions};
+use crate::run::session::ProbeChoice;
+use crate::run::signals::StopSignals;
+
+/// How iotune searches and measures.
+#[derive(Clone, Debug)]
+pub struct IotunePlan {
+    /// Workers per phase: one per CPU, as a shard-per-core database issues I/O.
+    pub workers: u32,
+    /// A step must beat the best figure by more than this fraction to count as growth.
+    pub tolerance: f64,
+    /// Each search step's ramp and measured length.
+    pub ramp: Duration,
+    pub step: Duration,
+    /// Each measured run's length, and how many.
+    pub measure: Duration,
+    pub runs: u32,
+    /// The target's size to use (None: a temp file's default, or all of a device or file).
+    pub size: Option<u64>,
+    pub target: TargetOptions,
+    pub probes: ProbeChoice,
+    pub interval: Duration,
+    /// The most I/Os in flight over all workers.
+    pub max_in_flight: u32,
+    pub verbose: bool,
+}
+
+impl IotunePlan {
+    /// The deepest queue per worker the search tries.
+    pub fn max_qd(&self) -> u32 {
+        (self.max_in_flight / self.workers.max(1)).clamp(1, spec::MAX_QD)
+    }
+}
+
+/// The preset a phase runs: its pattern, direction and request size.
+fn preset(phase: Phase) -> &'static str {
+    match phase {
+        Phase::ReadBandwidth => "seq1m",
+        Phase::WriteBandwidth => "seq1m-write",
+        Phase::ReadIops => "rand4k",
+        Phase::WriteIops => "rand4k-write",
+    }
+}
+
+/// The workload of `phase` at `workers` × `qd`, measured for `length` after `ramp`.
+pub fn phase_spec(
+    phase: Phase,
+    plan: &IotunePlan,
+    qd: u32,
+    (ramp, length): (Duration, Duration),
+) -> Result<(LoadedSpec, WorkloadSpec)> {
+    let loaded = spec::load(preset(phase))?;
+    let mut spec = loaded.spec.clone();
+    let overrides = Overrides {
+        workers: Some(plan.workers),
+        qd: Some(qd),
+        duration: Some(Span(length)),
+        ramp: Some(Span(ramp)),
+        size: plan.size.map(ByteSize),
+        ..Overrides::default()
+    };
+    overrides
+        .apply(&mut spec)
+        .with_context(|| format!("the {} phase's workload", phase.key()))?;
+    spec.name = format!("iotune-{}", phase.key().replace('_', "-"));
+    Ok((loaded, spec))
+}
+
+/// A run's figure: bytes/s for a bandwidth phase, I/Os per second for an IOPS phase, of the
+/// phase's direction.
+pub fn figure(phase: Phase, stats: &RunStats) -> f64 {
+    let seconds = stats.seconds();
+    if seconds <= 0.0 {
+        return 0.0;
+    }
+    let dir = if phase.writes() {
+        &stats.write
+    } else {
+        &stats.read
+    };
+    if phase.is_bandwidth() {
+        dir.bytes as f64 / seconds
+    } else {
+        dir.ios as f64 / seconds
+    }
+}
+
+/// A figure in its unit: "1.20 GiB/s", "74.2k IOPS".
+pub fn figure_text(phase: Phase, figure: f64) -> String {
+    if phase.is_bandwidth() {
+        format!("{}/s", units::bytes(figure as u64))
+    } else {
+        format!("{} IOPS", units::count(figure))
+    }
+}
+
+/// Runs one phase: the search, then the measurement at its peak. None: a signal stopped it.
+pub fn run_phase(
+    phase: Phase,
+    plan: &IotunePlan,
+    signals: &StopSignals,
+    first_measured: bool,
+) -> Result<Option<IotunePhase>> {
+    // Prepared for the deepest queue the search may reach, so the memory check covers it.
+    let (_, deepest) = phase_spec(phase, plan, plan.max_qd(), (plan.ramp, plan.step))?;
+    let Some(prepared) = prepare(
+        &deepest,
+        plan.size.is_some(),
+        &plan.target,
+        plan.verbose,
+        signals,
+    )?
+    else {
+        return Ok(None);
+    };
+    let quiet = RunSettings {
+        interval: plan.interval,
+        probes: ProbeChoice {
+            no_probes: true,
+            ..plan.probes.clone()
+        },
+        verify: false,
+        verbose: false,
+    };
+    let mut search = Saturation::new(plan.workers, plan.tolerance, plan.max_qd());
+    while let Some(qd) = search.next_qd() {
+        let (loaded, spec) = phase_spec(phase, plan, qd, (plan.ramp, plan.step))?;
+        let one = record_one(&spec, &loaded, &prepared, &None, 1, &quiet, None)?;
+        if one.interrupted {
+            return Ok(None);
+        }
+        let f = figure(phase, &one.stats);
+        if plan.verbose {
+            say!(
+                "  {}: {} workers x qd {qd}: {}",
+                phase.key(),
+                plan.workers,
+                figure_text(phase, f)
+            );
+        }
+        search.record(qd, f);
+    }
+    let peak = search.peak().cloned().context("the search ran no step")?;
+    if plan.verbose {
+        say!(
+            "  {}: peak at {} workers x qd {}; measuring {} run{} of {:.0} s there",
+            phase.key(),
+            peak.workers,
+            peak.qd,
+            plan.runs,
+            if plan.runs == 1 { "" } else { "s" },
+            plan.measure.as_secs_f64()
+        );
+    }
+    let (loaded, spec) = phase_spec(phase, plan, peak.qd, (plan.ramp, plan.measure))?;
+    let measured = RunSettings {
+        interval: plan.interval,
+        probes: plan.probes.clone(),
+        verify: false,
+        verbose: false,
+    };
+    let mut runs: Vec<OneRun> = Vec::new();
+    for number in 1..=plan.runs {
+        // What the probes could not attach is said once, on the first measured run.
+        let settings = RunSettings {
+            verbose: plan.verbose && first_measured && number == 1,
+            ..measured.clone()
+        };
+        let one = record_one(&spec, &loaded, &prepared, &None, number, &settings, None)?;
+        let interrupted = one.interrupted;
+        if plan.verbose {
+            say!(
+                "  {}: run {number}: {}",
+                phase.key(),
+                figure_text(phase, figure(phase, &one.stats))
+            );
+        }
+        runs.push(one);
+        if interrupted {
+            return Ok(None);
+        }
+    }
+    let figures: Vec<f64> = runs.iter().map(|r| figure(phase, &r.stats)).collect();
+    let mean = figures.iter().sum::<f64>() / figures.len() as f64;
+    Ok(Some(IotunePhase {
+        phase,
+        block_size: spec.bs.0,
+        search: search.into_steps(),
+        workers: peak.workers,
+        qd: peak.qd,
+        figure: mean,
+        runs: figures,
+        profile: pool(runs),
+    }))
+}
+
+/// Several runs as one profile, each keeping its run record, as `record --runs N` writes it.
+pub fn pool(runs: Vec<OneRun>) -> crate::model::profile::Profile {
+    let mut merged = RunStats::default();
+    let mut seconds = 0;
+    let paced = runs[0].profile.results.max_schedule_lag_ns.is_some();
+    let profiles = runs
+        .into_iter()
+        .map(|one| {
+            merged.merge(&one.stats);
+            seconds += one.stats.measured_ns;
+            let mut p = one.profile;
+            let record = p.runs.remove(0);
+            (p, record)
+        })
+        .collect::<Vec<_>>();
+    merged.measured_ns = seconds;
+    if profiles.len() == 1 {
+        let (mut p, record) = profiles.into_iter().next().expect("one run");
+        p.runs = vec![record];
+        return p;
+    }
+    crate::run::assemble::pool_runs(profiles, &merged, paced)
+}

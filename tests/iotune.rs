@@ -1,0 +1,226 @@
+//! `virtgap iotune` end to end: the four figures on a temp file, io_properties.yaml read back by
+//! PyYAML (what ScyllaDB's own setup scripts read it with), the write phases refused on a file
+//! it was not allowed to write (and the file left as it was), and the diff of two results.
+// Test progress, on the harness's stderr: eprintln! is fine here.
+#![allow(clippy::disallowed_macros)]
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+mod common;
+use common::{is_root, which};
+
+fn vg() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_virtgap"))
+}
+
+/// Short steps and runs: the figures' accuracy is the benchmark's business, not this test's.
+const QUICK: [&str; 6] = ["--step", "500ms", "--duration", "1s", "--ramp", "200ms"];
+
+fn output(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn four_figures_on_a_temp_file_with_the_yaml_scylla_reads() {
+    let dir = common::scratch("vg-iotune-");
+    let (result, yaml) = (dir.path().join("r.json"), dir.path().join("io.yaml"));
+    let mut cmd = vg();
+    cmd.arg("iotune")
+        .arg("--target")
+        .arg(dir.path())
+        .args(QUICK)
+        .args(["--size", "64MiB", "--runs", "2"])
+        .arg("-o")
+        .arg(&result)
+        .arg("--yaml")
+        .arg(&yaml);
+    // With the probes where they can load (root), so each phase's profile has its stages.
+    if !is_root() {
+        cmd.arg("--no-probes");
+    }
+    let (ok, stdout, stderr) = output(&mut cmd);
+    assert!(ok, "{stderr}");
+    eprintln!("{stdout}");
+    let doc: Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    let phases = doc["phases"].as_array().unwrap();
+    let keys: Vec<&str> = phases
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "read_bandwidth",
+            "write_bandwidth",
+            "read_iops",
+            "write_iops"
+        ]
+    );
+    for p in phases {
+        let figure = p["figure"].as_f64().unwrap();
+        assert!(figure > 0.0, "{p}");
+        let runs: Vec<f64> = p["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r.as_f64().unwrap())
+            .collect();
+        assert_eq!(runs.len(), 2);
+        assert!((runs.iter().sum::<f64>() / 2.0 - figure).abs() <= 1e-6 * figure);
+        // The search doubled the depth from 1 and the peak is one of its steps.
+        let search = p["search"].as_array().unwrap();
+        assert_eq!(search[0]["qd"], 1);
+        assert!(search.iter().any(|s| s["qd"] == p["qd"]));
+        assert_eq!(p["profile"]["runs"].as_array().unwrap().len(), 2);
+        if is_root() {
+            assert!(
+                p["profile"]["stages"]["device"]["count"].as_u64().unwrap() > 0,
+                "the block probe saw the phase's requests"
+            );
+        }
+        assert!(stdout.contains(p["phase"].as_str().unwrap()));
+    }
+    // A bandwidth phase's figure is its bytes over its seconds: 1 MiB requests.
+    assert_eq!(phases[0]["block_size"], 1 << 20);
+    assert_eq!(phases[2]["block_size"], 4096);
+
+    // PyYAML, as ScyllaDB's scylla_io_setup reads io_properties.yaml.
+    let Some(python) = which("python3") else {
+        panic!("python3 (installed by setup.sh) is missing");
+    };
+    let script = r#"
+import sys, json, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+print(json.dumps(doc))
+"#;
+    let parsed = Command::new(python)
+        .arg("-c")
+        .arg(script)
+        .arg(&yaml)
+        .output()
+        .unwrap();
+    assert!(
+        parsed.status.success(),
+        "PyYAML (python3-yaml, installed by setup.sh): {}",
+        String::from_utf8_lossy(&parsed.stderr)
+    );
+    let y: Value = serde_json::from_slice(&parsed.stdout).unwrap();
+    let disks = y["disks"].as_array().unwrap();
+    assert_eq!(disks.len(), 1);
+    let disk = disks[0].as_object().unwrap();
+    let mut names: Vec<&str> = disk.keys().map(String::as_str).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "mountpoint",
+            "read_bandwidth",
+            "read_iops",
+            "write_bandwidth",
+            "write_iops"
+        ]
+    );
+    assert_eq!(y.as_object().unwrap().len(), 1, "only `disks`: {y}");
+    for p in phases {
+        let key = p["phase"].as_str().unwrap();
+        let figure = p["figure"].as_f64().unwrap();
+        assert_eq!(disk[key].as_u64(), Some(figure.round() as u64), "{key}");
+    }
+    let mountpoint = disk["mountpoint"].as_str().unwrap();
+    assert!(
+        dir.path().canonicalize().unwrap().starts_with(mountpoint),
+        "{mountpoint} holds {}",
+        dir.path().display()
+    );
+
+    // The result diffs against itself: four judged rows, and JSON on request.
+    let (ok, text, stderr) = output(vg().arg("diff").arg(&result).arg(&result));
+    assert!(ok, "{stderr}");
+    for key in keys {
+        assert!(text.lines().any(|l| l.starts_with(key)), "{text}");
+    }
+    let (ok, json, _) = output(vg().arg("diff").arg("--json").arg(&result).arg(&result));
+    assert!(ok);
+    let d: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(d["phases"].as_array().unwrap().len(), 4);
+    assert_eq!(d["phases"][2]["a"], d["phases"][2]["b"]);
+}
+
+fn digest(path: &Path) -> Vec<u8> {
+    std::fs::read(path).unwrap()
+}
+
+#[test]
+fn an_existing_file_is_only_read_without_consent_and_yaml_says_why_not() {
+    let dir = common::scratch("vg-iotune-file-");
+    let data = common::data_file(dir.path(), "data.bin", 16 * 256);
+    let before = digest(&data);
+    let yaml = dir.path().join("io.yaml");
+    // io_properties.yaml needs the write figures: refused before anything runs.
+    let (ok, _, stderr) = output(
+        vg().arg("iotune")
+            .arg("--target")
+            .arg(&data)
+            .arg("--yaml")
+            .arg(&yaml),
+    );
+    assert!(!ok);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("--yaml needs all four figures")
+            && stderr.contains("pass --destroy-data naming it"),
+        "{stderr}"
+    );
+    assert!(!yaml.exists());
+    // Without --yaml the read phases run; the file is untouched.
+    let (ok, stdout, stderr) = output(
+        vg().arg("iotune")
+            .arg("--target")
+            .arg(&data)
+            .args(QUICK)
+            .args(["--runs", "1", "--no-probes"]),
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("skipping write_bandwidth and write_iops"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("read_iops") && !stdout.contains("write_iops "),
+        "{stdout}"
+    );
+    assert_eq!(digest(&data), before, "the target's data is as it was");
+}
+
+#[test]
+fn a_profile_and_an_iotune_result_are_not_compared() {
+    let dir = common::scratch("vg-iotune-mixed-");
+    let result = dir.path().join("r.json");
+    let (ok, _, stderr) = output(
+        vg().arg("iotune")
+            .arg("--target")
+            .arg(dir.path())
+            .args(QUICK)
+            .args(["--size", "64MiB", "--runs", "1", "--no-probes"])
+            .args(["--phases", "read_iops", "-o"])
+            .arg(&result),
+    );
+    assert!(ok, "{stderr}");
+    let profile = dir.path().join("p.json");
+    std::fs::write(&profile, include_str!("data/minimal-profile.json")).unwrap();
+    let (ok, _, stderr) = output(vg().arg("diff").arg(&profile).arg(&result));
+    assert!(!ok);
+    assert!(
+        stderr.contains("host B is a profile, the other an iotune result")
+            || stderr.contains("host A is a profile, the other an iotune result"),
+        "{stderr}"
+    );
+}
