@@ -80,6 +80,11 @@ bench-serve MINUTES="10": build
 bench-overhead ROUNDS="5" RUNTIME="10": build
     python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}}
 
+# `virtgap iotune`'s four figures against the best of a fio sweep (numjobs x iodepth) on the same
+# target, on a file on this disk and on a loop device over memory; ratios ours/fio (root)
+bench-iotune *ARGS: build
+    python3 scripts/bench_iotune.py --virtgap target/release/virtgap {{ARGS}}
+
 # The injected-overhead experiments (root; CI runs them after `just test`): each prints its diff
 # table and checks the attribution
 attribution-check:

@@ -724,6 +724,21 @@ def _(c):
         raise Defect("diff --html naming an input profile succeeded")
 
 
+@case("iotune-output-over-its-target", 3)
+def _(c):
+    data = c.file("data.bin", 16 * MIB)
+    with open(data, "rb") as f:
+        before = f.read()
+    r = c.vg("iotune", "--target", data, "--destroy-data", data, "-o", data, "--force",
+             "--phases", "write_iops", "--runs", "1", "--step", "200ms", "--duration", "300ms",
+             "--no-probes")
+    with open(data, "rb") as f:
+        if f.read() != before:
+            raise Defect(f"iotune -o naming its own target wrote over it ({r.says()})")
+    if r.rc == 0:
+        raise Defect("iotune -o naming its own target succeeded")
+
+
 # Item 4: profiles lost.
 
 def sync_held_run(c, argv, out_dir, hold_s=4.0, prefix=()):

@@ -372,6 +372,11 @@ dmsetup remove --noudevsync vgdm 2>> /out/setup.log
 step mdadm mdadm --create /dev/md0 --run --force --level=0 --raid-devices=2 --metadata=1.2 /dev/$R1 /dev/$R2
 echo "md0 $(cat /sys/block/md0/dev 2>/dev/null)" >> /out/devnums
 step md $RECORD $BLOCK --target /dev/md0 -o /out/md.json
+# iotune on the array, writes allowed by its UUID: counts and completion only (TCG timing means
+# nothing), kept short to fit one step.
+step iotune /bin/virtgap iotune --target /dev/md0 --destroy-data "$(cat /sys/block/md0/md/uuid)" \
+    $BLOCK --size 64MiB --step 300ms --ramp 100ms --duration 500ms --runs 1 --max-in-flight 32 \
+    --quiet -o /out/iotune.json --yaml /out/io.yaml
 cat /proc/interrupts > /out/interrupts.after
 dmesg > /out/dmesg
 tar -cf /dev/$OUT -C /out . && sync
@@ -937,7 +942,7 @@ def check_guest(c, console, results, virtgap):
     check_doctor(c, read_json(results, "doctor.out"), read_text(results, "uname").strip())
     check_hypervisor_paths(c, results, read_text(results, "uname").strip())
     for step in ["doctor", "offline", "nvme", "pv", "pv-kprobe", "virtio", "unthrottled", "throttle", "addpart", "remap", "split",
-                 "dmsetup", "dm", "mdadm", "md"]:
+                 "dmsetup", "dm", "mdadm", "md", "iotune"]:
         step_ok(c, results, step)
     check_sampler_cpus(c, read_json(results, "offline.out"))
     nvme = read_json(results, "nvme.json")
@@ -974,6 +979,31 @@ def check_guest(c, console, results, virtgap):
     summary = read_text(results, "md.out")
     c.check(f"on md0 ({' + '.join(sorted(raid))}, summed)" in summary,
             "md: the summary shows md0's stages summed over its members")
+    check_iotune(c, results)
+
+
+IOTUNE_PHASES = ["read_bandwidth", "write_bandwidth", "read_iops", "write_iops"]
+
+
+def check_iotune(c, results):
+    """iotune on md0: all four phases searched and measured, the block probe seeing the members'
+    requests, and io_properties.yaml with ScyllaDB's keys."""
+    r = read_json(results, "iotune.json")
+    if not c.check(r is not None, "iotune: wrote its result for md0"):
+        return
+    phases = {p["phase"]: p for p in r.get("phases", [])}
+    c.check(sorted(phases) == sorted(IOTUNE_PHASES),
+            f"iotune: all four phases on md0 ({', '.join(phases) or 'none'})")
+    for key, p in phases.items():
+        search = p.get("search", [])
+        c.check(p.get("figure", 0) > 0 and len(p.get("runs", [])) == 1 and search and search[0]["qd"] == 1,
+                f"iotune {key}: {p.get('figure', 0):.0f} from {len(search)} search steps and one measured run")
+        device = ((p.get("profile") or {}).get("stages") or {}).get("device") or {}
+        c.check(device.get("count", 0) > 0,
+                f"iotune {key}: the block probe timed {device.get('count', 0)} requests on md0's members")
+    yaml = read_text(results, "io.yaml")
+    c.check(yaml.startswith("disks:") and all(f"{k}: " in yaml for k in IOTUNE_PHASES + ["mountpoint"]),
+            "iotune: io_properties.yaml has ScyllaDB's five keys")
 
 
 # --- main --------------------------------------------------------------------------------

@@ -442,7 +442,8 @@ pub struct TargetArgs {
     pub target: Option<PathBuf>,
 
     /// Allow writes to the --target: its serial or WWN for a block device (see `lsblk -o
-    /// NAME,SERIAL,WWN`), its backing file for a loop device, its path for a file
+    /// NAME,SERIAL,WWN`), an md array's UUID (/sys/block/mdN/md/uuid), its backing file for a
+    /// loop device, its path for a file
     #[arg(long, value_name = "IDENTITY")]
     pub destroy_data: Option<String>,
 }

@@ -219,8 +219,59 @@ fn a_profile_and_an_iotune_result_are_not_compared() {
     let (ok, _, stderr) = output(vg().arg("diff").arg(&profile).arg(&result));
     assert!(!ok);
     assert!(
-        stderr.contains("host B is a profile, the other an iotune result")
-            || stderr.contains("host A is a profile, the other an iotune result"),
+        stderr.contains("host A has a profile among iotune results"),
         "{stderr}"
     );
+}
+
+/// A device written run after run by one process: iotune's write and read phases on one open,
+/// and `record --runs 2` reopening it (the kernel releases a closed io_uring's claim on the
+/// device in the background: the second open must not call the device busy).
+#[test]
+fn a_device_is_written_run_after_run() {
+    if !common::root_allowed("iotune and record --runs 2 on a loop device") {
+        return;
+    }
+    let Some(lo) = virtgap_testkit::ready(
+        "a loop device over /dev/shm",
+        virtgap_testkit::block::MemoryLoop::new(64 << 20),
+    ) else {
+        return;
+    };
+    let (ok, stdout, stderr) = output(
+        vg().arg("iotune")
+            .arg("--target")
+            .arg(&lo.disk)
+            .arg("--destroy-data")
+            .arg(&lo.backing)
+            .args(QUICK)
+            .args([
+                "--runs",
+                "1",
+                "--no-probes",
+                "--phases",
+                "write_iops,read_iops",
+            ]),
+    );
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("write_iops") && stdout.contains("read_iops"),
+        "{stdout}"
+    );
+    let (ok, _, stderr) = output(
+        vg().args([
+            "record",
+            "-w",
+            "rand4k-write",
+            "--runs",
+            "2",
+            "--duration",
+            "1s",
+        ])
+        .args(["--no-probes", "--quiet", "--target"])
+        .arg(&lo.disk)
+        .arg("--destroy-data")
+        .arg(&lo.backing),
+    );
+    assert!(ok, "{stderr}");
 }

@@ -198,27 +198,31 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Two iotune results, one a side: the four figures judged over their measured runs, and each
-/// phase's saturation point compared.
+/// Iotune results, one or more a side: the four figures judged over their measured runs (a
+/// side's results pooled), and each phase's saturation point compared.
 fn diff_iotune(
     args: &DiffArgs,
     a: Vec<(std::path::PathBuf, file::Document)>,
     b: Vec<(std::path::PathBuf, file::Document)>,
 ) -> anyhow::Result<ExitCode> {
     use std::io::Write;
-    let one = |side: &str, docs: Vec<(std::path::PathBuf, file::Document)>| {
-        let n = docs.len();
-        let mut iotune = docs.into_iter().filter_map(|(path, d)| match d {
-            file::Document::Iotune(r) => Some((path, *r)),
-            file::Document::Profile(_) => None,
-        });
-        match (iotune.next(), n) {
-            (Some(r), 1) => Ok(r),
-            (Some(_), _) => anyhow::bail!("host {side}: an iotune result is compared on its own (its runs are the replicates): name one per host"),
-            (None, _) => anyhow::bail!("host {side} is a profile, the other an iotune result: compare two iotune results, or two profiles"),
-        }
+    let results = |side: &str, docs: Vec<(std::path::PathBuf, file::Document)>| {
+        docs.into_iter()
+            .map(|(_, d)| match d {
+                file::Document::Iotune(r) => Ok(*r),
+                file::Document::Profile(_) => anyhow::bail!("host {side} has a profile among iotune results: compare iotune results with iotune results, profiles with profiles"),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
     };
-    let ((_, a), (_, b)) = (one("A", a)?, one("B", b)?);
+    let (a, b) = (results("A", a)?, results("B", b)?);
+    for (side, results) in [("A", &a), ("B", &b)] {
+        if let Some(cut) = results.iter().find(|r| !r.complete) {
+            say!(
+                "virtgap: warning: an iotune result of host {side} ({}) was interrupted; comparing the phases it finished",
+                units::printable(&cut.target)
+            );
+        }
+    }
     for (flag, given) in [
         ("--svg", args.svg.is_some()),
         ("--html", args.html.is_some()),
@@ -232,6 +236,7 @@ fn diff_iotune(
     let options = diff::DiffOptions {
         min_effect: args.min_effect,
     };
+    let (a, b): (Vec<_>, Vec<_>) = (a.iter().collect(), b.iter().collect());
     let d = crate::analysis::iotune_diff::diff(&a, &b, &options);
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -14,7 +14,7 @@ use crate::cli::IotuneArgs;
 use crate::model::host::Fingerprint;
 use crate::model::iotune::{IotuneProfile, Phase, IOTUNE_VERSION};
 use crate::render::iotune_report;
-use crate::run::iotune::{run_phase, IotunePlan};
+use crate::run::iotune::{prepare_target, run_phase, IotunePlan};
 use crate::run::output::{Outputs, Pending};
 use crate::run::prepare::TargetOptions;
 use crate::run::signals::StopSignals;
@@ -108,11 +108,10 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
             );
         }
         say!(
-            "iotune on {shown}: {} phase{}, {} workers, depth per worker doubling from 1 (up to {}) until it grows less than {}% twice, then {} run{} of {:.1} s at the peak",
+            "iotune on {shown}: {} phase{}, {} workers, depth per worker doubling from 1 until it grows less than {}% twice, then {} run{} of {:.1} s at the peak",
             phases.len(),
             if phases.len() == 1 { "" } else { "s" },
             plan.workers,
-            plan.max_qd(),
             args.tolerance * 100.0,
             plan.runs,
             if plan.runs == 1 { "" } else { "s" },
@@ -122,15 +121,20 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
     let started = unix_ms();
     let mut done = Vec::new();
     let mut interrupted = false;
-    for (k, &phase) in phases.iter().enumerate() {
-        if verbose {
-            say!("phase {} of {}: {}", k + 1, phases.len(), phase.key());
-        }
-        match run_phase(phase, &plan, &signals, k == 0)? {
-            Some(p) => done.push(p),
-            None => {
-                interrupted = true;
-                break;
+    match prepare_target(&plan, &phases, &signals)? {
+        None => interrupted = true,
+        Some(prepared) => {
+            for (k, &phase) in phases.iter().enumerate() {
+                if verbose {
+                    say!("phase {} of {}: {}", k + 1, phases.len(), phase.key());
+                }
+                match run_phase(phase, &plan, &prepared, k == 0)? {
+                    Some(p) => done.push(p),
+                    None => {
+                        interrupted = true;
+                        break;
+                    }
+                }
             }
         }
     }

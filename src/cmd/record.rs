@@ -241,7 +241,9 @@ fn profile_outputs(args: &RecordArgs, outputs: &mut crate::run::output::Outputs)
 struct Recorded {
     runs: Vec<Profile>,
     pooled: RunStats,
-    last: (Prepared, RunStats),
+    /// None between runs: the previous run's target is closed before the next is opened (a
+    /// device opened for writing is opened exclusively, and would refuse its own second open).
+    last: (Option<Prepared>, RunStats),
     interrupted: bool,
 }
 
@@ -263,6 +265,9 @@ fn record_runs(
             say!("run {number} of {}", args.runs);
         }
         let target = args.target.options();
+        if let Some(all) = recorded.as_mut() {
+            all.last.0 = None;
+        }
         let Some(prepared) = prepare(spec, size_explicit, &target, verbose, signals)? else {
             break;
         };
@@ -305,7 +310,7 @@ fn record_runs(
                 recorded = Some(Recorded {
                     pooled,
                     runs: vec![one.profile],
-                    last: (prepared, one.stats),
+                    last: (Some(prepared), one.stats),
                     interrupted,
                 })
             }
@@ -314,7 +319,7 @@ fn record_runs(
                 all.pooled.merge(&one.stats);
                 all.pooled.measured_ns = seconds;
                 all.runs.push(one.profile);
-                all.last = (prepared, one.stats);
+                all.last = (Some(prepared), one.stats);
                 all.interrupted = interrupted;
             }
         }

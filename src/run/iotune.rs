@@ -1,4 +1,4 @@
-//! iotune's phases, run: each phase's target prepared once, the concurrency search in short
+//! iotune's phases, run: the target prepared once for all of them, the concurrency search in short
 //! runs without probes (one worker per CPU, each worker's depth doubling), then `runs`
 //! measured runs at the peak with the probes, pooled into the phase's profile.
 
@@ -13,7 +13,7 @@ use virtgap_workloads::{units, LoadedSpec, WorkloadSpec};
 use crate::analysis::saturation::Saturation;
 use crate::model::iotune::{IotunePhase, Phase};
 use crate::run::one_run::{record_one, OneRun, RunSettings};
-use crate::run::prepare::{prepare, TargetOptions};
+use crate::run::prepare::{prepare, Prepared, TargetOptions};
 use crate::run::session::ProbeChoice;
 use crate::run::signals::StopSignals;
 
@@ -40,10 +40,24 @@ pub struct IotunePlan {
     pub verbose: bool,
 }
 
+/// The most bytes in flight a search tries: 1 MiB requests stop at 256 in flight, whatever
+/// `--max-in-flight` says (the workers' buffers are that large).
+const MAX_BYTES_IN_FLIGHT: u64 = 256 << 20;
+
 impl IotunePlan {
-    /// The deepest queue per worker the search tries.
-    pub fn max_qd(&self) -> u32 {
-        (self.max_in_flight / self.workers.max(1)).clamp(1, spec::MAX_QD)
+    /// The deepest queue per worker the search of `phase` tries.
+    pub fn max_qd(&self, phase: Phase) -> u32 {
+        let by_bytes = (MAX_BYTES_IN_FLIGHT / block_size(phase)) as u32;
+        (self.max_in_flight.min(by_bytes) / self.workers.max(1)).clamp(1, spec::MAX_QD)
+    }
+}
+
+/// A phase's request size.
+fn block_size(phase: Phase) -> u64 {
+    if phase.is_bandwidth() {
+        1 << 20
+    } else {
+        4096
     }
 }
 
@@ -109,25 +123,43 @@ pub fn figure_text(phase: Phase, figure: f64) -> String {
     }
 }
 
-/// Runs one phase: the search, then the measurement at its peak. None: a signal stopped it.
-pub fn run_phase(
-    phase: Phase,
+/// The target, opened and made ready once for every phase in `phases` (a write phase among
+/// them opens it for writing): one open, one lock and one fill for the whole search, rather than
+/// one per phase. None: a signal stopped the fill.
+pub fn prepare_target(
     plan: &IotunePlan,
+    phases: &[Phase],
     signals: &StopSignals,
-    first_measured: bool,
-) -> Result<Option<IotunePhase>> {
-    // Prepared for the deepest queue the search may reach, so the memory check covers it.
-    let (_, deepest) = phase_spec(phase, plan, plan.max_qd(), (plan.ramp, plan.step))?;
-    let Some(prepared) = prepare(
-        &deepest,
+) -> Result<Option<Prepared>> {
+    let Some(&first) = phases.first() else {
+        anyhow::bail!("no phase to run");
+    };
+    let opener = phases.iter().copied().find(|p| p.writes()).unwrap_or(first);
+    // At the deepest queue any phase may reach, so the memory check covers the whole search.
+    let deepest = phases
+        .iter()
+        .map(|&p| plan.max_qd(p) as u64 * block_size(p))
+        .max()
+        .unwrap_or(0);
+    let qd = (deepest / block_size(opener)).clamp(1, u64::from(spec::MAX_QD)) as u32;
+    let (_, spec) = phase_spec(opener, plan, qd, (plan.ramp, plan.step))?;
+    prepare(
+        &spec,
         plan.size.is_some(),
         &plan.target,
         plan.verbose,
         signals,
-    )?
-    else {
-        return Ok(None);
-    };
+    )
+}
+
+/// Runs one phase on the prepared target: the search, then the measurement at its peak. None:
+/// a signal stopped it.
+pub fn run_phase(
+    phase: Phase,
+    plan: &IotunePlan,
+    prepared: &Prepared,
+    first_measured: bool,
+) -> Result<Option<IotunePhase>> {
     let quiet = RunSettings {
         interval: plan.interval,
         probes: ProbeChoice {
@@ -137,10 +169,10 @@ pub fn run_phase(
         verify: false,
         verbose: false,
     };
-    let mut search = Saturation::new(plan.workers, plan.tolerance, plan.max_qd());
+    let mut search = Saturation::new(plan.workers, plan.tolerance, plan.max_qd(phase));
     while let Some(qd) = search.next_qd() {
         let (loaded, spec) = phase_spec(phase, plan, qd, (plan.ramp, plan.step))?;
-        let one = record_one(&spec, &loaded, &prepared, &None, 1, &quiet, None)?;
+        let one = record_one(&spec, &loaded, prepared, &None, 1, &quiet, None)?;
         if one.interrupted {
             return Ok(None);
         }
@@ -181,7 +213,7 @@ pub fn run_phase(
             verbose: plan.verbose && first_measured && number == 1,
             ..measured.clone()
         };
-        let one = record_one(&spec, &loaded, &prepared, &None, number, &settings, None)?;
+        let one = record_one(&spec, &loaded, prepared, &None, number, &settings, None)?;
         let interrupted = one.interrupted;
         if plan.verbose {
             say!(

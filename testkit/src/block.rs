@@ -1,5 +1,6 @@
-//! Block devices for tests that need one of a given shape: a partition on a loop device, and
-//! a cgroup v1 blkio group that throttles reads from a disk. Both undo themselves on drop.
+//! Block devices for tests that need one of a given shape: a partition on a loop device, a
+//! loop device over memory, and a cgroup v1 blkio group that throttles reads from a disk. Each
+//! undoes itself on drop.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,6 +77,60 @@ impl PartitionedLoop {
 }
 
 impl Drop for PartitionedLoop {
+    fn drop(&mut self) {
+        let _ = run(Command::new("losetup").arg("--detach").arg(&self.disk));
+        let _ = std::fs::remove_file(&self.backing);
+    }
+}
+
+/// A loop device over a file in memory (`/dev/shm`): the loop driver serves it from the page
+/// cache, so the device is far from the limit a disk sets. Detached and removed on drop.
+#[derive(Debug)]
+pub struct MemoryLoop {
+    /// `/dev/loopN`.
+    pub disk: PathBuf,
+    /// The file behind it: the identity `--destroy-data` names.
+    pub backing: PathBuf,
+}
+
+impl MemoryLoop {
+    /// A loop device over `bytes` of data in a new file in /dev/shm.
+    pub fn new(bytes: u64) -> Result<Self, String> {
+        if !Path::new("/dev/loop-control").exists() {
+            return Err("no /dev/loop-control (loop module not loaded?)".into());
+        }
+        let stamp = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let backing = PathBuf::from(format!(
+            "/dev/shm/vg-memloop-{}-{stamp}.img",
+            std::process::id()
+        ));
+        write_data(&backing, bytes)?;
+        match run(Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(&backing))
+        {
+            Ok(disk) => Ok(Self {
+                disk: PathBuf::from(disk),
+                backing,
+            }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&backing);
+                Err(e)
+            }
+        }
+    }
+
+    /// The device's `major:minor` (what a blkio throttle names).
+    pub fn disk_dev(&self) -> String {
+        use std::os::unix::fs::MetadataExt;
+        let rdev = std::fs::metadata(&self.disk).map_or(0, |m| m.rdev());
+        format!("{}:{}", libc::major(rdev), libc::minor(rdev))
+    }
+}
+
+impl Drop for MemoryLoop {
     fn drop(&mut self) {
         let _ = run(Command::new("losetup").arg("--detach").arg(&self.disk));
         let _ = std::fs::remove_file(&self.backing);

@@ -46,7 +46,7 @@ pub enum SafetyError {
     },
     #[error("refusing to write to {target}: it sits on over {MAX_DEPTH} levels of loop, md or dm devices, too deep to check")]
     TooDeep { target: String },
-    #[error("refusing to write to /dev/{device}: writes destroy its data; pass --destroy-data=<its serial or WWN> (see `lsblk -o NAME,SERIAL,WWN`){hint}")]
+    #[error("refusing to write to /dev/{device}: writes destroy its data; pass --destroy-data=<its serial or WWN> (see `lsblk -o NAME,SERIAL,WWN`; an md array's UUID from /sys/block/mdN/md/uuid){hint}")]
     NeedsIdentity { device: String, hint: String },
     #[error("refusing to write to /dev/{device}: --destroy-data={given} does not match its identity ({known})")]
     WrongIdentity {
@@ -253,7 +253,9 @@ impl SysRoot {
         Some((info.lo_device, info.lo_inode, info.lo_rdevice))
     }
 
-    /// Identities a user may name in --destroy-data: serials, WWNs, a loop device's backing file.
+    /// Identities a user may name in --destroy-data: serials, WWNs, a loop device's backing file,
+    /// an md array's UUID or a dm device's (as sysfs prints them; `mdadm --detail` shows the md
+    /// UUID with colons, sysfs with dashes).
     pub fn identities(&self, disk: &str) -> Vec<String> {
         let mut ids: Vec<String> = [
             "serial",
@@ -262,6 +264,8 @@ impl SysRoot {
             "device/wwid",
             "device/wwn",
             "loop/backing_file",
+            "md/uuid",
+            "dm/uuid",
         ]
         .iter()
         .filter_map(|f| self.read(&format!("sys/class/block/{disk}/{f}")))
@@ -833,6 +837,26 @@ mod tests {
             s.check_writable(&vda, Some("x")),
             Err(SafetyError::NoIdentity { .. })
         ));
+    }
+
+    #[test]
+    fn an_md_array_is_identified_by_its_uuid() {
+        let f = Fixture::new();
+        f.disk("md0", "9:0", None);
+        f.write(
+            "sys/class/block/md0/md/uuid",
+            "3f0f0b1c-5c8e-4f0e-9b1a-2d7c6e5f4a3b\n",
+        );
+        let s = f.sys();
+        let md = s.block_device(9, 0).unwrap();
+        assert!(matches!(
+            s.check_writable(&md, Some("x")),
+            Err(SafetyError::WrongIdentity { .. })
+        ));
+        assert_eq!(
+            s.check_writable(&md, Some("3f0f0b1c-5c8e-4f0e-9b1a-2d7c6e5f4a3b")),
+            Ok(())
+        );
     }
 
     #[test]

@@ -467,7 +467,18 @@ fn open_device(
         flags |= libc::O_EXCL;
     }
     step(OpenStep::Checked);
-    let file = match reopen(resolved, req.write, flags) {
+    // A device this process wrote moments ago can still be claimed by it: a closed io_uring's
+    // files are released by the kernel in the background. So a busy device is tried again for
+    // up to 2 s before it is called busy (`record --runs N` and `iotune` reopen their target).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut opened = reopen(resolved, req.write, flags);
+    while matches!(&opened, Err(e) if e.raw_os_error() == Some(libc::EBUSY))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        opened = reopen(resolved, req.write, flags);
+    }
+    let file = match opened {
         Ok(file) => file,
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
             // Say why when the reason is one the checks know (a mount, a holder).

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""`virtgap iotune` against the best fio reaches on the same target: for each of the four
+figures (sequential 1 MiB read and write bandwidth, random 4 KiB read and write IOPS), fio runs
+a sweep of numjobs x iodepth (io_uring, O_DIRECT) and its best point is the yardstick; iotune
+runs once (probes off, as fio has none) and its figure is divided by fio's best. Targets: a
+1 GiB file in a directory on this machine's disk, and a loop device over memory (/dev/shm), a
+device far from a disk's limits. Root (the loop device); fio and virtgap run one after the
+other, never together."""
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+PHASES = [
+    # (key, fio rw, block size, bandwidth?)
+    ("read_bandwidth", "read", "1M", True),
+    ("write_bandwidth", "write", "1M", True),
+    ("read_iops", "randread", "4k", False),
+    ("write_iops", "randwrite", "4k", False),
+]
+
+
+def fio_figure(filename, rw, bs, numjobs, iodepth, runtime, size):
+    """One fio job's figure: bytes/s or IOPS over its jobs together."""
+    cmd = ["fio", "--name=sweep", f"--filename={filename}", f"--rw={rw}", f"--bs={bs}",
+           "--ioengine=io_uring", "--direct=1", f"--numjobs={numjobs}", f"--iodepth={iodepth}",
+           "--time_based", f"--runtime={runtime}", "--ramp_time=1", "--group_reporting",
+           f"--size={size}", "--output-format=json"]
+    if numjobs > 1 and rw in ("read", "write"):
+        # Each job its own region, as iotune's workers each stream through their own.
+        cmd.append("--offset_increment=" + str(size // numjobs))
+        cmd[cmd.index(f"--size={size}")] = f"--size={size // numjobs}"
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"bench: fio failed: {out.stderr.strip()[-400:]}")
+    job = json.loads(out.stdout)["jobs"][0]
+    side = job["write"] if rw in ("write", "randwrite") else job["read"]
+    return side["bw_bytes"] if rw in ("read", "write") else side["iops"]
+
+
+def fio_best(filename, size, runtime, jobs, depths):
+    best = {}
+    for key, rw, bs, _ in PHASES:
+        points = []
+        for numjobs, iodepth in itertools.product(jobs, depths):
+            points.append((fio_figure(filename, rw, bs, numjobs, iodepth, runtime, size), numjobs, iodepth))
+        best[key] = max(points)
+        print(f"  fio {key}: best {show(key, best[key][0])} at numjobs {best[key][1]} x iodepth {best[key][2]}",
+              file=sys.stderr)
+    return best
+
+
+def iotune(virtgap, target, size, extra, out):
+    cmd = [virtgap, "iotune", "--target", target, "--size", str(size), "--no-probes", "--quiet",
+           "--force", "-o", out] + extra
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)}: {r.stderr.strip()[-400:]}")
+    with open(out) as f:
+        doc = json.load(f)
+    return {p["phase"]: p for p in doc["phases"]}
+
+
+def show(key, v):
+    return f"{v / (1 << 20):.0f} MiB/s" if "bandwidth" in key else f"{v / 1000:.1f}k IOPS"
+
+
+def compare(name, virtgap, target, size, extra, args, scratch):
+    print(f"== {name}: {target}", file=sys.stderr)
+    ours = iotune(virtgap, target, size, extra, os.path.join(scratch, "iotune.json"))
+    fio_target = target if not os.path.isdir(target) else os.path.join(target, "fio.data")
+    best = fio_best(fio_target, size, args.runtime, args.jobs, args.depths)
+    rows = []
+    for key, *_ in PHASES:
+        p = ours[key]
+        f, numjobs, iodepth = best[key]
+        rows.append((name, key, p["figure"], f"{p['workers']} x qd {p['qd']}", f,
+                     f"{numjobs} x {iodepth}", p["figure"] / f))
+    if os.path.isdir(target):
+        os.unlink(fio_target)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--virtgap", default="target/release/virtgap")
+    ap.add_argument("--dir", default="target/tmp", help="directory on the disk to measure (a 1 GiB file in it)")
+    ap.add_argument("--no-disk", action="store_true", help="skip the disk-backed target")
+    ap.add_argument("--no-memory", action="store_true", help="skip the memory-backed loop device")
+    ap.add_argument("--runtime", type=int, default=3, help="seconds per fio point")
+    ap.add_argument("--jobs", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
+    ap.add_argument("--depths", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[1, 4, 16, 32, 64, 128])
+    ap.add_argument("--duration", default="5s", help="iotune's measured run length")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench: run as root (a loop device over /dev/shm)")
+    size = 1 << 30
+    extra = ["--duration", args.duration]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="vg-bench-iotune-") as scratch:
+        if not args.no_disk:
+            os.makedirs(args.dir, exist_ok=True)
+            rows += compare("disk", args.virtgap, args.dir, size, extra, args, scratch)
+        if not args.no_memory:
+            backing = os.path.join("/dev/shm", f"vg-bench-iotune-{os.getpid()}.img")
+            with open(backing, "wb") as f:
+                block = os.urandom(1 << 20)
+                for _ in range(size >> 20):
+                    f.write(block)
+            loop = subprocess.run(["losetup", "--find", "--show", backing], capture_output=True,
+                                  text=True, check=True).stdout.strip()
+            try:
+                rows += compare("memory", args.virtgap, loop, size,
+                                extra + ["--destroy-data", backing], args, scratch)
+            finally:
+                subprocess.run(["losetup", "--detach", loop])
+                os.unlink(backing)
+    print(f"{'target':<8} {'figure':<16} {'virtgap iotune':>16} {'at':>12} {'fio best':>16} {'at':>10} {'ratio':>7}")
+    for name, key, ours, at, fio, fio_at, ratio in rows:
+        print(f"{name:<8} {key:<16} {show(key, ours):>16} {at:>12} {show(key, fio):>16} {fio_at:>10} {ratio:>7.3f}")
+
+
+if __name__ == "__main__":
+    main()
