@@ -75,13 +75,13 @@ fn preset(phase: Phase) -> &'static str {
 pub fn phase_spec(
     phase: Phase,
     plan: &IotunePlan,
-    qd: u32,
+    (workers, qd): (u32, u32),
     (ramp, length): (Duration, Duration),
 ) -> Result<(LoadedSpec, WorkloadSpec)> {
     let loaded = spec::load(preset(phase))?;
     let mut spec = loaded.spec.clone();
     let overrides = Overrides {
-        workers: Some(plan.workers),
+        workers: Some(workers),
         qd: Some(qd),
         duration: Some(Span(length)),
         ramp: Some(Span(ramp)),
@@ -142,7 +142,8 @@ pub fn prepare_target(
         .max()
         .unwrap_or(0);
     let qd = (deepest / block_size(opener)).clamp(1, u64::from(spec::MAX_QD)) as u32;
-    let (_, spec) = phase_spec(opener, plan, qd, (plan.ramp, plan.step))?;
+    // Twice the workers, as the search's last steps may run.
+    let (_, spec) = phase_spec(opener, plan, (plan.workers * 2, qd), (plan.ramp, plan.step))?;
     prepare(
         &spec,
         plan.size.is_some(),
@@ -170,8 +171,8 @@ pub fn run_phase(
         verbose: false,
     };
     let mut search = Saturation::new(plan.workers, plan.tolerance, plan.max_qd(phase));
-    while let Some(qd) = search.next_qd() {
-        let (loaded, spec) = phase_spec(phase, plan, qd, (plan.ramp, plan.step))?;
+    while let Some((workers, qd)) = search.next() {
+        let (loaded, spec) = phase_spec(phase, plan, (workers, qd), (plan.ramp, plan.step))?;
         let one = record_one(&spec, &loaded, prepared, &None, 1, &quiet, None)?;
         if one.interrupted {
             return Ok(None);
@@ -179,13 +180,12 @@ pub fn run_phase(
         let f = figure(phase, &one.stats);
         if plan.verbose {
             say!(
-                "  {}: {} workers x qd {qd}: {}",
+                "  {}: {workers} workers x qd {qd}: {}",
                 phase.key(),
-                plan.workers,
                 figure_text(phase, f)
             );
         }
-        search.record(qd, f);
+        search.record(workers, qd, f);
     }
     let peak = search.peak().cloned().context("the search ran no step")?;
     if plan.verbose {
@@ -199,7 +199,12 @@ pub fn run_phase(
             plan.measure.as_secs_f64()
         );
     }
-    let (loaded, spec) = phase_spec(phase, plan, peak.qd, (plan.ramp, plan.measure))?;
+    let (loaded, spec) = phase_spec(
+        phase,
+        plan,
+        (peak.workers, peak.qd),
+        (plan.ramp, plan.measure),
+    )?;
     let measured = RunSettings {
         interval: plan.interval,
         probes: plan.probes.clone(),
