@@ -37,7 +37,7 @@ impl Saturation {
     /// The concurrency to try next, (workers, depth per worker) (None: the search is over).
     pub fn next(&self) -> Option<(u32, u32)> {
         let depth_steps = self.steps.iter().filter(|s| s.workers == self.workers);
-        let last = depth_steps.clone().last();
+        let last = depth_steps.clone().next_back();
         let depth_done = match last {
             None => return Some((self.workers, 1)),
             Some(last) => self.flat >= FLAT_STEPS_TO_STOP || last.qd >= self.max_qd,
