@@ -36,6 +36,10 @@ pub struct IotuneDiff {
     /// was cut short).
     pub only_a: Vec<Phase>,
     pub only_b: Vec<Phase>,
+    /// Results pooled per side: with one, its runs ran back to back, and drift between results
+    /// recorded apart is not in the intervals.
+    pub results_a: usize,
+    pub results_b: usize,
 }
 
 /// A side's phases' profiles.
@@ -92,5 +96,7 @@ pub fn diff(a: &[&IotuneProfile], b: &[&IotuneProfile], opts: &DiffOptions) -> I
         phases,
         only_a,
         only_b,
+        results_a: a.len(),
+        results_b: b.len(),
     }
 }

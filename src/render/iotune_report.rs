@@ -156,6 +156,18 @@ pub fn diff_text(d: &IotuneDiff) -> String {
             );
         }
     }
+    let single: Vec<&str> = [("A", d.results_a), ("B", d.results_b)]
+        .into_iter()
+        .filter(|(_, n)| *n == 1)
+        .map(|(host, _)| host)
+        .collect();
+    if !single.is_empty() {
+        let _ = writeln!(
+            s,
+            "  warning: one iotune result on host {}: its runs ran back to back, so drift between results recorded apart (often 10% or more on a shared host) is not in the intervals; record two or more per host, interleaved (A, B, B, A), and pool them with --with-a/--with-b",
+            single.join(" and ")
+        );
+    }
     let _ = writeln!(
         s,
         "\nthe storage's figures (B vs A over the measured runs; verdict with its 95% interval, in % of A):"
@@ -244,6 +256,8 @@ pub fn diff_json(d: &IotuneDiff) -> serde_json::Result<String> {
         "phases": phases,
         "only_a": d.only_a,
         "only_b": d.only_b,
+        "results_a": d.results_a,
+        "results_b": d.results_b,
     }))
 }
 
