@@ -70,19 +70,10 @@ fn diff(name: &str, a: &Path, b: &Path) -> Value {
 
 /// `virtgap diff --json` of host A's profiles against host B's (runs pooled per host).
 fn diff_runs(name: &str, a: &[PathBuf], b: &[PathBuf]) -> Value {
-    let bin = env!("CARGO_BIN_EXE_virtgap");
     let args = |json: bool| {
-        let mut c = Command::new(bin);
-        c.arg("diff");
+        let mut c = diff_command(a, b);
         if json {
             c.arg("--json");
-        }
-        c.arg(&a[0]).arg(&b[0]);
-        for p in &a[1..] {
-            c.arg("--with-a").arg(p);
-        }
-        for p in &b[1..] {
-            c.arg("--with-b").arg(p);
         }
         c
     };
@@ -95,6 +86,20 @@ fn diff_runs(name: &str, a: &[PathBuf], b: &[PathBuf]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `virtgap diff` of host A's files against host B's: the first of each side as A and B, the
+/// rest pooled with `--with-a`/`--with-b`.
+fn diff_command(a: &[PathBuf], b: &[PathBuf]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_virtgap"));
+    c.arg("diff").arg(&a[0]).arg(&b[0]);
+    for p in &a[1..] {
+        c.arg("--with-a").arg(p);
+    }
+    for p in &b[1..] {
+        c.arg("--with-b").arg(p);
+    }
+    c
 }
 
 /// The diff's row of `metric`, by its identifier: a waterfall, throughput or tail row
@@ -797,15 +802,7 @@ fn a_slow_tail_is_found_in_the_p999_while_the_mean_barely_moves() {
     // diff's figure (the charts and the page stay in target/tmp/slow-tail for a reader).
     let charts = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("slow-tail");
     std::fs::create_dir_all(&charts).unwrap();
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_virtgap"));
-    cmd.arg("diff").arg(&a[0]).arg(&b[0]);
-    for p in &a[1..] {
-        cmd.arg("--with-a").arg(p);
-    }
-    for p in &b[1..] {
-        cmd.arg("--with-b").arg(p);
-    }
-    let out = cmd
+    let out = diff_command(&a, &b)
         .arg("--svg")
         .arg(&charts)
         .arg("--html")
@@ -990,21 +987,17 @@ fn an_iotune_diff_finds_a_read_iops_limit_and_only_it() {
     iotune(&["sh", "-c", &script], &lo, &path("b0.json"));
     iotune(&["sh", "-c", &script], &lo, &path("b1.json"));
     iotune(&[], &lo, &path("a1.json"));
-    let bin = env!("CARGO_BIN_EXE_virtgap");
     // The injected gap is 40%: 10% is the smallest effect of interest here, above the few
     // percent a memory-backed device drifts by between runs minutes apart.
     let diff = |json: bool| {
-        let mut c = Command::new(bin);
-        c.arg("diff").args(["--min-effect", "10%"]);
+        let mut c = diff_command(
+            &[path("a0.json"), path("a1.json")],
+            &[path("b0.json"), path("b1.json")],
+        );
+        c.args(["--min-effect", "10%"]);
         if json {
             c.arg("--json");
         }
-        c.arg(path("a0.json"))
-            .arg(path("b0.json"))
-            .arg("--with-a")
-            .arg(path("a1.json"))
-            .arg("--with-b")
-            .arg(path("b1.json"));
         c.output().unwrap()
     };
     eprintln!(

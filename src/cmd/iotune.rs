@@ -17,13 +17,8 @@ use crate::render::iotune_report;
 use crate::run::iotune::{prepare_target, run_phase, IotunePlan};
 use crate::run::output::{Outputs, Pending};
 use crate::run::prepare::TargetOptions;
+use crate::run::recorder::unix_ms;
 use crate::run::signals::StopSignals;
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 /// The phases asked for, in iotune's order.
 fn wanted_phases(args: &IotuneArgs) -> Vec<Phase> {
@@ -95,6 +90,7 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         interval: Duration::from_secs(1).min(args.duration.0.max(Duration::from_millis(100))),
         max_in_flight: args.max_in_flight,
         verbose,
+        figure_text: iotune_report::figure,
     };
     if verbose {
         if !skipped.is_empty() {
@@ -118,7 +114,7 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
             plan.measure.as_secs_f64()
         );
     }
-    let started = unix_ms();
+    let started = unix_ms(std::time::SystemTime::now());
     let mut done = Vec::new();
     let mut interrupted = false;
     match prepare_target(&plan, &phases, &signals)? {
@@ -143,7 +139,7 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         tool_version: env!("CARGO_PKG_VERSION").to_string(),
         command_line: std::env::args().collect(),
         started_unix_ms: started,
-        ended_unix_ms: unix_ms(),
+        ended_unix_ms: unix_ms(std::time::SystemTime::now()),
         complete: !interrupted,
         host: Fingerprint::this_host(),
         target: args.target.display().to_string(),
@@ -206,45 +202,27 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Where ScyllaDB would mount what `path` names: the mount point holding a directory or file
-/// (the longest in /proc/self/mountinfo), a mounted device's mount point, else the path itself.
+/// Where ScyllaDB would mount what `path` names: the mount of the filesystem holding a
+/// directory or file, a mounted device's mount point, else the path itself.
 fn mountpoint_of(path: &Path) -> String {
-    let Ok(canonical) = std::fs::canonicalize(path) else {
-        return path.display().to_string();
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let shown = || {
+        std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.to_path_buf())
+            .display()
+            .to_string()
     };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return canonical.display().to_string();
+    let Ok(meta) = std::fs::metadata(path) else {
+        return shown();
     };
-    // Fields: id parent major:minor root mountpoint options ... - fstype source superoptions.
-    let unescape = |s: &str| {
-        s.replace("\\040", " ")
-            .replace("\\011", "\t")
-            .replace("\\012", "\n")
-            .replace("\\134", "\\")
+    let dev = if meta.file_type().is_block_device() {
+        meta.rdev()
+    } else {
+        meta.dev()
     };
-    let mounts: Vec<(String, String)> = info
-        .lines()
-        .filter_map(|l| {
-            let fields: Vec<&str> = l.split(' ').collect();
-            let dash = fields.iter().position(|f| *f == "-")?;
-            Some((unescape(fields.get(4)?), unescape(fields.get(dash + 2)?)))
-        })
-        .collect();
-    let is_device = std::fs::metadata(&canonical).is_ok_and(|m| {
-        use std::os::unix::fs::FileTypeExt;
-        m.file_type().is_block_device()
-    });
-    if is_device {
-        return mounts
-            .iter()
-            .find(|(_, source)| std::fs::canonicalize(source).is_ok_and(|s| s == canonical))
-            .map_or(canonical.display().to_string(), |(point, _)| point.clone());
-    }
-    mounts
-        .iter()
-        .map(|(point, _)| point)
-        .filter(|point| canonical.starts_with(point.as_str()))
-        .max_by_key(|point| point.len())
-        .cloned()
-        .unwrap_or_else(|| canonical.display().to_string())
+    let devnum = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|info| virtgap_workloads::safety::mountpoint_of(&info, &devnum))
+        .unwrap_or_else(shown)
 }

@@ -14,7 +14,7 @@ use crate::model::kv::KvOutcome;
 use crate::model::profile::{Profile, RunRecord};
 use crate::render::report;
 use crate::run::endpoint::SharedEndpoint;
-use crate::run::one_run::{record_one, report_problems, RunSettings};
+use crate::run::one_run::{add_run_stats, pool_profiles, record_one, report_problems, RunSettings};
 use crate::run::prepare::{prepare, Prepared};
 use crate::run::signals::StopSignals;
 
@@ -305,8 +305,7 @@ fn record_runs(
         match recorded.as_mut() {
             None => {
                 let mut pooled = RunStats::default();
-                pooled.merge(&one.stats);
-                pooled.measured_ns = one.stats.measured_ns;
+                add_run_stats(&mut pooled, &one.stats);
                 recorded = Some(Recorded {
                     pooled,
                     runs: vec![one.profile],
@@ -315,9 +314,7 @@ fn record_runs(
                 })
             }
             Some(all) => {
-                let seconds = all.pooled.measured_ns + one.stats.measured_ns;
-                all.pooled.merge(&one.stats);
-                all.pooled.measured_ns = seconds;
+                add_run_stats(&mut all.pooled, &one.stats);
                 all.runs.push(one.profile);
                 all.last = (Some(prepared), one.stats);
                 all.interrupted = interrupted;
@@ -339,7 +336,7 @@ fn report(
     signals: &StopSignals,
 ) -> Result<ExitCode> {
     let Recorded {
-        mut runs,
+        runs,
         pooled,
         last: (_last_target, last_stats),
         interrupted,
@@ -353,19 +350,7 @@ fn report(
     // The summary is the last run's, from its own profile: with several runs, a copy taken
     // before they are pooled; with one, the profile itself.
     let last_run = (runs.len() > 1).then(|| runs[runs.len() - 1].clone());
-    let paced = runs[0].results.max_schedule_lag_ns.is_some();
-    let profile = if runs.len() == 1 {
-        runs.remove(0)
-    } else {
-        let runs = runs
-            .into_iter()
-            .map(|mut p| {
-                let record = p.runs.remove(0);
-                (p, record)
-            })
-            .collect();
-        crate::run::assemble::pool_runs(runs, &pooled, paced)
-    };
+    let profile = pool_profiles(runs, &pooled);
     let shown = last_run.as_ref().unwrap_or(&profile);
     // The summary first: whatever becomes of the files below, what ran reaches stdout.
     let printed = print_summary(args, shown, &run_records);

@@ -8,11 +8,11 @@ use anyhow::{Context, Result};
 use virtgap_workloads::spec::{self, Overrides};
 use virtgap_workloads::stats::RunStats;
 use virtgap_workloads::values::{ByteSize, Span};
-use virtgap_workloads::{units, LoadedSpec, WorkloadSpec};
+use virtgap_workloads::{LoadedSpec, WorkloadSpec};
 
 use crate::analysis::saturation::Saturation;
 use crate::model::iotune::{IotunePhase, Phase};
-use crate::run::one_run::{record_one, OneRun, RunSettings};
+use crate::run::one_run::{add_run_stats, pool_profiles, record_one, OneRun, RunSettings};
 use crate::run::prepare::{prepare, Prepared, TargetOptions};
 use crate::run::session::ProbeChoice;
 use crate::run::signals::StopSignals;
@@ -38,6 +38,9 @@ pub struct IotunePlan {
     /// The most I/Os in flight over all workers.
     pub max_in_flight: u32,
     pub verbose: bool,
+    /// A figure in words for the progress lines ("1.20 GiB/s"): the caller's renderer, as run/
+    /// words nothing itself.
+    pub figure_text: fn(Phase, f64) -> String,
 }
 
 /// The most bytes in flight a search tries: 1 MiB requests stop at 256 in flight, whatever
@@ -72,7 +75,7 @@ fn preset(phase: Phase) -> &'static str {
 }
 
 /// The workload of `phase` at `workers` × `qd`, measured for `length` after `ramp`.
-pub fn phase_spec(
+fn phase_spec(
     phase: Phase,
     plan: &IotunePlan,
     (workers, qd): (u32, u32),
@@ -97,7 +100,7 @@ pub fn phase_spec(
 
 /// A run's figure: bytes/s for a bandwidth phase, I/Os per second for an IOPS phase, of the
 /// phase's direction.
-pub fn figure(phase: Phase, stats: &RunStats) -> f64 {
+fn figure(phase: Phase, stats: &RunStats) -> f64 {
     let seconds = stats.seconds();
     if seconds <= 0.0 {
         return 0.0;
@@ -111,15 +114,6 @@ pub fn figure(phase: Phase, stats: &RunStats) -> f64 {
         dir.bytes as f64 / seconds
     } else {
         dir.ios as f64 / seconds
-    }
-}
-
-/// A figure in its unit: "1.20 GiB/s", "74.2k IOPS".
-pub fn figure_text(phase: Phase, figure: f64) -> String {
-    if phase.is_bandwidth() {
-        format!("{}/s", units::bytes(figure as u64))
-    } else {
-        format!("{} IOPS", units::count(figure))
     }
 }
 
@@ -182,7 +176,7 @@ pub fn run_phase(
             say!(
                 "  {}: {workers} workers x qd {qd}: {}",
                 phase.key(),
-                figure_text(phase, f)
+                (plan.figure_text)(phase, f)
             );
         }
         search.record(workers, qd, f);
@@ -224,7 +218,7 @@ pub fn run_phase(
             say!(
                 "  {}: run {number}: {}",
                 phase.key(),
-                figure_text(phase, figure(phase, &one.stats))
+                (plan.figure_text)(phase, figure(phase, &one.stats))
             );
         }
         runs.push(one);
@@ -234,6 +228,10 @@ pub fn run_phase(
     }
     let figures: Vec<f64> = runs.iter().map(|r| figure(phase, &r.stats)).collect();
     let mean = figures.iter().sum::<f64>() / figures.len() as f64;
+    let mut pooled = RunStats::default();
+    for r in &runs {
+        add_run_stats(&mut pooled, &r.stats);
+    }
     Ok(Some(IotunePhase {
         phase,
         block_size: spec.bs.0,
@@ -242,30 +240,6 @@ pub fn run_phase(
         qd: peak.qd,
         figure: mean,
         runs: figures,
-        profile: pool(runs),
+        profile: pool_profiles(runs.into_iter().map(|r| r.profile).collect(), &pooled),
     }))
-}
-
-/// Several runs as one profile, each keeping its run record, as `record --runs N` writes it.
-pub fn pool(runs: Vec<OneRun>) -> crate::model::profile::Profile {
-    let mut merged = RunStats::default();
-    let mut seconds = 0;
-    let paced = runs[0].profile.results.max_schedule_lag_ns.is_some();
-    let profiles = runs
-        .into_iter()
-        .map(|one| {
-            merged.merge(&one.stats);
-            seconds += one.stats.measured_ns;
-            let mut p = one.profile;
-            let record = p.runs.remove(0);
-            (p, record)
-        })
-        .collect::<Vec<_>>();
-    merged.measured_ns = seconds;
-    if profiles.len() == 1 {
-        let (mut p, record) = profiles.into_iter().next().expect("one run");
-        p.runs = vec![record];
-        return p;
-    }
-    crate::run::assemble::pool_runs(profiles, &merged, paced)
 }

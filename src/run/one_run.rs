@@ -257,3 +257,28 @@ fn draw_progress(elapsed: Duration, total: Duration, last: Option<&SeriesPoint>)
     }
     progress!("{line}");
 }
+
+/// Adds a run's statistics to those of the runs before it: counts and histograms merged, the
+/// measured seconds summed (each run measured its own window).
+pub fn add_run_stats(pooled: &mut RunStats, run: &RunStats) {
+    let seconds = pooled.measured_ns + run.measured_ns;
+    pooled.merge(run);
+    pooled.measured_ns = seconds;
+}
+
+/// Several runs' profiles (one run record each) as one profile keeping every run record, as
+/// `record --runs N` writes it; `pooled` is their statistics added up (`add_run_stats`).
+pub fn pool_profiles(mut runs: Vec<Profile>, pooled: &RunStats) -> Profile {
+    if runs.len() == 1 {
+        return runs.remove(0);
+    }
+    let paced = runs[0].results.max_schedule_lag_ns.is_some();
+    let runs = runs
+        .into_iter()
+        .map(|mut p| {
+            let record = p.runs.remove(0);
+            (p, record)
+        })
+        .collect();
+    crate::run::assemble::pool_runs(runs, pooled, paced)
+}

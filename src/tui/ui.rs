@@ -173,7 +173,7 @@ fn render_time(f: &mut Frame<'_>, app: &App, area: Rect) {
 /// and `diff --svg` (p0, p90, p99, p99.9 … equally spaced), latency on a log axis.
 fn render_percentiles(f: &mut Frame<'_>, app: &App, area: Rect) {
     use crate::render::charts::percentiles::{
-        curve_points, depth_of, percentile_at, percentile_label,
+        curve_points, depth_of, percentile_at, percentile_name,
     };
     use ratatui::symbols::Marker;
     use ratatui::widgets::{Axis, Chart, Dataset, GraphType};
@@ -227,7 +227,7 @@ fn render_percentiles(f: &mut Frame<'_>, app: &App, area: Rect) {
         })
         .collect();
     let x_labels: Vec<Line<'_>> = (0..=depth as u32)
-        .map(|n| Line::from(percentile_label(percentile_at(f64::from(n)))))
+        .map(|n| Line::from(percentile_name(percentile_at(f64::from(n)))))
         .collect();
     // A label per decade where the rows allow (labels are spaced evenly), else the ends.
     let rows = area.height.saturating_sub(4) as f64;

@@ -70,9 +70,7 @@ impl PartitionedLoop {
 
     /// The loop disk's `major:minor` (what a blkio throttle names).
     pub fn disk_dev(&self) -> String {
-        use std::os::unix::fs::MetadataExt;
-        let rdev = std::fs::metadata(&self.disk).map_or(0, |m| m.rdev());
-        format!("{}:{}", libc::major(rdev), libc::minor(rdev))
+        device_number(&self.disk)
     }
 }
 
@@ -124,9 +122,7 @@ impl MemoryLoop {
 
     /// The device's `major:minor` (what a blkio throttle names).
     pub fn disk_dev(&self) -> String {
-        use std::os::unix::fs::MetadataExt;
-        let rdev = std::fs::metadata(&self.disk).map_or(0, |m| m.rdev());
-        format!("{}:{}", libc::major(rdev), libc::minor(rdev))
+        device_number(&self.disk)
     }
 }
 
@@ -135,6 +131,13 @@ impl Drop for MemoryLoop {
         let _ = run(Command::new("losetup").arg("--detach").arg(&self.disk));
         let _ = std::fs::remove_file(&self.backing);
     }
+}
+
+/// A device node's `major:minor`.
+fn device_number(node: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = std::fs::metadata(node).map_or(0, |m| m.rdev());
+    format!("{}:{}", libc::major(rdev), libc::minor(rdev))
 }
 
 /// Writes `bytes` of non-zero data to `path` and syncs it: holes and unwritten extents would

@@ -606,8 +606,9 @@ fn unescape_octal(field: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The mount point of the first mount whose source device is `devnum` ("major:minor").
-fn mountpoint_of(mountinfo: &str, devnum: &str) -> Option<String> {
+/// The mount point of the first mount whose source device is `devnum` ("major:minor") in a
+/// mountinfo text.
+pub fn mountpoint_of(mountinfo: &str, devnum: &str) -> Option<String> {
     mountinfo.lines().find_map(|line| {
         let mut fields = line.split_whitespace();
         let dev = fields.nth(2)?;

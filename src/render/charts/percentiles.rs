@@ -37,7 +37,7 @@ pub fn percentile_at(n: f64) -> f64 {
 }
 
 /// "p99.9", "p50", "p0".
-fn percentile_name(p: f64) -> String {
+pub fn percentile_name(p: f64) -> String {
     let rounded = (p * 1e4).round() / 1e4;
     format!("p{rounded}")
 }
@@ -82,11 +82,6 @@ pub fn curve_points(h: &Histogram, depth: f64) -> Vec<(f64, f64)> {
         .map(|(k, ns)| (k as f64 / f64::from(STEPS_PER_NINE), ns))
         .filter(|(_, ns)| ns.is_finite())
         .collect()
-}
-
-/// "p99.9", "p50", "p0".
-pub fn percentile_label(p: f64) -> String {
-    percentile_name(p)
 }
 
 /// A run's latency (ns) at each point of the axis, from p0 down to `steps` points.
@@ -417,8 +412,9 @@ pub fn profile_chart(p: &Profile) -> String {
         if values.is_empty() {
             return Vec::new();
         }
-        let curve: Vec<Vec<f64>> = values.iter().map(|&v| vec![v.max(1.0)]).collect();
-        let mean = geometric_mean(&curve)[0];
+        // The runs' geometric mean, as the bold line is drawn.
+        let logs: f64 = values.iter().map(|v| v.max(1.0).ln()).sum();
+        let mean = (logs / values.len() as f64).exp();
         let spread = if values.len() > 1 {
             let (lo, hi) = values
                 .iter()
