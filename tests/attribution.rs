@@ -11,7 +11,7 @@
 //! | IPIs | rand4k at QD 1 pinned to the disk IRQ's CPU, then to another CPU (completions and wakeups cross CPUs), 5 + 5 runs interleaved | the hypervisor block's IPIs per I/O significantly higher and named as the mechanism that moved; the timer moving less |
 //! | slow tail | loop over FUSE delaying one 4 KiB block in 500 by 3 ms, QD 1, 5 + 5 runs | p99.9 of app and device significant, the mean moving far less |
 //! | small gap | blkio throttle at 88% of the unthrottled IOPS on a partition of a loop disk, 5 + 5 runs interleaved (10 + 10 if inconclusive) | IOPS and mean latency significant; ≥ 80% of the gap in queue, not device |
-//! | storage figures | `iotune` on a loop device over memory, B's reads limited to 60% of A's read IOPS; A, B, B, A with 3 measured runs a phase each, pooled per side | read_iops significant (B 30–50% lower) and the phase that moved most |
+//! | storage figures | `iotune` on a loop device over memory, B's reads limited to 60% of A's read IOPS; A, B, B, A with 3 measured runs a phase each, pooled per side | read_iops significant, B at or below the limit and more than 20% lower, the phase that moved most |
 //!
 //! Needs root (cgroups, mounts, loop devices, BPF). Minutes of recording each, so they are not
 //! part of `cargo test`'s default run: `just attribution-check` runs them (CI does too) and
@@ -908,6 +908,18 @@ fn a_workload_away_from_its_irq_cpu_moves_the_hypervisors_ipis() {
 
 /// `virtgap iotune` on `lo` (writes allowed by its backing file), run behind `prefix` (a shell
 /// that enters a blkio group), its result in `out`.
+/// The figure an iotune result reports for one phase.
+fn phase_figure(result: &Path, phase: &str) -> f64 {
+    let doc: Value = serde_json::from_slice(&std::fs::read(result).unwrap()).unwrap();
+    doc["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == phase)
+        .and_then(|p| p["figure"].as_f64())
+        .unwrap_or_else(|| panic!("{} has no {phase} figure", result.display()))
+}
+
 fn iotune(prefix: &[&str], lo: &MemoryLoop, out: &Path) {
     let bin = env!("CARGO_BIN_EXE_virtgap");
     let mut c = match prefix {
@@ -967,19 +979,13 @@ fn an_iotune_diff_finds_a_read_iops_limit_and_only_it() {
     // A, B, B, A: drift over the experiment weighs on both sides alike; each side's two results
     // pool their measured runs.
     iotune(&[], &lo, &path("a0.json"));
-    let doc: Value = serde_json::from_slice(&std::fs::read(path("a0.json")).unwrap()).unwrap();
-    let read_iops = doc["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["phase"] == "read_iops")
-        .and_then(|p| p["figure"].as_f64())
-        .expect("A's read_iops");
+    let read_iops = phase_figure(&path("a0.json"), "read_iops");
+    let limit = (read_iops * 0.6) as u32;
     // Reads limited to 60% of A's read IOPS: far below it for 4 KiB reads, far above what the
     // 1 MiB sequential reads issue (a few thousand requests a second); writes are not limited.
     let Some(group) = virtgap_testkit::ready(
         "the iotune throttle experiment (a cgroup v1 blkio group)",
-        BlkioGroup::new((read_iops * 0.6) as u32, &lo.disk_dev()),
+        BlkioGroup::new(limit, &lo.disk_dev()),
     ) else {
         return;
     };
@@ -1023,10 +1029,17 @@ fn an_iotune_diff_finds_a_read_iops_limit_and_only_it() {
         read_iops["verdict_text"]
     );
     let throttled = effect(read_iops);
-    assert!(
-        (-0.5..=-0.3).contains(&throttled),
-        "read_iops: B/A - 1 = {throttled}"
-    );
+    // How far below A's mean B lands depends on A's drift and on how closely blk-throttle holds
+    // its limit at this rate (B reached 0.44 to 0.62 of A's mean in runs seen), so the bounds
+    // are the limit itself: B never above it, and a drop well beyond the noise.
+    for b in ["b0.json", "b1.json"] {
+        let figure = phase_figure(&path(b), "read_iops");
+        assert!(
+            figure <= f64::from(limit) * 1.05,
+            "{b}: read_iops {figure:.0}/s above the {limit}/s limit"
+        );
+    }
+    assert!(throttled < -0.2, "read_iops: B/A - 1 = {throttled}");
     // The limited phase moved most. Not asserted "equivalent": a
     // memory-backed loop device here drifts 10-20% between results minutes apart (seen: host
     // A's read_bandwidth 5.60 then 4.56 GiB/s; write_bandwidth once B +15% [4, 27]), more than
