@@ -66,7 +66,7 @@ def main():
         subprocess.run(["dd", "if=/dev/urandom", f"of={path}", "bs=1M", "count=1024",
                         "oflag=direct", "status=none"], check=True)
         ours = [args.virtgap, "record", "--workload", "rand4k", "--target", path,
-                "--duration", f"{args.runtime}s", "--json", "--quiet"]
+                "--duration", f"{args.runtime}s", "--json", "--quiet", "--no-probes"]
         fio = ["fio", "--name=rand4k", f"--filename={path}", "--direct=1", "--ioengine=io_uring",
                "--rw=randread", "--bs=4096", "--iodepth=32", "--numjobs=1", "--size=1G",
                "--norandommap", "--randrepeat=0", "--registerfiles", "--fixedbufs",

@@ -250,7 +250,7 @@ fn one_sided_text(r: &Row, d: &ProfileDiff) -> String {
 }
 
 /// A percentage as typed: 5 for 5%, 2.5 for 2.5%.
-fn percent(fraction: f64) -> String {
+pub fn percent(fraction: f64) -> String {
     let p = (fraction * 1e4).round() / 100.0;
     format!("{p}")
 }

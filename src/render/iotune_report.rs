@@ -5,11 +5,11 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::analysis::diff::HostEvidence;
-use crate::analysis::iotune_diff::IotuneDiff;
+use crate::analysis::diff::{HostEvidence, Verdict};
+use crate::analysis::iotune_diff::{FigureReplicates, IotuneDiff, PhaseDiff};
 use crate::model::iotune::{IotunePhase, IotuneProfile, Phase};
 use crate::render::diff_render::{
-    busiest_irq_cpu, hypervisor_share, verdict_sentence, verdict_text,
+    busiest_irq_cpu, hypervisor_share, percent, verdict_sentence, verdict_text,
 };
 use virtgap_workloads::units;
 
@@ -138,6 +138,18 @@ pub fn io_properties_yaml(r: &IotuneProfile) -> anyhow::Result<String> {
     Ok(yaml_serde::to_string(&doc)?)
 }
 
+/// A phase's figure verdict in words. Over results, the more that would resolve an inconclusive
+/// figure are results (iotune runs recorded apart), not runs inside one.
+fn figure_verdict(p: &PhaseDiff, d: &IotuneDiff) -> String {
+    match (d.replicates, p.figure.verdict, p.figure.runs_needed) {
+        (FigureReplicates::Results, Verdict::Inconclusive, Some(n)) => format!(
+            "inconclusive (≈{n} results per host would resolve ±{}%)",
+            percent(p.diff.min_effect)
+        ),
+        _ => verdict_text(&p.figure, &p.diff),
+    }
+}
+
 /// Two hosts' iotune results as text.
 pub fn diff_text(d: &IotuneDiff) -> String {
     let mut s = String::new();
@@ -168,9 +180,13 @@ pub fn diff_text(d: &IotuneDiff) -> String {
             single.join(" and ")
         );
     }
+    let over = match d.replicates {
+        FigureReplicates::Results => "over the results, each result's mean one replicate",
+        FigureReplicates::Runs => "over the measured runs",
+    };
     let _ = writeln!(
         s,
-        "\nthe storage's figures (B vs A over the measured runs; verdict with its 95% interval, in % of A):"
+        "\nthe storage's figures (B vs A {over}; verdict with its 95% interval, in % of A):"
     );
     let _ = writeln!(s, "{:<16} {:>14} {:>14}  verdict", "figure", "A", "B");
     for p in &d.phases {
@@ -180,7 +196,7 @@ pub fn diff_text(d: &IotuneDiff) -> String {
             p.phase.key(),
             figure(p.phase, p.a),
             figure(p.phase, p.b),
-            verdict_text(&p.figure, &p.diff)
+            figure_verdict(p, d)
         );
     }
     let _ = writeln!(s, "\nat each host's saturation point:");
@@ -244,7 +260,7 @@ pub fn diff_json(d: &IotuneDiff) -> serde_json::Result<String> {
                 effect_low: p.figure.effect_low,
                 effect_high: p.figure.effect_high,
                 verdict: p.figure.verdict,
-                verdict_text: verdict_text(&p.figure, &p.diff),
+                verdict_text: figure_verdict(p, d),
                 diff: serde_json::from_str(&crate::render::diff_render::json(&p.diff)?)?,
             })
         })
@@ -258,6 +274,7 @@ pub fn diff_json(d: &IotuneDiff) -> serde_json::Result<String> {
         "only_b": d.only_b,
         "results_a": d.results_a,
         "results_b": d.results_b,
+        "replicates": d.replicates,
     }))
 }
 

@@ -209,6 +209,30 @@ pub(super) fn compare(
     row
 }
 
+/// Builds one row from replicates given directly (each host's value their mean), on the ratio
+/// scale; a side with a figure at or below zero, or fewer than two, gets no verdict.
+pub(super) fn compare_figures(metric: MetricId, a: &[f64], b: &[f64], how: Judging) -> Row {
+    let mean = |xs: &[f64]| (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64);
+    let (pa, pb) = (mean(a), mean(b));
+    let mut row = unjudged(metric, pa, pb, how.confidence);
+    let (Some(pa), Some(pb)) = (pa, pb) else {
+        return row;
+    };
+    if !a.iter().chain(b).all(|&x| x > 0.0 && x.is_finite()) {
+        row.verdict = Verdict::InsufficientData;
+        return row;
+    }
+    let j = judge(a, b, (pa, pb), Scale::Ratio, pa, how);
+    row.effect = Some(j.effect).filter(|e| e.is_finite());
+    row.effect_low = j.low;
+    row.effect_high = j.high;
+    row.verdict = j.verdict;
+    row.runs_needed = j.runs_needed;
+    row.ci_low = j.low.map(|e| pa * e).filter(|x| x.is_finite());
+    row.ci_high = j.high.map(|e| pa * e).filter(|x| x.is_finite());
+    row
+}
+
 /// The mean waterfall: app, the stages with their shares of its gap, and the evidence rows.
 /// `exit_costs` are each host's calibrated cost of an exit.
 pub(super) fn waterfall(

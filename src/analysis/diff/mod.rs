@@ -437,6 +437,18 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     }
 }
 
+/// One metric compared over replicates given by the caller (one figure per replicate and host,
+/// all positive), on the ratio scale: for figures whose replicates are not a profile's runs,
+/// such as iotune results recorded minutes apart.
+pub fn compare_replicates(metric: MetricId, a: &[f64], b: &[f64], opts: &DiffOptions) -> Row {
+    let how = judge::Judging {
+        basis: Basis::Runs,
+        opts,
+        confidence: CONFIDENCE,
+    };
+    judge::compare_figures(metric, a, b, how)
+}
+
 /// The calibrated cost of one exit (cpuid's median), when the profile was calibrated.
 fn exit_cost(p: &Profile) -> Option<f64> {
     p.calibration
