@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """`virtgap iotune` against the best fio reaches on the same target: for each of the four
 figures (sequential 1 MiB read and write bandwidth, random 4 KiB read and write IOPS), fio runs
-a sweep of numjobs x iodepth (io_uring, O_DIRECT) and its best point is the yardstick; iotune
-runs once (probes off, as fio has none) and its figure is divided by fio's best. Targets: a
-1 GiB file in a directory on this machine's disk, and a loop device over memory (/dev/shm), a
-device far from a disk's limits. Root (the loop device); fio and virtgap run one after the
-other, never together."""
+a sweep of numjobs x iodepth (io_uring, O_DIRECT) to find its best point. The best of a sweep's
+noisy points is biased up (the luckiest of many), so the yardstick is fio measured again at that
+point: each round runs iotune (probes off, as fio has none, search included) and then fio at its
+best point for as long as iotune's measured runs, and the ratio is the median over the rounds.
+Targets: a 1 GiB file in a directory on this machine's disk, and a loop device over memory
+(/dev/shm), a device far from a disk's limits. Root (the loop device); fio and virtgap run one
+after the other, never together."""
 
 import argparse
 import itertools
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,15 +74,26 @@ def show(key, v):
 
 def compare(name, virtgap, target, size, extra, args, scratch):
     print(f"== {name}: {target}", file=sys.stderr)
-    ours = iotune(virtgap, target, size, extra, os.path.join(scratch, "iotune.json"))
     fio_target = target if not os.path.isdir(target) else os.path.join(target, "fio.data")
     best = fio_best(fio_target, size, args.runtime, args.jobs, args.depths)
+    seconds = int(args.duration.rstrip("s"))
+    rounds = {key: [] for key, *_ in PHASES}
+    for r in range(args.rounds):
+        ours = iotune(virtgap, target, size, extra, os.path.join(scratch, "iotune.json"))
+        for key, rw, bs, _ in PHASES:
+            _, numjobs, iodepth = best[key]
+            f = fio_figure(fio_target, rw, bs, numjobs, iodepth, seconds, size)
+            p = ours[key]
+            rounds[key].append((p["figure"], f"{p['workers']} x qd {p['qd']}", f))
+            print(f"  round {r + 1} {key}: iotune {show(key, p['figure'])}, fio again at its best "
+                  f"{show(key, f)}, ratio {p['figure'] / f:.3f}", file=sys.stderr)
     rows = []
     for key, *_ in PHASES:
-        p = ours[key]
-        f, numjobs, iodepth = best[key]
-        rows.append((name, key, p["figure"], f"{p['workers']} x qd {p['qd']}", f,
-                     f"{numjobs} x {iodepth}", p["figure"] / f))
+        f_sweep, numjobs, iodepth = best[key]
+        got = rounds[key]
+        rows.append((name, key, statistics.median(o for o, _, _ in got), got[-1][1],
+                     statistics.median(f for _, _, f in got), f"{numjobs} x {iodepth}",
+                     statistics.median(o / f for o, _, f in got), f_sweep))
     if os.path.isdir(target):
         os.unlink(fio_target)
     return rows
@@ -95,8 +109,13 @@ def main():
     ap.add_argument("--jobs", type=lambda s: [int(x) for x in s.split(",")], default=[1, 2, 4])
     ap.add_argument("--depths", type=lambda s: [int(x) for x in s.split(",")],
                     default=[1, 4, 16, 32, 64, 128])
-    ap.add_argument("--duration", default="5s", help="iotune's measured run length")
+    ap.add_argument("--duration", default="5s", help="iotune's measured run length (and fio's, again at its best)")
+    ap.add_argument("--rounds", type=int, default=3, help="iotune then fio at its best, this many times")
     args = ap.parse_args()
+    if args.rounds < 1:
+        sys.exit("bench: --rounds must be at least 1")
+    if not args.duration.endswith("s") or not args.duration[:-1].isdigit():
+        sys.exit("bench: --duration takes whole seconds, such as 5s")
     if os.geteuid() != 0:
         sys.exit("bench: run as root (a loop device over /dev/shm)")
     size = 1 << 30
@@ -120,9 +139,13 @@ def main():
             finally:
                 subprocess.run(["losetup", "--detach", loop])
                 os.unlink(backing)
-    print(f"{'target':<8} {'figure':<16} {'virtgap iotune':>16} {'at':>12} {'fio best':>16} {'at':>10} {'ratio':>7}")
-    for name, key, ours, at, fio, fio_at, ratio in rows:
-        print(f"{name:<8} {key:<16} {show(key, ours):>16} {at:>12} {show(key, fio):>16} {fio_at:>10} {ratio:>7.3f}")
+    print(f"medians over {args.rounds} rounds; 'fio sweep' is the best point's figure in the sweep "
+          f"(biased up), 'fio best' that point measured again beside each iotune")
+    print(f"{'target':<8} {'figure':<16} {'virtgap iotune':>16} {'at':>12} {'fio best':>16} {'at':>10} "
+          f"{'ratio':>7} {'fio sweep':>16} {'ratio':>7}")
+    for name, key, ours, at, fio, fio_at, ratio, sweep in rows:
+        print(f"{name:<8} {key:<16} {show(key, ours):>16} {at:>12} {show(key, fio):>16} {fio_at:>10} "
+              f"{ratio:>7.3f} {show(key, sweep):>16} {ours / sweep:>7.3f}")
 
 
 if __name__ == "__main__":

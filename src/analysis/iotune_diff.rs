@@ -184,10 +184,7 @@ mod tests {
     }
 
     fn read_iops(a: &[IotuneProfile], b: &[IotuneProfile]) -> (FigureReplicates, Row) {
-        let opts = DiffOptions {
-            min_effect: 0.10,
-            ..DiffOptions::default()
-        };
+        let opts = DiffOptions { min_effect: 0.10 };
         let d = diff(
             &a.iter().collect::<Vec<_>>(),
             &b.iter().collect::<Vec<_>>(),
