@@ -75,6 +75,11 @@ def show(key, v):
 def compare(name, virtgap, target, size, extra, args, scratch):
     print(f"== {name}: {target}", file=sys.stderr)
     fio_target = target if not os.path.isdir(target) else os.path.join(target, "fio.data")
+    if os.path.isdir(target):
+        # Written through first, as iotune writes its file: fio lays its file out with
+        # fallocate, and reads of unwritten extents return zeros without touching the disk.
+        subprocess.run(["dd", "if=/dev/urandom", f"of={fio_target}", "bs=1M", f"count={size >> 20}",
+                        "oflag=direct", "status=none"], check=True)
     best = fio_best(fio_target, size, args.runtime, args.jobs, args.depths)
     seconds = int(args.duration.rstrip("s"))
     rounds = {key: [] for key, *_ in PHASES}
