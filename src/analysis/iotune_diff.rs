@@ -72,11 +72,9 @@ fn phase_of<'a>(side: &[&'a IotuneProfile], phase: Phase) -> Option<Vec<&'a Iotu
     side.iter().map(|r| r.phase(phase)).collect()
 }
 
-/// A phase's figure in each result of a side: the mean of that result's measured runs.
-fn result_means(side: &[&IotunePhase]) -> Vec<f64> {
-    side.iter()
-        .map(|p| p.runs.iter().sum::<f64>() / p.runs.len().max(1) as f64)
-        .collect()
+/// A phase's figure in each result of a side (each the mean of its measured runs).
+fn result_figures(side: &[&IotunePhase]) -> Vec<f64> {
+    side.iter().map(|p| p.figure).collect()
 }
 
 fn phase_diff(
@@ -88,7 +86,8 @@ fn phase_diff(
     let diff = diff_hosts(&profiles(a), &profiles(b), opts);
     let (figure, a_figure, b_figure) = match over {
         FigureReplicates::Results => {
-            let row = compare_replicates(MetricId::Iops, &result_means(a), &result_means(b), opts);
+            let row =
+                compare_replicates(MetricId::Iops, &result_figures(a), &result_figures(b), opts);
             let (x, y) = (row.a.unwrap_or(f64::NAN), row.b.unwrap_or(f64::NAN));
             (row, x, y)
         }
@@ -153,34 +152,11 @@ pub fn diff(a: &[&IotuneProfile], b: &[&IotuneProfile], opts: &DiffOptions) -> I
 mod tests {
     use super::*;
     use crate::analysis::diff::Verdict;
-    use crate::model::iotune::IOTUNE_VERSION;
+    use crate::model::iotune::fixture;
 
     /// A result whose read_iops phase measured `runs`.
     fn result(runs: &[f64]) -> IotuneProfile {
-        let profile: Profile =
-            serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
-        IotuneProfile {
-            iotune_version: IOTUNE_VERSION,
-            tool_version: "0".into(),
-            command_line: vec![],
-            started_unix_ms: 0,
-            ended_unix_ms: 0,
-            complete: true,
-            host: profile.host.clone(),
-            target: "/dev/vdb".into(),
-            mountpoint: String::new(),
-            tolerance: 0.03,
-            phases: vec![IotunePhase {
-                phase: Phase::ReadIops,
-                block_size: 4096,
-                search: vec![],
-                workers: 2,
-                qd: 32,
-                figure: runs.iter().sum::<f64>() / runs.len() as f64,
-                runs: runs.to_vec(),
-                profile,
-            }],
-        }
+        fixture("/dev/vdb", "", &[(Phase::ReadIops, runs.to_vec())])
     }
 
     fn read_iops(a: &[IotuneProfile], b: &[IotuneProfile]) -> (FigureReplicates, Row) {

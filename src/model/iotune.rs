@@ -108,3 +108,40 @@ impl IotuneProfile {
         self.phases.iter().find(|p| p.phase == phase)
     }
 }
+
+/// An iotune result for tests: every phase on the minimal profile, `(phase, its measured runs'
+/// figures)`, at 2 workers x qd 32.
+#[cfg(test)]
+pub(crate) fn fixture(
+    target: &str,
+    mountpoint: &str,
+    phases: &[(Phase, Vec<f64>)],
+) -> IotuneProfile {
+    let profile: Profile =
+        serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
+    IotuneProfile {
+        iotune_version: IOTUNE_VERSION,
+        tool_version: "0".into(),
+        command_line: vec![],
+        started_unix_ms: 0,
+        ended_unix_ms: 0,
+        complete: true,
+        host: profile.host.clone(),
+        target: target.into(),
+        mountpoint: mountpoint.into(),
+        tolerance: 0.03,
+        phases: phases
+            .iter()
+            .map(|(phase, runs)| IotunePhase {
+                phase: *phase,
+                block_size: if phase.is_bandwidth() { 1 << 20 } else { 4096 },
+                search: vec![],
+                workers: 2,
+                qd: 32,
+                figure: runs.iter().sum::<f64>() / runs.len() as f64,
+                runs: runs.clone(),
+                profile: profile.clone(),
+            })
+            .collect(),
+    }
+}

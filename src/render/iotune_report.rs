@@ -281,37 +281,11 @@ pub fn diff_json(d: &IotuneDiff) -> serde_json::Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::iotune::{IotunePhase, IOTUNE_VERSION};
-    use crate::model::profile::Profile;
+    use crate::model::iotune::fixture;
 
     fn result(phases: &[(Phase, f64)]) -> IotuneProfile {
-        let profile: Profile =
-            serde_json::from_str(include_str!("../../tests/data/minimal-profile.json")).unwrap();
-        IotuneProfile {
-            iotune_version: IOTUNE_VERSION,
-            tool_version: "0".into(),
-            command_line: vec![],
-            started_unix_ms: 0,
-            ended_unix_ms: 0,
-            complete: true,
-            host: profile.host.clone(),
-            target: "/dev/md0".into(),
-            mountpoint: "/var/lib/scylla".into(),
-            tolerance: 0.03,
-            phases: phases
-                .iter()
-                .map(|&(phase, figure)| IotunePhase {
-                    phase,
-                    block_size: if phase.is_bandwidth() { 1 << 20 } else { 4096 },
-                    search: vec![],
-                    workers: 2,
-                    qd: 8,
-                    figure,
-                    runs: vec![figure],
-                    profile: profile.clone(),
-                })
-                .collect(),
-        }
+        let phases: Vec<(Phase, Vec<f64>)> = phases.iter().map(|&(p, f)| (p, vec![f])).collect();
+        fixture("/dev/md0", "/var/lib/scylla", &phases)
     }
 
     /// The file ScyllaDB reads: a `disks` list of one, with exactly its five keys, the figures

@@ -168,9 +168,6 @@ pub fn run_phase(
     while let Some((workers, qd)) = search.next() {
         let (loaded, spec) = phase_spec(phase, plan, (workers, qd), (plan.ramp, plan.step))?;
         let one = record_one(&spec, &loaded, prepared, &None, 1, &quiet, None)?;
-        if one.interrupted {
-            return Ok(None);
-        }
         let f = figure(phase, &one.stats);
         if plan.verbose {
             say!(
@@ -206,6 +203,7 @@ pub fn run_phase(
         verbose: false,
     };
     let mut runs: Vec<OneRun> = Vec::new();
+    let mut figures: Vec<f64> = Vec::new();
     for number in 1..=plan.runs {
         // What the probes could not attach is said once, on the first measured run.
         let settings = RunSettings {
@@ -213,20 +211,21 @@ pub fn run_phase(
             ..measured.clone()
         };
         let one = record_one(&spec, &loaded, prepared, &None, number, &settings, None)?;
-        let interrupted = one.interrupted;
+        let f = figure(phase, &one.stats);
         if plan.verbose {
             say!(
                 "  {}: run {number}: {}",
                 phase.key(),
-                (plan.figure_text)(phase, figure(phase, &one.stats))
+                (plan.figure_text)(phase, f)
             );
         }
+        figures.push(f);
+        let interrupted = one.interrupted;
         runs.push(one);
         if interrupted {
             return Ok(None);
         }
     }
-    let figures: Vec<f64> = runs.iter().map(|r| figure(phase, &r.stats)).collect();
     let mean = figures.iter().sum::<f64>() / figures.len() as f64;
     let mut pooled = RunStats::default();
     for r in &runs {

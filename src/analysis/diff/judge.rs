@@ -192,21 +192,27 @@ pub(super) fn compare(
         return row;
     }
     let j = judge(&ra, &rb, (a, b), scale, reference, how);
+    // The interval in the row's unit: relative bounds applied to A (ratio) or the reference.
+    let unit_base = match scale {
+        Scale::Ratio => a,
+        Scale::Difference => reference,
+    };
+    set_judgement(&mut row, j, scale, unit_base);
+    row.delta = row.delta.filter(|x| x.is_finite());
+    row
+}
+
+/// Writes a judgement into its row: the effect and its interval, relative and in the row's unit
+/// (`unit_base` times the relative bounds), the verdict and the runs that would resolve it.
+fn set_judgement(row: &mut Row, j: Judgement, scale: Scale, unit_base: f64) {
     row.scale = scale;
     row.effect = Some(j.effect).filter(|e| e.is_finite());
     row.effect_low = j.low;
     row.effect_high = j.high;
     row.verdict = j.verdict;
     row.runs_needed = j.runs_needed;
-    // The interval in the row's unit: relative bounds applied to A (ratio) or the reference.
-    let to_unit = |e: f64| match scale {
-        Scale::Ratio => a * e,
-        Scale::Difference => reference * e,
-    };
-    row.ci_low = j.low.map(to_unit).filter(|x| x.is_finite());
-    row.ci_high = j.high.map(to_unit).filter(|x| x.is_finite());
-    row.delta = row.delta.filter(|x| x.is_finite());
-    row
+    row.ci_low = j.low.map(|e| unit_base * e).filter(|x| x.is_finite());
+    row.ci_high = j.high.map(|e| unit_base * e).filter(|x| x.is_finite());
 }
 
 /// Builds one row from replicates given directly (each host's value their mean), on the ratio
@@ -223,13 +229,7 @@ pub(super) fn compare_figures(metric: MetricId, a: &[f64], b: &[f64], how: Judgi
         return row;
     }
     let j = judge(a, b, (pa, pb), Scale::Ratio, pa, how);
-    row.effect = Some(j.effect).filter(|e| e.is_finite());
-    row.effect_low = j.low;
-    row.effect_high = j.high;
-    row.verdict = j.verdict;
-    row.runs_needed = j.runs_needed;
-    row.ci_low = j.low.map(|e| pa * e).filter(|x| x.is_finite());
-    row.ci_high = j.high.map(|e| pa * e).filter(|x| x.is_finite());
+    set_judgement(&mut row, j, Scale::Ratio, pa);
     row
 }
 
