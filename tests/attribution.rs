@@ -906,8 +906,6 @@ fn a_workload_away_from_its_irq_cpu_moves_the_hypervisors_ipis() {
     }
 }
 
-/// `virtgap iotune` on `lo` (writes allowed by its backing file), run behind `prefix` (a shell
-/// that enters a blkio group), its result in `out`.
 /// The figure an iotune result reports for one phase.
 fn phase_figure(result: &Path, phase: &str) -> f64 {
     let doc: Value = serde_json::from_slice(&std::fs::read(result).unwrap()).unwrap();
@@ -920,6 +918,8 @@ fn phase_figure(result: &Path, phase: &str) -> f64 {
         .unwrap_or_else(|| panic!("{} has no {phase} figure", result.display()))
 }
 
+/// `virtgap iotune` on `lo` (writes allowed by its backing file), run behind `prefix` (a shell
+/// that enters a blkio group), its result in `out`.
 fn iotune(prefix: &[&str], lo: &MemoryLoop, out: &Path) {
     let bin = env!("CARGO_BIN_EXE_virtgap");
     let mut c = match prefix {

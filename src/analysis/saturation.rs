@@ -4,8 +4,12 @@
 //! submitters than CPUs: fio's best on this machine's virtio disk is 4 jobs on 2 CPUs), and once
 //! at the most in flight allowed, since a device's curve need not rise and then stay flat (this
 //! machine's virtio disk read 1 MiB blocks 20% slower at 2 x 16 in flight than at 2 x 4, and
-//! fastest of all at 4 x 128). The step with the highest figure is the saturation point. A pure
-//! state machine: the caller runs each step and records its figure.
+//! fastest of all at 4 x 128). Last, half the workers at the peak's total depth: a device can
+//! also want fewer, deeper submitters (fio's best 4 KiB reads on that disk were 1 job x 128).
+//! The step with the highest figure is the saturation point. A pure state machine: the caller
+//! runs each step and records its figure.
+
+use virtgap_workloads::spec::MAX_QD;
 
 use crate::model::iotune::SearchStep;
 
@@ -56,11 +60,15 @@ impl Saturation {
         }
         let total_cap = self.workers * self.max_qd;
         let far_end = (wide, (total_cap / wide).max(1));
+        let narrow = (self.workers / 2).max(1);
+        let narrow_qd = peak.qd * self.workers / narrow;
+        let fewer = (narrow < self.workers && narrow_qd <= MAX_QD).then_some((narrow, narrow_qd));
         [(peak.qd / 2).max(1), peak.qd]
             .into_iter()
             .filter(|&qd| wide * qd <= total_cap.max(wide))
             .map(|qd| (wide, qd))
             .chain(std::iter::once(far_end))
+            .chain(fewer)
             .find(|c| !self.steps.iter().any(|s| (s.workers, s.qd) == *c))
     }
 
@@ -113,8 +121,8 @@ mod tests {
     }
 
     #[test]
-    fn the_search_stops_two_flat_steps_after_the_knee_then_tries_twice_the_workers_and_the_far_end()
-    {
+    fn the_search_stops_two_flat_steps_after_the_knee_then_tries_twice_the_workers_the_far_end_and_half(
+    ) {
         // Grows to 64k IOPS at 32 in flight, then flat within 1%.
         let s = search(
             |w, qd| 2_000.0 * f64::from((w * qd).min(32)) + f64::from(qd % 3),
@@ -132,7 +140,8 @@ mod tests {
                 (2, 64),
                 (4, 16),
                 (4, 32),
-                (4, 128)
+                (4, 128),
+                (1, 64)
             ]
         );
         // 64,001 / 64,002 / 64,001 at depths 16, 32, 64: the highest, noise and all.
@@ -173,6 +182,25 @@ mod tests {
         assert!(s.next().is_none());
     }
 
+    /// A device that serves one deep submitter best, as this machine's virtio disk did for
+    /// 4 KiB reads under fio: half the workers at the peak's total depth wins.
+    #[test]
+    fn fewer_deeper_workers_win_where_the_device_wants_one_submitter() {
+        let s = search(
+            |w, qd| f64::from((w * qd).min(128)) * 1_000.0 / f64::from(w),
+            64,
+        );
+        let peak = s.peak().unwrap();
+        assert_eq!((peak.workers, peak.qd), (1, 128), "{:?}", steps(&s));
+        assert!(s.next().is_none());
+        // One worker has nothing narrower to try.
+        let mut one = Saturation::new(1, 0.03, 4);
+        while let Some((w, qd)) = one.next() {
+            one.record(w, qd, f64::from(w * qd));
+        }
+        assert_eq!(steps(&one), [(1, 1), (1, 2), (1, 4), (2, 2)]);
+    }
+
     #[test]
     fn one_noisy_dip_does_not_end_the_depth_search() {
         let figures = [100.0, 200.0, 190.0, 400.0, 800.0, 805.0, 806.0];
@@ -195,7 +223,16 @@ mod tests {
         let s = search(|w, qd| f64::from(w * qd) * 1000.0, 24);
         assert_eq!(
             steps(&s),
-            [(2, 1), (2, 2), (2, 4), (2, 8), (2, 16), (2, 24), (4, 12)]
+            [
+                (2, 1),
+                (2, 2),
+                (2, 4),
+                (2, 8),
+                (2, 16),
+                (2, 24),
+                (4, 12),
+                (1, 48)
+            ]
         );
         assert_eq!(s.peak().unwrap().figure, 48_000.0);
     }

@@ -14,7 +14,7 @@ use crate::cli::IotuneArgs;
 use crate::model::host::Fingerprint;
 use crate::model::iotune::{IotuneProfile, Phase, IOTUNE_VERSION};
 use crate::render::iotune_report;
-use crate::run::iotune::{prepare_target, run_phase, IotunePlan};
+use crate::run::iotune::{bytes_in_flight_cap, prepare_target, run_phase, IotunePlan};
 use crate::run::output::{Outputs, Pending};
 use crate::run::prepare::TargetOptions;
 use crate::run::recorder::unix_ms;
@@ -89,6 +89,9 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         probes: args.probe.choice(),
         interval: Duration::from_secs(1).min(args.duration.0.max(Duration::from_millis(100))),
         max_in_flight: args.max_in_flight,
+        max_bytes_in_flight: bytes_in_flight_cap(
+            virtgap_workloads::memory::available(std::path::Path::new("/")).map(|b| b.bytes),
+        ),
         verbose,
         figure_text: iotune_report::figure,
     };
