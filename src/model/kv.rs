@@ -11,8 +11,16 @@ use crate::model::histogram::Histogram;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct KvSection {
-    /// True only for a pass at the delivered load; None without a complete slice.
+    /// True only for a pass at the delivered load (both definitions below); None without a
+    /// complete slice.
     pub verdict: Option<bool>,
+    /// Every complete slice within ACT's limits on ACT's definition: each read's device time
+    /// (None without a complete slice, and in older profiles).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_pass: Option<bool>,
+    /// The same on the client's definition: each read from its scheduled start.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub intended_pass: Option<bool>,
     /// What the run came to (the verdict and, when there is none, why).
     pub outcome: KvOutcome,
     pub delivered: KvDelivered,
@@ -151,15 +159,25 @@ pub struct KvSlice {
     pub start_s: f64,
     pub end_s: f64,
     pub complete: bool,
-    /// None for a partial slice, and for one within limits at a load not delivered.
+    /// Within limits on both definitions at the load scheduled; None for a partial slice, and
+    /// for one within limits at a load not delivered.
     pub pass: Option<bool>,
-    /// Which latency the slice was judged on. Profiles from before the switch existed were
-    /// judged on service time.
+    /// Each definition's own outcome for a complete slice (None: partial, or an older profile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_pass: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intended_pass: Option<bool>,
+    /// Which latency `reads` holds: the service time in every profile since slices were judged
+    /// on both definitions; older ones judged a slice whose schedule slipped on the intended
+    /// latency alone, and said so here.
     #[serde(default)]
     pub judged_on: JudgedOn,
     #[serde(default)]
     pub worst_lag_ns: u64,
     pub reads: KvSliceShares,
+    /// The same reads from their scheduled start (absent in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reads_intended: Option<KvSliceShares>,
     pub lb_reads: KvSliceShares,
     pub lb_writes: KvSliceShares,
 }
@@ -171,7 +189,7 @@ pub enum JudgedOn {
     /// From submission to completion: the device read.
     #[default]
     Service,
-    /// From the scheduled start, in a slice where operations started late.
+    /// From the scheduled start (older profiles: a slice where operations started late).
     Intended,
 }
 

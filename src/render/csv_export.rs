@@ -333,17 +333,30 @@ pub fn summary(p: &Profile) -> String {
                 row(format!("kv_{side}_{stream}_per_s"), Some(rate));
             }
         }
+        // Each definition's pass (ACT's, the device read's time; the client's, from the
+        // schedule), absent in older profiles.
+        row(
+            "kv_service_pass".into(),
+            kv.service_pass.map(|b| f64::from(u8::from(b))),
+        );
+        row(
+            "kv_intended_pass".into(),
+            kv.intended_pass.map(|b| f64::from(u8::from(b))),
+        );
         for (i, slice) in kv.slices.iter().enumerate() {
-            let r = &slice.reads;
-            for (over, pct) in [
-                ("1ms", r.pct_at_or_over_1ms),
-                ("8ms", r.pct_at_or_over_8ms),
-                ("64ms", r.pct_at_or_over_64ms),
-            ] {
-                row(
-                    format!("kv_slice{i}_reads_pct_at_or_over_{over}"),
-                    Some(pct),
-                );
+            let (device, intended) = crate::render::kv_report::slice_shares(slice);
+            for (name, shares) in [("reads", device), ("intended_reads", intended)] {
+                let Some(r) = shares else { continue };
+                for (over, pct) in [
+                    ("1ms", r.pct_at_or_over_1ms),
+                    ("8ms", r.pct_at_or_over_8ms),
+                    ("64ms", r.pct_at_or_over_64ms),
+                ] {
+                    row(
+                        format!("kv_slice{i}_{name}_pct_at_or_over_{over}"),
+                        Some(pct),
+                    );
+                }
             }
         }
     }

@@ -4,7 +4,7 @@
 use std::io::{self, Write};
 
 use crate::model::kv::{JudgedOn, KvBehind, KvOutcome, KvSection, KvSlice, KvSliceShares};
-use virtgap_workloads::kv::{DELIVERED_MIN, SLIPPED_LAG};
+use virtgap_workloads::kv::DELIVERED_MIN;
 use virtgap_workloads::units;
 
 /// Why the run stopped, when a stream fell too far behind.
@@ -25,8 +25,26 @@ pub fn verdict_text(k: &KvSection) -> String {
         k.target.client_reads_per_s, k.target.client_writes_per_s
     );
     match k.outcome {
-        KvOutcome::Pass => format!("PASS at {load} on this target"),
-        KvOutcome::Fail => format!("FAIL at {load} on this target"),
+        KvOutcome::Pass => format!(
+            "PASS at {load} on this target{}",
+            match (k.service_pass, k.intended_pass) {
+                (Some(true), Some(true)) =>
+                    " (within ACT's limits on the device reads and from the schedule)",
+                _ => "",
+            }
+        ),
+        KvOutcome::Fail => format!(
+            "FAIL at {load} on this target{}",
+            match (k.service_pass, k.intended_pass) {
+                (Some(false), Some(true)) =>
+                    ": the device reads were over ACT's limits (from the schedule: within them)",
+                (Some(true), Some(false)) =>
+                    ": reads from their schedule were over ACT's limits (the device reads alone: within them, as ACT would judge them)",
+                (Some(false), Some(false)) =>
+                    ": over ACT's limits on the device reads and from the schedule",
+                _ => "",
+            }
+        ),
         KvOutcome::NotDelivered => {
             let (client, large_blocks) = (
                 k.delivered.client_fraction,
@@ -55,11 +73,24 @@ pub fn verdict_text(k: &KvSection) -> String {
     }
 }
 
-/// What a slice's reads were judged on, as the table says it.
-pub fn judged_on_word(j: JudgedOn) -> &'static str {
-    match j {
-        JudgedOn::Service => "service",
-        JudgedOn::Intended => "intended",
+/// A slice's reads on each definition: (device service time, from the schedule). An older
+/// profile kept one of them, the one its `judged_on` names.
+pub fn slice_shares(s: &KvSlice) -> (Option<&KvSliceShares>, Option<&KvSliceShares>) {
+    match (&s.reads_intended, s.judged_on) {
+        (Some(intended), _) => (Some(&s.reads), Some(intended)),
+        (None, JudgedOn::Service) => (Some(&s.reads), None),
+        (None, JudgedOn::Intended) => (None, Some(&s.reads)),
+    }
+}
+
+/// One definition's percentages in a sentence ("0.61%, 0.00%, 0.00% >= 1/8/64 ms"; "-").
+pub fn shares_words(v: Option<&KvSliceShares>) -> String {
+    match v {
+        Some(v) if v.ops > 0 => format!(
+            "{:.2}%, {:.2}%, {:.2}% >= 1/8/64 ms",
+            v.pct_at_or_over_1ms, v.pct_at_or_over_8ms, v.pct_at_or_over_64ms
+        ),
+        _ => "-".into(),
     }
 }
 
@@ -74,10 +105,10 @@ pub fn slice_result(s: &KvSlice) -> &'static str {
     }
 }
 
-fn shares_text(v: &KvSliceShares) -> String {
-    if v.ops == 0 {
+fn shares_text(v: Option<&KvSliceShares>) -> String {
+    let Some(v) = v.filter(|v| v.ops > 0) else {
         return format!("{:>23}", "-");
-    }
+    };
     format!(
         "{:>6.2}% {:>6.2}% {:>6.2}%",
         v.pct_at_or_over_1ms, v.pct_at_or_over_8ms, v.pct_at_or_over_64ms
@@ -200,31 +231,109 @@ fn write_slices(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
     )?;
     writeln!(
         out,
-        "    reads are judged on their device service time, or from their scheduled start (\"intended\") in a slice where operations started {} or more late",
-        units::latency(SLIPPED_LAG.as_nanos() as f64)
+        "    client reads on two definitions: ACT's, each read's device time (\"device\"), and the client's, from each read's scheduled start (\"intended\"); a slice passes when both do"
     )?;
     writeln!(
         out,
-        "    {:<15} {:>9}  {:>23}  {:>8}  {:>23}  {:>23}",
+        "    {:<15} {:>9}  {:>23}  {:>23}  {:>23}  {:>23}",
         "slice",
         "reads",
-        "reads >=1/8/64 ms",
-        "judged",
+        "device >=1/8/64 ms",
+        "intended >=1/8/64 ms",
         "LB reads >=1/8/64 ms",
         "LB writes >=1/8/64 ms"
     )?;
     for s in &k.slices {
+        let (device, intended) = slice_shares(s);
         writeln!(
             out,
-            "    {:<15} {:>9}  {}  {:>8}  {}  {}  {}",
+            "    {:<15} {:>9}  {}  {}  {}  {}  {}",
             format!("{:.0}-{:.0} s", s.start_s, s.end_s),
             units::count(s.reads.ops as f64),
-            shares_text(&s.reads),
-            judged_on_word(s.judged_on),
-            shares_text(&s.lb_reads),
-            shares_text(&s.lb_writes),
+            shares_text(device),
+            shares_text(intended),
+            shares_text(Some(&s.lb_reads)),
+            shares_text(Some(&s.lb_writes)),
             slice_result(s),
         )?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shares(pct_1ms: f64) -> KvSliceShares {
+        KvSliceShares {
+            ops: 1_000,
+            pct_at_or_over_1ms: pct_1ms,
+            pct_at_or_over_8ms: 0.0,
+            pct_at_or_over_64ms: 0.0,
+        }
+    }
+
+    fn slice(service: f64, intended: Option<f64>, judged_on: JudgedOn) -> KvSlice {
+        KvSlice {
+            start_s: 0.0,
+            end_s: 30.0,
+            complete: true,
+            reads: shares(service),
+            reads_intended: intended.map(shares),
+            judged_on,
+            ..KvSlice::default()
+        }
+    }
+
+    fn table(k: &KvSection) -> String {
+        let mut out = Vec::new();
+        write_slices(&mut out, k).unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn a_slice_shows_both_definitions_and_an_older_one_the_one_it_kept() {
+        let k = KvSection {
+            slices: vec![
+                slice(0.61, Some(9.35), JudgedOn::Service),
+                slice(7.5, None, JudgedOn::Intended),
+            ],
+            ..KvSection::default()
+        };
+        let text = table(&k);
+        let rows: Vec<&str> = text.lines().filter(|l| l.contains("0-30 s")).collect();
+        assert_eq!(rows.len(), 2, "{text}");
+        let cells =
+            |row: &str| -> Vec<String> { row.split_whitespace().map(str::to_string).collect() };
+        // "0-30", "s", reads, then device's three shares, intended's three.
+        let new = cells(rows[0]);
+        assert_eq!(
+            new[3..9],
+            ["0.61%", "0.00%", "0.00%", "9.35%", "0.00%", "0.00%"]
+        );
+        let old = cells(rows[1]);
+        assert_eq!(old[3..7], ["-", "7.50%", "0.00%", "0.00%"], "{}", rows[1]);
+    }
+
+    #[test]
+    fn a_fail_says_which_definition_failed() {
+        let mut k = KvSection {
+            outcome: KvOutcome::Fail,
+            service_pass: Some(true),
+            intended_pass: Some(false),
+            ..KvSection::default()
+        };
+        let text = verdict_text(&k);
+        assert!(text.starts_with("FAIL at"), "{text}");
+        assert!(
+            text.contains("reads from their schedule were over"),
+            "{text}"
+        );
+        k.service_pass = Some(false);
+        k.intended_pass = Some(true);
+        assert!(verdict_text(&k).contains("the device reads were over"));
+        // An older profile knows neither: the verdict alone.
+        k.service_pass = None;
+        assert!(verdict_text(&k).ends_with("on this target"));
+    }
 }

@@ -670,12 +670,18 @@ pub fn kv_section(k: &virtgap_workloads::kv::KvOutcome) -> KvSection {
     use virtgap_workloads::kv::{Behind, KvVerdict};
     let verdict = k.verdict();
     let delivered = !matches!(verdict, KvVerdict::NotDelivered { .. });
+    let complete: Vec<_> = k.slices.iter().filter(|s| s.complete).collect();
+    let all_pass = |pass: fn(&virtgap_workloads::kv::SliceResult) -> bool| {
+        (!complete.is_empty()).then(|| complete.iter().all(|s| pass(s)))
+    };
     KvSection {
         verdict: match verdict {
             KvVerdict::Pass => Some(true),
             KvVerdict::NoCompleteSlice => None,
             _ => Some(false),
         },
+        service_pass: all_pass(|s| s.reads.pass),
+        intended_pass: all_pass(|s| s.reads_intended.pass),
         outcome: match verdict {
             KvVerdict::Pass => KvOutcome::Pass,
             KvVerdict::Fail => KvOutcome::Fail,
@@ -735,17 +741,17 @@ fn kv_slice(s: &virtgap_workloads::kv::SliceResult, delivered: bool) -> KvSlice 
         start_s: s.start_s,
         end_s: s.end_s,
         complete: s.complete,
-        pass: match (s.complete, s.reads.pass) {
+        pass: match (s.complete, s.pass()) {
             (false, _) => None,
             (true, true) => delivered.then_some(true),
             (true, false) => Some(false),
         },
-        judged_on: match s.judged_on {
-            virtgap_workloads::kv::Judged::Service => JudgedOn::Service,
-            virtgap_workloads::kv::Judged::Intended => JudgedOn::Intended,
-        },
+        service_pass: s.complete.then_some(s.reads.pass),
+        intended_pass: s.complete.then_some(s.reads_intended.pass),
+        judged_on: JudgedOn::Service,
         worst_lag_ns: s.worst_lag.as_nanos() as u64,
         reads: shares(&s.reads),
+        reads_intended: Some(shares(&s.reads_intended)),
         lb_reads: shares(&s.lb_reads),
         lb_writes: shares(&s.lb_writes),
     }

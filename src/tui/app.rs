@@ -103,7 +103,7 @@ pub struct KvPanel {
 impl KvPanel {
     /// The panel filled in from the run's outcome (its profile section).
     pub fn finish(&mut self, k: &crate::model::kv::KvSection) {
-        use crate::render::kv_report::{judged_on_word, slice_result, verdict_text};
+        use crate::render::kv_report::{shares_words, slice_result, slice_shares, verdict_text};
         self.verdict = Some(verdict_text(k));
         self.delivered = Some(format!(
             "delivered {:.1}% of the client operations and {:.1}% of the large-block operations; worst lag {}",
@@ -115,16 +115,14 @@ impl KvPanel {
             .slices
             .iter()
             .map(|s| {
-                let r = &s.reads;
+                let (device, intended) = slice_shares(s);
                 format!(
-                    "slice {:.0}-{:.0} s: {} reads, {:.2}% >= 1 ms, {:.2}% >= 8 ms, {:.2}% >= 64 ms (judged on {}) {}",
+                    "slice {:.0}-{:.0} s: {} reads; device {}; intended {}: {}",
                     s.start_s,
                     s.end_s,
-                    r.ops,
-                    r.pct_at_or_over_1ms,
-                    r.pct_at_or_over_8ms,
-                    r.pct_at_or_over_64ms,
-                    judged_on_word(s.judged_on),
+                    s.reads.ops,
+                    shares_words(device),
+                    shares_words(intended),
                     slice_result(s)
                 )
             })

@@ -1311,7 +1311,7 @@ mod tests {
         );
         panel.delivered = Some("delivered 81.7% of the client operations".into());
         panel.slices =
-            vec!["slice 0-30 s: 1470000 reads, 0.38% >= 1 ms (judged on intended) FAIL".into()];
+            vec!["slice 0-30 s: 1470000 reads; device 0.38%, 0.00%, 0.00% >= 1/8/64 ms; intended 9.35%, 0.02%, 0.00% >= 1/8/64 ms: FAIL".into()];
         for (w, h) in [(80, 24), (160, 50)] {
             let screen = draw(&app, w, h);
             assert!(screen.contains("NO VERDICT"), "{screen}");

@@ -24,4 +24,4 @@ mod verdict;
 pub use coordinator::start;
 pub use fill::{prepare, FillProgress, LoadedStore};
 pub use store::{KvConfig, KvCounters, KvError, KvStore};
-pub use verdict::{Behind, Judged, KvOutcome, KvVerdict, SliceResult, DELIVERED_MIN, SLIPPED_LAG};
+pub use verdict::{Behind, KvOutcome, KvVerdict, SliceResult, DELIVERED_MIN};
