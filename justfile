@@ -76,9 +76,10 @@ bench-attach ROUNDS="5" RUNTIME="10": build
 bench-serve MINUTES="10": build
     python3 scripts/soak_serve.py --virtgap target/release/virtgap --minutes {{MINUTES}}
 
-# Probe overhead: rand4k with no probes, all of ours, and bpftrace's biolatency; IOPS ratios and ns per event
-bench-overhead ROUNDS="5" RUNTIME="10": build
-    python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}}
+# Probe overhead: rand4k with no probes, all of ours, and bpftrace's biolatency; IOPS ratios, ns
+# per event and per I/O. DEVICE: `file` (on this disk) or `memory` (a loop device over /dev/shm)
+bench-overhead ROUNDS="5" RUNTIME="10" DEVICE="file": build
+    python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}} --device {{DEVICE}}
 
 # `virtgap iotune`'s four figures against the best of a fio sweep (numjobs x iodepth) on the same
 # target, on a file on this disk and on a loop device over memory; ratios ours/fio (root)

@@ -101,8 +101,16 @@ struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, VG_MAX_BLOCK_HISTS);
 	__type(key, struct vg_block_key);
-	__type(value, struct vg_hist);
+	__type(value, struct vg_block_hists);
 } block_hists SEC(".maps");
+
+/* All zeroes: a new key's histograms (too large for the BPF stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct vg_block_hists);
+} zero_block_hists SEC(".maps");
 
 /*
  * Completions by submitting CPU (the index), counted on the completing CPU (the per-CPU copy).
@@ -118,17 +126,23 @@ struct {
 /*
  * Reads and writes completed per device whose queue time started at their first bio's entry:
  * set beside the queue stage's count, this says where that device's queue stage starts.
+ * Per-CPU, as `issued`.
  */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 256);
 	__type(key, __u32);
 	__type(value, __u64);
 } from_bio_entry SEC(".maps");
 
-/* First issues per device (major << 20 | minor): requests in flight = these - completions. */
+/*
+ * First issues per device (major << 20 | minor): requests in flight = these - completions.
+ * Per-CPU (user space sums the copies): one counter per device would be written by every CPU
+ * that issues to it, each write a locked add on a line the others hold; 256 devices of 8 bytes
+ * a CPU is 2 KiB per CPU.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 256);
 	__type(key, __u32);
 	__type(value, __u64);
@@ -149,10 +163,14 @@ struct {
 	__type(value, __u32);
 } queue_irqs SEC(".maps");
 
-/* Latest handler entry of each IRQ in `queue_irqs` (user space adds each with 0). */
+/*
+ * Latest handler entry of each IRQ, indexed by IRQ number up to the highest in `queue_irqs`
+ * (user space sizes it): an array, whose lookups the verifier inlines, on the path of every
+ * interrupt and every completion. IRQs no queue maps to are stamped too, and never read.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, VG_MAX_QUEUE_IRQS);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, __u64);
 } irq_entered SEC(".maps");
@@ -169,8 +187,6 @@ struct {
 
 /* Written by user space while attached (0: every request, until the tail is known). */
 __u64 slow_request_ns = 0;
-
-VG_ZERO_HIST_MAP;
 
 /*
  * Reads from the request. tp_btf programs dereference kernel pointers directly (plain loads
@@ -214,21 +230,19 @@ static __always_inline void fill_key(struct request *rq, bool btf, struct rq_tra
 	t->key.op = op_of_request(cmd_flags, t->bytes_left);
 }
 
-static __always_inline void record(struct vg_block_key *key, __u8 stage, __u64 delta)
+/* The histograms of `key`'s stages, created empty on first use (NULL: the map is full). */
+static __always_inline struct vg_block_hists *hists_of(struct vg_block_key *key)
 {
 	__u32 zero = 0;
-	void *init = bpf_map_lookup_elem(&zero_hist, &zero);
-	struct vg_hist *h;
+	void *init = bpf_map_lookup_elem(&zero_block_hists, &zero);
+	struct vg_block_hists *h;
 
 	if (!init)
-		return;
-	key->stage = stage;
+		return NULL;
 	h = vg_lookup_or_init(&block_hists, key, init);
-	if (!h) {
+	if (!h)
 		vg_bump(&counters, VG_BLOCK_DROPPED);
-		return;
-	}
-	vg_hist_add(h, delta, true);
+	return h;
 }
 
 /*
@@ -389,7 +403,7 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 	if (!t->issue_ns) {
 		__u32 dev = vg_disk_dev(vg_rq_disk(rq));
 
-		vg_count(&issued, &dev, true);
+		vg_count(&issued, &dev, false);
 	}
 	/* A requeued request is issued again: its device time counts from this issue. */
 	fill_key(rq, btf, t);
@@ -409,6 +423,7 @@ static __always_inline int on_merge(struct request *rq)
 /* A flush sequence's own request: never issued, its one stage is start -> completion. */
 static __always_inline void complete_unissued(struct request *rq, bool btf, struct rq_track *t, __u64 now)
 {
+	struct vg_block_hists *h;
 	__u64 delta;
 
 	if (!t->flush) {
@@ -418,8 +433,11 @@ static __always_inline void complete_unissued(struct request *rq, bool btf, stru
 	t->key.dev = vg_disk_dev(vg_rq_disk(rq));
 	t->key.hctx = btf ? rq->mq_hctx->queue_num : BPF_CORE_READ(rq, mq_hctx, queue_num);
 	t->key.op = VG_OP_FLUSH;
-	if (vg_elapsed(t->start_ns, now, &delta))
-		record(&t->key, VG_STAGE_DEVICE, delta);
+	if (!vg_elapsed(t->start_ns, now, &delta))
+		return;
+	h = hists_of(&t->key);
+	if (h)
+		vg_hist_add(&h->stage[VG_STAGE_DEVICE], delta, true);
 }
 
 /*
@@ -484,6 +502,7 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 				       bool btf)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta, device_end;
+	struct vg_block_hists *h;
 	struct rq_track *t;
 
 	if (!rq)
@@ -502,17 +521,21 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 		t->bytes_left -= nr_bytes;
 		return 0;
 	}
+	/* One lookup for all of this request's stages. */
+	h = hists_of(&t->key);
+	if (!h)
+		goto done;
 	if (vg_elapsed(t->start_ns, t->issue_ns, &delta)) {
-		record(&t->key, VG_STAGE_QUEUE, delta);
+		vg_hist_add(&h->stage[VG_STAGE_QUEUE], delta, true);
 		if (t->from_entry && (t->key.op == VG_OP_READ || t->key.op == VG_OP_WRITE)) {
 			__u32 dev = t->key.dev;
 
-			vg_count(&from_bio_entry, &dev, true);
+			vg_count(&from_bio_entry, &dev, false);
 		}
 	}
 	device_end = irq_entry_since(t, now);
 	if (vg_elapsed(t->issue_ns, device_end ? device_end : now, &delta)) {
-		record(&t->key, VG_STAGE_DEVICE, delta);
+		vg_hist_add(&h->stage[VG_STAGE_DEVICE], delta, true);
 		__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &t->submit_cpu);
 
 		if (n)
@@ -520,9 +543,10 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 		if (!device_end)
 			vg_bump(&counters, VG_BLOCK_UNSPLIT);
 		else if (vg_elapsed(device_end, now, &delta))
-			record(&t->key, VG_STAGE_COMPLETION, delta);
+			vg_hist_add(&h->stage[VG_STAGE_COMPLETION], delta, true);
 		emit_if_slow(t, device_end, now);
 	}
+done:
 	bpf_map_delete_elem(&requests, &key);
 	return 0;
 }
@@ -727,6 +751,7 @@ int BPF_PROG(block_rq_complete_raw, struct request *rq, __u64 error, unsigned in
 /* Emit the shared types into BTF so the skeleton generates their Rust definitions. */
 struct vg_block_key vg_abi_block_key = {};
 struct vg_hist vg_abi_hist = {};
+struct vg_block_hists vg_abi_block_hists = {};
 struct vg_slow_request vg_abi_slow_request = {};
 enum vg_block_stage vg_abi_block_stage = VG_STAGE_QUEUE;
 enum vg_block_op vg_abi_block_op = VG_OP_READ;

@@ -47,11 +47,9 @@ static __always_inline void vg_hist_add(struct vg_hist *h, __u64 v, bool atomic)
 		return;
 	if (atomic) {
 		__sync_fetch_and_add(&h->slots[slot], 1);
-		__sync_fetch_and_add(&h->count, 1);
 		__sync_fetch_and_add(&h->sum_ns, v);
 	} else {
 		h->slots[slot]++;
-		h->count++;
 		h->sum_ns += v;
 	}
 }

@@ -35,10 +35,12 @@ enum vg_limits {
 	VG_MAX_SAMPLE_KEYS = 16384,
 };
 
-/* A latency histogram with exact count and sum (ns). */
+/*
+ * A latency histogram with an exact sum (ns). Its count is the sum of its slots (user space
+ * adds them): one add fewer per value, an atomic one in shared maps.
+ */
 struct vg_hist {
 	__u64 slots[VG_HIST_SLOTS];
-	__u64 count;
 	__u64 sum_ns;
 };
 
@@ -58,6 +60,7 @@ enum vg_block_stage {
 	 * path, and the cross-CPU hop (an IPI, a softirq) when the request completes elsewhere.
 	 */
 	VG_STAGE_COMPLETION = 2,
+	VG_BLOCK_STAGES = 3,
 };
 
 /* A hardware queue, for the map from queues to the IRQ that serves them. */
@@ -79,7 +82,15 @@ struct vg_block_key {
 	__u32 dev; /* major << 20 | minor of the whole disk */
 	__u16 hctx; /* hardware queue index */
 	__u8 op; /* enum vg_block_op */
-	__u8 stage; /* enum vg_block_stage */
+	__u8 pad;
+};
+
+/*
+ * Every stage's histogram of one (device, hardware queue, op), indexed by enum vg_block_stage:
+ * a completion records its stages with one lookup. A stage never recorded stays empty.
+ */
+struct vg_block_hists {
+	struct vg_hist stage[VG_BLOCK_STAGES];
 };
 
 /* Counters of the block probe's own trouble. */

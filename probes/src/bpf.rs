@@ -22,7 +22,7 @@ macro_rules! hist_type {
     () => {
         impl From<&types::vg_hist> for crate::KernelHist {
             fn from(h: &types::vg_hist) -> Self {
-                crate::KernelHist::from_raw(&h.slots, h.count, h.sum_ns)
+                crate::KernelHist::from_raw(&h.slots, h.sum_ns)
             }
         }
     };
@@ -36,7 +36,7 @@ const _: () = {
     use std::mem::size_of;
     assert!(size_of::<block::types::vg_block_key>() == 8);
     let slots = hist_check::types::vg_limits::VG_HIST_SLOTS.0 as usize;
-    assert!(size_of::<block::types::vg_hist>() == (slots + 2) * 8);
+    assert!(size_of::<block::types::vg_hist>() == (slots + 1) * 8);
     assert!(size_of::<irq::types::vg_irq_key>() == 8);
     assert!(size_of::<nvme::types::vg_nvme_key>() == 8);
     assert!(size_of::<irq::types::vg_count_time>() == 16);

@@ -61,13 +61,15 @@ impl Default for KernelHist {
 }
 
 impl KernelHist {
-    pub fn from_raw(slots: &[u64], count: u64, sum_ns: u64) -> Self {
+    /// A kernel histogram's slots and sum: its count is its slots' total, as the kernel
+    /// keeps no count of its own.
+    pub fn from_raw(slots: &[u64], sum_ns: u64) -> Self {
         let mut s = vec![0; SLOTS];
         let n = slots.len().min(SLOTS);
         s[..n].copy_from_slice(&slots[..n]);
         Self {
+            count: s.iter().sum(),
             slots: s,
-            count,
             sum_ns,
         }
     }

@@ -9,8 +9,9 @@ use libbpf_rs::{Link, MapCore, MapFlags, Object, RingBuffer, RingBufferBuilder};
 
 use super::{
     apply_filter, dev_of, entries, kprobes_unavailable, leaked_object_slot, load_tracepoints,
-    note_forks, percpu_entry, percpu_sum, plain_bytes, sections_of, takes_forks, FamilyDef,
-    LoadContext, LoadResult, LoadedFamily, ProcessFilter, QueueShape, Signals, Slots, FORK,
+    note_forks, percpu_entry, percpu_sum, percpu_sums, plain_bytes, sections_of, takes_forks,
+    FamilyDef, LoadContext, LoadResult, LoadedFamily, ProcessFilter, QueueShape, Signals, Slots,
+    FORK,
 };
 use crate::attach::{AttachKind, AttachOutcome};
 use crate::bpf::bio_entry::{BioEntrySkel, BioEntrySkelBuilder};
@@ -64,8 +65,8 @@ fn sections() -> Result<Vec<String>, BpfError> {
     Ok(sections)
 }
 
-/// Stages x ops a hardware queue can fill.
-const KEYS_PER_QUEUE: u32 = 3 * 5;
+/// Ops a hardware queue can fill (each key holds every stage).
+const KEYS_PER_QUEUE: u32 = 5;
 
 struct BlockProbe<'obj> {
     skel: BlockSkel<'obj>,
@@ -108,6 +109,7 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         .map(|d| d.queue_irqs.len())
         .sum::<usize>() as u32)
         .max(1);
+    let irq_slots = irq_entered_slots(&cx.host.devices);
     let setup = |open: &mut crate::bpf::block::OpenBlockSkel<'_>, _kind| {
         use std::os::fd::AsFd;
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
@@ -135,7 +137,7 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         let _ = open.maps.block_hists.set_max_entries(hists);
         let _ = open.maps.completions_by_submitter.set_max_entries(cpus);
         let _ = open.maps.queue_irqs.set_max_entries(queue_irqs);
-        let _ = open.maps.irq_entered.set_max_entries(queue_irqs);
+        let _ = open.maps.irq_entered.set_max_entries(irq_slots);
     };
     let (mut skel, links, mut report) = load_tracepoints(
         Family::Block,
@@ -193,20 +195,29 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     Ok((Box::new(probe), report))
 }
 
+/// The highest IRQ number `irq_entered` (an array by IRQ number) holds; a queue's IRQ above it
+/// is left unmapped (its requests' device time runs to completion, counted as unsplit).
+const MAX_QUEUE_IRQ: u32 = 1 << 17;
+
+/// `irq_entered`'s size: one slot per IRQ number up to the highest a queue maps to.
+fn irq_entered_slots(devices: &[QueueShape]) -> u32 {
+    devices
+        .iter()
+        .flat_map(|d| d.queue_irqs.iter().map(|&(_, irq)| irq))
+        .filter(|&irq| irq <= MAX_QUEUE_IRQ)
+        .max()
+        .map_or(1, |irq| irq + 1)
+}
+
 /// Each hardware queue's IRQ, so device time can end at its handler's entry.
 fn map_queue_irqs(skel: &BlockSkel<'_>, devices: &[QueueShape]) {
     for d in devices {
-        for &(hctx, irq) in &d.queue_irqs {
+        for &(hctx, irq) in d.queue_irqs.iter().filter(|q| q.1 <= MAX_QUEUE_IRQ) {
             let queue = types::vg_queue_key { dev: d.dev, hctx };
             let _ =
                 skel.maps
                     .queue_irqs
                     .update(plain_bytes(&queue), &irq.to_ne_bytes(), MapFlags::ANY);
-            let _ = skel.maps.irq_entered.update(
-                &irq.to_ne_bytes(),
-                &0u64.to_ne_bytes(),
-                MapFlags::NO_EXIST,
-            );
         }
     }
 }
@@ -319,13 +330,18 @@ fn slow_request_of(r: &types::vg_slow_request) -> SlowRequest {
     }
 }
 
-fn stage_of(raw: u8) -> BlockStage {
-    use types::vg_block_stage as stage;
-    match u32::from(raw) {
-        r if r == stage::VG_STAGE_QUEUE.0 => BlockStage::Queue,
-        r if r == stage::VG_STAGE_COMPLETION.0 => BlockStage::Completion,
-        _ => BlockStage::Device,
-    }
+/// Each stage's histogram of a key, as `struct vg_block_hists` indexes them, empty ones left
+/// out (a stage never recorded: a flush's queue, an unsplit request's completion).
+fn stages_of(h: &types::vg_block_hists) -> impl Iterator<Item = (BlockStage, KernelHist)> + '_ {
+    use types::vg_block_stage as kernel;
+    [
+        (kernel::VG_STAGE_QUEUE, BlockStage::Queue),
+        (kernel::VG_STAGE_DEVICE, BlockStage::Device),
+        (kernel::VG_STAGE_COMPLETION, BlockStage::Completion),
+    ]
+    .into_iter()
+    .map(|(index, stage)| (stage, KernelHist::from(&h.stage[index.0 as usize])))
+    .filter(|(_, hist)| !hist.is_empty())
 }
 
 pub(crate) fn op_of(raw: u8) -> BlockOp {
@@ -343,19 +359,21 @@ impl LoadedFamily for BlockProbe<'_> {
     fn read(&self, snap: &mut ProbeSnapshot) {
         let maps = &self.skel.maps;
         let mut block = BlockSnapshot::default();
-        for (k, h) in entries::<types::vg_block_key, types::vg_hist>(&maps.block_hists) {
-            block.stages.push(BlockStageHist {
-                dev: dev_of(k.dev),
-                hctx: k.hctx,
-                op: op_of(k.op),
-                stage: stage_of(k.stage),
-                hist: KernelHist::from(&h),
-            });
+        for (k, h) in entries::<types::vg_block_key, types::vg_block_hists>(&maps.block_hists) {
+            for (stage, hist) in stages_of(&h) {
+                block.stages.push(BlockStageHist {
+                    dev: dev_of(k.dev),
+                    hctx: k.hctx,
+                    op: op_of(k.op),
+                    stage,
+                    hist,
+                });
+            }
         }
         block.stages.sort_by_key(|s| (s.dev, s.hctx, s.op, s.stage));
         // Completed requests are the device stage's count (flushes included).
-        let from_entry: Vec<(u32, u64)> = entries::<u32, u64>(&maps.from_bio_entry);
-        for (raw_dev, issued) in entries::<u32, u64>(&maps.issued) {
+        let from_entry: Vec<(u32, u64)> = percpu_sums::<u32>(&maps.from_bio_entry);
+        for (raw_dev, issued) in percpu_sums::<u32>(&maps.issued) {
             let dev = dev_of(raw_dev);
             let completed: u64 = block
                 .stages
@@ -471,17 +489,30 @@ mod tests {
         open.load().unwrap()
     }
 
-    fn hists(skel: &BlockSkel<'_>) -> Vec<(types::vg_block_key, KernelHist)> {
-        entries::<types::vg_block_key, types::vg_hist>(&skel.maps.block_hists)
+    /// Every recorded stage of every key.
+    fn hists(skel: &BlockSkel<'_>) -> Vec<(types::vg_block_key, BlockStage, KernelHist)> {
+        entries::<types::vg_block_key, types::vg_block_hists>(&skel.maps.block_hists)
             .into_iter()
-            .map(|(k, h)| (k, KernelHist::from(&h)))
+            .flat_map(|(k, h)| {
+                stages_of(&h)
+                    .map(|(stage, hist)| (k, stage, hist))
+                    .collect::<Vec<_>>()
+            })
             .collect()
     }
 
     fn stage(skel: &BlockSkel<'_>, stage: types::vg_block_stage) -> KernelHist {
+        use types::vg_block_stage as kernel;
+        let wanted = if stage.0 == kernel::VG_STAGE_QUEUE.0 {
+            BlockStage::Queue
+        } else if stage.0 == kernel::VG_STAGE_COMPLETION.0 {
+            BlockStage::Completion
+        } else {
+            BlockStage::Device
+        };
         let mut total = KernelHist::default();
-        for (k, h) in hists(skel) {
-            if u32::from(k.stage) == stage.0 {
+        for (_, s, h) in hists(skel) {
+            if s == wanted {
                 total.merge(&h);
             }
         }

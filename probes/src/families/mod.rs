@@ -661,6 +661,16 @@ where
         .collect()
 }
 
+/// (key, sum over CPUs) of a per-CPU hash of u64 counters.
+pub(crate) fn percpu_sums<K: plain::Plain + Default>(map: &dyn MapCore) -> Vec<(K, u64)> {
+    map.keys()
+        .filter_map(|key| {
+            let total = percpu_entry::<u64>(map, &key).iter().sum();
+            Some((copy::<K>(&key)?, total))
+        })
+        .collect()
+}
+
 /// A kernel device number (major << 20 | minor) as (major, minor).
 pub(crate) fn dev_of(raw: u32) -> crate::model::DevNum {
     (raw >> 20, raw & 0xf_ffff)
