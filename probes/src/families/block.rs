@@ -501,15 +501,7 @@ mod tests {
             .collect()
     }
 
-    fn stage(skel: &BlockSkel<'_>, stage: types::vg_block_stage) -> KernelHist {
-        use types::vg_block_stage as kernel;
-        let wanted = if stage.0 == kernel::VG_STAGE_QUEUE.0 {
-            BlockStage::Queue
-        } else if stage.0 == kernel::VG_STAGE_COMPLETION.0 {
-            BlockStage::Completion
-        } else {
-            BlockStage::Device
-        };
+    fn stage(skel: &BlockSkel<'_>, wanted: BlockStage) -> KernelHist {
         let mut total = KernelHist::default();
         for (_, s, h) in hists(skel) {
             if s == wanted {
@@ -595,8 +587,8 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(30));
         run(&skel.progs.block_rq_issue_raw, &[RQ]);
         run(&skel.progs.block_rq_complete_raw, &[RQ, 0, 0]);
-        let queue = stage(&skel, types::vg_block_stage::VG_STAGE_QUEUE);
-        let device = stage(&skel, types::vg_block_stage::VG_STAGE_DEVICE);
+        let queue = stage(&skel, BlockStage::Queue);
+        let device = stage(&skel, BlockStage::Device);
         assert_eq!(
             (queue.count, device.count),
             (1, 1),
@@ -641,16 +633,13 @@ mod tests {
         );
         run(&skel.progs.block_rq_complete_raw, &[RQ, 0, 4096]);
         assert_eq!(
-            stage(&skel, types::vg_block_stage::VG_STAGE_DEVICE).count,
+            stage(&skel, BlockStage::Device).count,
             0,
             "half done is not done"
         );
         assert_eq!(tracked(&skel).map(|t| t.bytes_left), Some(4096));
         run(&skel.progs.block_rq_complete_raw, &[RQ, 0, 4096]);
-        assert_eq!(
-            stage(&skel, types::vg_block_stage::VG_STAGE_DEVICE).count,
-            1
-        );
+        assert_eq!(stage(&skel, BlockStage::Device).count, 1);
         assert!(tracked(&skel).is_none());
     }
 
@@ -673,7 +662,7 @@ mod tests {
             },
         );
         run(&skel.progs.block_rq_complete_raw, &[RQ, 0, 0]);
-        let device = stage(&skel, types::vg_block_stage::VG_STAGE_DEVICE);
+        let device = stage(&skel, BlockStage::Device);
         assert_eq!(
             device.count, 0,
             "a negative device time was recorded: {:?}",
