@@ -381,6 +381,7 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 {
 	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
 	struct rq_track *t;
+	bool first_issue;
 
 	if (!rq)
 		return 0;
@@ -400,13 +401,14 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 		if (!t)
 			return 0;
 	}
-	if (!t->issue_ns) {
-		__u32 dev = vg_disk_dev(vg_rq_disk(rq));
+	first_issue = !t->issue_ns;
+	/* A requeued request is issued again: its device time counts from this issue. */
+	fill_key(rq, btf, t);
+	if (first_issue) {
+		__u32 dev = t->key.dev;
 
 		vg_count(&issued, &dev, false);
 	}
-	/* A requeued request is issued again: its device time counts from this issue. */
-	fill_key(rq, btf, t);
 	t->issue_ns = now;
 	return 0;
 }

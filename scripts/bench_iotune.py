@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+from memory_loop import memory_loop
+
 PHASES = [
     # (key, fio rw, block size, bandwidth?)
     ("read_bandwidth", "read", "1M", True),
@@ -131,19 +133,9 @@ def main():
             os.makedirs(args.dir, exist_ok=True)
             rows += compare("disk", args.virtgap, args.dir, size, extra, args, scratch)
         if not args.no_memory:
-            backing = os.path.join("/dev/shm", f"vg-bench-iotune-{os.getpid()}.img")
-            with open(backing, "wb") as f:
-                block = os.urandom(1 << 20)
-                for _ in range(size >> 20):
-                    f.write(block)
-            loop = subprocess.run(["losetup", "--find", "--show", backing], capture_output=True,
-                                  text=True, check=True).stdout.strip()
-            try:
+            with memory_loop(size, "vg-bench-iotune") as (loop, backing):
                 rows += compare("memory", args.virtgap, loop, size,
                                 extra + ["--destroy-data", backing], args, scratch)
-            finally:
-                subprocess.run(["losetup", "--detach", loop])
-                os.unlink(backing)
     print(f"medians over {args.rounds} rounds; 'fio sweep' is the best point's figure in the sweep "
           f"(biased up), 'fio best' that point measured again beside each iotune")
     print(f"{'target':<8} {'figure':<16} {'virtgap iotune':>16} {'at':>12} {'fio best':>16} {'at':>10} "

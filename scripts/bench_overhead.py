@@ -19,6 +19,8 @@ import sys
 import tempfile
 import time
 
+from memory_loop import memory_loop
+
 BIOLATENCY = (
     "tracepoint:block:block_rq_issue { @start[args->dev, args->sector] = nsecs; } "
     "tracepoint:block:block_rq_complete /@start[args->dev, args->sector]/ { "
@@ -110,20 +112,9 @@ def main():
 
 def run(args):
     if args.device == "memory":
-        backing = os.path.join("/dev/shm", f"virtgap-bench-{os.getpid()}.img")
-        try:
-            subprocess.run(["dd", "if=/dev/urandom", f"of={backing}", "bs=1M", "count=1024",
-                            "status=none"], check=True)
-            loop = subprocess.run(["losetup", "--find", "--show", backing], capture_output=True,
-                                  text=True, check=True).stdout.strip()
-            try:
-                print(f"bench: {loop}, a loop device over {backing}")
-                rounds(args, loop)
-            finally:
-                subprocess.run(["losetup", "--detach", loop])
-        finally:
-            if os.path.exists(backing):
-                os.unlink(backing)
+        with memory_loop(1 << 30, "virtgap-bench") as (loop, backing):
+            print(f"bench: {loop}, a loop device over {backing}")
+            rounds(args, loop)
         return
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="virtgap-bench-") as d:
         path = os.path.join(d, "rand4k.bin")

@@ -16,7 +16,7 @@ use crate::model::iotune::{IotuneProfile, Phase, IOTUNE_VERSION};
 use crate::render::iotune_report;
 use crate::run::iotune::{bytes_in_flight_cap, prepare_target, run_phase, IotunePlan};
 use crate::run::output::{Outputs, Pending};
-use crate::run::prepare::TargetOptions;
+use crate::run::prepare::{mem_available, TargetOptions};
 use crate::run::recorder::unix_ms;
 use crate::run::signals::StopSignals;
 
@@ -89,9 +89,7 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         probes: args.probe.choice(),
         interval: Duration::from_secs(1).min(args.duration.0.max(Duration::from_millis(100))),
         max_in_flight: args.max_in_flight,
-        max_bytes_in_flight: bytes_in_flight_cap(
-            virtgap_workloads::memory::available(std::path::Path::new("/")).map(|b| b.bytes),
-        ),
+        max_bytes_in_flight: bytes_in_flight_cap(mem_available().map(|b| b.bytes)),
         verbose,
         figure_text: iotune_report::figure,
     };

@@ -670,18 +670,14 @@ pub fn kv_section(k: &virtgap_workloads::kv::KvOutcome) -> KvSection {
     use virtgap_workloads::kv::{Behind, KvVerdict};
     let verdict = k.verdict();
     let delivered = !matches!(verdict, KvVerdict::NotDelivered { .. });
-    let complete: Vec<_> = k.slices.iter().filter(|s| s.complete).collect();
-    let all_pass = |pass: fn(&virtgap_workloads::kv::SliceResult) -> bool| {
-        (!complete.is_empty()).then(|| complete.iter().all(|s| pass(s)))
-    };
     KvSection {
         verdict: match verdict {
             KvVerdict::Pass => Some(true),
             KvVerdict::NoCompleteSlice => None,
             _ => Some(false),
         },
-        service_pass: all_pass(|s| s.reads.pass),
-        intended_pass: all_pass(|s| s.reads_intended.pass),
+        service_pass: k.complete_slices_pass(|s| s.reads.pass),
+        intended_pass: k.complete_slices_pass(|s| s.reads_intended.pass),
         outcome: match verdict {
             KvVerdict::Pass => KvOutcome::Pass,
             KvVerdict::Fail => KvOutcome::Fail,

@@ -185,6 +185,9 @@ pub fn run_phase(
     while let Some((workers, qd)) = search.next() {
         let (loaded, spec) = phase_spec(phase, plan, (workers, qd), (plan.ramp, plan.step))?;
         let one = record_one(&spec, &loaded, prepared, &None, 1, &quiet, None)?;
+        if one.interrupted {
+            return Ok(None);
+        }
         let f = figure(phase, &one.stats);
         if plan.verbose {
             say!(

@@ -88,7 +88,7 @@ fn check_memory(spec: &virtgap_workloads::WorkloadSpec) -> Result<()> {
 
 /// What this process may still allocate: the host's MemAvailable or its memory cgroup's room,
 /// the smaller.
-fn mem_available() -> Option<virtgap_workloads::memory::MemoryBudget> {
+pub fn mem_available() -> Option<virtgap_workloads::memory::MemoryBudget> {
     virtgap_workloads::memory::available(std::path::Path::new("/"))
 }
 

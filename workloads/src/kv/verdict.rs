@@ -117,14 +117,19 @@ impl KvOutcome {
                 behind: self.behind.as_ref().map(|(who, _)| who.clone()),
             };
         }
-        let judged: Vec<&SliceResult> = self.slices.iter().filter(|s| s.complete).collect();
-        if judged.is_empty() {
-            KvVerdict::NoCompleteSlice
-        } else if judged.iter().all(|s| s.pass()) {
-            KvVerdict::Pass
-        } else {
-            KvVerdict::Fail
+        match self.complete_slices_pass(SliceResult::pass) {
+            None => KvVerdict::NoCompleteSlice,
+            Some(true) => KvVerdict::Pass,
+            Some(false) => KvVerdict::Fail,
         }
+    }
+
+    /// Whether every complete slice passes `pass` (one definition, or both); None without a
+    /// complete slice.
+    pub fn complete_slices_pass(&self, pass: fn(&SliceResult) -> bool) -> Option<bool> {
+        let mut judged = self.slices.iter().filter(|s| s.complete).peekable();
+        judged.peek()?;
+        Some(judged.all(pass))
     }
 
     /// Share of the large-block operations the store asked for that were done: the writer's
