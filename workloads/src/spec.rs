@@ -204,6 +204,21 @@ pub struct WorkloadSpec {
     /// The key-value store's settings (`pattern = "kv"` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv: Option<KvSpec>,
+    /// Whether `resolve` chose `workers` (the spec said 0), so that an engine given on the
+    /// command line chooses again for its own engine (ACT's 5 psync threads per CPU).
+    #[serde(skip)]
+    pub workers_chosen: WorkersChosen,
+}
+
+/// Whether a spec's worker count was chosen for its engine rather than written. How the count
+/// came about is not part of what the spec is: two specs with the same fields are equal.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct WorkersChosen(pub bool);
+
+impl PartialEq for WorkersChosen {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// A spec together with where it came from and its original text.
@@ -544,6 +559,7 @@ impl WorkloadSpec {
                 1
             };
             self.workers = (per_cpu * cpus).min(MAX_WORKERS);
+            self.workers_chosen = WorkersChosen(true);
         }
         let (reads, writes) = kv.rates();
         self.rw = if writes == 0 {
@@ -757,6 +773,9 @@ impl Overrides {
     /// On error `spec` is left unchanged.
     pub fn apply(&self, spec: &mut WorkloadSpec) -> Result<(), SpecError> {
         let mut next = spec.clone();
+        if self.engine.is_some() && self.workers.is_none() && next.workers_chosen.0 {
+            next.workers = 0;
+        }
         macro_rules! set {
             ($($field:ident),*) => { $( if let Some(v) = self.$field { next.$field = v; } )* };
         }
@@ -1017,13 +1036,31 @@ mod tests {
         let mut psync = load("kv-act").unwrap().spec;
         Overrides {
             engine: Some(EngineKind::Psync),
-            workers: Some(0),
             ..Default::default()
         }
         .apply(&mut psync)
         .unwrap();
         assert_eq!(psync.workers, 5 * cpus, "ACT's 5 service threads per CPU");
         assert_eq!(psync.qd, 1, "--engine psync alone is enough for kv");
+        // A count the user gave stays, whichever engine runs it.
+        let mut given = load("kv-act").unwrap().spec;
+        Overrides {
+            engine: Some(EngineKind::Psync),
+            workers: Some(3),
+            ..Default::default()
+        }
+        .apply(&mut given)
+        .unwrap();
+        assert_eq!(given.workers, 3);
+        let mut back = psync.clone();
+        Overrides {
+            engine: Some(EngineKind::IoUring),
+            qd: Some(64),
+            ..Default::default()
+        }
+        .apply(&mut back)
+        .unwrap();
+        assert_eq!(back.workers, cpus, "back to one ring per CPU");
         assert_eq!(spec.rw, ReadWrite::Mix);
         assert_eq!(spec.rwmix_read, 66);
         assert!(!spec.is_read_only(), "the store loads itself");
