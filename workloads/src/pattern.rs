@@ -56,13 +56,22 @@ pub fn verify(buf: &[u8], offset: u64) -> Result<Vec<SectorHeader>, String> {
 /// Fills `buf` with incompressible bytes (so no layer can shortcut zeroes or dedupe blocks).
 pub fn fill_random(buf: &mut [u8], seed: u64) {
     let mut x = seed | 1;
-    for chunk in buf.chunks_mut(8) {
-        // xorshift64: cheap, and plenty random for defeating compression.
+    // xorshift64: cheap, and plenty random for defeating compression.
+    let mut next = || {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        let bytes = x.to_le_bytes();
-        chunk.copy_from_slice(&bytes[..chunk.len()]);
+        x.to_le_bytes()
+    };
+    // Whole words as fixed-size stores (not a variable-length copy, a memcpy call, per word).
+    let mut words = buf.chunks_exact_mut(8);
+    for word in &mut words {
+        word.copy_from_slice(&next());
+    }
+    let tail = words.into_remainder();
+    if !tail.is_empty() {
+        let n = tail.len();
+        tail.copy_from_slice(&next()[..n]);
     }
 }
 
