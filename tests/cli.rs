@@ -849,6 +849,8 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
         "verdict per slice",
         "0-3 s",
         "0 mismatches",
+        "of device-read time spent queued",
+        "reads in flight per ring: adaptive,",
     ] {
         assert!(stdout.contains(part), "summary lacks {part:?}:\n{stdout}");
     }
@@ -863,11 +865,25 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
     }
     assert!(entries(dir.path()).is_empty(), "the temp file is gone");
 
-    let out = kv_quick(dir.path(), &["--json", "--ratio", "1:0"])
+    // A depth given on the command line is fixed; the queueing is still measured (at 2000
+    // reads/s most reads go out alone).
+    let out = kv_quick(dir.path(), &["--json", "--ratio", "1:0", "--qd", "8"])
         .output()
         .unwrap();
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let q = &v["kv"]["read_queueing"];
+    assert_eq!(
+        (q["adaptive"].as_bool(), q["ceiling"].as_u64()),
+        (Some(false), Some(8)),
+        "{q}"
+    );
+    assert_eq!(
+        (q["limit_min"].as_u64(), q["limit_max"].as_u64()),
+        (Some(8), Some(8))
+    );
+    let share = q["queued_share"].as_f64().expect("measured");
+    assert!((0.0..=1.0).contains(&share), "{q}");
     assert_eq!(v["kv"]["target"]["client_writes_per_s"].as_f64(), Some(0.0));
     assert_eq!(v["kv"]["mismatches"], 0);
     assert!(v["kv"]["verdict"].is_boolean(), "{}", v["kv"]);

@@ -46,6 +46,28 @@ pub struct KvSection {
     /// Client writes' latencies (an append to the write buffer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_writes: Option<KvClientLatency>,
+    /// How the rings' device reads queued and how many they kept in flight (absent for ACT's
+    /// synchronous service threads, and in older profiles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_queueing: Option<KvReadQueueing>,
+}
+
+/// The rings' device reads: the share of their time spent queued behind other reads, and the
+/// limit on reads in flight per ring that kept it down.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct KvReadQueueing {
+    /// Of the reads' time with the device, the part beyond the device's own time (the fastest
+    /// read that went out alone in the two seconds before): 0 to 1. None when no read went
+    /// out alone.
+    pub queued_share: Option<f64>,
+    /// Whether the limit adapted (false: fixed at `ceiling` by `--qd`).
+    pub adaptive: bool,
+    /// The most reads a ring could keep in flight (`qd`).
+    pub ceiling: u32,
+    /// The limit per ring: lowest, highest, and its mean over time.
+    pub limit_min: u32,
+    pub limit_max: u32,
+    pub limit_mean: Option<f64>,
 }
 
 /// What a kv run came to.

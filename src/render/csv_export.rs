@@ -343,6 +343,14 @@ pub fn summary(p: &Profile) -> String {
             "kv_intended_pass".into(),
             kv.intended_pass.map(|b| f64::from(u8::from(b))),
         );
+        // The rings' device reads: the share of their time queued behind other reads (absent
+        // when none went out alone) and the limit on reads in flight per ring.
+        if let Some(q) = &kv.read_queueing {
+            row("kv_read_queued_share".into(), q.queued_share);
+            row("kv_inflight_limit_mean".into(), q.limit_mean);
+            row("kv_inflight_limit_min".into(), Some(f64::from(q.limit_min)));
+            row("kv_inflight_limit_max".into(), Some(f64::from(q.limit_max)));
+        }
         for (i, slice) in kv.slices.iter().enumerate() {
             let (device, intended) = crate::render::kv_report::slice_shares(slice);
             for (name, shares) in [("reads", device), ("intended_reads", intended)] {

@@ -3,7 +3,9 @@
 
 use std::io::{self, Write};
 
-use crate::model::kv::{JudgedOn, KvBehind, KvOutcome, KvSection, KvSlice, KvSliceShares};
+use crate::model::kv::{
+    JudgedOn, KvBehind, KvOutcome, KvReadQueueing, KvSection, KvSlice, KvSliceShares,
+};
 use virtgap_workloads::kv::DELIVERED_MIN;
 use virtgap_workloads::units;
 
@@ -128,6 +130,11 @@ pub fn write(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
         }
     )?;
     write_client_latencies(out, k)?;
+    if let Some(q) = &k.read_queueing {
+        for line in queueing_text(q) {
+            writeln!(out, "    {line}")?;
+        }
+    }
     write_rates(out, k)?;
     writeln!(
         out,
@@ -148,6 +155,32 @@ pub fn write(out: &mut impl Write, k: &KvSection) -> io::Result<()> {
         writeln!(out, "  {}", behind_text(behind))?;
     }
     writeln!(out, "  {}", verdict_text(k))
+}
+
+/// How the rings' device reads queued, and their limit on reads in flight: two lines.
+pub fn queueing_text(q: &KvReadQueueing) -> [String; 2] {
+    let queued = match q.queued_share {
+        Some(share) => format!(
+            "{:.1}% of device-read time spent queued (beyond the device's own time: its fastest read sent alone)",
+            share * 100.0
+        ),
+        None => "device-read time queued: not measured (no read went out alone)".into(),
+    };
+    let limit = if q.adaptive {
+        let mean = q
+            .limit_mean
+            .map_or(String::new(), |m| format!(", {m:.1} on average"));
+        format!(
+            "reads in flight per ring: adaptive, {} to {}{mean} (at most {})",
+            q.limit_min, q.limit_max, q.ceiling
+        )
+    } else {
+        format!(
+            "reads in flight per ring: up to {} (--qd, fixed)",
+            q.ceiling
+        )
+    };
+    [queued, limit]
 }
 
 /// Client reads' and writes' latency tables.
@@ -313,6 +346,30 @@ mod tests {
         );
         let old = cells(rows[1]);
         assert_eq!(old[3..7], ["-", "7.50%", "0.00%", "0.00%"], "{}", rows[1]);
+    }
+
+    #[test]
+    fn queueing_says_what_was_measured_and_whether_the_limit_adapted() {
+        let mut q = KvReadQueueing {
+            queued_share: Some(0.25),
+            adaptive: true,
+            ceiling: 64,
+            limit_min: 12,
+            limit_max: 64,
+            limit_mean: Some(30.04),
+        };
+        assert_eq!(
+            queueing_text(&q),
+            [
+                "25.0% of device-read time spent queued (beyond the device's own time: its fastest read sent alone)",
+                "reads in flight per ring: adaptive, 12 to 64, 30.0 on average (at most 64)",
+            ]
+        );
+        q.adaptive = false;
+        q.queued_share = None;
+        let [queued, limit] = queueing_text(&q);
+        assert!(queued.contains("not measured"), "{queued}");
+        assert_eq!(limit, "reads in flight per ring: up to 64 (--qd, fixed)");
     }
 
     #[test]

@@ -14,8 +14,8 @@ use crate::model::histogram::Histogram;
 use crate::model::host::{Fingerprint, TargetDisks};
 use crate::model::interval::{absorb_cpus, CpuLoad, Interval, StageSample};
 use crate::model::kv::{
-    JudgedOn, KvBehind, KvClientLatency, KvDelivered, KvOutcome, KvRates, KvSection, KvSlice,
-    KvSliceShares,
+    JudgedOn, KvBehind, KvClientLatency, KvDelivered, KvOutcome, KvRates, KvReadQueueing,
+    KvSection, KvSlice, KvSliceShares,
 };
 use crate::model::profile::{
     BlockCounts, DirectionResult, IdleBaseline, Profile, ProgramCost, RunInfo, RunRecord,
@@ -721,6 +721,14 @@ pub fn kv_section(k: &virtgap_workloads::kv::KvOutcome) -> KvSection {
         slices: k.slices.iter().map(|s| kv_slice(s, delivered)).collect(),
         client_reads: kv_client_latency(&k.client_read, true),
         client_writes: kv_client_latency(&k.client_write, false),
+        read_queueing: k.read_queue.map(|q| KvReadQueueing {
+            queued_share: q.queued_share(),
+            adaptive: q.adaptive,
+            ceiling: q.ceiling,
+            limit_min: q.limit_min,
+            limit_max: q.limit_max,
+            limit_mean: q.mean_limit(),
+        }),
     }
 }
 

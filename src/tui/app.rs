@@ -96,6 +96,8 @@ pub struct KvPanel {
     pub verdict: Option<String>,
     /// Shares of the load delivered, once the run ended.
     pub delivered: Option<String>,
+    /// How the rings' reads queued and their limit in flight, once the run ended.
+    pub queueing: Vec<String>,
     /// One line per verdict slice, once the run ended.
     pub slices: Vec<String>,
 }
@@ -111,6 +113,9 @@ impl KvPanel {
             k.delivered.large_block_fraction * 100.0,
             virtgap_workloads::units::latency(k.worst_lag_ns as f64)
         ));
+        self.queueing = k.read_queueing.as_ref().map_or(Vec::new(), |q| {
+            crate::render::kv_report::queueing_text(q).to_vec()
+        });
         self.slices = k
             .slices
             .iter()

@@ -478,6 +478,7 @@ fn kv_lines(kv: &crate::tui::app::KvPanel) -> Vec<Line<'static>> {
             lines.push(Line::from(verdict.clone()).style(style));
             lines.push(Line::from(delivered.clone()));
             lines.extend(kv.slices.iter().map(|s| Line::from(s.clone())));
+            lines.extend(kv.queueing.iter().map(|q| Line::from(q.clone())));
         }
         _ => lines.push(Line::from(
             "verdict when the run ends (ACT judges whole slices; set --duration)",
@@ -1312,6 +1313,22 @@ mod tests {
         panel.delivered = Some("delivered 81.7% of the client operations".into());
         panel.slices =
             vec!["slice 0-30 s: 1470000 reads; device 0.38%, 0.00%, 0.00% >= 1/8/64 ms; intended 9.35%, 0.02%, 0.00% >= 1/8/64 ms: FAIL".into()];
+        panel.queueing = Vec::from(crate::render::kv_report::queueing_text(
+            &crate::model::kv::KvReadQueueing {
+                queued_share: Some(0.412),
+                adaptive: true,
+                ceiling: 64,
+                limit_min: 9,
+                limit_max: 64,
+                limit_mean: Some(23.5),
+            },
+        ));
+        let wide = draw(&app, 160, 50);
+        assert!(
+            wide.contains("41.2% of device-read time spent queued")
+                && wide.contains("adaptive, 9 to 64, 23.5 on average"),
+            "{wide}"
+        );
         for (w, h) in [(80, 24), (160, 50)] {
             let screen = draw(&app, w, h);
             assert!(screen.contains("NO VERDICT"), "{screen}");

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::inflight::QueueTally;
 use super::shared::Shared;
 use super::store::{KvStore, OpDone};
 use super::verdict::Behind;
@@ -29,8 +30,10 @@ pub(super) struct ClientContext {
     pub seed: u64,
     pub interval_ns: u64,
     pub max_lag: Duration,
-    /// Reads in flight per ring (the asynchronous engine only).
+    /// Reads in flight per ring at most (the asynchronous engine only).
     pub qd: u32,
+    /// Whether a ring keeps fewer in flight while they queue (`kv::inflight`).
+    pub adaptive_qd: bool,
     pub store: Arc<KvStore>,
     pub shared: Arc<Shared>,
     pub stop: Arc<AtomicBool>,
@@ -62,6 +65,7 @@ impl ClientContext {
             interval_ns: options.interval.as_nanos().max(1) as u64,
             max_lag: kv.max_lag.0,
             qd: spec.qd,
+            adaptive_qd: kv.adaptive_qd,
             store: Arc::clone(store),
             shared: Arc::clone(shared),
             stop: Arc::clone(stop),
@@ -285,7 +289,12 @@ impl<'a> ClientTally<'a> {
     }
 
     /// The thread's results, its last interval sent.
-    pub fn finish(mut self, engine: &str, send_interval: &dyn Fn(IntervalSample)) -> ServiceResult {
+    pub fn finish(
+        mut self,
+        engine: &str,
+        queue: Option<QueueTally>,
+        send_interval: &dyn Fn(IntervalSample),
+    ) -> ServiceResult {
         let sh = self.sh;
         let end = self.last_ns.min(sh.end_ns);
         self.stats.cpu = CpuTime::of_this_thread().since(self.cpu_start);
@@ -300,6 +309,7 @@ impl<'a> ClientTally<'a> {
             device: self.stats,
             client_read: self.client_read,
             client_write: self.client_write,
+            queue,
         }
     }
 }
@@ -310,4 +320,6 @@ pub(super) struct ServiceResult {
     pub device: RunStats,
     pub client_read: DirStats,
     pub client_write: DirStats,
+    /// How the ring's reads queued, and its limit on them (rings only).
+    pub queue: Option<QueueTally>,
 }

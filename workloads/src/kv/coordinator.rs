@@ -16,6 +16,7 @@ use std::time::Duration;
 use super::act_log::{act_log_header, write_dump, HistogramSnapshot};
 use super::client::{ClientContext, ServiceResult};
 use super::fill::LoadedStore;
+use super::inflight::QueueTally;
 use super::ring::{run_ring, TICK};
 use super::service::run_service_thread;
 use super::shared::Shared;
@@ -132,6 +133,7 @@ fn coordinate(
         client_write: clients.write,
         slices,
         worst_lag: clients.worst_lag,
+        read_queue: clients.queue,
         behind: shared.behind(),
         counters: store.counters(),
         act_log,
@@ -413,6 +415,8 @@ struct ClientTotals {
     read: DirStats,
     write: DirStats,
     worst_lag: Duration,
+    /// The rings' reads in flight and queueing (None for service threads).
+    queue: Option<QueueTally>,
 }
 
 impl ClientTotals {
@@ -427,12 +431,16 @@ impl ClientTotals {
         });
         let (mut read, mut write) = (DirStats::default(), DirStats::default());
         let mut worst_lag_ns = 0;
+        let mut queue: Option<QueueTally> = None;
         let workers = results
             .map(|r| {
                 r.map(|s| {
                     read.merge(&s.client_read);
                     write.merge(&s.client_write);
                     worst_lag_ns = worst_lag_ns.max(s.device.max_lag_ns);
+                    if let Some(q) = &s.queue {
+                        queue.get_or_insert_with(QueueTally::default).merge(q);
+                    }
                     s.device
                 })
             })
@@ -441,6 +449,7 @@ impl ClientTotals {
             read,
             write,
             worst_lag: Duration::from_nanos(worst_lag_ns),
+            queue,
         };
         (workers, totals)
     }

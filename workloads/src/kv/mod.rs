@@ -4,6 +4,7 @@
 //! - `store` (over a lock-free `index`): the store itself; `spec`: the `[kv]` table.
 //! - `fill`: loading and ageing the store before a run (`prepare`).
 //! - `coordinator`: the run (`start`): its threads, the report every interval, the outcome.
+//! - `inflight`: how many reads a ring keeps in flight, and how much of their time was queueing.
 //! - `client`: what every client thread shares; `ring` (io_uring) and `service` (synchronous,
 //!   as ACT's service threads) are the two client engines.
 //! - `shared`: the state the kv threads share while the run goes on.
@@ -14,6 +15,7 @@ mod client;
 mod coordinator;
 mod fill;
 mod index;
+pub mod inflight;
 mod ring;
 mod service;
 mod shared;

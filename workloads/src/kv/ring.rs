@@ -2,8 +2,8 @@
 //! the thread's share of the schedule in batches — every operation due by the time the thread
 //! wakes — so a busy thread arms one timer per batch, not one sleep per operation. Writes are
 //! appends to the store's write buffer, done at once; reads of records on the device go to the
-//! ring (up to `qd` in flight) and are checked against the index as they complete, as the
-//! synchronous engine checks them.
+//! ring (up to `qd` in flight, fewer while they queue: see `inflight`) and are checked against
+//! the index as they complete, as the synchronous engine checks them.
 //!
 //! Timing: a read's service time runs from just before the batch holding it is submitted to
 //! when the thread reaps its completion. A thread held up elsewhere (a write waiting for a free
@@ -14,6 +14,7 @@ use std::time::Duration;
 use io_uring::{opcode, types, IoUring};
 
 use super::client::{ClientContext, ClientOp, ClientOps, ClientTally, OpTimes, ServiceResult};
+use super::inflight::InFlightLimit;
 use super::store::{DeviceRead, KvError, OpDone, PlannedRead};
 use crate::engine::AlignedBuffer;
 use crate::run::WorkloadError;
@@ -39,6 +40,8 @@ struct InFlight {
     /// When this submission went out (a retried read is timed from its last one); set when the
     /// batch is submitted.
     submitted: Option<u64>,
+    /// None of the ring's other reads was in flight when it went out.
+    alone: bool,
 }
 
 impl InFlight {
@@ -69,6 +72,8 @@ struct Reads {
     fixed_buffers: bool,
     slots: Vec<Slot>,
     free: Vec<usize>,
+    /// How many of the slots may be in flight now.
+    limit: InFlightLimit,
     tick_pending: bool,
 }
 
@@ -124,6 +129,7 @@ impl Reads {
             fixed_buffers,
             slots,
             free: (0..qd).rev().collect(),
+            limit: InFlightLimit::new(qd as u32, ctx.adaptive_qd),
             tick_pending: false,
         })
     }
@@ -132,13 +138,19 @@ impl Reads {
         self.free.len() < self.slots.len()
     }
 
-    /// Queues a read into a free slot (the caller checked there is one).
-    fn queue(&mut self, read: DeviceRead, due: u64, started: u64) {
-        let index = self.free.pop().expect("a free slot");
-        self.requeue(index, read, due, started);
+    /// Whether the limit lets one more read out now.
+    fn has_room(&self) -> bool {
+        self.limit.allows(self.slots.len() - self.free.len())
     }
 
-    fn requeue(&mut self, index: usize, read: DeviceRead, due: u64, started: u64) {
+    /// Queues a read into a free slot (the caller checked `has_room`).
+    fn queue(&mut self, read: DeviceRead, due: u64, started: u64) {
+        let alone = !self.in_flight();
+        let index = self.free.pop().expect("a free slot");
+        self.requeue(index, read, due, started, alone);
+    }
+
+    fn requeue(&mut self, index: usize, read: DeviceRead, due: u64, started: u64, alone: bool) {
         let slot = &mut self.slots[index];
         let (buf, len) = (slot.buf.as_mut_ptr(), read.len as u32);
         let sqe = match (self.fixed_file, self.fixed_buffers) {
@@ -161,6 +173,7 @@ impl Reads {
             due,
             started,
             submitted: None,
+            alone,
         });
         // The ring has room for every slot and the tick's timeout, and a slot is queued at
         // most once before it completes, so the queue cannot be full.
@@ -256,7 +269,7 @@ pub(super) fn run_ring(
                 reads.tick_pending = true;
             }
         }
-        let wait_for = usize::from(reads.tick_pending || reads.free.is_empty());
+        let wait_for = usize::from(reads.tick_pending || !reads.has_room());
         if let Err(e) = reads.ring.submit_and_wait(wait_for) {
             if !transient(&e) {
                 result = Err(io_failure(worker, "io_uring wait", e));
@@ -273,7 +286,8 @@ pub(super) fn run_ring(
         .map_err(|e| io_failure(worker, "io_uring wait at the end", e))?;
     result?;
     let engine = features.join(", ");
-    Ok(tally.finish(&engine, send_interval))
+    let queue = std::mem::replace(&mut reads.limit, InFlightLimit::new(1, false));
+    Ok(tally.finish(&engine, Some(queue.finish(sh.now_ns())), send_interval))
 }
 
 /// How a round of issuing ended.
@@ -300,8 +314,9 @@ fn issue_due(
         if ctx.fell_behind(lag) {
             return Ok(Issued::RunOver);
         }
-        if reads.free.is_empty() {
-            // Reads wait for a slot; a write would overtake them.
+        if !reads.has_room() {
+            // Reads wait for room; a write would overtake them.
+            reads.limit.waited();
             break;
         }
         let ClientOp { due, write, key } = ops.take(now);
@@ -376,7 +391,7 @@ fn reap(
             continue;
         }
         if res == -libc::EAGAIN || res == -libc::EINTR {
-            reads.requeue(index, flight.read, flight.due, flight.started);
+            reads.requeue(index, flight.read, flight.due, flight.started, false);
             continue;
         }
         if res != flight.read.len as i32 {
@@ -398,8 +413,10 @@ fn reap(
         match ctx.store.verify_read(&flight.read, data) {
             Ok(None) => {
                 reads.free.push(index);
+                let service_ns = now - flight.submitted.unwrap_or(flight.started).min(now);
+                reads.limit.completed(service_ns, flight.alone, now);
                 let done = OpDone {
-                    service_ns: Some(now - flight.submitted.unwrap_or(flight.started).min(now)),
+                    service_ns: Some(service_ns),
                     bytes: flight.read.len as u64,
                     offset: Some(flight.read.offset),
                 };
@@ -415,7 +432,7 @@ fn reap(
                 tally.done(false, flight.times(now), done, send_interval);
             }
             Ok(Some(PlannedRead::Device(again))) => {
-                reads.requeue(index, again, flight.due, flight.started);
+                reads.requeue(index, again, flight.due, flight.started, false);
             }
             Err(error) => {
                 reads.free.push(index);

@@ -60,5 +60,5 @@ pub(super) fn run_service_thread(
         now = sh.now_ns();
         tally.done(write, OpTimes { due, started, now }, done, send_interval);
     }
-    Ok(tally.finish("psync", send_interval))
+    Ok(tally.finish("psync", None, send_interval))
 }

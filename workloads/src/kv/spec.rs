@@ -54,6 +54,10 @@ pub struct KvSpec {
     /// Large-block writes with O_DSYNC (ACT's default).
     #[serde(default = "yes")]
     pub dsync: bool,
+    /// A ring keeps fewer than `qd` reads in flight while they queue at the device (see
+    /// `kv::inflight`); false: always up to `qd` (`--qd` on the command line sets this).
+    #[serde(default = "yes")]
+    pub adaptive_qd: bool,
 }
 
 fn act_ratio() -> Ratio {

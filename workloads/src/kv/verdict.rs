@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::act_log::HistogramSnapshot;
+use super::inflight::QueueTally;
 use super::store::KvCounters;
 use crate::act::{self, Derived, SliceVerdict};
 use crate::stats::DirStats;
@@ -97,6 +98,9 @@ pub struct KvOutcome {
     pub behind: Option<(Behind, Duration)>,
     /// The worst lag of client operations behind their schedule.
     pub worst_lag: Duration,
+    /// How the rings' device reads queued, and their limit on reads in flight (None for
+    /// service threads).
+    pub read_queue: Option<QueueTally>,
     pub counters: KvCounters,
     /// ACT's text log: histogram dumps every report interval.
     pub act_log: String,
