@@ -208,6 +208,8 @@ def run_virtgap(binary, device, backing, size, x, duration, probes, workdir):
               if kv.get(key) is False]
     if verdict == "FAIL" and failed:
         verdict += f" ({' and '.join(failed)})"
+    # Every client read is checked against the index: say how many, and how many were wrong.
+    verdict += f"; {reads / 1e6:.2f}M reads checked, {kv['mismatches']} mismatches"
     return {
         "delivered": kv["delivered"]["client_fraction"],
         "lb_delivered": kv["delivered"]["large_block_fraction"],

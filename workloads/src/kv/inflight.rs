@@ -16,7 +16,10 @@
 //!   then waits in the generator, where the client's definition still counts it); when reads
 //!   wait for room while the device keeps them short, more go out. A device that is simply
 //!   slow (every read long, little of it queueing: a cloud volume's milliseconds) keeps its
-//!   depth.
+//!   depth. While reads already wait for room, a lower limit is only a trial, kept if the reads
+//!   per second hold: when the reads were waiting for a CPU (another process running where
+//!   the ring or the device's worker would) rather than for each other, fewer in flight would
+//!   only put the ring further behind.
 //!
 //! `--qd` is the ceiling; given on the command line it is the limit, fixed (the queued share
 //! is still measured).
@@ -35,6 +38,12 @@ const WINDOW_NS: u64 = 10_000_000;
 /// ...and once it holds this many reads (fewer say little of a device).
 const WINDOW_READS: u64 = 16;
 
+/// A lower limit tried while reads wait for room stays only if the reads per second hold to
+/// this share of what they were...
+const TRIAL_KEEPS: f64 = 0.95;
+/// ...else no other is tried for this many windows.
+const TRIAL_COOLDOWN_WINDOWS: u32 = 50;
+
 /// The device's own time is the fastest read that went out alone over this long...
 const ALONE_HORIZON_NS: u64 = 2_000_000_000;
 /// ...and one is sent alone when none has for this long.
@@ -52,6 +61,12 @@ pub struct InFlightLimit {
     last_alone_ns: u64,
     /// Holding new reads until the ring is empty, to send one alone.
     probing: bool,
+    /// A lower limit on trial while reads waited for room: the limit before it, the reads per
+    /// second then, and the windows until it is judged (the one after it took effect). Kept
+    /// only if the reads per second held.
+    trial: Option<(u32, f64, u32)>,
+    /// Windows to go before another trial, after one that cost throughput.
+    trial_cooldown: u32,
     window: Window,
     tally: QueueTally,
 }
@@ -133,6 +148,8 @@ impl InFlightLimit {
             alone: VecDeque::new(),
             last_alone_ns: 0,
             probing: false,
+            trial: None,
+            trial_cooldown: 0,
             window: Window::default(),
             tally: QueueTally {
                 limit_min: ceiling,
@@ -229,11 +246,40 @@ impl InFlightLimit {
         let mean = w.service_ns / w.reads.max(1);
         let mostly_queued =
             w.known_ns > 0 && w.queued_ns as f64 > MOSTLY_QUEUED * w.known_ns as f64;
-        self.limit = if mean > QUEUE_TARGET_NS && mostly_queued {
-            // Multiplicative decrease: the queue drains in a few windows.
-            (self.limit - self.limit / 4)
-                .saturating_sub(u32::from(self.limit < 4))
-                .max(1)
+        let per_s = w.reads as f64 * 1e9 / length.max(1) as f64;
+        // Multiplicative decrease: a queue drains in a few windows.
+        let lower = (self.limit - self.limit / 4)
+            .saturating_sub(u32::from(self.limit < 4))
+            .max(1);
+        self.trial_cooldown = self.trial_cooldown.saturating_sub(1);
+        match self.trial.take() {
+            // The reads out when it began drain first: judge it on the window after.
+            Some((before, per_s_before, left)) if left > 1 => {
+                self.trial = Some((before, per_s_before, left - 1));
+                return;
+            }
+            // A lower limit that cost reads per second while the ring was behind: the reads
+            // were waiting for a CPU or a slow device, not for each other. Back, for a while.
+            Some((before, per_s_before, _)) if per_s < TRIAL_KEEPS * per_s_before => {
+                self.limit = before;
+                self.trial_cooldown = TRIAL_COOLDOWN_WINDOWS;
+                return;
+            }
+            _ => {}
+        }
+        let long_and_queued = mean > QUEUE_TARGET_NS && mostly_queued;
+        self.limit = if long_and_queued && !w.waited {
+            // Keeping up: fewer in flight cannot cost throughput.
+            lower
+        } else if long_and_queued {
+            // Behind: fewer in flight only on trial (a device that slows with depth serves
+            // more at less).
+            if self.trial_cooldown == 0 && lower < self.limit {
+                self.trial = Some((self.limit, per_s, 2));
+                lower
+            } else {
+                self.limit
+            }
         } else if w.waited {
             // Additive increase, by an eighth: back to a deep device's depth in a few dozen
             // windows, without overshooting a shallow one by much.
@@ -350,6 +396,26 @@ mod tests {
             "the schedule was kept: worst lag {worst_lag} ns"
         );
         assert!(adaptive.mean_limit().unwrap() < 32.0, "{adaptive:?}");
+    }
+
+    #[test]
+    fn reads_waiting_for_a_cpu_do_not_lose_their_depth() {
+        // Behind its schedule (reads wait for room), every read long and mostly "queued" (its
+        // completion waits for a busy CPU), and the reads per second are the limit's: each of
+        // the 64 in flight completes 5 times a window whatever else happens. A lower limit
+        // only costs throughput, so it is tried, undone, and not tried again for a while.
+        let mut limit = InFlightLimit::new(64, true);
+        let mut now = 0u64;
+        for i in 0..300_000u64 {
+            now += WINDOW_NS / (u64::from(limit.limit()) * 5);
+            limit.waited();
+            let alone = i % 50_000 == 0;
+            limit.completed(if alone { 10_000 } else { 2_000_000 }, alone, now);
+        }
+        assert_eq!(limit.limit(), 64);
+        let tally = limit.finish(now);
+        assert!(tally.limit_min >= 48, "one step down at a time: {tally:?}");
+        assert!(tally.mean_limit().unwrap() > 60.0, "{tally:?}");
     }
 
     #[test]
