@@ -534,6 +534,11 @@ pub struct KvArgs {
     /// Large-block writes without O_DSYNC (ACT's disable-odsync)
     #[arg(long)]
     pub no_dsync: bool,
+    /// Let each ring keep fewer than --qd reads in flight while they queue at the device: the
+    /// device reads get faster, and the reads held back wait in the ring (the client's
+    /// definition still counts that wait)
+    #[arg(long)]
+    pub adaptive_qd: bool,
 }
 
 impl WorkloadOverrides {
@@ -590,6 +595,7 @@ impl WorkloadOverrides {
                 slice: Typed::value_of(&self.kv.slice),
                 max_lag: Typed::value_of(&self.kv.max_lag),
                 no_dsync: self.kv.no_dsync,
+                adaptive_qd: self.kv.adaptive_qd,
             },
             typed,
         }

@@ -526,6 +526,17 @@ fn doctor_fingerprints_the_host_and_lists_every_probe() {
             let row = probes.iter().find(|r| r["tracepoint"] == tp).unwrap();
             assert_eq!(row["available"], true, "{row}");
         }
+        // Each family's cost over a second of the host's own activity: the wakeup family runs
+        // on every context switch, which a second always has.
+        let cost = &doc["probe_cost"];
+        let families = cost["families"].as_array().expect("measured as root");
+        let wakeup = families
+            .iter()
+            .find(|f| f["family"] == "wakeup")
+            .unwrap_or_else(|| panic!("{cost}"));
+        assert!(wakeup["events_per_s"].as_f64().unwrap() > 0.0, "{wakeup}");
+        assert!(wakeup["ns_per_event"].as_f64().unwrap() > 0.0, "{wakeup}");
+        assert!(text.contains("probe cost over 1 s"), "{text}");
     } else {
         assert!(probes
             .iter()
@@ -835,9 +846,12 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
     let dir = scratch();
     let out_dir = scratch();
     let log = out_dir.path().join("act.log");
-    let out = kv_quick(dir.path(), &["--act-log", log.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = kv_quick(
+        dir.path(),
+        &["--act-log", log.to_str().unwrap(), "--adaptive-qd"],
+    )
+    .output()
+    .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
@@ -865,8 +879,8 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
     }
     assert!(entries(dir.path()).is_empty(), "the temp file is gone");
 
-    // A depth given on the command line is fixed; the queueing is still measured (at 2000
-    // reads/s most reads go out alone).
+    // By default the depth is fixed; the queueing is still measured (at 2000 reads/s most
+    // reads go out alone).
     let out = kv_quick(dir.path(), &["--json", "--ratio", "1:0", "--qd", "8"])
         .output()
         .unwrap();

@@ -334,6 +334,110 @@ struct DoctorJson<'a> {
     capabilities: &'a CapabilityReport,
     map_memory: MapMemoryTotals,
     histogram_self_test: SelfTest,
+    /// Each family's cost over a second of this host's own activity.
+    probe_cost: ProbeCost,
+}
+
+/// Each loaded family's cost over `COST_WINDOW`, or why it could not be measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ProbeCost {
+    pub seconds: f64,
+    pub families: Vec<FamilyCost>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+}
+
+/// How long doctor watches the probes' own cost.
+const COST_WINDOW: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One family's programs over the cost window: how often they ran and what a run cost.
+#[derive(Clone, Debug, Serialize)]
+pub struct FamilyCost {
+    pub family: String,
+    pub events_per_s: f64,
+    /// None when nothing ran.
+    pub ns_per_event: Option<f64>,
+    /// Of one CPU.
+    pub cpu_pct: f64,
+}
+
+/// Each loaded family's cost over `window` of whatever this host does meanwhile (the kernel's
+/// BPF run statistics, held on for the session). Families with no program that ran are listed
+/// with no cost per event: nothing happened for them.
+fn probe_costs(session: &ProbeSession, window: std::time::Duration) -> ProbeCost {
+    if let Some(why) = &session.report.run_stats_unavailable {
+        return ProbeCost {
+            unavailable: Some(why.clone()),
+            ..ProbeCost::default()
+        };
+    }
+    let totals = |programs: Vec<virtgap_probes::model::ProgramStats>| {
+        let mut by_family = std::collections::BTreeMap::<String, (u64, u64)>::new();
+        for p in programs {
+            let e = by_family.entry(p.family).or_default();
+            e.0 += p.run_count;
+            e.1 += p.run_time_ns;
+        }
+        by_family
+    };
+    let before = totals(session.snapshot().programs);
+    let started = std::time::Instant::now();
+    std::thread::sleep(window);
+    let after = totals(session.snapshot().programs);
+    let secs = started.elapsed().as_secs_f64();
+    let families = after
+        .into_iter()
+        .map(|(family, (runs, ns))| {
+            let (runs0, ns0) = before.get(&family).copied().unwrap_or_default();
+            let (runs, ns) = (runs.saturating_sub(runs0), ns.saturating_sub(ns0));
+            FamilyCost {
+                family,
+                events_per_s: runs as f64 / secs,
+                ns_per_event: (runs > 0).then(|| ns as f64 / runs as f64),
+                cpu_pct: ns as f64 / 1e9 / secs * 100.0,
+            }
+        })
+        .collect();
+    ProbeCost {
+        seconds: secs,
+        families,
+        unavailable: None,
+    }
+}
+
+fn write_probe_costs(out: &mut impl Write, cost: &ProbeCost) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "\nprobe cost over {} s of this host's own activity (BPF run statistics):",
+        COST_WINDOW.as_secs()
+    )?;
+    match &cost.unavailable {
+        Some(why) => writeln!(out, "  unavailable: {why}"),
+        None => {
+            let costs = &cost.families;
+            writeln!(
+                out,
+                "  {:<8} {:>12} {:>11} {:>12}",
+                "family", "events/s", "per event", "of one CPU"
+            )?;
+            for c in costs {
+                writeln!(
+                    out,
+                    "  {:<8} {:>12} {:>11} {:>11.3}%",
+                    c.family,
+                    virtgap_workloads::units::count(c.events_per_s),
+                    c.ns_per_event.map_or("- (none)".into(), |ns| {
+                        virtgap_workloads::units::latency(ns)
+                    }),
+                    c.cpu_pct
+                )?;
+            }
+            writeln!(
+                out,
+                "  (per I/O costs need I/O: `virtgap record` prints the probes' overhead per run)"
+            )
+        }
+    }
 }
 
 /// The in-kernel histogram self-test's outcome.
@@ -438,6 +542,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     };
     let session = ProbeSession::load(&mut storage, &config);
     let paths = hypervisor_paths(hypervisor, args.hypervisor.is_some(), &session.report);
+    let probe_cost = probe_costs(&session, COST_WINDOW);
     let rows = probe_rows(&session.report);
     let degraded = degraded_views(&session.report);
     let mut out = std::io::stdout().lock();
@@ -451,6 +556,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
             capabilities: &session.report,
             map_memory: map_memory(&session.report),
             histogram_self_test: histogram_self_test(),
+            probe_cost,
         };
         serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
@@ -496,6 +602,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
         }
     }
     write_map_memory(&mut out, &session.report)?;
+    write_probe_costs(&mut out, &probe_cost)?;
     let selftest = histogram_self_test();
     let verdict = if selftest.ok { "ok" } else { "FAILED" };
     writeln!(

@@ -176,7 +176,7 @@ pub fn queueing_text(q: &KvReadQueueing) -> [String; 2] {
         )
     } else {
         format!(
-            "reads in flight per ring: up to {} (--qd, fixed)",
+            "reads in flight per ring: up to {} (fixed; --adaptive-qd lowers it while reads queue)",
             q.ceiling
         )
     };
@@ -369,7 +369,10 @@ mod tests {
         q.queued_share = None;
         let [queued, limit] = queueing_text(&q);
         assert!(queued.contains("not measured"), "{queued}");
-        assert_eq!(limit, "reads in flight per ring: up to 64 (--qd, fixed)");
+        assert_eq!(
+            limit,
+            "reads in flight per ring: up to 64 (fixed; --adaptive-qd lowers it while reads queue)"
+        );
     }
 
     #[test]

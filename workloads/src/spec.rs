@@ -802,10 +802,6 @@ impl Overrides {
         match (&mut next.kv, self.kv.first_given()) {
             (Some(kv), _) => {
                 self.kv.apply(kv);
-                // A depth given on the command line is the depth: the rings keep to it.
-                if self.qd.is_some() {
-                    kv.adaptive_qd = false;
-                }
                 // ACT's synchronous threads do one operation at a time: `--engine psync`
                 // alone switches a kv workload to them.
                 if self.engine == Some(EngineKind::Psync) && self.qd.is_none() {

@@ -55,8 +55,8 @@ pub struct KvSpec {
     #[serde(default = "yes")]
     pub dsync: bool,
     /// A ring keeps fewer than `qd` reads in flight while they queue at the device (see
-    /// `kv::inflight`); false: always up to `qd` (`--qd` on the command line sets this).
-    #[serde(default = "yes")]
+    /// `kv::inflight`; `--adaptive-qd`); false: up to `qd` always.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub adaptive_qd: bool,
 }
 
@@ -293,6 +293,7 @@ pub struct KvOverrides {
     pub slice: Option<Span>,
     pub max_lag: Option<Span>,
     pub no_dsync: bool,
+    pub adaptive_qd: bool,
 }
 
 impl KvOverrides {
@@ -311,6 +312,7 @@ impl KvOverrides {
             (self.slice.is_some(), "--slice"),
             (self.max_lag.is_some(), "--max-lag"),
             (self.no_dsync, "--no-dsync"),
+            (self.adaptive_qd, "--adaptive-qd"),
         ]
         .into_iter()
         .find_map(|(given, flag)| given.then_some(flag))
@@ -350,6 +352,9 @@ impl KvOverrides {
         }
         if self.no_dsync {
             kv.dsync = false;
+        }
+        if self.adaptive_qd {
+            kv.adaptive_qd = true;
         }
     }
 }
