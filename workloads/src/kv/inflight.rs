@@ -9,9 +9,10 @@
 //!
 //! - A read that went out alone (none of the ring's others in flight) took the device's own
 //!   time; the fastest such read of the last two seconds is the device's time, and a read's
-//!   time beyond it was spent queued. When no read has gone out alone for a second, the ring
-//!   holds new reads until the ones out are done and sends one alone (BBR's ProbeRTT): a pause
-//!   of one drain a second, so the figure is never older than that.
+//!   time beyond it was spent queued (reads when no read went alone in two seconds are not
+//!   counted). An adaptive ring with no read alone for a second holds new reads until the ones
+//!   out are done and sends one alone (BBR's ProbeRTT): a pause of one drain a second, so the
+//!   figure it steers by is never older than that; a fixed-depth ring never pauses.
 //! - When reads take long on average and most of it is queueing, fewer go out at once (a read
 //!   then waits in the generator, where the client's definition still counts it); when reads
 //!   wait for room while the device keeps them short, more go out. A device that is simply
@@ -23,12 +24,9 @@
 //!   get no faster with fewer in flight; fewer would only put the ring behind.
 //!
 //! The queued share is measured on every ring run; the limit adapts only when asked
-//! (`--adaptive-qd`, `[kv] adaptive_qd = true`), with `--qd` its ceiling. It is not the default
-//! because a kv verdict needs both definitions to pass: on this project's 2-vCPU test machine
-//! the adaptive limit took ACT's definition down (a memory-backed loop device at 60x: 0.92% of
-//! reads at or over 1 ms to 0.18%) but, on the disk-backed loop device at 20x, the reads it
-//! held back waited in the ring long enough to fail the client's definition, which the fixed
-//! depth passes.
+//! (`--adaptive-qd`, `[kv] adaptive_qd = true`), with `--qd` its ceiling. It is not the default:
+//! a kv verdict needs both definitions to pass, and a lower depth mostly moves the wait from the
+//! device into the ring (README, "kv", has the figures).
 
 use std::collections::VecDeque;
 
@@ -242,7 +240,7 @@ impl InFlightLimit {
     }
 
     /// What the limit saw, its last window closed.
-    pub fn finish(mut self, now_ns: u64) -> QueueTally {
+    pub fn finish(&mut self, now_ns: u64) -> QueueTally {
         if self.window.reads > 0 {
             self.close_window(now_ns);
         }
@@ -260,11 +258,11 @@ impl InFlightLimit {
         t.queued_ns += u128::from(w.queued_ns);
         t.limit_ns += u128::from(self.limit) * length;
         t.windows_ns += length;
-        if now_ns.saturating_sub(self.last_alone_ns) >= PROBE_EVERY_NS {
-            self.probing = true;
-        }
         if !self.adaptive {
             return;
+        }
+        if now_ns.saturating_sub(self.last_alone_ns) >= PROBE_EVERY_NS {
+            self.probing = true;
         }
         let mean = w.service_ns / w.reads.max(1);
         let mostly_queued =

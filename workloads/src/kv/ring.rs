@@ -2,8 +2,8 @@
 //! the thread's share of the schedule in batches — every operation due by the time the thread
 //! wakes — so a busy thread arms one timer per batch, not one sleep per operation. Writes are
 //! appends to the store's write buffer, done at once; reads of records on the device go to the
-//! ring (up to `qd` in flight, fewer while they queue: see `inflight`) and are checked against
-//! the index as they complete, as the synchronous engine checks them.
+//! ring (up to `qd` in flight; with `--adaptive-qd`, fewer while they queue: see `inflight`) and
+//! are checked against the index as they complete, as the synchronous engine checks them.
 //!
 //! Timing: a read's service time runs from just before the batch holding it is submitted to
 //! when the thread reaps its completion. A thread held up elsewhere (a write waiting for a free
@@ -286,8 +286,8 @@ pub(super) fn run_ring(
         .map_err(|e| io_failure(worker, "io_uring wait at the end", e))?;
     result?;
     let engine = features.join(", ");
-    let queue = std::mem::replace(&mut reads.limit, InFlightLimit::new(1, false));
-    Ok(tally.finish(&engine, Some(queue.finish(sh.now_ns())), send_interval))
+    let queue = reads.limit.finish(sh.now_ns());
+    Ok(tally.finish(&engine, Some(queue), send_interval))
 }
 
 /// How a round of issuing ended.
