@@ -236,6 +236,7 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
         map.disk
     );
     if (found as u64) < BLOCKS * 98 / 100 {
+        let block = session.snapshot().block.unwrap_or_default();
         // Which check the reads failed, so a failure says what went wrong.
         let at_sector: Vec<_> = reads
             .iter()
@@ -256,7 +257,9 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
             "only {found} of {BLOCKS} reads came back at their sector and within their time; \
              {} had a request at their sector, of which {} not 4 KiB reads, {} started before \
              the read, {} issued before starting, {} with the interrupt outside issue..complete, \
-             {} completed after the read returned; {} dropped; first: {:?}",
+             {} completed after the read returned; {} dropped from the slow-request ring; \
+             {} requests lost to full maps, {} completions never seen issued (the session \
+             follows this whole test process, whose other tests do I/O too); first: {:?}",
             at_sector.len(),
             failing(&|r, _, _| r.bytes == 4096 && r.op == BlockOp::Read),
             failing(&|r, b, _| b <= r.start_ns),
@@ -266,6 +269,8 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
                 .is_none_or(|t| r.issue_ns <= t && t <= r.complete_ns)),
             failing(&|r, _, a| r.complete_ns <= a),
             session.snapshot().slow_dropped(),
+            block.dropped,
+            block.unseen,
             slow.iter().take(3).collect::<Vec<_>>()
         );
     }
