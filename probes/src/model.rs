@@ -908,6 +908,18 @@ impl ProbeSnapshot {
         self.block.as_ref().map_or(0, |b| b.slow_dropped)
     }
 
+    /// Runs and run time (ns) of the programs, summed by probe family (empty without run-time
+    /// statistics).
+    pub fn runs_by_family(&self) -> std::collections::BTreeMap<&str, (u64, u64)> {
+        let mut by_family = std::collections::BTreeMap::<&str, (u64, u64)>::new();
+        for p in &self.programs {
+            let e = by_family.entry(p.family.as_str()).or_default();
+            e.0 += p.run_count;
+            e.1 += p.run_time_ns;
+        }
+        by_family
+    }
+
     /// The activity between `earlier` and this snapshot.
     pub fn since(&self, earlier: &Self) -> Self {
         fn pair<T>(a: &Option<T>, b: &Option<T>, f: impl Fn(&T, &T) -> T) -> Option<T>

@@ -371,31 +371,18 @@ fn probe_costs(session: &ProbeSession, window: std::time::Duration) -> ProbeCost
             ..ProbeCost::default()
         };
     }
-    let totals = |programs: Vec<virtgap_probes::model::ProgramStats>| {
-        let mut by_family = std::collections::BTreeMap::<String, (u64, u64)>::new();
-        for p in programs {
-            let e = by_family.entry(p.family).or_default();
-            e.0 += p.run_count;
-            e.1 += p.run_time_ns;
-        }
-        by_family
-    };
-    let before = totals(session.snapshot().programs);
-    let started = std::time::Instant::now();
+    let before = session.snapshot();
     std::thread::sleep(window);
-    let after = totals(session.snapshot().programs);
-    let secs = started.elapsed().as_secs_f64();
-    let families = after
+    let during = session.snapshot().since(&before);
+    let secs = during.elapsed_ns as f64 / 1e9;
+    let families = during
+        .runs_by_family()
         .into_iter()
-        .map(|(family, (runs, ns))| {
-            let (runs0, ns0) = before.get(&family).copied().unwrap_or_default();
-            let (runs, ns) = (runs.saturating_sub(runs0), ns.saturating_sub(ns0));
-            FamilyCost {
-                family,
-                events_per_s: runs as f64 / secs,
-                ns_per_event: (runs > 0).then(|| ns as f64 / runs as f64),
-                cpu_pct: ns as f64 / 1e9 / secs * 100.0,
-            }
+        .map(|(family, (runs, ns))| FamilyCost {
+            family: family.to_string(),
+            events_per_s: runs as f64 / secs,
+            ns_per_event: (runs > 0).then(|| ns as f64 / runs as f64),
+            cpu_pct: ns as f64 / 1e9 / secs * 100.0,
         })
         .collect();
     ProbeCost {

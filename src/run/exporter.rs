@@ -595,12 +595,7 @@ impl Exporter {
                 vec![number(vec![], pids.len() as f64)],
             ));
         }
-        let mut by_family: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-        for p in &total.programs {
-            let e = by_family.entry(p.family.as_str()).or_default();
-            e.0 += p.run_count;
-            e.1 += p.run_time_ns;
-        }
+        let by_family = total.runs_by_family();
         if !by_family.is_empty() {
             out.push(family(
                 "virtgap_probe_runs",

@@ -15,8 +15,8 @@ pub(crate) use buffer::slot_buffers;
 pub use buffer::AlignedBuffer;
 pub use null::NullEngine;
 pub use psync::PsyncEngine;
-pub(crate) use uring::build_ring;
 pub use uring::UringEngine;
+pub(crate) use uring::{build_ring, Registered};
 
 /// Direction of one I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

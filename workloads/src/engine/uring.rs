@@ -14,12 +14,93 @@ use super::{
     Wait,
 };
 
+/// How a ring reaches its file and buffers: registered with it where the kernel (and
+/// RLIMIT_MEMLOCK) allowed, so a request skips the file lookup and the page pinning.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Registered {
+    raw_fd: i32,
+    /// The file is the ring's registered file 0.
+    fixed_file: bool,
+    /// Buffer `slot` is the ring's registered buffer `slot`.
+    fixed_buffers: bool,
+}
+
+impl Registered {
+    /// Registers the ring's fd, `raw_fd` and `buffers` (buffer index = slot) with `ring`, each
+    /// where allowed, naming what it got in `features`; `fixed_ops`: the kernel has
+    /// READ_FIXED/WRITE_FIXED.
+    ///
+    /// # Safety
+    /// `buffers` must stay allocated and unmoved until `ring` is dropped.
+    pub(crate) unsafe fn register<'b>(
+        ring: &IoUring,
+        raw_fd: i32,
+        buffers: impl IntoIterator<Item = &'b mut AlignedBuffer>,
+        fixed_ops: bool,
+        features: &mut Vec<&'static str>,
+    ) -> Self {
+        if ring.submitter().register_ring_fd().is_ok() {
+            features.push("registered ring");
+        }
+        let fixed_file = ring.submitter().register_files(&[raw_fd]).is_ok();
+        if fixed_file {
+            features.push("registered file");
+        }
+        let iovecs: Vec<libc::iovec> = buffers.into_iter().map(AlignedBuffer::iovec).collect();
+        // SAFETY: every iovec points into one of `buffers`, which the caller keeps alive and in
+        // place for the ring's life.
+        let fixed_buffers =
+            fixed_ops && unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
+        // Typically RLIMIT_MEMLOCK too small for the pinned pages; plain buffers still work.
+        features.push(if fixed_buffers {
+            "fixed buffers"
+        } else {
+            "unregistered buffers"
+        });
+        Self {
+            raw_fd,
+            fixed_file,
+            fixed_buffers,
+        }
+    }
+
+    /// The request to read (`write`: write) `len` bytes at `offset` of the file into (from)
+    /// `buf`, slot `slot`'s buffer, by the registered file and buffer where there are.
+    pub(crate) fn sqe(
+        &self,
+        write: bool,
+        buf: *mut u8,
+        len: u32,
+        offset: u64,
+        slot: u16,
+    ) -> squeue::Entry {
+        let fd = types::Fd(self.raw_fd);
+        let file = types::Fixed(0);
+        match (write, self.fixed_file, self.fixed_buffers) {
+            (false, true, true) => opcode::ReadFixed::new(file, buf, len, slot)
+                .offset(offset)
+                .build(),
+            (true, true, true) => opcode::WriteFixed::new(file, buf, len, slot)
+                .offset(offset)
+                .build(),
+            (false, true, false) => opcode::Read::new(file, buf, len).offset(offset).build(),
+            (true, true, false) => opcode::Write::new(file, buf, len).offset(offset).build(),
+            (false, false, true) => opcode::ReadFixed::new(fd, buf, len, slot)
+                .offset(offset)
+                .build(),
+            (true, false, true) => opcode::WriteFixed::new(fd, buf, len, slot)
+                .offset(offset)
+                .build(),
+            (false, false, false) => opcode::Read::new(fd, buf, len).offset(offset).build(),
+            (true, false, false) => opcode::Write::new(fd, buf, len).offset(offset).build(),
+        }
+    }
+}
+
 pub struct UringEngine {
     ring: IoUring<squeue::Entry, cqueue::Entry>,
-    raw_fd: i32,
     buffers: Vec<AlignedBuffer>,
-    fixed_file: bool,
-    fixed_buffers: bool,
+    access: Registered,
     ext_arg: bool,
     unsubmitted: u32,
     features: Vec<&'static str>,
@@ -38,36 +119,23 @@ impl UringEngine {
         if !probe.is_supported(opcode::Read::CODE) || !probe.is_supported(opcode::Write::CODE) {
             return Err(EngineError::Unsupported("IORING_OP_READ/WRITE"));
         }
-        if ring.submitter().register_ring_fd().is_ok() {
-            features.push("registered ring");
-        }
-
-        let raw_fd = cfg.file.as_raw_fd();
-        let fixed_file = ring.submitter().register_files(&[raw_fd]).is_ok();
-        if fixed_file {
-            features.push("registered file");
-        }
-
         let mut buffers = slot_buffers(cfg.slots, cfg.buffer_len, cfg.buffer_align)?;
-        let iovecs: Vec<libc::iovec> = buffers.iter_mut().map(AlignedBuffer::iovec).collect();
-        // SAFETY: every iovec points into an AlignedBuffer owned by this engine, whose heap
-        // allocation does not move and outlives the ring (the ring is dropped first: field order
-        // drops `ring` before `buffers`).
-        let fixed_buffers = probe.is_supported(opcode::ReadFixed::CODE)
-            && unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
-        if fixed_buffers {
-            features.push("fixed buffers");
-        } else {
-            // Typically RLIMIT_MEMLOCK too small for the pinned pages; plain buffers still work.
-            features.push("unregistered buffers");
-        }
+        // SAFETY: the buffers are owned by this engine, their heap allocations do not move, and
+        // the ring is dropped first (field order drops `ring` before `buffers`).
+        let access = unsafe {
+            Registered::register(
+                &ring,
+                cfg.file.as_raw_fd(),
+                &mut buffers,
+                probe.is_supported(opcode::ReadFixed::CODE),
+                &mut features,
+            )
+        };
         let ext_arg = ring.params().is_feature_ext_arg();
         Ok(Self {
             ring,
-            raw_fd,
             buffers,
-            fixed_file,
-            fixed_buffers,
+            access,
             ext_arg,
             unsubmitted: 0,
             features,
@@ -131,42 +199,13 @@ impl Engine for UringEngine {
 
     fn queue(&mut self, req: IoRequest) -> Result<(), EngineError> {
         let buf = self.buffers[req.slot as usize].as_mut_ptr();
-        let entry = match (req.dir, self.fixed_file, self.fixed_buffers) {
-            (IoDir::Read, true, true) => {
-                opcode::ReadFixed::new(types::Fixed(0), buf, req.len, req.slot as u16)
-                    .offset(req.offset)
-                    .build()
-            }
-            (IoDir::Write, true, true) => {
-                opcode::WriteFixed::new(types::Fixed(0), buf, req.len, req.slot as u16)
-                    .offset(req.offset)
-                    .build()
-            }
-            (IoDir::Read, true, false) => opcode::Read::new(types::Fixed(0), buf, req.len)
-                .offset(req.offset)
-                .build(),
-            (IoDir::Write, true, false) => opcode::Write::new(types::Fixed(0), buf, req.len)
-                .offset(req.offset)
-                .build(),
-            (IoDir::Read, false, true) => {
-                opcode::ReadFixed::new(types::Fd(self.raw_fd), buf, req.len, req.slot as u16)
-                    .offset(req.offset)
-                    .build()
-            }
-            (IoDir::Write, false, true) => {
-                opcode::WriteFixed::new(types::Fd(self.raw_fd), buf, req.len, req.slot as u16)
-                    .offset(req.offset)
-                    .build()
-            }
-            (IoDir::Read, false, false) => opcode::Read::new(types::Fd(self.raw_fd), buf, req.len)
-                .offset(req.offset)
-                .build(),
-            (IoDir::Write, false, false) => {
-                opcode::Write::new(types::Fd(self.raw_fd), buf, req.len)
-                    .offset(req.offset)
-                    .build()
-            }
-        };
+        let entry = self.access.sqe(
+            req.dir == IoDir::Write,
+            buf,
+            req.len,
+            req.offset,
+            req.slot as u16,
+        );
         let entry = entry.user_data(u64::from(req.slot));
         // The SQ has as many entries as there are slots and a slot is queued at most once
         // before it completes, so the queue cannot be full; if it somehow is, submit first.

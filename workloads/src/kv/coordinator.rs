@@ -438,8 +438,10 @@ impl ClientTotals {
                     read.merge(&s.client_read);
                     write.merge(&s.client_write);
                     worst_lag_ns = worst_lag_ns.max(s.device.max_lag_ns);
-                    if let Some(q) = &s.queue {
-                        queue.get_or_insert_with(QueueTally::default).merge(q);
+                    match (&mut queue, &s.queue) {
+                        (Some(all), Some(q)) => all.merge(q),
+                        (None, q) => queue = *q,
+                        (Some(_), None) => {}
                     }
                     s.device
                 })

@@ -57,9 +57,7 @@ const PROBE_EVERY_NS: u64 = 1_000_000_000;
 /// A ring's limit on its reads in flight.
 #[derive(Debug)]
 pub struct InFlightLimit {
-    ceiling: u32,
     limit: u32,
-    adaptive: bool,
     /// (when, how long) of reads that went out alone, fastest last: a monotonic queue of the
     /// horizon's minimum.
     alone: VecDeque<(u64, u64)>,
@@ -135,18 +133,13 @@ impl QueueTally {
 
     /// Adds another ring's tally.
     pub fn merge(&mut self, other: &QueueTally) {
-        let first = self.windows_ns == 0 && self.reads == 0;
         self.reads += other.reads;
         self.service_ns += other.service_ns;
         self.known_ns += other.known_ns;
         self.queued_ns += other.queued_ns;
         self.limit_ns += other.limit_ns;
         self.windows_ns += other.windows_ns;
-        self.limit_min = if first {
-            other.limit_min
-        } else {
-            self.limit_min.min(other.limit_min)
-        };
+        self.limit_min = self.limit_min.min(other.limit_min);
         self.limit_max = self.limit_max.max(other.limit_max);
         self.ceiling = self.ceiling.max(other.ceiling);
         self.adaptive |= other.adaptive;
@@ -159,9 +152,7 @@ impl InFlightLimit {
     pub fn new(ceiling: u32, adaptive: bool) -> Self {
         let ceiling = ceiling.max(1);
         Self {
-            ceiling,
             limit: ceiling,
-            adaptive,
             alone: VecDeque::new(),
             last_alone_ns: 0,
             probing: false,
@@ -258,7 +249,7 @@ impl InFlightLimit {
         t.queued_ns += u128::from(w.queued_ns);
         t.limit_ns += u128::from(self.limit) * length;
         t.windows_ns += length;
-        if !self.adaptive {
+        if !t.adaptive {
             return;
         }
         if now_ns.saturating_sub(self.last_alone_ns) >= PROBE_EVERY_NS {
@@ -311,7 +302,7 @@ impl InFlightLimit {
         } else if w.waited {
             // Additive increase, by an eighth: back to a deep device's depth in a few dozen
             // windows, without overshooting a shallow one by much.
-            (self.limit + (self.limit / 8).max(1)).min(self.ceiling)
+            (self.limit + (self.limit / 8).max(1)).min(t.ceiling)
         } else {
             self.limit
         };

@@ -16,7 +16,7 @@ use io_uring::{opcode, types, IoUring};
 use super::client::{ClientContext, ClientOp, ClientOps, ClientTally, OpTimes, ServiceResult};
 use super::inflight::InFlightLimit;
 use super::store::{DeviceRead, KvError, OpDone, PlannedRead};
-use crate::engine::AlignedBuffer;
+use crate::engine::{AlignedBuffer, Registered};
 use crate::run::WorkloadError;
 use crate::stats::IntervalSample;
 
@@ -65,11 +65,8 @@ struct Slot {
 struct Reads {
     /// Dropped before `slots`: the buffers registered with it outlive it.
     ring: IoUring,
-    fd: types::Fd,
-    /// The store's file is registered with the ring (index 0): no file lookup per read.
-    fixed_file: bool,
-    /// The slots' buffers are registered (buffer index = slot): no page pinning per read.
-    fixed_buffers: bool,
+    /// How reads reach the store's file and the slots' buffers.
+    access: Registered,
     slots: Vec<Slot>,
     free: Vec<usize>,
     /// How many of the slots may be in flight now.
@@ -102,31 +99,22 @@ impl Reads {
             });
         }
         // As fio's registerfiles and fixedbufs: at a few hundred thousand reads a second the
-        // per-read file lookup and page pinning were a tenth of the thread's CPU. Either is
-        // optional (an old kernel, or RLIMIT_MEMLOCK too small for the pinned pages).
-        let fd = ctx.store.read_fd();
-        let fixed_file = ring.submitter().register_files(&[fd]).is_ok();
-        let iovecs: Vec<libc::iovec> = slots.iter_mut().map(|s| s.buf.iovec()).collect();
-        // SAFETY: every iovec points into a slot's buffer, owned by this struct, whose heap
-        // allocation does not move and outlives the ring (`ring` is dropped before `slots`;
-        // `Drop` leaks the buffers rather than free them under a read in flight).
-        let fixed_buffers = unsafe { ring.submitter().register_buffers(&iovecs) }.is_ok();
-        if ring.submitter().register_ring_fd().is_ok() {
-            features.push("registered ring");
-        }
-        if fixed_file {
-            features.push("registered file");
-        }
-        features.push(if fixed_buffers {
-            "fixed buffers"
-        } else {
-            "unregistered buffers"
-        });
+        // per-read file lookup and page pinning were a tenth of the thread's CPU.
+        // SAFETY: the slots' buffers are owned by this struct, their heap allocations do not
+        // move, and they outlive the ring (`ring` is dropped before `slots`; `Drop` leaks the
+        // buffers rather than free them under a read in flight).
+        let access = unsafe {
+            Registered::register(
+                &ring,
+                ctx.store.read_fd(),
+                slots.iter_mut().map(|s| &mut s.buf),
+                true,
+                features,
+            )
+        };
         Ok(Self {
             ring,
-            fd: types::Fd(fd),
-            fixed_file,
-            fixed_buffers,
+            access,
             slots,
             free: (0..qd).rev().collect(),
             limit: InFlightLimit::new(qd as u32, ctx.adaptive_qd),
@@ -152,22 +140,16 @@ impl Reads {
 
     fn requeue(&mut self, index: usize, read: DeviceRead, due: u64, started: u64, alone: bool) {
         let slot = &mut self.slots[index];
-        let (buf, len) = (slot.buf.as_mut_ptr(), read.len as u32);
-        let sqe = match (self.fixed_file, self.fixed_buffers) {
-            (true, true) => opcode::ReadFixed::new(types::Fixed(0), buf, len, index as u16)
-                .offset(read.offset)
-                .build(),
-            (true, false) => opcode::Read::new(types::Fixed(0), buf, len)
-                .offset(read.offset)
-                .build(),
-            (false, true) => opcode::ReadFixed::new(self.fd, buf, len, index as u16)
-                .offset(read.offset)
-                .build(),
-            (false, false) => opcode::Read::new(self.fd, buf, len)
-                .offset(read.offset)
-                .build(),
-        }
-        .user_data(index as u64);
+        let sqe = self
+            .access
+            .sqe(
+                false,
+                slot.buf.as_mut_ptr(),
+                read.len as u32,
+                read.offset,
+                index as u16,
+            )
+            .user_data(index as u64);
         slot.read = Some(InFlight {
             read,
             due,
