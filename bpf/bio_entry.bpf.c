@@ -18,11 +18,13 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 SEC("fentry/submit_bio_noacct")
 int BPF_PROG(bio_entry_fentry, struct bio *bio)
 {
-	return vg_note_bio_entry(bio);
+	vg_note_bio_entry(bio);
+	return 0;
 }
 
 SEC("kprobe/submit_bio_noacct")
 int BPF_KPROBE(bio_entry_kprobe, struct bio *bio)
 {
-	return vg_note_bio_entry(bio);
+	vg_note_bio_entry(bio);
+	return 0;
 }

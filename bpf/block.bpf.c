@@ -7,8 +7,8 @@
  * completed in parts ends at its last part. A flush (REQ_OP_FLUSH, or an empty PREFLUSH write:
  * fsync's cache flush) is never issued itself; the block layer issues a per-queue flush command
  * on its behalf, so its one stage is start -> completion, recorded as op "flush", stage device.
- * Requests are keyed by `struct request *` from their start to their completion (or their merge
- * into another request). Also counts submitting CPU x completing CPU pairs.
+ * Requests are tracked by `struct request *` from their start to their completion (or their
+ * merge into another request). Also counts submitting CPU x completing CPU pairs.
  *
  * Device time ends where the guest learns of the completion: the entry of the interrupt
  * handler serving the request's hardware queue (user space maps queues to IRQs from sysfs and
@@ -73,13 +73,33 @@ struct rq_track {
 	__u32 pad;
 };
 
-/* Requests in flight, from start (or first issue) to completion; user space sizes it. */
+/* A request slot: the request it serves (0: free) and that request's state. */
+struct rq_slot {
+	__u64 rq;
+	struct rq_track t;
+};
+
+/*
+ * Requests in flight, from start (or first issue) to completion, in slots addressed by a hash
+ * of the request's address. An array rather than a hash map: the verifier inlines its lookups,
+ * and taking or freeing a slot is a store, where the hash map took a bucket lock and an element
+ * from its free list at every start and gave it back at every completion (half of the family's
+ * cost per I/O). A request takes the first free slot of the VG_REQUEST_PROBES from its home; when
+ * all hold other requests it is not tracked (counted as dropped). Requests live in the block
+ * layer's preallocated pools, so the address of one whose end went unseen comes back, and its
+ * next start finds and reuses its old slot. Two CPUs taking the same free slot in the same few
+ * nanoseconds would both write it (5.10's BPF has no compare-and-swap): the later keeps it, the
+ * other request goes unseen. User space sizes it (a power of two) and sets the mask.
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, VG_MAX_INFLIGHT);
-	__type(key, __u64);
-	__type(value, struct rq_track);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, VG_REQUEST_SLOTS);
+	__type(key, __u32);
+	__type(value, struct rq_slot);
 } requests SEC(".maps");
+
+/* The slot count less one (set by user space with the map's size). */
+const volatile __u32 request_slot_mask = VG_REQUEST_SLOTS - 1;
 
 /*
  * Before 6.5 with a filter: the followed process's bios not yet seen as a request's first
@@ -154,6 +174,89 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } counters SEC(".maps");
+
+/* Fibonacci hashing: consecutive values spread over the whole array. */
+static __always_inline __u32 spread(__u64 v)
+{
+	return (__u32)((v * 0x9e3779b97f4a7c15ULL) >> 32);
+}
+
+/*
+ * Where `rq` may be kept: `*first`, its first choice, and `*name`, from which the others are
+ * hashed. First choices keep a queue's requests side by side, so the requests in flight share
+ * cache lines and pages (the array is far larger than a cache; spread first choices cost about
+ * a sixth of the family's time per I/O in a VM). A raw_tp program sees the request's address as
+ * an integer (requests are cache-line aligned and side by side in their pools); a tp_btf program
+ * sees a typed pointer, on which the verifier allows no arithmetic, so it takes the request's
+ * place in its pool: its queue's id and hardware queue, spread, plus its tag (the scheduler's
+ * tag where the queue has a scheduler: a driver tag is given only at dispatch). The other
+ * choices step from the first by an odd stride hashed from the name (double hashing: distinct
+ * slots, and two requests that share a first choice part ways), for when another queue's
+ * requests hold it.
+ */
+static __always_inline void request_place(struct request *rq, bool btf, __u32 *first, __u64 *name)
+{
+	if (btf) {
+		__u64 queue = ((__u64)(__u32)rq->q->id << 20) ^ rq->mq_hctx->queue_num;
+		int tag = rq->internal_tag;
+
+		if (tag < 0)
+			tag = rq->tag;
+		*first = spread(queue) + (__u32)tag;
+		*name = (queue << 32) ^ (__u32)tag;
+	} else {
+		*first = (__u32)((__u64)rq >> 6);
+		*name = (__u64)rq >> 6;
+	}
+}
+
+/* `rq`'s slot, or with `claim` and none yet, the first free one of its probes (NULL: none). */
+static __always_inline struct rq_slot *request_slot(struct request *rq, bool btf, bool claim)
+{
+	struct rq_slot *free = NULL;
+	__u32 first, stride;
+	__u64 name;
+
+	request_place(rq, btf, &first, &name);
+	stride = spread(name) | 1;
+#pragma unroll
+	for (__u32 i = 0; i < VG_REQUEST_PROBES; i++) {
+		__u32 index = (first + i * stride) & request_slot_mask;
+		struct rq_slot *s = bpf_map_lookup_elem(&requests, &index);
+
+		if (!s)
+			break;
+		if (s->rq == (__u64)rq)
+			return s;
+		if (!free && !s->rq)
+			free = s;
+	}
+	return claim ? free : NULL;
+}
+
+/* Forgets `rq` (merged away, or not the followed process's). */
+static __always_inline void release_request(struct request *rq, bool btf)
+{
+	struct rq_slot *s = request_slot(rq, btf, false);
+
+	if (s)
+		s->rq = 0;
+}
+
+/* `rq`'s slot, taken for `fresh` (NULL: every probe holds another request). */
+static __always_inline struct rq_slot *track_request(struct request *rq, bool btf,
+						    struct rq_track *fresh)
+{
+	struct rq_slot *s = request_slot(rq, btf, true);
+
+	if (!s) {
+		vg_bump(&counters, VG_BLOCK_DROPPED);
+		return NULL;
+	}
+	s->t = *fresh;
+	s->rq = (__u64)rq;
+	return s;
+}
 
 /* The IRQ serving each hardware queue (filled by user space before attaching). */
 struct {
@@ -246,8 +349,9 @@ static __always_inline struct vg_block_hists *hists_of(struct vg_block_key *key)
 }
 
 /*
- * Set by user space once bio entries are noted (bio_entry.bpf.c attached, or block_bio_remap
- * here): until then bio_entry stays empty.
+ * Whether bio_entry may hold notes: set by user space when bio_entry.bpf.c attached, and here by
+ * the first bio block_bio_remap notes (a whole disk's bios are never remapped: every request
+ * start on it is then spared a lookup that cannot find anything).
  */
 bool bio_entry_noted = false;
 
@@ -275,7 +379,6 @@ static __always_inline __u64 take_bio_entry(struct request *rq, bool btf, __u64 
 
 static __always_inline int on_io_start(struct request *rq, bool btf)
 {
-	__u64 key = (__u64)rq;
 	struct rq_track fresh = {
 		.start_ns = bpf_ktime_get_ns(),
 		.tid = (__u32)bpf_get_current_pid_tgid(),
@@ -290,7 +393,7 @@ static __always_inline int on_io_start(struct request *rq, bool btf)
 	entered = take_bio_entry(rq, btf, fresh.start_ns);
 	if (!entered && !vg_current_wanted()) {
 		/* The address may have served one of ours that was merged away. */
-		bpf_map_delete_elem(&requests, &key);
+		release_request(rq, btf);
 		return 0;
 	}
 	if (entered) {
@@ -300,8 +403,7 @@ static __always_inline int on_io_start(struct request *rq, bool btf)
 	cmd_flags = btf ? rq->cmd_flags : BPF_CORE_READ(rq, cmd_flags);
 	data_len = btf ? rq->__data_len : BPF_CORE_READ(rq, __data_len);
 	fresh.flush = op_of_request(cmd_flags, data_len) == VG_OP_FLUSH;
-	if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY))
-		vg_bump(&counters, VG_BLOCK_DROPPED);
+	track_request(rq, btf, &fresh);
 	return 0;
 }
 
@@ -379,28 +481,26 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 
 static __always_inline int on_issue(struct request *rq, bool btf)
 {
-	__u64 key = (__u64)rq, now = bpf_ktime_get_ns();
+	__u64 now = bpf_ktime_get_ns();
+	struct rq_slot *s;
 	struct rq_track *t;
 	bool first_issue;
 
 	if (!rq)
 		return 0;
-	t = bpf_map_lookup_elem(&requests, &key);
-	if (!t) {
+	s = request_slot(rq, btf, false);
+	if (!s) {
 		struct rq_track fresh = { .tid = (__u32)bpf_get_current_pid_tgid() };
 
 		/* With block_io_start, a request not seen starting is not ours (or predates us). */
 		if (have_io_start ||
 		    !claim_by_bio(rq, btf, now, &fresh.start_ns, &fresh.from_entry))
 			return 0;
-		if (bpf_map_update_elem(&requests, &key, &fresh, BPF_ANY)) {
-			vg_bump(&counters, VG_BLOCK_DROPPED);
-			return 0;
-		}
-		t = bpf_map_lookup_elem(&requests, &key);
-		if (!t)
+		s = track_request(rq, btf, &fresh);
+		if (!s)
 			return 0;
 	}
+	t = &s->t;
 	first_issue = !t->issue_ns;
 	/* A requeued request is issued again: its device time counts from this issue. */
 	fill_key(rq, btf, t);
@@ -413,12 +513,10 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 	return 0;
 }
 
-static __always_inline int on_merge(struct request *rq)
+static __always_inline int on_merge(struct request *rq, bool btf)
 {
-	__u64 key = (__u64)rq;
-
 	/* Merged into another request: it will never complete under this address. */
-	bpf_map_delete_elem(&requests, &key);
+	release_request(rq, btf);
 	return 0;
 }
 
@@ -503,19 +601,21 @@ static __always_inline void emit_if_slow(struct rq_track *t, __u64 device_end, _
 static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsigned int nr_bytes,
 				       bool btf)
 {
-	__u64 key = (__u64)rq, now = bpf_ktime_get_ns(), delta, device_end;
+	__u64 now = bpf_ktime_get_ns(), delta, device_end;
 	struct vg_block_hists *h;
+	struct rq_slot *s;
 	struct rq_track *t;
 
 	if (!rq)
 		return 0;
-	t = bpf_map_lookup_elem(&requests, &key);
-	if (!t)
+	s = request_slot(rq, btf, false);
+	if (!s)
 		return 0;
+	t = &s->t;
 	count_error(raw_error);
 	if (!t->issue_ns) {
 		complete_unissued(rq, btf, t, now);
-		bpf_map_delete_elem(&requests, &key);
+		s->rq = 0;
 		return 0;
 	}
 	/* A partial completion: the rest of the request is still with the device. */
@@ -549,7 +649,7 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 		emit_if_slow(t, device_end, now);
 	}
 done:
-	bpf_map_delete_elem(&requests, &key);
+	s->rq = 0;
 	return 0;
 }
 
@@ -642,30 +742,37 @@ int BPF_PROG(block_split_q_raw, struct request_queue *q, struct bio *bio, unsign
  * submitter's context and before blk-throttle: where no hook on that function loaded, its
  * entry is noted here (user space leaves these programs out where the hook attached).
  */
+static __always_inline int note_remapped_bio(struct bio *bio)
+{
+	if (vg_note_bio_entry(bio) && !bio_entry_noted)
+		bio_entry_noted = true;
+	return 0;
+}
+
 SEC("tp_btf/block_bio_remap")
 int BPF_PROG(block_bio_remap_btf, struct bio *bio, dev_t dev, sector_t from)
 {
-	return vg_note_bio_entry(bio);
+	return note_remapped_bio(bio);
 }
 
 SEC("raw_tp/block_bio_remap")
 int BPF_PROG(block_bio_remap_raw, struct bio *bio, dev_t dev, sector_t from)
 {
-	return vg_note_bio_entry(bio);
+	return note_remapped_bio(bio);
 }
 
 SEC("tp_btf/block_bio_remap")
 int BPF_PROG(block_bio_remap_q_btf, struct request_queue *q, struct bio *bio, dev_t dev,
 	     sector_t from)
 {
-	return vg_note_bio_entry(bio);
+	return note_remapped_bio(bio);
 }
 
 SEC("raw_tp/block_bio_remap")
 int BPF_PROG(block_bio_remap_q_raw, struct request_queue *q, struct bio *bio, dev_t dev,
 	     sector_t from)
 {
-	return vg_note_bio_entry(bio);
+	return note_remapped_bio(bio);
 }
 
 SEC("tp_btf/block_rq_issue")
@@ -695,34 +802,32 @@ int BPF_PROG(block_rq_issue_q_raw, struct request_queue *q, struct request *rq)
 SEC("tp_btf/block_rq_merge")
 int BPF_PROG(block_rq_merge_btf, struct request *rq)
 {
-	return on_merge(rq);
+	return on_merge(rq, true);
 }
 
 SEC("raw_tp/block_rq_merge")
 int BPF_PROG(block_rq_merge_raw, struct request *rq)
 {
-	return on_merge(rq);
+	return on_merge(rq, false);
 }
 
 SEC("tp_btf/block_rq_merge")
 int BPF_PROG(block_rq_merge_q_btf, struct request_queue *q, struct request *rq)
 {
-	return on_merge(rq);
+	return on_merge(rq, true);
 }
 
 SEC("raw_tp/block_rq_merge")
 int BPF_PROG(block_rq_merge_q_raw, struct request_queue *q, struct request *rq)
 {
-	return on_merge(rq);
+	return on_merge(rq, false);
 }
 
 /* Requeues are counted; the next issue restarts device time (see on_issue). */
 SEC("tp_btf/block_rq_requeue")
 int BPF_PROG(block_rq_requeue_btf, struct request *rq)
 {
-	__u64 key = (__u64)rq;
-
-	if (bpf_map_lookup_elem(&requests, &key))
+	if (request_slot(rq, true, false))
 		vg_bump(&counters, VG_BLOCK_REQUEUED);
 	return 0;
 }
@@ -730,9 +835,7 @@ int BPF_PROG(block_rq_requeue_btf, struct request *rq)
 SEC("raw_tp/block_rq_requeue")
 int BPF_PROG(block_rq_requeue_raw, struct request *rq)
 {
-	__u64 key = (__u64)rq;
-
-	if (bpf_map_lookup_elem(&requests, &key))
+	if (request_slot(rq, false, false))
 		vg_bump(&counters, VG_BLOCK_REQUEUED);
 	return 0;
 }
@@ -758,3 +861,4 @@ struct vg_slow_request vg_abi_slow_request = {};
 enum vg_block_stage vg_abi_block_stage = VG_STAGE_QUEUE;
 enum vg_block_op vg_abi_block_op = VG_OP_READ;
 enum vg_block_counter vg_abi_block_counter = VG_BLOCK_DROPPED;
+enum vg_limits vg_abi_limits = VG_REQUEST_PROBES;

@@ -27,20 +27,20 @@ struct {
 } bio_entry SEC(".maps");
 
 /*
- * Notes `bio` as entering now, if it is the followed process's. The latest entry wins: md and
- * dm pass a bio on, and a recycled bio starts anew. Another context's submission leaves the
- * note alone: on older kernels (5.10) blk-throttle's worker submits a held bio again, and the
- * note is its entry (a note left by a bio merged away ages out: VG_BIO_ENTRY_MAX_AGE_NS).
+ * Notes `bio` as entering now, if it is the followed process's (true: noted). The latest entry
+ * wins: md and dm pass a bio on, and a recycled bio starts anew. Another context's submission
+ * leaves the note alone: on older kernels (5.10) blk-throttle's worker submits a held bio
+ * again, and the note is its entry (a note left by a bio merged away ages out:
+ * VG_BIO_ENTRY_MAX_AGE_NS).
  */
-static __always_inline int vg_note_bio_entry(struct bio *bio)
+static __always_inline bool vg_note_bio_entry(struct bio *bio)
 {
 	__u64 key = (__u64)bio, now;
 
 	if (!bio || !vg_current_wanted())
-		return 0;
+		return false;
 	now = bpf_ktime_get_ns();
-	bpf_map_update_elem(&bio_entry, &key, &now, BPF_ANY);
-	return 0;
+	return bpf_map_update_elem(&bio_entry, &key, &now, BPF_ANY) == 0;
 }
 
 #endif /* VG_BIO_ENTRY_BPF_H */

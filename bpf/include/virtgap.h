@@ -18,6 +18,12 @@ enum vg_limits {
 	 */
 	/* Requests tracked between their start and completion. */
 	VG_MAX_INFLIGHT = 16384,
+	/*
+	 * The block family's request slots (a power of two; user space sizes it), and how many
+	 * consecutive slots from its home a request may take.
+	 */
+	VG_REQUEST_SLOTS = 32768,
+	VG_REQUEST_PROBES = 4,
 	/* Histogram keys: (device, hardware queue, op, stage) combinations. */
 	VG_MAX_BLOCK_HISTS = 256,
 	/* Hardware queues with a known IRQ, and those IRQs (user space sizes both). */

@@ -68,6 +68,13 @@ fn sections() -> Result<Vec<String>, BpfError> {
 /// Ops a hardware queue can fill (each key holds every stage).
 const KEYS_PER_QUEUE: u32 = 5;
 
+/// Slots of the in-flight request array for `inflight` tags: twice as many, so that a request
+/// rarely finds every slot it may take held by others, and a power of two (the programs mask a
+/// hash of the request into it).
+fn request_slots(inflight: u32) -> u32 {
+    inflight.saturating_mul(2).next_power_of_two()
+}
+
 struct BlockProbe<'obj> {
     skel: BlockSkel<'obj>,
     _links: Vec<Link>,
@@ -112,12 +119,16 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     let irq_slots = irq_entered_slots(&cx.host.devices);
     let setup = |open: &mut crate::bpf::block::OpenBlockSkel<'_>, _kind| {
         use std::os::fd::AsFd;
+        // A map that cannot be resized keeps its compiled-in default (and its mask).
+        let slots = request_slots(inflight);
+        let resized = open.maps.requests.set_max_entries(slots).is_ok();
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.have_io_start = have_io_start;
+            if resized {
+                ro.request_slot_mask = slots - 1;
+            }
         }
         apply_filter!(open, filter);
-        // A map that cannot be resized keeps its compiled-in default.
-        let _ = open.maps.requests.set_max_entries(inflight);
         let _ = open.maps.bios.set_max_entries(inflight);
         let _ = open.maps.bio_entry.set_max_entries(inflight);
         if let Some(hook) = &bio_entry {
@@ -165,12 +176,8 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         ),
         (hook, _) => (hook, hook_outcome),
     };
-    let noted = bio_entry.is_some()
-        || report
-            .tracepoints
-            .iter()
-            .any(|t| t.tracepoint == REMAP && t.attached.is_some());
-    if let (true, Some(bss)) = (noted, skel.maps.bss_data.as_deref_mut()) {
+    // With block_bio_remap instead, the first bio it notes sets the flag in the kernel.
+    if let (true, Some(bss)) = (bio_entry.is_some(), skel.maps.bss_data.as_deref_mut()) {
         bss.bio_entry_noted = true;
     }
     report.tracepoints.push(hook_outcome);
@@ -463,6 +470,7 @@ mod tests {
     use super::*;
 
     const RQ: u64 = 0xffff_8880_dead_0000;
+    const SLOTS: u32 = types::vg_limits::VG_REQUEST_PROBES.0 as u32;
 
     /// The block object following `filter_tgid`, with block_io_start; `share` reuses another
     /// object's request and histogram maps.
@@ -472,9 +480,13 @@ mod tests {
         share: Option<&BlockSkel<'_>>,
     ) -> BlockSkel<'obj> {
         let mut open = BlockSkelBuilder::default().open(slot).unwrap();
+        // As few request slots as one request may probe: every request's probes cover them
+        // all, so the tests find a request by scanning, with no copy of the programs' hash.
+        open.maps.requests.set_max_entries(SLOTS).unwrap();
         let ro = open.maps.rodata_data.as_deref_mut().unwrap();
         ro.have_io_start = true;
         ro.filter_tgid = filter_tgid;
+        ro.request_slot_mask = SLOTS - 1;
         if let Some(other) = share {
             open.maps
                 .requests
@@ -511,29 +523,55 @@ mod tests {
         total
     }
 
-    // The request state the tests read and plant: block.bpf.c's own struct, all integers.
-    crate::bpf::plain_types!(types::rq_track);
+    // The request state the tests read and plant: block.bpf.c's own structs, all integers.
+    crate::bpf::plain_types!(types::rq_track, types::rq_slot);
 
-    fn tracked(skel: &BlockSkel<'_>) -> Option<types::rq_track> {
-        let v = skel
-            .maps
-            .requests
-            .lookup(&RQ.to_ne_bytes(), MapFlags::ANY)
-            .unwrap()?;
-        copy::<types::rq_track>(&v)
+    /// Every request slot, by index.
+    fn slots(skel: &BlockSkel<'_>) -> Vec<types::rq_slot> {
+        (0..SLOTS)
+            .map(|i| {
+                let v = skel
+                    .maps
+                    .requests
+                    .lookup(&i.to_ne_bytes(), MapFlags::ANY)
+                    .unwrap()
+                    .unwrap();
+                copy::<types::rq_slot>(&v).unwrap()
+            })
+            .collect()
     }
 
+    fn tracked_at(skel: &BlockSkel<'_>, rq: u64) -> Vec<types::rq_track> {
+        slots(skel)
+            .into_iter()
+            .filter(|s| s.rq == rq)
+            .map(|s| s.t)
+            .collect()
+    }
+
+    fn tracked(skel: &BlockSkel<'_>) -> Option<types::rq_track> {
+        tracked_at(skel, RQ).first().copied()
+    }
+
+    /// `t` as RQ's state, in its slot or the first free one.
     fn plant(skel: &BlockSkel<'_>, t: types::rq_track) {
+        let all = slots(skel);
+        let index = all
+            .iter()
+            .position(|s| s.rq == RQ)
+            .or_else(|| all.iter().position(|s| s.rq == 0))
+            .expect("a free request slot") as u32;
+        let slot = types::rq_slot { rq: RQ, t };
         let bytes = unsafe {
-            // SAFETY: rq_track is plain old data (see above); viewing it as bytes is sound.
+            // SAFETY: rq_slot is plain old data (see above); viewing it as bytes is sound.
             std::slice::from_raw_parts(
-                (&t as *const types::rq_track).cast::<u8>(),
-                std::mem::size_of_val(&t),
+                (&slot as *const types::rq_slot).cast::<u8>(),
+                std::mem::size_of_val(&slot),
             )
         };
         skel.maps
             .requests
-            .update(&RQ.to_ne_bytes(), bytes, MapFlags::ANY)
+            .update(&index.to_ne_bytes(), bytes, MapFlags::ANY)
             .unwrap();
     }
 
@@ -672,5 +710,50 @@ mod tests {
             tracked(&skel).is_none(),
             "the request is still forgotten at completion"
         );
+    }
+
+    /// Requests beyond the slots a request may probe are counted as dropped, never written over
+    /// another's; a request whose end went unseen takes its old slot again at its next start,
+    /// and a completed one frees its slot for the next.
+    #[test]
+    fn requests_beyond_their_slots_are_counted_and_an_unseen_end_keeps_one_slot() {
+        if !bpf_allowed("block state machine test") {
+            return;
+        }
+        let mut slot = MaybeUninit::uninit();
+        let skel = load(&mut slot, ours(), None);
+        let requests: Vec<u64> = (0..u64::from(SLOTS) + 1).map(|i| RQ + 512 * i).collect();
+        for &rq in &requests {
+            run(&skel.progs.block_io_start_raw, &[rq]);
+        }
+        let dropped = || {
+            percpu_sum(
+                &skel.maps.counters,
+                types::vg_block_counter::VG_BLOCK_DROPPED.0,
+            )
+        };
+        assert_eq!(dropped(), 1, "one request more than the slots");
+        for &rq in &requests[..SLOTS as usize] {
+            assert_eq!(
+                tracked_at(&skel, rq).len(),
+                1,
+                "request {rq:#x} keeps its slot"
+            );
+        }
+        assert!(tracked_at(&skel, requests[SLOTS as usize]).is_empty());
+
+        // Started again with its first end unseen: still one slot, and nothing more dropped.
+        run(&skel.progs.block_io_start_raw, &[requests[0]]);
+        assert_eq!(tracked_at(&skel, requests[0]).len(), 1);
+        assert_eq!(dropped(), 1);
+
+        // One completes: its slot serves the request that found none.
+        run(&skel.progs.block_rq_issue_raw, &[requests[1]]);
+        run(&skel.progs.block_rq_complete_raw, &[requests[1], 0, 0]);
+        assert!(tracked_at(&skel, requests[1]).is_empty());
+        assert_eq!(stage(&skel, BlockStage::Device).count, 1);
+        run(&skel.progs.block_io_start_raw, &[requests[SLOTS as usize]]);
+        assert_eq!(tracked_at(&skel, requests[SLOTS as usize]).len(), 1);
+        assert_eq!(dropped(), 1);
     }
 }
