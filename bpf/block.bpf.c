@@ -56,28 +56,33 @@ struct rq_track {
 	__u64 start_ns;
 	/* The last issue to the driver (0: not issued). */
 	__u64 issue_ns;
+	/* First sector as issued, for the slow-request record (as `bytes`). */
+	__u64 sector;
 	/* Filled at issue so completion reads nothing but its byte count from the request. */
 	struct vg_block_key key;
 	__u32 submit_cpu;
 	/* Bytes not yet completed (a partial completion leaves the rest in flight). */
 	__u32 bytes_left;
-	/* A cache flush (seen at start: the block layer clears REQ_PREFLUSH before completion). */
-	__u32 flush;
-	/* Its start is its first bio's entry into the block layer (see vg_bio_entry.bpf.h). */
-	__u32 from_entry;
-	/* Bytes and first sector as issued, for the slow-request record. */
 	__u32 bytes;
-	__u64 sector;
 	/* The thread it was started or claimed for (the slow-request record's). */
 	__u32 tid;
-	__u32 pad;
+	/* A cache flush (seen at start: the block layer clears REQ_PREFLUSH before completion). */
+	__u8 flush;
+	/* Its start is its first bio's entry into the block layer (see vg_bio_entry.bpf.h). */
+	__u8 from_entry;
+	__u8 pad[6];
 };
 
-/* A request slot: the request it serves (0: free) and that request's state. */
+/*
+ * A request slot: the request it serves (0: free) and that request's state, in one cache line:
+ * the CPUs that start, issue and complete a request move one line between them, and requests
+ * side by side in the array share none.
+ */
 struct rq_slot {
 	__u64 rq;
 	struct rq_track t;
 };
+_Static_assert(sizeof(struct rq_slot) == 64, "a request slot is one cache line");
 
 /*
  * Requests in flight, from start (or first issue) to completion, in slots addressed by a hash
@@ -333,18 +338,30 @@ static __always_inline void fill_key(struct request *rq, bool btf, struct rq_tra
 	t->key.op = op_of_request(cmd_flags, t->bytes_left);
 }
 
-/* The histograms of `key`'s stages, created empty on first use (NULL: the map is full). */
+/*
+ * The histograms of `key`'s stages, created empty on first use with the IRQ serving its queue
+ * (NULL: the map is full).
+ */
 static __always_inline struct vg_block_hists *hists_of(struct vg_block_key *key)
 {
-	__u32 zero = 0;
-	void *init = bpf_map_lookup_elem(&zero_block_hists, &zero);
-	struct vg_block_hists *h;
+	struct vg_block_hists *h = bpf_map_lookup_elem(&block_hists, key);
+	struct vg_queue_key queue = { .dev = key->dev, .hctx = key->hctx };
+	__u32 zero = 0, *irq;
+	void *init;
 
+	if (h)
+		return h;
+	init = bpf_map_lookup_elem(&zero_block_hists, &zero);
 	if (!init)
 		return NULL;
 	h = vg_lookup_or_init(&block_hists, key, init);
-	if (!h)
+	if (!h) {
 		vg_bump(&counters, VG_BLOCK_DROPPED);
+		return NULL;
+	}
+	irq = bpf_map_lookup_elem(&queue_irqs, &queue);
+	if (irq)
+		h->queue_irq = *irq;
 	return h;
 }
 
@@ -456,7 +473,7 @@ static __always_inline int on_split(struct bio *split, bool btf)
 
 /* Before block_io_start: whether `rq` is the followed process's, and when it started. */
 static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now, __u64 *start,
-					 __u32 *from_entry)
+					 __u8 *from_entry)
 {
 	__u64 bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio);
 	__u64 rq_start = btf ? rq->start_time_ns : BPF_CORE_READ(rq, start_time_ns);
@@ -556,18 +573,17 @@ static __always_inline void count_error(__u64 raw_error)
 }
 
 /*
- * When the IRQ serving `t`'s queue last entered its handler, if that was after the request's
- * issue and not after `now` (the completion); else 0: the split is unknown.
+ * When the IRQ serving `t`'s queue (`h`'s) last entered its handler, if that was after the
+ * request's issue and not after `now` (the completion); else 0: the split is unknown.
  */
-static __always_inline __u64 irq_entry_since(struct rq_track *t, __u64 now)
+static __always_inline __u64 irq_entry_since(struct vg_block_hists *h, struct rq_track *t, __u64 now)
 {
-	struct vg_queue_key queue = { .dev = t->key.dev, .hctx = t->key.hctx };
-	__u32 *irq = bpf_map_lookup_elem(&queue_irqs, &queue);
+	__u32 irq = h->queue_irq;
 	__u64 *entered;
 
 	if (!irq)
 		return 0;
-	entered = bpf_map_lookup_elem(&irq_entered, irq);
+	entered = bpf_map_lookup_elem(&irq_entered, &irq);
 	if (!entered || *entered < t->issue_ns || *entered > now)
 		return 0;
 	return *entered;
@@ -635,7 +651,7 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 			vg_count(&from_bio_entry, &dev, false);
 		}
 	}
-	device_end = irq_entry_since(t, now);
+	device_end = irq_entry_since(h, t, now);
 	if (vg_elapsed(t->issue_ns, device_end ? device_end : now, &delta)) {
 		vg_hist_add(&h->stage[VG_STAGE_DEVICE], delta, true);
 		__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &t->submit_cpu);

@@ -97,6 +97,12 @@ struct vg_block_key {
  */
 struct vg_block_hists {
 	struct vg_hist stage[VG_BLOCK_STAGES];
+	/*
+	 * The IRQ serving the key's hardware queue (0: none known; IRQ 0 serves no queue), looked
+	 * up once when the key is first used, so a completion finds it with its histograms.
+	 */
+	__u32 queue_irq;
+	__u32 pad;
 };
 
 /* Counters of the block probe's own trouble. */
