@@ -68,6 +68,11 @@ static __always_inline bool workload_thread(struct task_struct *p, bool btf)
 	pid = btf ? p->pid : BPF_CORE_READ(p, pid);
 	if (!vg_tgid_wanted(tgid) || (skip_main_thread && pid == tgid))
 		return false;
+	/* tp_btf: plain byte loads, most names ending at the first (no helper call per switch). */
+	if (btf)
+		return !(p->comm[0] == 'v' && p->comm[1] == 'g' && p->comm[2] == 't' &&
+			 p->comm[3] == 'o' && p->comm[4] == 'o' && p->comm[5] == 'l' &&
+			 p->comm[6] == '-');
 	bpf_probe_read_kernel(comm, sizeof(comm), p->comm);
 	return !(comm[0] == 'v' && comm[1] == 'g' && comm[2] == 't' && comm[3] == 'o' &&
 		 comm[4] == 'o' && comm[5] == 'l' && comm[6] == '-');

@@ -503,7 +503,7 @@ mod tests {
     use super::*;
 
     const RQ: u64 = 0xffff_8880_dead_0000;
-    const SLOTS: u32 = types::vg_limits::VG_REQUEST_PROBES.0 as u32;
+    const SLOTS: u32 = types::vg_limits::VG_REQUEST_PROBES.0;
 
     /// The block object following `filter_tgid`, with block_io_start; `share` reuses another
     /// object's request and histogram maps.
