@@ -151,9 +151,7 @@ struct {
 /*
  * Reads and writes completed per device whose queue time started at their first bio's entry:
  * set beside the queue stage's count, this says where that device's queue stage starts.
- * Per-CPU (user space sums the copies): one counter per device would be written by every CPU
- * that completes I/O for it, each write a locked add on a line the others hold; 256 devices of
- * 8 bytes a CPU is 2 KiB per CPU.
+ * Per-CPU, as `issued`.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -161,6 +159,19 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } from_bio_entry SEC(".maps");
+
+/*
+ * First issues per device (major << 20 | minor): requests in flight = these - completions.
+ * Per-CPU (user space sums the copies): one counter per device would be written by every CPU
+ * that issues to it, each write a locked add on a line the others hold; 256 devices of 8 bytes
+ * a CPU is 2 KiB per CPU.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, __u64);
+} issued SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -489,6 +500,8 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct rq_slot *s;
+	struct rq_track *t;
+	bool first_issue;
 
 	if (!rq)
 		return 0;
@@ -504,12 +517,16 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 		if (!s)
 			return 0;
 	}
-	/*
-	 * A requeued request is issued again: its device time counts from this issue. (User space
-	 * counts the requests in flight from the slots: no count here.)
-	 */
-	fill_key(rq, btf, &s->t);
-	s->t.issue_ns = now;
+	t = &s->t;
+	first_issue = !t->issue_ns;
+	/* A requeued request is issued again: its device time counts from this issue. */
+	fill_key(rq, btf, t);
+	if (first_issue) {
+		__u32 dev = t->key.dev;
+
+		vg_count(&issued, &dev, false);
+	}
+	t->issue_ns = now;
 	return 0;
 }
 

@@ -68,26 +68,6 @@ fn sections() -> Result<Vec<String>, BpfError> {
 /// Ops a hardware queue can fill (each key holds every stage).
 const KEYS_PER_QUEUE: u32 = 5;
 
-// The request slots, read back to count the requests in flight: block.bpf.c's own structs,
-// all integers.
-crate::bpf::plain_types!(types::rq_track, types::rq_slot);
-
-/// Requests in flight by device (major << 20 | minor): the request slots holding an issued
-/// request, in one batch read of the array (arrays take batch reads from Linux 5.6).
-fn issued_in_flight(requests: &dyn MapCore) -> std::collections::BTreeMap<u32, u64> {
-    let mut by_dev = std::collections::BTreeMap::new();
-    let Ok(batch) = requests.lookup_batch(requests.max_entries(), MapFlags::ANY, MapFlags::ANY)
-    else {
-        return by_dev;
-    };
-    for slot in batch.filter_map(|(_, value)| super::copy::<types::rq_slot>(&value)) {
-        if slot.rq != 0 && slot.t.issue_ns != 0 {
-            *by_dev.entry(slot.t.key.dev).or_insert(0) += 1;
-        }
-    }
-    by_dev
-}
-
 /// Slots of the in-flight request array for `inflight` tags: twice as many, so that a request
 /// rarely finds every slot it may take held by others, and a power of two (the programs mask a
 /// hash of the request into it).
@@ -398,37 +378,24 @@ impl LoadedFamily for BlockProbe<'_> {
             }
         }
         block.stages.sort_by_key(|s| (s.dev, s.hctx, s.op, s.stage));
-        // Completed requests are the device stage's count (flushes included); those in flight
-        // hold a slot, issued.
+        // Completed requests are the device stage's count (flushes included).
         let from_entry: Vec<(u32, u64)> = percpu_sums::<u32>(&maps.from_bio_entry);
-        let inflight = issued_in_flight(&maps.requests);
-        let mut devices: Vec<_> = block
-            .stages
-            .iter()
-            .map(|s| s.dev)
-            .chain(inflight.keys().map(|&d| dev_of(d)))
-            .collect();
-        devices.sort_unstable();
-        devices.dedup();
-        for dev in devices {
+        for (raw_dev, issued) in percpu_sums::<u32>(&maps.issued) {
+            let dev = dev_of(raw_dev);
             let completed: u64 = block
                 .stages
                 .iter()
                 .filter(|s| s.dev == dev && s.stage == BlockStage::Device)
                 .map(|s| s.hist.count)
                 .sum();
-            let in_flight = inflight
-                .iter()
-                .find(|(&d, _)| dev_of(d) == dev)
-                .map_or(0, |(_, &n)| n);
             block.devices.push(DeviceGauge {
                 dev,
-                inflight: in_flight as i64,
-                issued: completed + in_flight,
+                inflight: issued as i64 - completed as i64,
+                issued,
                 completed,
                 from_bio_entry: from_entry
                     .iter()
-                    .find(|(d, _)| dev_of(*d) == dev)
+                    .find(|(d, _)| *d == raw_dev)
                     .map_or(0, |(_, n)| *n),
             });
         }
@@ -555,6 +522,9 @@ mod tests {
         }
         total
     }
+
+    // The request state the tests read and plant: block.bpf.c's own structs, all integers.
+    crate::bpf::plain_types!(types::rq_track, types::rq_slot);
 
     /// Every request slot, by index.
     fn slots(skel: &BlockSkel<'_>) -> Vec<types::rq_slot> {
@@ -740,27 +710,6 @@ mod tests {
             tracked(&skel).is_none(),
             "the request is still forgotten at completion"
         );
-    }
-
-    /// The requests in flight are the slots holding an issued request, read back in one batch.
-    #[test]
-    fn requests_in_flight_are_the_issued_slots() {
-        if !bpf_allowed("block state machine test") {
-            return;
-        }
-        let mut slot = MaybeUninit::uninit();
-        let skel = load(&mut slot, ours(), None);
-        assert!(issued_in_flight(&skel.maps.requests).is_empty());
-        for (i, issued) in [true, true, false].into_iter().enumerate() {
-            let rq = RQ + 512 * i as u64;
-            run(&skel.progs.block_io_start_raw, &[rq]);
-            if issued {
-                run(&skel.progs.block_rq_issue_raw, &[rq]);
-            }
-        }
-        // The programs read a made-up request's fields as zeroes: device 0.
-        let by_dev = issued_in_flight(&skel.maps.requests);
-        assert_eq!(by_dev.into_iter().collect::<Vec<_>>(), vec![(0, 2)]);
     }
 
     /// Requests beyond the slots a request may probe are counted as dropped, never written over
