@@ -85,12 +85,12 @@ struct rq_slot {
 _Static_assert(sizeof(struct rq_slot) == 64, "a request slot is one cache line");
 
 /*
- * Requests in flight, from start (or first issue) to completion, in slots addressed by a hash
- * of the request's address. An array rather than a hash map: the verifier inlines its lookups,
- * and taking or freeing a slot is a store, where the hash map took a bucket lock and an element
+ * Requests in flight, from start (or first issue) to completion, in slots placed by request
+ * (request_place). An array rather than a hash map: the verifier inlines its lookups, and
+ * taking or freeing a slot is a store, where the hash map took a bucket lock and an element
  * from its free list at every start and gave it back at every completion (half of the family's
- * cost per I/O). A request takes the first free slot of the VG_REQUEST_PROBES from its home; when
- * all hold other requests it is not tracked (counted as dropped). Requests live in the block
+ * cost per I/O). A request takes the first free slot of its VG_REQUEST_PROBES choices; when all
+ * hold other requests it is not tracked (counted as dropped). Requests live in the block
  * layer's preallocated pools, so the address of one whose end went unseen comes back, and its
  * next start finds and reuses its old slot. Two CPUs taking the same free slot in the same few
  * nanoseconds would both write it (5.10's BPF has no compare-and-swap): the later keeps it, the
