@@ -345,7 +345,7 @@ static __always_inline void fill_key(struct request *rq, bool btf, struct rq_tra
 static __always_inline struct vg_block_hists *hists_of(struct vg_block_key *key)
 {
 	struct vg_block_hists *h = bpf_map_lookup_elem(&block_hists, key);
-	struct vg_queue_key queue = { .dev = key->dev, .hctx = key->hctx };
+	struct vg_queue_key queue;
 	__u32 zero = 0, *irq;
 	void *init;
 
@@ -359,6 +359,7 @@ static __always_inline struct vg_block_hists *hists_of(struct vg_block_key *key)
 		vg_bump(&counters, VG_BLOCK_DROPPED);
 		return NULL;
 	}
+	queue = (struct vg_queue_key){ .dev = key->dev, .hctx = key->hctx };
 	irq = bpf_map_lookup_elem(&queue_irqs, &queue);
 	if (irq)
 		h->queue_irq = *irq;

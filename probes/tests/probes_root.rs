@@ -258,8 +258,7 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
              {} had a request at their sector, of which {} not 4 KiB reads, {} started before \
              the read, {} issued before starting, {} with the interrupt outside issue..complete, \
              {} completed after the read returned; {} dropped from the slow-request ring; \
-             {} requests lost to full maps, {} completions never seen issued (the session \
-             follows this whole test process, whose other tests do I/O too); first: {:?}",
+             {} requests lost to full maps, {} completions never seen issued; first: {:?}",
             at_sector.len(),
             failing(&|r, _, _| r.bytes == 4096 && r.op == BlockOp::Read),
             failing(&|r, b, _| b <= r.start_ns),

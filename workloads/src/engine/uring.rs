@@ -74,25 +74,26 @@ impl Registered {
         offset: u64,
         slot: u16,
     ) -> squeue::Entry {
-        let fd = types::Fd(self.raw_fd);
-        let file = types::Fixed(0);
-        match (write, self.fixed_file, self.fixed_buffers) {
-            (false, true, true) => opcode::ReadFixed::new(file, buf, len, slot)
-                .offset(offset)
-                .build(),
-            (true, true, true) => opcode::WriteFixed::new(file, buf, len, slot)
-                .offset(offset)
-                .build(),
-            (false, true, false) => opcode::Read::new(file, buf, len).offset(offset).build(),
-            (true, true, false) => opcode::Write::new(file, buf, len).offset(offset).build(),
-            (false, false, true) => opcode::ReadFixed::new(fd, buf, len, slot)
-                .offset(offset)
-                .build(),
-            (true, false, true) => opcode::WriteFixed::new(fd, buf, len, slot)
-                .offset(offset)
-                .build(),
-            (false, false, false) => opcode::Read::new(fd, buf, len).offset(offset).build(),
-            (true, false, false) => opcode::Write::new(fd, buf, len).offset(offset).build(),
+        // The opcodes take the registered file and the plain fd as two types (io-uring's
+        // target trait is sealed, so no generic function can take either): one body for both.
+        macro_rules! entry {
+            ($file:expr) => {
+                match (write, self.fixed_buffers) {
+                    (false, true) => opcode::ReadFixed::new($file, buf, len, slot)
+                        .offset(offset)
+                        .build(),
+                    (true, true) => opcode::WriteFixed::new($file, buf, len, slot)
+                        .offset(offset)
+                        .build(),
+                    (false, false) => opcode::Read::new($file, buf, len).offset(offset).build(),
+                    (true, false) => opcode::Write::new($file, buf, len).offset(offset).build(),
+                }
+            };
+        }
+        if self.fixed_file {
+            entry!(types::Fixed(0))
+        } else {
+            entry!(types::Fd(self.raw_fd))
         }
     }
 }
