@@ -161,16 +161,19 @@ struct {
 } from_bio_entry SEC(".maps");
 
 /*
- * First issues per device (major << 20 | minor): requests in flight = these - completions.
- * Per-CPU (user space sums the copies): one counter per device would be written by every CPU
- * that issues to it, each write a locked add on a line the others hold; 256 devices of 8 bytes
- * a CPU is 2 KiB per CPU.
+ * First issues per device: requests in flight = these - completions. Per-CPU (user space sums
+ * the copies by device): one counter per device would be written by every CPU that issues to
+ * it, each write a locked add on a line the others hold. An array searched from the device's
+ * home entry (see count_first_issue) rather than a hash: the verifier inlines its lookups, and
+ * each CPU's copy is written by that CPU alone (a program does not nest within itself on a
+ * CPU), so claiming a free entry needs no lock. User space sizes it to twice the host's
+ * disks (at least 16, at most 256 entries of 16 bytes: 256 B to 4 KiB per CPU).
  */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 256);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, VG_ISSUE_COUNTERS);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct vg_dev_issues);
 } issued SEC(".maps");
 
 struct {
@@ -497,6 +500,38 @@ static __always_inline bool claim_by_bio(struct request *rq, bool btf, __u64 now
 	return true;
 }
 
+/* `issued`'s entries - 1 (user space sizes the map to the host's disks, a power of two). */
+const volatile __u32 issue_counter_mask = VG_ISSUE_COUNTERS - 1;
+
+/*
+ * Counts a first issue to `dev` in this CPU's copy of `issued`: its entry is the first from its
+ * home that holds it or is free (linear probing; entries are never freed while loaded). A
+ * device that finds none counts as dropped.
+ */
+static __always_inline void count_first_issue(__u32 dev)
+{
+	__u32 home = spread(dev);
+
+#pragma unroll
+	for (__u32 i = 0; i < VG_ISSUE_PROBES; i++) {
+		__u32 index = (home + i) & issue_counter_mask;
+		struct vg_dev_issues *c = bpf_map_lookup_elem(&issued, &index);
+
+		if (!c)
+			return;
+		if (c->dev == dev) {
+			c->count++;
+			return;
+		}
+		if (!c->dev) {
+			c->dev = dev;
+			c->count = 1;
+			return;
+		}
+	}
+	vg_bump(&counters, VG_BLOCK_DROPPED);
+}
+
 static __always_inline int on_issue(struct request *rq, bool btf)
 {
 	__u64 now = bpf_ktime_get_ns();
@@ -522,11 +557,8 @@ static __always_inline int on_issue(struct request *rq, bool btf)
 	first_issue = !t->issue_ns;
 	/* A requeued request is issued again: its device time counts from this issue. */
 	fill_key(rq, btf, t);
-	if (first_issue) {
-		__u32 dev = t->key.dev;
-
-		vg_count(&issued, &dev, false);
-	}
+	if (first_issue)
+		count_first_issue(t->key.dev);
 	t->issue_ns = now;
 	return 0;
 }

@@ -24,6 +24,12 @@ enum vg_limits {
 	 */
 	VG_REQUEST_SLOTS = 32768,
 	VG_REQUEST_PROBES = 4,
+	/*
+	 * Devices the block family counts first issues of, per CPU (a power of two), and how many
+	 * consecutive entries from its home a device may take.
+	 */
+	VG_ISSUE_COUNTERS = 256,
+	VG_ISSUE_PROBES = 8,
 	/* Histogram keys: (device, hardware queue, op, stage) combinations. */
 	VG_MAX_BLOCK_HISTS = 256,
 	/* Hardware queues with a known IRQ, and those IRQs (user space sizes both). */
@@ -133,7 +139,7 @@ enum vg_app_counter {
 };
 
 enum vg_block_counter {
-	/* A map was full: the request or histogram was not recorded. */
+	/* A map was full: the request, histogram or device's issue count was not recorded. */
 	VG_BLOCK_DROPPED = 0,
 	/*
 	 * Requests that completed without an issue to the driver having been seen: issued before
@@ -205,6 +211,14 @@ struct vg_irq_stats {
 	__u64 count;
 	__u64 time_ns;
 	struct vg_hist duration;
+};
+
+/* Requests first issued to one device, on one CPU (the block family's `issued`). */
+struct vg_dev_issues {
+	/* major << 20 | minor; 0: the entry is free. */
+	__u32 dev;
+	__u32 pad;
+	__u64 count;
 };
 
 /* Count and time of one kind of event on one CPU (per-CPU maps). */

@@ -35,6 +35,7 @@ include!(concat!(env!("OUT_DIR"), "/skeletons.rs"));
 const _: () = {
     use std::mem::size_of;
     assert!(size_of::<block::types::vg_block_key>() == 8);
+    assert!(size_of::<block::types::vg_dev_issues>() == 16);
     let slots = hist_check::types::vg_limits::VG_HIST_SLOTS.0 as usize;
     assert!(size_of::<block::types::vg_hist>() == (slots + 1) * 8);
     assert!(size_of::<irq::types::vg_irq_key>() == 8);

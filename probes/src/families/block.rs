@@ -75,6 +75,17 @@ fn request_slots(inflight: u32) -> u32 {
     inflight.saturating_mul(2).next_power_of_two()
 }
 
+/// Entries of the per-CPU first-issue counters for a host with `disks` block devices: twice as
+/// many, so a device finds its entry within a few steps of its home, with room for devices made
+/// while attached (device-mapper, loop); a power of two (the programs mask a hash into it).
+fn issue_counters(disks: usize) -> u32 {
+    let compiled = types::vg_limits::VG_ISSUE_COUNTERS.0;
+    (disks as u32)
+        .saturating_mul(2)
+        .clamp(16, compiled)
+        .next_power_of_two()
+}
+
 struct BlockProbe<'obj> {
     skel: BlockSkel<'obj>,
     _links: Vec<Link>,
@@ -117,15 +128,21 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         .sum::<usize>() as u32)
         .max(1);
     let irq_slots = irq_entered_slots(&cx.host.devices);
+    let disks = cx.host.devices.len();
     let setup = |open: &mut crate::bpf::block::OpenBlockSkel<'_>, _kind| {
         use std::os::fd::AsFd;
         // A map that cannot be resized keeps its compiled-in default (and its mask).
         let slots = request_slots(inflight);
         let resized = open.maps.requests.set_max_entries(slots).is_ok();
+        let counters = issue_counters(disks);
+        let counters_resized = open.maps.issued.set_max_entries(counters).is_ok();
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.have_io_start = have_io_start;
             if resized {
                 ro.request_slot_mask = slots - 1;
+            }
+            if counters_resized {
+                ro.issue_counter_mask = counters - 1;
             }
         }
         apply_filter!(open, filter);
@@ -362,6 +379,20 @@ pub(crate) fn op_of(raw: u8) -> BlockOp {
     }
 }
 
+/// First issues per device, summed over the CPUs' copies of `issued` (each CPU places a device
+/// on its own; a device may sit at different entries on different CPUs).
+fn issues_by_device(map: &dyn MapCore) -> Vec<(u32, u64)> {
+    let mut by_dev = std::collections::BTreeMap::<u32, u64>::new();
+    for index in 0..map.max_entries() {
+        for c in percpu_entry::<types::vg_dev_issues>(map, &index.to_ne_bytes()) {
+            if c.dev != 0 {
+                *by_dev.entry(c.dev).or_default() += c.count;
+            }
+        }
+    }
+    by_dev.into_iter().collect()
+}
+
 impl LoadedFamily for BlockProbe<'_> {
     fn read(&self, snap: &mut ProbeSnapshot) {
         let maps = &self.skel.maps;
@@ -380,7 +411,7 @@ impl LoadedFamily for BlockProbe<'_> {
         block.stages.sort_by_key(|s| (s.dev, s.hctx, s.op, s.stage));
         // Completed requests are the device stage's count (flushes included).
         let from_entry: Vec<(u32, u64)> = percpu_sums::<u32>(&maps.from_bio_entry);
-        for (raw_dev, issued) in percpu_sums::<u32>(&maps.issued) {
+        for (raw_dev, issued) in issues_by_device(&maps.issued) {
             let dev = dev_of(raw_dev);
             let completed: u64 = block
                 .stages
@@ -649,6 +680,69 @@ mod tests {
             ),
             1
         );
+        let first_issues: u64 = (0..skel.maps.issued.max_entries())
+            .flat_map(|i| percpu_entry::<types::vg_dev_issues>(&skel.maps.issued, &i.to_ne_bytes()))
+            .map(|c| c.count)
+            .sum();
+        assert_eq!(
+            first_issues, 1,
+            "a request issued twice is issued once to its device"
+        );
+    }
+
+    /// Each CPU places a device in its own copy of the first-issue counters: the gauge sums a
+    /// device's entries wherever each CPU put it, and leaves free entries out.
+    #[test]
+    fn first_issues_sum_over_cpus_wherever_each_cpu_placed_the_device() {
+        if !bpf_allowed("block state machine test") {
+            return;
+        }
+        let mut slot = MaybeUninit::uninit();
+        let skel = load(&mut slot, ours(), None);
+        let cpus = crate::memory::possible_cpus() as usize;
+        let entry = |dev: u32, count: u64| {
+            let c = types::vg_dev_issues {
+                dev,
+                count,
+                ..Default::default()
+            };
+            // SAFETY: vg_dev_issues is plain integers (no padding the kernel reads as a field).
+            unsafe { plain::as_bytes(&c) }.to_vec()
+        };
+        let (sda, vdb) = (8 << 20, (254 << 20) | 16);
+        // Entry 0: sda on CPU 0, vdb on every other CPU; entry 1: sda on every CPU but 0.
+        let at0: Vec<Vec<u8>> = (0..cpus)
+            .map(|cpu| {
+                if cpu == 0 {
+                    entry(sda, 5)
+                } else {
+                    entry(vdb, 7)
+                }
+            })
+            .collect();
+        let at1: Vec<Vec<u8>> = (0..cpus)
+            .map(|cpu| if cpu == 0 { entry(0, 0) } else { entry(sda, 3) })
+            .collect();
+        for (index, values) in [(0u32, at0), (1, at1)] {
+            skel.maps
+                .issued
+                .update_percpu(&index.to_ne_bytes(), &values, MapFlags::ANY)
+                .unwrap();
+        }
+        let others = cpus as u64 - 1;
+        let mut expected = vec![(sda, 5 + 3 * others)];
+        if others > 0 {
+            expected.push((vdb, 7 * others));
+        }
+        assert_eq!(issues_by_device(&skel.maps.issued), expected);
+    }
+
+    #[test]
+    fn first_issue_counters_are_twice_the_disks_within_bounds() {
+        assert_eq!(issue_counters(0), 16);
+        assert_eq!(issue_counters(3), 16);
+        assert_eq!(issue_counters(20), 64);
+        assert_eq!(issue_counters(5000), types::vg_limits::VG_ISSUE_COUNTERS.0);
     }
 
     /// A request completed in two parts ends at its last part.
