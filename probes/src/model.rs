@@ -106,7 +106,7 @@ pub struct BlockSnapshot {
     pub stages: Vec<BlockStageHist>,
     pub devices: Vec<DeviceGauge>,
     pub cpu_pairs: Vec<CpuPair>,
-    /// Requests or histogram entries lost to full maps.
+    /// Requests, histogram entries or devices' first-issue counts lost to full maps.
     pub dropped: u64,
     /// Completions of requests never seen issued (issued before the probes attached).
     pub unseen: u64,
