@@ -60,27 +60,31 @@ struct rq_track {
 	__u64 sector;
 	/* Filled at issue so completion reads nothing but its byte count from the request. */
 	struct vg_block_key key;
-	__u32 submit_cpu;
 	/* Bytes not yet completed (a partial completion leaves the rest in flight). */
 	__u32 bytes_left;
 	__u32 bytes;
 	/* The thread it was started or claimed for (the slow-request record's). */
 	__u32 tid;
+	/* The CPU it was submitted on (NR_CPUS is at most 8192). */
+	__u16 submit_cpu;
 	/* A cache flush (seen at start: the block layer clears REQ_PREFLUSH before completion). */
 	__u8 flush;
 	/* Its start is its first bio's entry into the block layer (see vg_bio_entry.bpf.h). */
 	__u8 from_entry;
-	__u8 pad[6];
 };
 
 /*
  * A request slot: the request it serves (0: free) and that request's state, in one cache line:
  * the CPUs that start, issue and complete a request move one line between them, and requests
- * side by side in the array share none.
+ * side by side in the array share none. `displaced` belongs to the slot as a first choice, not
+ * to the request in it (see request_slot).
  */
 struct rq_slot {
 	__u64 rq;
 	struct rq_track t;
+	/* A request whose first choice this slot is was once placed at a later choice. */
+	__u8 displaced;
+	__u8 pad[7];
 };
 _Static_assert(sizeof(struct rq_slot) == 64, "a request slot is one cache line");
 
@@ -218,17 +222,34 @@ static __always_inline void request_place(struct request *rq, bool btf, __u32 *f
 	}
 }
 
-/* `rq`'s slot, or with `claim` and none yet, the first free one of its probes (NULL: none). */
+/*
+ * `rq`'s slot, or with `claim` and none yet, the first free one of its choices (NULL: none).
+ * A first choice whose `displaced` is clear never sent a request further on, so `rq` is there
+ * or nowhere: the common case reads one line, where scanning every choice read four (a third
+ * of the start's time in a VM). The flag is never cleared while loaded; a request placed
+ * further on sets it before the request's own issue and completion look for it.
+ */
 static __always_inline struct rq_slot *request_slot(struct request *rq, bool btf, bool claim)
 {
-	struct rq_slot *free = NULL;
+	struct rq_slot *home, *free = NULL;
+	bool free_elsewhere = false;
 	__u32 first, stride;
 	__u64 name;
 
 	request_place(rq, btf, &first, &name);
+	first &= request_slot_mask;
+	home = bpf_map_lookup_elem(&requests, &first);
+	if (!home)
+		return NULL;
+	if (home->rq == (__u64)rq)
+		return home;
+	if (!home->rq)
+		free = home;
+	if (!home->displaced && (free || !claim))
+		return claim ? free : NULL;
 	stride = spread(name) | 1;
 #pragma unroll
-	for (__u32 i = 0; i < VG_REQUEST_PROBES; i++) {
+	for (__u32 i = 1; i < VG_REQUEST_PROBES; i++) {
 		__u32 index = (first + i * stride) & request_slot_mask;
 		struct rq_slot *s = bpf_map_lookup_elem(&requests, &index);
 
@@ -236,10 +257,16 @@ static __always_inline struct rq_slot *request_slot(struct request *rq, bool btf
 			break;
 		if (s->rq == (__u64)rq)
 			return s;
-		if (!free && !s->rq)
+		if (!free && !s->rq) {
 			free = s;
+			free_elsewhere = true;
+		}
 	}
-	return claim ? free : NULL;
+	if (!claim)
+		return NULL;
+	if (free_elsewhere)
+		home->displaced = 1;
+	return free;
 }
 
 /* Forgets `rq` (merged away, or not the followed process's). */
@@ -687,7 +714,8 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 	device_end = irq_entry_since(h, t, now);
 	if (vg_elapsed(t->issue_ns, device_end ? device_end : now, &delta)) {
 		vg_hist_add(&h->stage[VG_STAGE_DEVICE], delta, true);
-		__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &t->submit_cpu);
+		__u32 submit_cpu = t->submit_cpu;
+		__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &submit_cpu);
 
 		if (n)
 			(*n)++;

@@ -584,15 +584,20 @@ mod tests {
         tracked_at(skel, RQ).first().copied()
     }
 
-    /// `t` as RQ's state, in its slot or the first free one.
+    /// `t` as RQ's state, in its slot or its first choice (slot 0: a raw_tp program places a
+    /// request by its address, and RQ's is 0 modulo the slots' 64-byte lines).
     fn plant(skel: &BlockSkel<'_>, t: types::rq_track) {
         let all = slots(skel);
         let index = all
             .iter()
             .position(|s| s.rq == RQ)
-            .or_else(|| all.iter().position(|s| s.rq == 0))
-            .expect("a free request slot") as u32;
-        let slot = types::rq_slot { rq: RQ, t };
+            .or_else(|| (all[0].rq == 0).then_some(0))
+            .expect("RQ's first choice is free") as u32;
+        let slot = types::rq_slot {
+            rq: RQ,
+            t,
+            ..Default::default()
+        };
         let bytes = unsafe {
             // SAFETY: rq_slot is plain old data (see above); viewing it as bytes is sound.
             std::slice::from_raw_parts(
@@ -827,6 +832,10 @@ mod tests {
             )
         };
         assert_eq!(dropped(), 1, "one request more than the slots");
+        // They share a first choice (their addresses are 8 lines apart): the first took it,
+        // the others went further on, and it says so.
+        assert_eq!(slots(&skel)[0].rq, requests[0]);
+        assert_eq!(slots(&skel)[0].displaced, 1);
         for &rq in &requests[..SLOTS as usize] {
             assert_eq!(
                 tracked_at(&skel, rq).len(),
@@ -849,5 +858,32 @@ mod tests {
         run(&skel.progs.block_io_start_raw, &[requests[SLOTS as usize]]);
         assert_eq!(tracked_at(&skel, requests[SLOTS as usize]).len(), 1);
         assert_eq!(dropped(), 1);
+    }
+
+    /// A request alone at its first choice is found there; one sent further on because another
+    /// held its first choice is found by its issue and completion too.
+    #[test]
+    fn a_request_past_its_first_choice_is_found_at_issue_and_completion() {
+        if !bpf_allowed("block state machine test") {
+            return;
+        }
+        let mut slot = MaybeUninit::uninit();
+        let skel = load(&mut slot, ours(), None);
+        let (holder, moved) = (RQ, RQ + 64 * u64::from(SLOTS));
+        run(&skel.progs.block_io_start_raw, &[holder]);
+        assert_eq!(slots(&skel)[0].displaced, 0, "nothing went further yet");
+        run(&skel.progs.block_io_start_raw, &[moved]);
+        assert_eq!(slots(&skel)[0].rq, holder);
+        assert_eq!(slots(&skel)[0].displaced, 1);
+        assert_eq!(tracked_at(&skel, moved).len(), 1);
+        for rq in [moved, holder] {
+            run(&skel.progs.block_rq_issue_raw, &[rq]);
+            run(&skel.progs.block_rq_complete_raw, &[rq, 0, 0]);
+            assert!(
+                tracked_at(&skel, rq).is_empty(),
+                "{rq:#x} freed at completion"
+            );
+        }
+        assert_eq!(stage(&skel, BlockStage::Device).count, 2);
     }
 }
