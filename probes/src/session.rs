@@ -310,7 +310,8 @@ impl<'a> ProbeSession<'a> {
     }
 }
 
-/// Holds kernel BPF run-time statistics on while the fd lives (only our run pays for them).
+/// Holds kernel BPF run-time statistics on while the fd lives. The switch is the kernel's, for
+/// every BPF program on the host (two clock reads a run), and goes off with the last holder.
 fn enable_run_stats() -> Result<OwnedFd, BpfError> {
     // SAFETY: plain syscall wrapper; a non-negative return is a new fd we own.
     let fd = unsafe {
