@@ -584,8 +584,8 @@ mod tests {
         tracked_at(skel, RQ).first().copied()
     }
 
-    /// `t` as RQ's state, in its slot or its first choice (slot 0: a raw_tp program places a
-    /// request by its address, and RQ's is 0 modulo the slots' 64-byte lines).
+    /// `t` as RQ's state, in its slot or its first choice: slot 0, as a raw_tp program places a
+    /// request by its address in 64-byte lines, and RQ / 64 is a multiple of the slot count.
     fn plant(skel: &BlockSkel<'_>, t: types::rq_track) {
         let all = slots(skel);
         let index = all
