@@ -135,7 +135,6 @@ def rounds(args, path):
     # Each family's CPU per I/O: where the all-probes figure goes (a family may run several
     # times per I/O, or on events the I/O causes: wakeups, softirqs, IPIs).
     family_per_io = {fam: [] for fam in per_event}
-    per_io = []
     bpftrace_ns = []
     cpu_share = []
     all_per_io = []
@@ -150,17 +149,13 @@ def rounds(args, path):
             if n == "virtgap":
                 probes = doc["probes"]
                 progs = probes["programs"]
+                ios = doc["jobs"][0]["read"]["total_ios"]
                 for fam in per_event:
                     runs = sum(p["runs"] for p in progs if p["family"] == fam)
                     ns = sum(p["run_time_ns"] for p in progs if p["family"] == fam)
                     if runs:
                         per_event[fam].append(ns / runs)
-                block_ns = sum(p["run_time_ns"] for p in progs if p["family"] == "block")
-                ios = doc["jobs"][0]["read"]["total_ios"]
-                for fam in family_per_io:
-                    ns = sum(p["run_time_ns"] for p in progs if p["family"] == fam)
                     family_per_io[fam].append(ns / max(ios, 1))
-                per_io.append(block_ns / max(ios, 1))
                 secs = probes["seconds"]
                 all_ns = sum(p["run_time_ns"] for p in progs)
                 cpu_share.append(all_ns / 1e9 / secs * 100)
@@ -178,6 +173,7 @@ def rounds(args, path):
                   f"{med(family_per_io[fam]):.0f} ns per I/O"
                   + (" (target <= 100 ns per event for block and irq)"
                      if fam in ("block", "irq") else ""))
+    per_io = family_per_io["block"]
     print(f"virtgap block probes per I/O (3 programs): median {med(per_io):.0f} ns")
     if bpftrace_ns:
         print(f"bpftrace biolatency programs, same machine: median "
