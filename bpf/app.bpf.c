@@ -100,7 +100,8 @@ struct {
 /*
  * Calls and requests that took at least `slow_call_ns`, for the attached tail autopsy. User
  * space moves the threshold with the processes' running tail and drains the buffer every
- * interval; a full buffer counts drops.
+ * interval (no reader waits on it: records are submitted without a wakeup); a full buffer
+ * counts drops.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -191,7 +192,7 @@ static __always_inline void emit_if_slow(const struct app_call *call, __u64 now,
 	r->end_ns = now;
 	r->tid = call->tid;
 	r->kind = call->kind;
-	bpf_ringbuf_submit(r, 0);
+	bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
 }
 
 static __always_inline void record(const struct app_call *call, long ret)

@@ -52,6 +52,13 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 /* Set when block_io_start exists (and its program is enabled). */
 const volatile bool have_io_start = false;
 
+/*
+ * Set where the kernel's own request stamps are exact and asked for: the completion program
+ * alone measures a request from them (see complete_by_kernel_stamps); no start or issue
+ * program is attached and no slot is taken.
+ */
+const volatile bool kernel_stamps = false;
+
 struct rq_track {
 	__u64 start_ns;
 	/* The last issue to the driver (0: not issued). */
@@ -111,8 +118,9 @@ struct {
 const volatile __u32 request_slot_mask = VG_REQUEST_SLOTS - 1;
 
 /*
- * Before 6.5 with a filter: the followed process's bios not yet seen as a request's first
- * bio. Bios merged into other requests are never looked up again; LRU bounds them.
+ * With a filter, before 6.5 or with the kernel's stamps: the followed process's bios not yet
+ * seen as a request's first bio, each with the thread that submitted it. Bios merged into
+ * other requests are never looked up again; LRU bounds them.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -301,22 +309,14 @@ struct {
 	__type(value, __u32);
 } queue_irqs SEC(".maps");
 
-/*
- * Latest handler entry of each IRQ, indexed by IRQ number up to the highest in `queue_irqs`
- * (user space sizes it): an array, whose lookups the verifier inlines, on the path of every
- * interrupt and every completion. IRQs no queue maps to are stamped too, and never read.
- */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} irq_entered SEC(".maps");
+/* When each IRQ last entered its handler (where the irq family loads, its program stamps it). */
+VG_IRQ_ENTERED_MAP;
 
 /*
  * Requests of the followed process that took at least `slow_request_ns` from start to
  * completion, for the tail autopsy. User space moves the threshold with the application's
- * running tail and drains the buffer every interval; a full buffer counts drops.
+ * running tail and drains the buffer every interval (no reader waits on it: records are
+ * submitted without a wakeup); a full buffer counts drops.
  */
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -350,7 +350,7 @@ static __always_inline void fill_key(struct request *rq, bool btf, struct rq_tra
 {
 	__u32 cmd_flags;
 
-	t->key.dev = vg_disk_dev(vg_rq_disk(rq));
+	t->key.dev = vg_rq_dev(rq, btf);
 	if (btf) {
 		t->key.hctx = rq->mq_hctx->queue_num;
 		cmd_flags = rq->cmd_flags;
@@ -427,9 +427,10 @@ static __always_inline __u64 take_bio_entry(struct request *rq, bool btf, __u64 
 
 static __always_inline int on_io_start(struct request *rq, bool btf)
 {
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct rq_track fresh = {
 		.start_ns = bpf_ktime_get_ns(),
-		.tid = (__u32)bpf_get_current_pid_tgid(),
+		.tid = (__u32)pid_tgid,
 	};
 	__u32 cmd_flags, data_len;
 	__u64 entered;
@@ -439,7 +440,7 @@ static __always_inline int on_io_start(struct request *rq, bool btf)
 		return 0;
 	/* A held bio's request is built by the throttle's worker: its bio says whose it is. */
 	entered = take_bio_entry(rq, btf, fresh.start_ns);
-	if (!entered && !vg_current_wanted()) {
+	if (!entered && !vg_current_wanted_as(pid_tgid)) {
 		/* The address may have served one of ours that was merged away. */
 		release_request(rq, btf);
 		return 0;
@@ -457,16 +458,17 @@ static __always_inline int on_io_start(struct request *rq, bool btf)
 
 static __always_inline int on_bio_queue(struct bio *bio)
 {
-	__u64 key = (__u64)bio, now = bpf_ktime_get_ns();
+	__u64 key = (__u64)bio, pid_tgid = bpf_get_current_pid_tgid(), tid = (__u32)pid_tgid;
 
 	if (!bio)
 		return 0;
-	if (!vg_current_wanted()) {
+
+	if (!vg_current_wanted_as(pid_tgid)) {
 		/* A recycled bio of ours must not make another process's request look ours. */
 		bpf_map_delete_elem(&bios, &key);
 		return 0;
 	}
-	bpf_map_update_elem(&bios, &key, &now, BPF_ANY);
+	bpf_map_update_elem(&bios, &key, &tid, BPF_ANY);
 	return 0;
 }
 
@@ -607,7 +609,7 @@ static __always_inline void complete_unissued(struct request *rq, bool btf, stru
 		vg_bump(&counters, VG_BLOCK_UNSEEN);
 		return;
 	}
-	t->key.dev = vg_disk_dev(vg_rq_disk(rq));
+	t->key.dev = vg_rq_dev(rq, btf);
 	t->key.hctx = btf ? rq->mq_hctx->queue_num : BPF_CORE_READ(rq, mq_hctx, queue_num);
 	t->key.op = VG_OP_FLUSH;
 	if (!vg_elapsed(t->start_ns, now, &delta))
@@ -671,19 +673,128 @@ static __always_inline void emit_if_slow(struct rq_track *t, __u64 device_end, _
 	r->op = t->key.op;
 	__builtin_memset(r->pad, 0, sizeof(r->pad));
 	r->tid = t->tid;
-	bpf_ringbuf_submit(r, 0);
+	bpf_ringbuf_submit(r, BPF_RB_NO_WAKEUP);
+}
+
+/* The queue stage, start -> issue; false when there is none (no start, or clocks apart). */
+static __always_inline bool record_queue(struct vg_block_hists *h, struct rq_track *t)
+{
+	__u64 delta;
+
+	if (!vg_elapsed(t->start_ns, t->issue_ns, &delta))
+		return false;
+	vg_hist_add(&h->stage[VG_STAGE_QUEUE], delta, true);
+	if (t->from_entry && (t->key.op == VG_OP_READ || t->key.op == VG_OP_WRITE)) {
+		__u32 dev = t->key.dev;
+
+		vg_count(&from_bio_entry, &dev, false);
+	}
+	return true;
+}
+
+/*
+ * The device stage, issue -> the queue's IRQ entry (or the completion when no entry was seen:
+ * counted unsplit), then the completion stage; the submitting CPU's completions, and the
+ * slow-request record.
+ */
+static __always_inline void record_device_on(struct vg_block_hists *h, struct rq_track *t, __u64 now)
+{
+	__u64 device_end = irq_entry_since(h, t, now), delta, *n;
+	__u32 submit_cpu = t->submit_cpu;
+
+	if (!vg_elapsed(t->issue_ns, device_end ? device_end : now, &delta))
+		return;
+	vg_hist_add(&h->stage[VG_STAGE_DEVICE], delta, true);
+	n = bpf_map_lookup_elem(&completions_by_submitter, &submit_cpu);
+	if (n)
+		(*n)++;
+	if (!device_end)
+		vg_bump(&counters, VG_BLOCK_UNSPLIT);
+	else if (vg_elapsed(device_end, now, &delta))
+		vg_hist_add(&h->stage[VG_STAGE_COMPLETION], delta, true);
+	emit_if_slow(t, device_end, now);
+}
+
+/*
+ * Whether a completing request is the followed process's, when no program saw it start: its
+ * bio was noted at block_bio_queue (the note, the submitting thread, is used up into `*tid`)
+ * or entered the block layer under the bio-entry hook. Every request is, without a filter.
+ */
+static __always_inline bool owned_at_completion(struct request *rq, bool btf, __u64 now,
+						__u32 *tid, __u64 *entered)
+{
+	__u64 bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio), *noted;
+
+	*entered = take_bio_entry(rq, btf, now);
+	if (!vg_filtering())
+		return true;
+	noted = bio ? bpf_map_lookup_elem(&bios, &bio) : NULL;
+	if (!noted)
+		return *entered != 0;
+	*tid = (__u32)*noted;
+	bpf_map_delete_elem(&bios, &bio);
+	return true;
+}
+
+/*
+ * A request measured at its completion from the kernel's own stamps, where user space found
+ * them exact (before 6.9: since, the plug's cached clock gives a batch one time): start_time_ns,
+ * taken when the request was made (0 where the queue keeps no I/O statistics: no queue stage
+ * then), and io_start_time_ns, taken at each issue (where the queue keeps request statistics:
+ * wbt, on by default, turns them on). One program per request instead of three, no slot.
+ * A request the kernel never issued is a flush sequence's own (no bytes): its one stage runs
+ * from start to completion, as with our stamps; any other counts as never seen issued. A
+ * request completed in parts is measured at its last part (its bytes and sector: that part's).
+ */
+static __always_inline int complete_by_kernel_stamps(struct request *rq, __u64 raw_error,
+						     unsigned int nr_bytes, bool btf)
+{
+	__u64 now = bpf_ktime_get_ns(), entered;
+	struct rq_track t = {};
+	struct vg_block_hists *h;
+	__u32 data_len = btf ? rq->__data_len : BPF_CORE_READ(rq, __data_len);
+
+	/* A partial completion: the rest of the request is still with the device. */
+	if (nr_bytes < data_len)
+		return 0;
+	if (!owned_at_completion(rq, btf, now, &t.tid, &entered))
+		return 0;
+	count_error(raw_error);
+	t.start_ns = btf ? rq->start_time_ns : BPF_CORE_READ(rq, start_time_ns);
+	t.issue_ns = btf ? rq->io_start_time_ns : BPF_CORE_READ(rq, io_start_time_ns);
+	if (entered && (!t.start_ns || entered <= t.start_ns)) {
+		t.start_ns = entered;
+		t.from_entry = 1;
+	}
+	if (!t.issue_ns) {
+		t.flush = !data_len;
+		complete_unissued(rq, btf, &t, now);
+		return 0;
+	}
+	fill_key(rq, btf, &t);
+	count_first_issue(t.key.dev);
+	h = hists_of(&t.key);
+	if (!h)
+		return 0;
+	/* Without a start the slow-request record starts at the issue. */
+	if (!record_queue(h, &t))
+		t.start_ns = t.issue_ns;
+	record_device_on(h, &t, now);
+	return 0;
 }
 
 static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsigned int nr_bytes,
 				       bool btf)
 {
-	__u64 now = bpf_ktime_get_ns(), delta, device_end;
+	__u64 now = bpf_ktime_get_ns();
 	struct vg_block_hists *h;
 	struct rq_slot *s;
 	struct rq_track *t;
 
 	if (!rq)
 		return 0;
+	if (kernel_stamps)
+		return complete_by_kernel_stamps(rq, raw_error, nr_bytes, btf);
 	s = request_slot(rq, btf, false);
 	if (!s)
 		return 0;
@@ -701,42 +812,17 @@ static __always_inline int on_complete(struct request *rq, __u64 raw_error, unsi
 	}
 	/* One lookup for all of this request's stages. */
 	h = hists_of(&t->key);
-	if (!h)
-		goto done;
-	if (vg_elapsed(t->start_ns, t->issue_ns, &delta)) {
-		vg_hist_add(&h->stage[VG_STAGE_QUEUE], delta, true);
-		if (t->from_entry && (t->key.op == VG_OP_READ || t->key.op == VG_OP_WRITE)) {
-			__u32 dev = t->key.dev;
-
-			vg_count(&from_bio_entry, &dev, false);
-		}
+	if (h) {
+		record_queue(h, t);
+		record_device_on(h, t, now);
 	}
-	device_end = irq_entry_since(h, t, now);
-	if (vg_elapsed(t->issue_ns, device_end ? device_end : now, &delta)) {
-		vg_hist_add(&h->stage[VG_STAGE_DEVICE], delta, true);
-		__u32 submit_cpu = t->submit_cpu;
-		__u64 *n = bpf_map_lookup_elem(&completions_by_submitter, &submit_cpu);
-
-		if (n)
-			(*n)++;
-		if (!device_end)
-			vg_bump(&counters, VG_BLOCK_UNSPLIT);
-		else if (vg_elapsed(device_end, now, &delta))
-			vg_hist_add(&h->stage[VG_STAGE_COMPLETION], delta, true);
-		emit_if_slow(t, device_end, now);
-	}
-done:
 	s->rq = 0;
 	return 0;
 }
 
 static __always_inline int on_irq_entry(int irq)
 {
-	__u32 key = irq;
-	__u64 *entered = bpf_map_lookup_elem(&irq_entered, &key);
-
-	if (entered)
-		*entered = bpf_ktime_get_ns();
+	vg_note_irq_entry(irq, bpf_ktime_get_ns());
 	return 0;
 }
 
@@ -900,21 +986,38 @@ int BPF_PROG(block_rq_merge_q_raw, struct request_queue *q, struct request *rq)
 	return on_merge(rq, false);
 }
 
-/* Requeues are counted; the next issue restarts device time (see on_issue). */
+/*
+ * Requeues of followed requests are counted (one holds a slot, or with the kernel's stamps its
+ * bio's note); the next issue restarts device time (see on_issue).
+ */
+static __always_inline int on_requeue(struct request *rq, bool btf)
+{
+	bool followed;
+
+	if (!rq)
+		return 0;
+	if (kernel_stamps) {
+		__u64 bio = btf ? (__u64)rq->bio : (__u64)BPF_CORE_READ(rq, bio);
+
+		followed = !vg_filtering() || (bio && bpf_map_lookup_elem(&bios, &bio));
+	} else {
+		followed = request_slot(rq, btf, false);
+	}
+	if (followed)
+		vg_bump(&counters, VG_BLOCK_REQUEUED);
+	return 0;
+}
+
 SEC("tp_btf/block_rq_requeue")
 int BPF_PROG(block_rq_requeue_btf, struct request *rq)
 {
-	if (request_slot(rq, true, false))
-		vg_bump(&counters, VG_BLOCK_REQUEUED);
-	return 0;
+	return on_requeue(rq, true);
 }
 
 SEC("raw_tp/block_rq_requeue")
 int BPF_PROG(block_rq_requeue_raw, struct request *rq)
 {
-	if (request_slot(rq, false, false))
-		vg_bump(&counters, VG_BLOCK_REQUEUED);
-	return 0;
+	return on_requeue(rq, false);
 }
 
 /* The error argument is taken as its whole word: its type changed (int errno, then blk_status_t). */

@@ -115,15 +115,28 @@ struct {
 
 VG_DROPPED_MAP;
 
+/*
+ * Set where the block family loads too: this program also stamps the block object's
+ * `irq_entered` (its map: this object's is handed to it), so one program, not two, runs at
+ * every interrupt's entry.
+ */
+const volatile bool stamp_irq_entered = false;
+
+/* The block family's IRQ entries (see vg_maps.bpf.h). */
+VG_IRQ_ENTERED_MAP;
+
 static __always_inline int hardirq_entry(int irq)
 {
 	__u32 zero = 0;
 	struct irq_start *s = bpf_map_lookup_elem(&hardirq_start, &zero);
+	__u64 now = bpf_ktime_get_ns();
 
 	if (s) {
-		s->ts = bpf_ktime_get_ns();
+		s->ts = now;
 		s->irq = irq;
 	}
+	if (stamp_irq_entered)
+		vg_note_irq_entry(irq, now);
 	return 0;
 }
 

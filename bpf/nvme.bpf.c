@@ -51,7 +51,8 @@ static __always_inline int on_setup(struct request *rq)
 	return 0;
 }
 
-static __always_inline int on_complete(struct request *rq)
+/* `btf`: a tp_btf program's typed pointer, read with plain loads (constant per caller). */
+static __always_inline int on_complete(struct request *rq, bool btf)
 {
 	__u64 key = (__u64)rq, *ts = bpf_map_lookup_elem(&commands, &key), delta;
 	struct vg_hist *h;
@@ -60,12 +61,16 @@ static __always_inline int on_complete(struct request *rq)
 
 	if (!rq || !ts)
 		return 0;
-	struct vg_nvme_key k = {
-		.dev = vg_disk_dev(vg_rq_disk(rq)),
-		/* The admin queue's requests have no queuedata. */
-		.qid = BPF_CORE_READ(rq, q, queuedata) ? BPF_CORE_READ(rq, mq_hctx, queue_num) + 1 : 0,
-		.op = vg_op_of(BPF_CORE_READ(rq, cmd_flags)),
-	};
+	struct vg_nvme_key k = { .dev = vg_rq_dev(rq, btf) };
+
+	/* The admin queue's requests have no queuedata. */
+	if (btf) {
+		k.qid = rq->q->queuedata ? rq->mq_hctx->queue_num + 1 : 0;
+		k.op = vg_op_of(rq->cmd_flags);
+	} else {
+		k.qid = BPF_CORE_READ(rq, q, queuedata) ? BPF_CORE_READ(rq, mq_hctx, queue_num) + 1 : 0;
+		k.op = vg_op_of(BPF_CORE_READ(rq, cmd_flags));
+	}
 	init = bpf_map_lookup_elem(&zero_hist, &zero);
 	if (init && vg_elapsed(*ts, bpf_ktime_get_ns(), &delta)) {
 		h = vg_lookup_or_init(&nvme_hists, &k, init);
@@ -93,13 +98,13 @@ int BPF_PROG(nvme_setup_cmd_raw, struct request *rq, struct nvme_command *cmd)
 SEC("tp_btf/nvme_complete_rq")
 int BPF_PROG(nvme_complete_rq_btf, struct request *rq)
 {
-	return on_complete(rq);
+	return on_complete(rq, true);
 }
 
 SEC("raw_tp/nvme_complete_rq")
 int BPF_PROG(nvme_complete_rq_raw, struct request *rq)
 {
-	return on_complete(rq);
+	return on_complete(rq, false);
 }
 
 struct vg_nvme_key vg_abi_nvme_key = {};

@@ -10,8 +10,11 @@ over a file in /dev/shm (`--device memory`), which serves reads from memory at s
 virtio disk's rate, so a probe's cost per I/O weighs more in the IOPS ratio."""
 
 import argparse
+import contextlib
 import json
+import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -57,31 +60,73 @@ def bpftrace_costs():
     return (runs, ns) if runs else None
 
 
+@contextlib.contextmanager
+def run_statistics():
+    """The kernel's run statistics on for the block (bpftrace's programs need the switch; ours
+    hold their own fd for a share of the time, and the other variants run without them)."""
+    switch = "/proc/sys/kernel/bpf_stats_enabled"
+    before = open(switch).read().strip()
+    with open(switch, "w") as f:
+        f.write("1")
+    try:
+        yield
+    finally:
+        with open(switch, "w") as f:
+            f.write(before)
+
+
 def with_bpftrace(virtgap, path, runtime, costs):
     """A run with bpftrace attached; appends (ns per event, ns per I/O) to `costs`."""
-    bt = subprocess.Popen(["bpftrace", "-e", BIOLATENCY], stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-    # Wait until bpftrace says its probes are attached.
-    deadline = time.time() + 30
-    for line in bt.stdout:
-        if "Attaching" in line:
-            break
-        if time.time() > deadline:
-            bt.kill()
-            sys.exit("bench: bpftrace did not attach")
-    time.sleep(1)
-    try:
-        doc = record(virtgap, path, runtime, probes=False)
-        cost = bpftrace_costs()
-        if cost:
-            runs, ns = cost
-            # bpftrace also saw the I/O of its second of settling: a few I/Os at most.
-            ios = doc["jobs"][0]["read"]["total_ios"]
-            costs.append((ns / runs, ns / max(ios, 1)))
-        return doc
-    finally:
-        bt.send_signal(signal.SIGINT)
-        bt.wait(timeout=30)
+    with run_statistics():
+        bt = subprocess.Popen(["bpftrace", "-e", BIOLATENCY], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        # Wait until bpftrace says its probes are attached.
+        deadline = time.time() + 30
+        for line in bt.stdout:
+            if "Attaching" in line:
+                break
+            if time.time() > deadline:
+                bt.kill()
+                sys.exit("bench: bpftrace did not attach")
+        time.sleep(1)
+        try:
+            doc = record(virtgap, path, runtime, probes=False)
+            cost = bpftrace_costs()
+            if cost:
+                runs, ns = cost
+                # bpftrace also saw the I/O of its second of settling: a few I/Os at most.
+                ios = doc["jobs"][0]["read"]["total_ios"]
+                costs.append((ns / runs, ns / max(ios, 1)))
+            return doc
+        finally:
+            bt.send_signal(signal.SIGINT)
+            bt.wait(timeout=30)
+
+
+def median_interval(values, confidence=0.95):
+    """A distribution-free interval for the median: the order statistics x(k) and x(n+1-k)
+    with the largest k whose binomial coverage is at least `confidence` (None below 6 values).
+    Rounds on this machine move by +-10%, so a median ratio alone cannot say whether a 2%
+    target is met; the interval says when it cannot."""
+    xs, n = sorted(values), len(values)
+    best = None
+    for k in range(1, n // 2 + 1):
+        # P(x(k) <= median <= x(n+1-k)) = 1 - 2 P(Binomial(n, 1/2) <= k - 1)
+        tail = sum(math.comb(n, i) for i in range(k)) / 2 ** n
+        if 1 - 2 * tail >= confidence:
+            best = (xs[k - 1], xs[n - k], 1 - 2 * tail)
+    return best
+
+
+def judged(values, target):
+    """'median m, 95% interval [lo, hi]: meets / misses / cannot tell' against `target`."""
+    m = statistics.median(values)
+    iv = median_interval(values)
+    if not iv:
+        return f"{m:.3f} (too few rounds for an interval)"
+    lo, hi, cover = iv
+    word = "meets" if lo >= target else "misses" if hi < target else "cannot tell"
+    return f"{m:.3f}, {cover:.0%} interval [{lo:.3f}, {hi:.3f}]: {word} >= {target}"
 
 
 def main():
@@ -97,17 +142,11 @@ def main():
         sys.exit("bench: use at least 5 rounds")
     if os.geteuid() != 0:
         sys.exit("bench: needs root (BPF)")
+    if not shutil.which("bpftrace"):
+        sys.exit("bench: bpftrace, the yardstick, is missing: apt-get install bpftrace")
     ensure_tracefs()
-    # Kernel run statistics for bpftrace's programs (ours hold their own stats fd).
     os.environ["PATH"] += ":/usr/sbin:/sbin"
-    stats_before = open("/proc/sys/kernel/bpf_stats_enabled").read().strip()
-    with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
-        f.write("1")
-    try:
-        run(args)
-    finally:
-        with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
-            f.write(stats_before)
+    run(args)
 
 
 def run(args):
@@ -149,24 +188,28 @@ def rounds(args, path):
             if n == "virtgap":
                 probes = doc["probes"]
                 progs = probes["programs"]
-                ios = doc["jobs"][0]["read"]["total_ios"]
+                # The programs' figures count while the run statistics were on (one interval
+                # in four after the first four): the I/Os of that time.
+                secs = probes["seconds"]
+                stats_share = min(1.0, (probes.get("stats_seconds") or secs) / secs)
+                ios = doc["jobs"][0]["read"]["total_ios"] * stats_share
                 for fam in per_event:
                     runs = sum(p["runs"] for p in progs if p["family"] == fam)
                     ns = sum(p["run_time_ns"] for p in progs if p["family"] == fam)
                     if runs:
                         per_event[fam].append(ns / runs)
                     family_per_io[fam].append(ns / max(ios, 1))
-                secs = probes["seconds"]
                 all_ns = sum(p["run_time_ns"] for p in progs)
-                cpu_share.append(all_ns / 1e9 / secs * 100)
+                cpu_share.append(all_ns / 1e9 / (secs * stats_share) * 100)
                 all_per_io.append(all_ns / max(ios, 1))
         print(f"{r + 1:>5} " + " ".join(f"{row[n]:>14.0f}" for n in names), flush=True)
 
     med = statistics.median
-    ratio = lambda n: med([a / b for a, b in zip(iops[n], iops["none"])])
+    # Each round's ratio pairs runs minutes apart, so the machine's drift between rounds cancels.
+    ratios = lambda n: [a / b for a, b in zip(iops[n], iops["none"])]
     print(f"median IOPS: " + ", ".join(f"{n} {med(iops[n]):.0f}" for n in names))
-    print(f"median IOPS ratio virtgap probes / none: {ratio('virtgap'):.3f} (target >= 0.98)")
-    print(f"median IOPS ratio bpftrace biolatency / none: {ratio('bpftrace'):.3f}")
+    print(f"IOPS ratio virtgap probes / none, median of rounds: {judged(ratios('virtgap'), 0.98)}")
+    print(f"IOPS ratio bpftrace biolatency / none, median of rounds: {judged(ratios('bpftrace'), 0.98)}")
     for fam, values in per_event.items():
         if values:
             print(f"virtgap {fam} programs: median {med(values):.0f} ns per event, "

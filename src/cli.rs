@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use virtgap_workloads::kv::spec::{KvOverrides, Ratio, RecordBytes};
 use virtgap_workloads::spec::{ByteSize, Distribution, EngineKind, Overrides, ReadWrite, Span};
 
@@ -272,6 +272,15 @@ pub struct DoctorArgs {
     /// to here, is absent, or why it cannot be traced
     #[arg(long, value_name = "NAME", value_parser = ["xen", "kvm", "hyperv"])]
     pub hypervisor: Option<String>,
+    /// Compare the block family's own stamps with the kernel's on the same I/Os: read PATH (a
+    /// file or block device, opened read-only) with O_DIRECT, both attached, and print each
+    /// one's stages and cost per read
+    #[arg(long, value_name = "PATH", conflicts_with = "hypervisor")]
+    pub compare_stamps: Option<PathBuf>,
+    /// Reads for --compare-stamps
+    #[arg(long, value_name = "N", default_value_t = 2000, requires = "compare_stamps",
+          value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub reads: u64,
 }
 
 #[derive(Debug, Args)]
@@ -427,6 +436,20 @@ pub struct ProbeArgs {
     /// [default: every process running a VM]
     #[arg(long, value_name = "PID")]
     pub vmm_pid: Option<u32>,
+
+    /// Where block stage times come from: `own` clock readings at a request's start, issue and
+    /// completion (three programs per request, any kernel), or the `kernel`'s own request
+    /// stamps read at completion (one program per request; where they are not exact, 6.9+,
+    /// our own, with a note). `virtgap doctor --compare-stamps PATH` shows both on the same reads
+    #[arg(long, value_enum, default_value_t = StampSource::Own, value_name = "SOURCE")]
+    pub block_stamps: StampSource,
+}
+
+/// `--block-stamps`' values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StampSource {
+    Own,
+    Kernel,
 }
 
 #[derive(Debug, Args)]
@@ -706,6 +729,10 @@ impl ProbeArgs {
             families: self.probes.clone(),
             sample_hz: self.sample_hz,
             vmm_pid: self.vmm_pid,
+            block_stamps: match self.block_stamps {
+                StampSource::Own => virtgap_probes::BlockStamps::Own,
+                StampSource::Kernel => virtgap_probes::BlockStamps::Kernel,
+            },
         }
     }
 }

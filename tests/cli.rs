@@ -485,6 +485,62 @@ fn ctrl_c_while_preparing_leaves_no_temp_file() {
     assert!(entries(dir.path()).is_empty());
 }
 
+/// `doctor --compare-stamps`: both stamp sources on the same reads of a file, as text and JSON;
+/// a path that cannot be read is one line and a non-zero exit.
+#[test]
+fn doctor_compares_the_kernels_block_stamps_with_ours_on_the_same_reads() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let missing = dir.path().join("missing.img");
+    let out = vg()
+        .args(["doctor", "--compare-stamps"])
+        .arg(&missing)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    if !root_allowed("doctor --compare-stamps on a file") {
+        return;
+    }
+    assert!(err.contains("missing.img"), "{err}");
+    let path = dir.path().join("reads.img");
+    std::fs::write(&path, vec![0x5au8; 4 << 20]).unwrap();
+    let out = vg()
+        .args(["doctor", "--reads", "300", "--json", "--compare-stamps"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["reads"], 300);
+    for side in ["own", "kernel"] {
+        let n = doc[side]["requests"].as_u64().unwrap();
+        assert!(
+            (297..=303).contains(&n),
+            "{side}: {n} requests for 300 reads"
+        );
+    }
+    let text = vg()
+        .args(["doctor", "--reads", "100", "--compare-stamps"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8(text.stdout).unwrap();
+    for needle in [
+        "queue",
+        "device",
+        "completion",
+        "less the order",
+        "own programs:",
+    ] {
+        assert!(text.contains(needle), "{needle}:\n{text}");
+    }
+}
+
 #[test]
 fn doctor_fingerprints_the_host_and_lists_every_probe() {
     let out = vg().arg("doctor").output().unwrap();

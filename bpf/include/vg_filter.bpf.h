@@ -52,19 +52,25 @@ static __always_inline bool vg_tgid_followed(__u32 tgid)
 	return bpf_map_lookup_elem(&followed, &tgid) != NULL;
 }
 
-static __always_inline bool vg_current_wanted(void)
+/* Whether `current`, whose bpf_get_current_pid_tgid() the caller already read, is followed. */
+static __always_inline bool vg_current_wanted_as(__u64 pid_tgid)
 {
 	struct bpf_pidns_info ns = {};
 
 	if (filter_followed)
-		return vg_tgid_followed(bpf_get_current_pid_tgid() >> 32);
+		return vg_tgid_followed(pid_tgid >> 32);
 	if (!filter_tgid)
 		return true;
 	if (!filter_pidns_ino)
-		return (bpf_get_current_pid_tgid() >> 32) == filter_tgid;
+		return (pid_tgid >> 32) == filter_tgid;
 	if (bpf_get_ns_current_pid_tgid(filter_pidns_dev, filter_pidns_ino, &ns, sizeof(ns)))
 		return false;
 	return ns.tgid == filter_tgid;
+}
+
+static __always_inline bool vg_current_wanted(void)
+{
+	return vg_current_wanted_as(bpf_get_current_pid_tgid());
 }
 
 /* Call where `current` may be the followed process: records its global tgid once. */

@@ -30,6 +30,30 @@
 		__type(value, __u64);                                                       \
 	} dropped SEC(".maps")
 
+/*
+ * `irq_entered`: the latest handler entry of each IRQ, indexed by IRQ number up to the highest a
+ * block queue maps to (user space sizes it): an array, whose lookups the verifier inlines, on
+ * the path of every interrupt and every completion. IRQs no queue maps to are stamped too, and
+ * never read. The block object reads it; where the irq family loads too, the block object takes
+ * the irq object's copy and the irq family's irq_handler_entry program stamps it (one program
+ * per interrupt, not two). vg_note_irq_entry stamps it.
+ */
+#define VG_IRQ_ENTERED_MAP                                                                  \
+	struct {                                                                            \
+		__uint(type, BPF_MAP_TYPE_ARRAY);                                           \
+		__uint(max_entries, 1);                                                     \
+		__type(key, __u32);                                                         \
+		__type(value, __u64);                                                       \
+	} irq_entered SEC(".maps");                                                         \
+	static __always_inline void vg_note_irq_entry(__u32 irq, __u64 now)                 \
+	{                                                                                   \
+		__u64 *entered = bpf_map_lookup_elem(&irq_entered, &irq);                   \
+                                                                                            \
+		if (entered)                                                                \
+			*entered = now;                                                     \
+	}                                                                                   \
+	struct vg_irq_entered_map_end
+
 /* One more in slot `index` of a per-CPU array of u64 counters (this CPU's copy: no atomics). */
 static __always_inline void vg_bump(void *counters, __u32 index)
 {

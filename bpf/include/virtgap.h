@@ -41,8 +41,10 @@ enum vg_limits {
 	VG_NR_SOFTIRQS = 10,
 	/* Processes followed in attach mode (a database's, a cgroup's, every one named so). */
 	VG_MAX_FOLLOWED = 65536,
-	/* Threads of the workload tracked between wakeup and running. */
+	/* Threads of an attached process with a call in flight (the app family). */
 	VG_MAX_TASKS = 4096,
+	/* Slots of the wakeup family's direct-mapped stamps by thread id (a power of two). */
+	VG_WAIT_SLOTS = 16384,
 	/* Distinct (CPU, user/kernel, IP) sampler keys per interval (user space drains them). */
 	VG_MAX_SAMPLE_KEYS = 16384,
 };

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::ffi::CString;
 use std::ptr::NonNull;
 
-use libbpf_rs::btf::types::{FuncProto, Typedef};
+use libbpf_rs::btf::types::{FuncProto, Struct, Typedef};
 use libbpf_rs::btf::{Btf, BtfKind, BtfType, ReferencesType};
 use libbpf_rs::{AsRawLibbpf, Link, Object, OpenObject};
 use serde::{Deserialize, Serialize};
@@ -197,6 +197,15 @@ impl KernelTracepoints {
             btf.type_by_name::<Typedef<'_>>(&format!("btf_trace_{name}"))
                 .is_some()
         })
+    }
+
+    /// Whether vmlinux's `struct <name>` has a member `member` at its top level. None when BTF
+    /// does not say (no kernel BTF, or no such struct).
+    pub fn has_member(&self, name: &str, member: &str) -> Option<bool> {
+        let btf = self.btf.as_ref()?;
+        let s = btf.type_by_name::<Struct<'_>>(name)?;
+        let found = s.iter().any(|m| m.name.is_some_and(|n| n == member));
+        Some(found)
     }
 
     /// Whether `module` has BTF this kernel exposes (tp_btf programs on its tracepoints need it).

@@ -92,6 +92,8 @@ impl ProbeHandle {
                 };
                 drain_slow(&mut slow);
                 let mut previous = session.snapshot();
+                let every = u64::from(config.run_stats_every.max(1));
+                let mut intervals = 0u64;
                 let mut length = interval.min(FIRST_SNAPSHOT_AFTER);
                 let mut next = Instant::now() + length;
                 loop {
@@ -106,6 +108,12 @@ impl ProbeHandle {
                     }
                     wait_until(next, &flag, &mut || drain_slow(&mut slow));
                     let cumulative = session.snapshot();
+                    // The run statistics cost every program run two clock reads: on for the
+                    // first `run_stats_every` intervals (a short run is measured whole), then
+                    // for one interval in that many.
+                    intervals += 1;
+                    session
+                        .set_run_stats(intervals < every || (intervals + 1).is_multiple_of(every));
                     // After the snapshot: it lists every process followed in the interval,
                     // those that exited in it too; the next one lists only the living.
                     session.refresh_followed();

@@ -123,6 +123,17 @@ impl BpfError {
     }
 }
 
+/// The comparison of the block family's own stamps with the kernel's could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum StampsCheckError {
+    #[error(transparent)]
+    NoPermission(#[from] NoPermission),
+    #[error("the block family did not load: {0}")]
+    NotLoaded(String),
+    #[error("the reads")]
+    Read(#[source] std::io::Error),
+}
+
 /// The in-kernel histogram self-test did not pass, or could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum SelfTestError {

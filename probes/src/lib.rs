@@ -21,12 +21,13 @@ pub mod procfs;
 pub mod report;
 pub mod selftest;
 pub mod session;
+pub mod stamps_check;
 pub mod virt;
 
 pub use attach::AttachKind;
 pub use collector::{ProbeEvent, ProbeHandle};
 pub use error::{NoPermission, Unavailable};
-pub use families::{FamilyDef, ProbeConfig, ProbeStorage};
+pub use families::{BlockStamps, FamilyDef, ProbeConfig, ProbeStorage};
 pub use hist::KernelHist;
 pub use model::ProbeSnapshot;
 pub use report::{CapabilityReport, Family, FamilyReport};

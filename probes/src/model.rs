@@ -876,6 +876,10 @@ pub struct ProgramStats {
     pub name: String,
     pub run_count: u64,
     pub run_time_ns: u64,
+    /// Events the kernel did not run the program for because it was already running on that
+    /// CPU (an interrupt's event nested in the program's own): lost measurements.
+    #[serde(default)]
+    pub missed: u64,
 }
 
 /// Everything the probes measured, cumulative since they attached.
@@ -900,9 +904,26 @@ pub struct ProbeSnapshot {
     pub followed: Option<Vec<u32>>,
     /// Empty when run-time statistics are unavailable.
     pub programs: Vec<ProgramStats>,
+    /// Nanoseconds the kernel's run statistics were on, over which `programs` were counted
+    /// (the collector keeps them on for a share of the intervals: see
+    /// [`crate::ProbeSession::set_run_stats`]).
+    #[serde(default)]
+    pub stats_on_ns: u64,
 }
 
 impl ProbeSnapshot {
+    /// Our programs' run time over the whole snapshot, estimated from the time the run
+    /// statistics were on (measured outright when they were on throughout). None without
+    /// them, or when they were off for all of it.
+    pub fn program_run_ns_estimate(&self) -> Option<u64> {
+        if self.programs.is_empty() || self.stats_on_ns == 0 {
+            return None;
+        }
+        let measured: u64 = self.programs.iter().map(|p| p.run_time_ns).sum();
+        let on = self.stats_on_ns.min(self.elapsed_ns.max(1));
+        Some((measured as f64 * self.elapsed_ns.max(1) as f64 / on as f64) as u64)
+    }
+
     /// Slow requests the block probe could not send (its ring buffer was full); 0 without it.
     pub fn slow_dropped(&self) -> u64 {
         self.block.as_ref().map_or(0, |b| b.slow_dropped)
@@ -955,6 +976,7 @@ impl ProbeSnapshot {
                 })
                 .collect(),
             followed: self.followed.clone(),
+            stats_on_ns: self.stats_on_ns.saturating_sub(earlier.stats_on_ns),
             programs: self
                 .programs
                 .iter()
@@ -967,6 +989,7 @@ impl ProbeSnapshot {
                         run_count: p.run_count - prev.map_or(0, |q| q.run_count.min(p.run_count)),
                         run_time_ns: p.run_time_ns
                             - prev.map_or(0, |q| q.run_time_ns.min(p.run_time_ns)),
+                        missed: p.missed - prev.map_or(0, |q| q.missed.min(p.missed)),
                         ..p.clone()
                     }
                 })

@@ -33,7 +33,7 @@ pub struct ProbeSession<'a> {
     follow: Option<crate::follow::AttachTarget>,
     /// The followed set was filled from the target once.
     seeded: std::cell::Cell<bool>,
-    _stats_fd: Option<OwnedFd>,
+    run_stats: RefCell<RunStats>,
     started: Instant,
     /// /proc/stat at load time: snapshots count from here, like the BPF maps.
     base_cpu_times: Vec<procfs::CpuTimes>,
@@ -65,6 +65,13 @@ impl<'a> ProbeSession<'a> {
                 None
             }
         };
+        let run_stats = RefCell::new(RunStats {
+            available: stats_fd.is_some(),
+            fd: stats_fd,
+            on_ns: 0,
+            since: Instant::now(),
+            runs: 0,
+        });
         let traced: Vec<_> = Family::ALL
             .iter()
             .flat_map(|f| f.def().modules)
@@ -108,7 +115,14 @@ impl<'a> ProbeSession<'a> {
             shared: &shared,
         };
         let mut families = Vec::new();
-        for (family, slots) in Family::ALL.into_iter().zip(storage.slots.iter_mut()) {
+        // The irq family loads first: its interrupt-entry program also stamps the block
+        // family's IRQ entries (SharedMaps::irq_entered). Reports keep Family::ALL's order.
+        let mut order: Vec<_> = Family::ALL
+            .into_iter()
+            .zip(storage.slots.iter_mut())
+            .collect();
+        order.sort_by_key(|(family, _)| *family != Family::Irq);
+        for (family, slots) in order {
             if !config.families.contains(&family) {
                 continue;
             }
@@ -134,6 +148,8 @@ impl<'a> ProbeSession<'a> {
                 Err(r) => report.families.push(r),
             }
         }
+        report.families.sort_by_key(|r| r.family);
+        families.sort_by_key(|(family, _)| *family);
         report.notes = notes.into_inner();
         report.maps = families
             .iter()
@@ -144,13 +160,15 @@ impl<'a> ProbeSession<'a> {
                     .collect::<Vec<_>>()
             })
             .collect();
+        let started = Instant::now();
+        run_stats.borrow_mut().since = started;
         let session = Self {
             families,
             followed,
             follow: config.follow.clone(),
             seeded: std::cell::Cell::new(false),
-            _stats_fd: stats_fd,
-            started: Instant::now(),
+            run_stats,
+            started,
             base_cpu_times: procfs::read_cpu_times(),
             report,
         };
@@ -284,8 +302,9 @@ impl<'a> ProbeSession<'a> {
 
     /// Reads every map into a cumulative snapshot.
     pub fn snapshot(&self) -> ProbeSnapshot {
+        let now = Instant::now();
         let mut snap = ProbeSnapshot {
-            elapsed_ns: self.started.elapsed().as_nanos() as u64,
+            elapsed_ns: now.duration_since(self.started).as_nanos() as u64,
             cpu_times: procfs::read_cpu_times()
                 .into_iter()
                 .map(|t| {
@@ -298,15 +317,73 @@ impl<'a> ProbeSession<'a> {
             followed: self.follow.is_some().then(|| self.followed()),
             ..ProbeSnapshot::default()
         };
-        for (family, f) in &self.families {
+        for (_, f) in &self.families {
             f.read(&mut snap);
-            if self._stats_fd.is_some() {
-                for object in f.objects() {
-                    snap.programs.extend(program_stats(family.name(), object));
-                }
-            }
         }
+        let mut stats = self.run_stats.borrow_mut();
+        if stats.available {
+            snap.programs = self.program_stats();
+        }
+        let runs = snap.programs.iter().map(|p| p.run_count).sum();
+        snap.stats_on_ns = stats.account(now, runs);
         snap
+    }
+
+    /// Turns the kernel's run statistics on or off from now (where they could be turned on at
+    /// load). They cost two clock reads at every run of every BPF program on the host (here
+    /// ~70 ns a run, as much as one of our programs), so the collector keeps them on for a
+    /// share of the intervals; snapshots say for how long they were on (`stats_on_ns`), over
+    /// which the programs' runs and run time were counted.
+    pub fn set_run_stats(&self, on: bool) {
+        let mut stats = self.run_stats.borrow_mut();
+        if !stats.available || on == stats.fd.is_some() {
+            return;
+        }
+        stats.fd = if on { enable_run_stats().ok() } else { None };
+        if !on {
+            // Runs between the last snapshot and now were counted: they must not make the next
+            // snapshot take the switch for another holder's.
+            stats.runs = self.program_stats().iter().map(|p| p.run_count).sum();
+        }
+    }
+
+    /// Every loaded program's run statistics, family by family.
+    fn program_stats(&self) -> Vec<ProgramStats> {
+        self.families
+            .iter()
+            .flat_map(|(family, f)| {
+                f.objects()
+                    .into_iter()
+                    .flat_map(|o| program_stats(family.name(), o))
+            })
+            .collect()
+    }
+}
+
+/// The kernel's run statistics as this session holds them, and for how long they were on.
+struct RunStats {
+    /// They could be turned on at load (else no program statistics are read).
+    available: bool,
+    /// Held while on: the kernel's switch stays on while any holder's fd lives.
+    fd: Option<OwnedFd>,
+    /// Time they were on, up to `since`.
+    on_ns: u64,
+    since: Instant,
+    /// Our programs' runs as counted at `since`.
+    runs: u64,
+}
+
+impl RunStats {
+    /// The time they were on up to `now`, given our programs' runs then. A span counts as on when
+    /// this session held them, or when the runs were counted anyway (another tool holds them
+    /// on: the kernel's switch is one for the host).
+    fn account(&mut self, now: Instant, runs: u64) -> u64 {
+        if self.fd.is_some() || runs > self.runs {
+            self.on_ns += now.duration_since(self.since).as_nanos() as u64;
+        }
+        self.since = now;
+        self.runs = runs;
+        self.on_ns
     }
 }
 
@@ -346,6 +423,7 @@ fn program_stats(family: &'static str, object: &Object) -> Vec<ProgramStats> {
                 name: p.name().to_string_lossy().into_owned(),
                 run_count: info.run_cnt,
                 run_time_ns: info.run_time_ns,
+                missed: info.recursion_misses,
             })
         })
         .collect()

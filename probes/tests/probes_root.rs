@@ -236,7 +236,33 @@ fn slow_requests_carry_each_reads_disk_sector_and_times() {
         map.disk
     );
     if (found as u64) < BLOCKS * 98 / 100 {
-        let block = session.snapshot().block.unwrap_or_default();
+        let snapshot = session.snapshot();
+        let block = snapshot.block.clone().unwrap_or_default();
+        // Whether the lost reads were measured at all (their stages recorded) and how often
+        // each program ran and was skipped by the kernel, so a failure says where they went.
+        let device_reads = block
+            .stage(Some(&[map.disk]), BlockStage::Device, &[BlockOp::Read])
+            .count;
+        let programs: Vec<_> = snapshot
+            .programs
+            .iter()
+            .filter(|p| p.run_count > 0 || p.missed > 0)
+            .map(|p| format!("{} ran {} missed {}", p.name, p.run_count, p.missed))
+            .collect();
+        let unmatched: Vec<u64> = reads
+            .iter()
+            .filter(|&&(offset, _, _)| {
+                let sector = map.sector_of(offset).unwrap();
+                !slow.iter().any(|r| r.dev == map.disk && r.sector == sector)
+            })
+            .map(|&(offset, _, _)| offset / 4096)
+            .take(40)
+            .collect();
+        eprintln!(
+            "device stage counted {device_reads} reads; {} requeued; programs: {programs:?}; \
+             reads with no request at their sector (first 40): {unmatched:?}",
+            block.requeued
+        );
         // Which check the reads failed, so a failure says what went wrong.
         let at_sector: Vec<_> = reads
             .iter()
@@ -580,6 +606,17 @@ fn a_partitions_throttled_reads_wait_in_the_queue_stage() {
 /// queue stage they fall within what the reads took.
 #[test]
 fn device_time_ends_at_the_queues_interrupt_and_completion_takes_the_rest() {
+    device_time_ends_at_the_queues_interrupt(&[Family::Block]);
+}
+
+/// As above with the irq family loaded too: its interrupt-entry program stamps the block
+/// family's IRQ entries, and irq_handler_entry runs one program, not one per family.
+#[test]
+fn with_the_irq_family_one_program_stamps_interrupt_entries_for_both() {
+    device_time_ends_at_the_queues_interrupt(&[Family::Block, Family::Irq]);
+}
+
+fn device_time_ends_at_the_queues_interrupt(families: &[Family]) {
     if !bpf_allowed() {
         return;
     }
@@ -608,12 +645,41 @@ fn device_time_ends_at_the_queues_interrupt_and_completion_takes_the_rest() {
         return;
     }
     let mut storage = ProbeStorage::default();
-    let config = ProbeConfig::new(vec![Family::Block], Some(std::process::id()));
+    let config = ProbeConfig::new(families.to_vec(), Some(std::process::id()));
     let session = ProbeSession::load(&mut storage, &config);
-    if !family_ready(&session, Family::Block) {
+    if !families.iter().all(|&f| family_ready(&session, f)) {
         return;
     }
     let before = session.snapshot();
+    let entry_programs: Vec<&str> = before
+        .programs
+        .iter()
+        .filter(|p| p.name.starts_with("irq_handler_entry"))
+        .map(|p| p.family.as_str())
+        .collect();
+    let stamper = if families.contains(&Family::Irq) {
+        Family::Irq
+    } else {
+        Family::Block
+    };
+    assert_eq!(
+        entry_programs,
+        [stamper.name()],
+        "programs loaded for irq_handler_entry"
+    );
+    // The block family still reports the tracepoint it reads: attached, by whichever program.
+    let block_report = session
+        .report
+        .families
+        .iter()
+        .find(|r| r.family == Family::Block);
+    assert!(
+        block_report.is_some_and(|r| r
+            .tracepoints
+            .iter()
+            .any(|t| t.tracepoint == "irq_handler_entry" && t.attached.is_some())),
+        "{block_report:?}"
+    );
     let (min_ns, max_ns) = direct_reads(&path, BLOCKS);
     let after = session.snapshot();
     let block = after.block.unwrap().since(&before.block.unwrap());
@@ -1235,6 +1301,20 @@ fn the_hosts_timer_writes_do_not_follow_the_samplers_rate() {
     }
 }
 
+/// The irq family loaded with the kernel's run statistics on (None, after failing in CI or
+/// printing why elsewhere, when either is missing).
+fn irq_session_with_run_stats(storage: &mut ProbeStorage) -> Option<ProbeSession<'_>> {
+    let session = ProbeSession::load(storage, &ProbeConfig::new(vec![Family::Irq], None));
+    if !family_ready(&session, Family::Irq) {
+        return None;
+    }
+    if let Some(reason) = &session.report.run_stats_unavailable {
+        virtgap_testkit::require("BPF run statistics", Err(reason));
+        return None;
+    }
+    Some(session)
+}
+
 #[test]
 fn run_statistics_cover_our_programs() {
     if !bpf_allowed() {
@@ -1242,14 +1322,9 @@ fn run_statistics_cover_our_programs() {
     }
     let _serial = serial();
     let mut storage = ProbeStorage::default();
-    let session = ProbeSession::load(&mut storage, &ProbeConfig::new(vec![Family::Irq], None));
-    if !family_ready(&session, Family::Irq) {
+    let Some(session) = irq_session_with_run_stats(&mut storage) else {
         return;
-    }
-    if let Some(reason) = &session.report.run_stats_unavailable {
-        virtgap_testkit::require("BPF run statistics", Err(reason));
-        return;
-    }
+    };
     std::thread::sleep(std::time::Duration::from_millis(200));
     let snap = session.snapshot();
     let timer = snap
@@ -1267,6 +1342,58 @@ fn run_statistics_cover_our_programs() {
         .programs
         .iter()
         .all(|p| p.run_count == 0 || p.run_time_ns > 0));
+}
+
+/// The run statistics can be turned off between snapshots (the collector keeps them on for a
+/// share of the intervals): off, our programs' runs stop counting and so does the time they
+/// were on; on again, both count.
+#[test]
+fn run_statistics_count_runs_and_their_time_only_while_on() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    let mut storage = ProbeStorage::default();
+    let Some(session) = irq_session_with_run_stats(&mut storage) else {
+        return;
+    };
+    let runs = |s: &virtgap_probes::ProbeSnapshot| s.programs.iter().map(|p| p.run_count).sum();
+    let wait = std::time::Duration::from_millis(300);
+    // Turning them off patches kernel text (IPIs, softirqs): runs while it does still count,
+    // so the off span starts after the switch.
+    session.set_run_stats(false);
+    let a = session.snapshot();
+    std::thread::sleep(wait);
+    let b = session.snapshot();
+    let off = b.since(&a);
+    let off_runs: u64 = runs(&off);
+    if off_runs > 0 {
+        // Another tool holds the host's switch on: the span counts as on, runs and all.
+        assert!(off.stats_on_ns >= off.elapsed_ns * 9 / 10, "{off:?}");
+    } else {
+        assert_eq!(
+            off.stats_on_ns, 0,
+            "no runs counted, yet on for {} ns",
+            off.stats_on_ns
+        );
+    }
+    session.set_run_stats(true);
+    std::thread::sleep(wait);
+    let on = session.snapshot().since(&b);
+    assert!(
+        runs(&on) > 0,
+        "the local timer fired in 300 ms: {:?}",
+        on.programs
+    );
+    assert!(
+        on.stats_on_ns >= on.elapsed_ns * 9 / 10 && on.stats_on_ns <= on.elapsed_ns,
+        "on for {} ns of {} ns",
+        on.stats_on_ns,
+        on.elapsed_ns
+    );
+    let estimate = on.program_run_ns_estimate().expect("measured while on");
+    let measured: u64 = on.programs.iter().map(|p| p.run_time_ns).sum();
+    assert!(estimate >= measured && estimate <= measured + measured / 5);
 }
 
 #[test]
@@ -1500,5 +1627,67 @@ fn pv_paths_accounts_for_every_timed_path_of_the_table() {
             .map(ToString::to_string)
             .as_deref(),
         Some("no hypervisor: nothing to measure")
+    );
+}
+
+/// Both sources of block stage times on the same reads: our own stamps and the kernel's (read
+/// at completion, here even where they are not exact) count the same requests, and bound the
+/// same time from a request's start to its completion (the kernel's session's programs run
+/// after ours: its completion stamp is later by our completion program's run).
+#[test]
+fn the_kernels_request_stamps_and_ours_measure_the_same_requests() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    const READS: u64 = 1000;
+    let path = data_file(dir.path(), READS);
+    let c = match virtgap_probes::stamps_check::compare_stamps(|| {
+        direct_reads(&path, READS);
+        Ok(READS)
+    }) {
+        Ok(c) => c,
+        Err(virtgap_probes::error::StampsCheckError::NotLoaded(why)) => {
+            virtgap_testkit::require("the stamps comparison", Err::<(), _>(why));
+            return;
+        }
+        Err(e) => panic!("{e:#}"),
+    };
+    eprintln!("{c:?}");
+    for (name, side) in [("own", &c.own), ("kernel", &c.kernel)] {
+        assert!(
+            side.requests.abs_diff(READS) <= READS / 100,
+            "{name} stamps measured {} requests for {READS} reads",
+            side.requests
+        );
+    }
+    let whole = |s: &virtgap_probes::stamps_check::StampedStages| {
+        s.queue_mean_ns.unwrap_or(0.0) + s.device_mean_ns.unwrap() + s.completion_mean_ns.unwrap()
+    };
+    let later_by: f64 = c
+        .own
+        .programs
+        .iter()
+        .filter(|(name, ..)| name.starts_with("block_rq_complete"))
+        .map(|(_, runs, ns)| runs * ns)
+        .sum();
+    let (own, kernel) = (whole(&c.own), whole(&c.kernel));
+    assert!(
+        (kernel - own - later_by).abs() <= own * 0.02,
+        "a request's time: {kernel:.0} ns by the kernel's stamps, {own:.0} ns by ours \
+         ({later_by:.0} ns of it the programs' order)"
+    );
+    // 6.9 made the plug cache the clock for a batch: exact before it.
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut version = release
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let exact = (version.next().unwrap(), version.next().unwrap()) < (6, 9);
+    assert_eq!(
+        c.kernel_inexact.is_none(),
+        exact,
+        "{release}: {:?}",
+        c.kernel_inexact
     );
 }

@@ -1,11 +1,12 @@
 //! `virtgap doctor`: the host fingerprint and the probe table — every signal, attached how, or
 //! unavailable and exactly why — and which views degrade as a result.
 
-use std::io::Write;
+use std::io::{Seek, Write};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use serde::Serialize;
 use virtgap_probes::hypervisor::{self, Hypervisor, Measure};
 use virtgap_probes::report::ABSENT_ON_THIS_KERNEL;
@@ -86,7 +87,8 @@ fn family_rows(f: &FamilyReport) -> Vec<ProbeRow> {
                 .unwrap_or(f.family.def().gives)
                 .into(),
             status: match (t.attached, &t.reason) {
-                (Some(kind), _) => format!("attached via {}", kind.name()),
+                (Some(kind), Some(how)) => format!("attached via {} ({how})", kind.name()),
+                (Some(kind), None) => format!("attached via {}", kind.name()),
                 (None, Some(why)) => format!("unavailable: {why}"),
                 (None, None) => "unavailable".into(),
             },
@@ -503,7 +505,164 @@ fn write_map_memory(out: &mut impl Write, report: &CapabilityReport) -> std::io:
     writeln!(out, "  largest here: {}", top.join(", "))
 }
 
+/// Bytes per read of --compare-stamps: the smallest O_DIRECT read every device takes.
+const STAMPS_READ_BYTES: usize = 4096;
+
+/// `doctor --compare-stamps PATH`: the block family's own stamps and the kernel's on the same
+/// reads.
+fn compare_stamps(path: &Path, reads: u64, json: bool) -> Result<ExitCode> {
+    let what = || format!("opening {} for O_DIRECT reads", path.display());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .with_context(what)?;
+    // A block device's metadata has no length; its end does.
+    let size = (&file).seek(std::io::SeekFrom::End(0)).with_context(what)?;
+    // Reads land in the first GiB at most.
+    let blocks = size.min(1 << 30) / STAMPS_READ_BYTES as u64;
+    anyhow::ensure!(
+        blocks > 0,
+        "{} is smaller than one 4 KiB block",
+        path.display()
+    );
+    let mut buffer = virtgap_workloads::engine::AlignedBuffer::new(STAMPS_READ_BYTES, 4096)?;
+    let c = virtgap_probes::stamps_check::compare_stamps(|| {
+        crate::say!(
+            "reading {reads} 4 KiB blocks of {} with both stamp sources attached...",
+            path.display()
+        );
+        // Each step a large odd stride (coprime with a power-of-two span: no block twice
+        // before all were read), so no two reads in a row are neighbours.
+        let mut block = 0u64;
+        for _ in 0..reads {
+            block = (block + 0x9E37_79B9) % blocks;
+            file.read_exact_at(buffer.as_mut_slice(), block * STAMPS_READ_BYTES as u64)?;
+        }
+        Ok(reads)
+    })
+    .with_context(|| format!("doctor --compare-stamps {}", path.display()))?;
+    let mut out = std::io::stdout().lock();
+    if json {
+        let doc = StampsJson {
+            path: path.display().to_string(),
+            comparison: &c,
+        };
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    write_stamps_comparison(&mut out, &path.display().to_string(), &c)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `doctor --compare-stamps --json`: the comparison and what was read.
+#[derive(Serialize)]
+struct StampsJson<'c> {
+    path: String,
+    #[serde(flatten)]
+    comparison: &'c virtgap_probes::stamps_check::StampsComparison,
+}
+
+fn write_stamps_comparison(
+    out: &mut impl Write,
+    path: &str,
+    c: &virtgap_probes::stamps_check::StampsComparison,
+) -> std::io::Result<()> {
+    use virtgap_workloads::units::latency;
+    let mean = |v: Option<f64>| v.map_or_else(|| "-".into(), latency);
+    writeln!(
+        out,
+        "block stage times of {} reads of {path}, both sources on the same requests:",
+        c.reads
+    )?;
+    writeln!(
+        out,
+        "  {:<8} {:>9} {:>11} {:>11} {:>11} {:>14} {:>14}",
+        "stamps", "requests", "queue", "device", "completion", "programs/read", "BPF time/read"
+    )?;
+    for (name, s) in [("own", &c.own), ("kernel", &c.kernel)] {
+        writeln!(
+            out,
+            "  {:<8} {:>9} {:>11} {:>11} {:>11} {:>14} {:>14}",
+            name,
+            s.requests,
+            mean(s.queue_mean_ns),
+            mean(s.device_mean_ns),
+            mean(s.completion_mean_ns),
+            s.program_runs_per_read
+                .map_or_else(|| "-".into(), |r| format!("{r:.2}")),
+            mean(s.program_ns_per_read),
+        )?;
+    }
+    // Differences as shares of a request's whole time (start to completion, our stamps).
+    let whole: f64 = [
+        c.own.queue_mean_ns,
+        c.own.device_mean_ns,
+        c.own.completion_mean_ns,
+    ]
+    .iter()
+    .flatten()
+    .sum();
+    let diff = |a: Option<f64>, b: Option<f64>, lag: f64| match (a, b) {
+        (Some(a), Some(b)) if whole > 0.0 => format!("{:+.2}%", (b - a - lag) / whole * 100.0),
+        _ => "-".into(),
+    };
+    let lag = c.order_lag_ns;
+    for (what, lag) in [
+        (
+            "difference",
+            virtgap_probes::stamps_check::StageLag::default(),
+        ),
+        ("less the order", lag),
+    ] {
+        writeln!(
+            out,
+            "  {:<18} {:>11} {:>11} {:>11}",
+            what,
+            diff(c.own.queue_mean_ns, c.kernel.queue_mean_ns, lag.queue),
+            diff(c.own.device_mean_ns, c.kernel.device_mean_ns, lag.device),
+            diff(
+                c.own.completion_mean_ns,
+                c.kernel.completion_mean_ns,
+                lag.completion
+            ),
+        )?;
+    }
+    writeln!(
+        out,
+        "  (kernel - own, as a share of a request's {}; the kernel-stamped session's programs run \
+         after ours on each tracepoint, so its clock reads there come later by our programs' \
+         time: {:+.0} ns queue, {:+.0} ns device, {:+.0} ns completion)",
+        latency(whole),
+        lag.queue,
+        lag.device,
+        lag.completion,
+    )?;
+    for (name, s) in [("own", &c.own), ("kernel", &c.kernel)] {
+        let programs: Vec<String> = s
+            .programs
+            .iter()
+            .map(|(p, runs, ns)| format!("{p} {runs:.2}/read {}", latency(*ns)))
+            .collect();
+        writeln!(out, "  {name} programs: {}", programs.join(", "))?;
+    }
+    match &c.kernel_inexact {
+        None => writeln!(
+            out,
+            "the kernel's stamps are exact on this kernel: --block-stamps kernel uses them"
+        ),
+        Some(why) => writeln!(
+            out,
+            "the kernel's stamps are not exact here ({why}): --block-stamps kernel keeps our own"
+        ),
+    }
+}
+
 pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
+    if let Some(path) = &args.compare_stamps {
+        return compare_stamps(path, args.reads, args.json);
+    }
     let host = Fingerprint::this_host();
     let mut storage = ProbeStorage::default();
     // Another hypervisor's table: only the probes that measure its paths.

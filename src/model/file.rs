@@ -343,7 +343,11 @@ fn check_run_figures(p: &Profile) -> Result<(), String> {
     for (n, c) in p.self_overhead.programs.iter().flatten().enumerate() {
         counts(
             &format!("self_overhead.programs[{n}]"),
-            [("runs", Some(c.runs)), ("run_time_ns", Some(c.run_time_ns))],
+            [
+                ("runs", Some(c.runs)),
+                ("run_time_ns", Some(c.run_time_ns)),
+                ("missed", Some(c.missed)),
+            ],
         )?;
     }
     for (at, v) in [

@@ -82,6 +82,7 @@ impl Interval {
     /// Adds the next interval `later` into this one: counts and times summed, the span extended;
     /// percentiles are left to the caller, who holds the latency histograms.
     pub fn absorb(&mut self, later: &Interval) {
+        let spans = (self.end_s - self.start_s, later.end_s - later.start_s);
         self.end_s = later.end_s;
         self.read_ios += later.read_ios;
         self.write_ios += later.write_ios;
@@ -95,7 +96,8 @@ impl Interval {
             mine.sum_ns += s.sum_ns;
         }
         absorb_cpus(&mut self.cpus, &later.cpus);
-        self.probe_run_ns = add_measured(self.probe_run_ns, later.probe_run_ns);
+        self.probe_run_ns =
+            add_sampled((self.probe_run_ns, spans.0), (later.probe_run_ns, spans.1));
         self.msr_writes = add_measured(self.msr_writes, later.msr_writes);
         // The coarse interval's end is the later one's.
         self.oldest_in_flight_ns = later.oldest_in_flight_ns.or(self.oldest_in_flight_ns);
@@ -136,10 +138,47 @@ impl CpuLoad {
     }
 }
 
+/// Two intervals' figures of something measured in only some intervals (the probes' run time:
+/// the run statistics are on for a share of them), each with its span in seconds: the sum
+/// where both are measured, else the measured one's rate over both spans.
+fn add_sampled((a, a_s): (Option<u64>, f64), (b, b_s): (Option<u64>, f64)) -> Option<u64> {
+    let over_both = |x: u64, x_s: f64| {
+        if x_s > 0.0 {
+            (x as f64 * (a_s + b_s) / x_s) as u64
+        } else {
+            x
+        }
+    };
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (Some(a), None) => Some(over_both(a, a_s)),
+        (None, Some(b)) => Some(over_both(b, b_s)),
+        (None, None) => None,
+    }
+}
+
 /// The sum of two figures that may not have been measured: measured if either was.
 fn add_measured(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (None, None) => None,
         (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::add_sampled;
+
+    #[test]
+    fn a_figure_measured_in_some_intervals_keeps_its_rate_when_they_are_joined() {
+        // Measured in both: the sum.
+        assert_eq!(add_sampled((Some(10), 1.0), (Some(30), 1.0)), Some(40));
+        // Measured in the first second of four: its rate over all four.
+        let one = add_sampled((Some(10), 1.0), (None, 1.0));
+        assert_eq!(one, Some(20));
+        let two = add_sampled((one, 2.0), (None, 1.0));
+        assert_eq!(add_sampled((two, 3.0), (None, 1.0)), Some(40));
+        assert_eq!(add_sampled((None, 1.0), (Some(7), 1.0)), Some(14));
+        assert_eq!(add_sampled((None, 1.0), (None, 1.0)), None);
     }
 }

@@ -75,6 +75,12 @@ pub struct BlockCounts {
 pub struct SelfOverhead {
     /// None when run statistics were unavailable.
     pub programs: Option<Vec<ProgramCost>>,
+    /// Seconds the kernel's run statistics were on, over which `programs` count runs and run
+    /// time: they cost every BPF program run on the host two clock reads, so a recording
+    /// keeps them on for one interval in four after its first four (absent in older profiles,
+    /// which held them on throughout: the probe window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats_seconds: Option<f64>,
     pub probe_cpu_pct: Option<f64>,
     /// Map-full events: measurements not recorded.
     pub dropped: u64,
@@ -88,6 +94,10 @@ pub struct ProgramCost {
     pub name: String,
     pub runs: u64,
     pub run_time_ns: u64,
+    /// Events the kernel skipped the program for (it was already running on that CPU): lost
+    /// measurements, 0 in a sound run.
+    #[serde(default)]
+    pub missed: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

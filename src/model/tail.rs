@@ -42,7 +42,7 @@ pub struct TailSet {
     /// How many of those the workload kept (the autopsy's sample).
     pub ios: u64,
     /// How many of those were joined to their block request; the others' block stages are the
-    /// run's means (their request was too short to be sent: under 0.4 of the running p99).
+    /// run's means (their request was too short to be sent: under half the running p99).
     pub joined: u64,
     /// The set's mean per I/O.
     pub mean: StageBreakdown,

@@ -657,6 +657,7 @@ pub(crate) mod tests {
             attached: None,
             self_overhead: SelfOverhead {
                 programs: Some(vec![]),
+                stats_seconds: Some(2.0),
                 probe_cpu_pct: Some(0.3),
                 dropped: 0,
                 recorder_cpu_pct: Some(0.2),

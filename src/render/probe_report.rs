@@ -471,18 +471,39 @@ pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
             let programs = p.self_overhead.programs.as_deref().unwrap_or_default();
             let runs: u64 = programs.iter().map(|c| c.runs).sum();
             let time: u64 = programs.iter().map(|c| c.run_time_ns).sum();
-            writeln!(
-                out,
-                "  probe overhead: {} programs, {} runs/s, {} per run, {:.2}% of one CPU",
-                programs.len(),
-                units::count(runs as f64 / secs),
-                if runs > 0 {
-                    units::latency(time as f64 / runs as f64)
+            let stats_secs = p.self_overhead.stats_seconds.unwrap_or(secs);
+            if stats_secs <= 0.0 {
+                writeln!(
+                    out,
+                    "  probe overhead: not measured (the run statistics were off for this window)"
+                )?;
+            } else {
+                let sampled = if stats_secs < secs * 0.99 {
+                    format!(" (run statistics on for {stats_secs:.1} of {secs:.1} s)")
                 } else {
-                    "-".into()
-                },
-                time as f64 / 1e9 / secs * 100.0
-            )?;
+                    String::new()
+                };
+                writeln!(
+                    out,
+                    "  probe overhead: {} programs, {} runs/s, {} per run, {:.2}% of one CPU{sampled}",
+                    programs.len(),
+                    units::count(runs as f64 / stats_secs),
+                    if runs > 0 {
+                        units::latency(time as f64 / runs as f64)
+                    } else {
+                        "-".into()
+                    },
+                    time as f64 / 1e9 / stats_secs * 100.0
+                )?;
+            }
+            let missed: u64 = programs.iter().map(|c| c.missed).sum();
+            if missed > 0 {
+                writeln!(
+                    out,
+                    "  events missed: {missed} (the kernel skips a program already running on \
+                     that CPU; those measurements are not in the figures above)"
+                )?;
+            }
         }
         None => {}
         Some(why) => writeln!(out, "  probe overhead: unavailable ({why})")?,

@@ -209,6 +209,7 @@ fn probes_json(p: &Profile) -> Value {
             "capabilities": report,
             "seconds": p.probe_seconds,
             "programs": p.self_overhead.programs,
+            "stats_seconds": p.self_overhead.stats_seconds.or(p.probe_seconds),
             "stages": p.stages,
             "devices": p.devices,
             "cpus": p.cpus,

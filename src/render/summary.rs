@@ -350,6 +350,30 @@ mod tests {
     }
 
     #[test]
+    fn events_the_kernel_skipped_a_program_for_are_counted_as_missed() {
+        let cost = |name: &str, missed: u64| crate::model::profile::ProgramCost {
+            family: "block".into(),
+            name: name.into(),
+            runs: 1000,
+            run_time_ns: 100_000,
+            missed,
+        };
+        let mut p = probed_profile();
+        p.self_overhead.programs = Some(vec![cost("block_rq_issue_btf", 0)]);
+        let mut text = Vec::new();
+        write(&mut text, &p).unwrap();
+        assert!(!String::from_utf8(text).unwrap().contains("missed"));
+        p.self_overhead.programs = Some(vec![
+            cost("block_rq_issue_btf", 2),
+            cost("block_rq_complete_btf", 3),
+        ]);
+        let mut text = Vec::new();
+        write(&mut text, &p).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains("events missed: 5 ("), "{text}");
+    }
+
+    #[test]
     fn the_summary_of_a_run_without_probes_says_so() {
         let mut p = crate::render::csv_export::tests::fixture();
         p.complete = false;

@@ -214,8 +214,8 @@ impl ProbeInterval {
         Self {
             stages: stage_samples(probes, devs),
             cpus: cpu_loads(probes),
-            probe_run_ns: (!probes.programs.is_empty())
-                .then(|| probes.programs.iter().map(|q| q.run_time_ns).sum()),
+            // None where the run statistics were off for the whole interval.
+            probe_run_ns: probes.program_run_ns_estimate(),
             msr_writes: probes
                 .msr
                 .as_ref()
@@ -255,6 +255,7 @@ pub fn program_costs(programs: &[ProgramStats]) -> Vec<ProgramCost> {
             name: p.name.clone(),
             runs: p.run_count,
             run_time_ns: p.run_time_ns,
+            missed: p.missed,
         })
         .collect()
 }
@@ -326,7 +327,9 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
     let programs = total
         .filter(|t| !t.programs.is_empty())
         .map(|t| program_costs(&t.programs));
-    let probe_cpu_pct = match (&programs, secs) {
+    // The programs' runs and run time count while the run statistics were on.
+    let stats_secs = total.map(|t| t.stats_on_ns as f64 / 1e9);
+    let probe_cpu_pct = match (&programs, stats_secs) {
         (Some(p), Some(s)) if s > 0.0 => {
             Some(p.iter().map(|c| c.run_time_ns as f64).sum::<f64>() / 1e9 / s * 100.0)
         }
@@ -384,6 +387,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
         stalls: i.stalls,
         runs: Vec::new(),
         self_overhead: SelfOverhead {
+            stats_seconds: programs.as_ref().and(stats_secs),
             programs,
             probe_cpu_pct,
             dropped,

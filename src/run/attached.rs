@@ -404,9 +404,9 @@ impl Default for AttachedTail {
 
 impl AttachedTail {
     /// Calls are kept at half the running p99 of the processes' reads and writes, so those
-    /// above the run's final p99 are all kept while the estimate wanders; requests at 0.4 of
-    /// it (as a workload's autopsy keeps them: a slow call whose request was shorter spent its
-    /// time outside the block layer).
+    /// above the run's final p99 are all kept while the estimate wanders; requests at the same
+    /// half (as a workload's autopsy keeps them: a slow call whose request was shorter spent
+    /// most of its time outside the block layer).
     fn follow(&mut self, total: &ProbeSnapshot) {
         let Some(p99) = total.app.as_ref().and_then(|a| {
             crate::model::histogram::Histogram::from_kernel(&a.data_latency()).percentile_ns(99.0)
@@ -414,7 +414,7 @@ impl AttachedTail {
             return;
         };
         self.call_ns.store((p99 * 0.5) as u64, Ordering::Relaxed);
-        self.request_ns.store((p99 * 0.4) as u64, Ordering::Relaxed);
+        self.request_ns.store((p99 * 0.5) as u64, Ordering::Relaxed);
     }
 
     fn add(&mut self, event: ProbeEvent) {

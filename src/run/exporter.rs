@@ -617,6 +617,16 @@ impl Exporter {
                     .map(|(f, &(_, ns))| number(labels(&[("family", f)]), ns as f64 / 1e9))
                     .collect(),
             ));
+            out.push(family(
+                "virtgap_probe_stats",
+                "Time the kernel's run statistics were on, over which virtgap_probe_runs and \
+                 virtgap_probe_run_seconds count (on for one interval in four: the probes' CPU \
+                 share is rate(virtgap_probe_run_seconds_total) / \
+                 rate(virtgap_probe_stats_seconds_total))",
+                Some(MetricUnit::Seconds),
+                MetricKind::Counter,
+                vec![number(vec![], total.stats_on_ns as f64 / 1e9)],
+            ));
         }
         let mut dropped = Vec::new();
         let mut add = |name: &str, n: Option<u64>| {
@@ -708,6 +718,7 @@ mod tests {
                 name: "p".into(),
                 run_count: 1,
                 run_time_ns: 1,
+                missed: 0,
             }],
             ..Default::default()
         };

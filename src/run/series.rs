@@ -431,7 +431,11 @@ mod tests {
                 name: "test".into(),
                 run_count: 1,
                 run_time_ns: 1000 + ordinal,
+                missed: 0,
             }],
+            // Measured with the run statistics on throughout.
+            elapsed_ns: SEC,
+            stats_on_ns: SEC,
             ..Default::default()
         }
     }

@@ -22,6 +22,8 @@ pub struct ProbeChoice {
     pub families: Option<String>,
     pub sample_hz: u64,
     pub vmm_pid: Option<u32>,
+    /// Where the block family's stage times come from.
+    pub block_stamps: virtgap_probes::BlockStamps,
 }
 
 /// The probes to load, or None for a pure workload run. The workload runs in this process, so
@@ -62,6 +64,10 @@ pub fn probe_config(args: &ProbeChoice, interval: Duration) -> Result<Option<Pro
         interval,
         sample_hz: args.sample_hz.max(1),
         vmm_pid: args.vmm_pid,
+        block_stamps: args.block_stamps,
+        // The run statistics cost every BPF program run on the host two clock reads: a
+        // recording keeps them on for one interval in four after its first four.
+        run_stats_every: 4,
         ..ProbeConfig::new(families, Some(std::process::id()))
     }))
 }

@@ -1133,6 +1133,7 @@ mod tests {
                 },
             ],
             programs: vec![],
+            stats_on_ns: 0,
         }
     }
 

@@ -10,10 +10,10 @@ use libbpf_rs::{Link, MapCore, MapFlags, Object, RingBuffer, RingBufferBuilder};
 use super::{
     apply_filter, dev_of, entries, kprobes_unavailable, leaked_object_slot, load_tracepoints,
     note_forks, percpu_entry, percpu_sum, percpu_sums, plain_bytes, sections_of, takes_forks,
-    FamilyDef, LoadContext, LoadResult, LoadedFamily, ProcessFilter, QueueShape, Signals, Slots,
-    FORK,
+    BlockStamps, FamilyDef, LoadContext, LoadResult, LoadedFamily, ProcessFilter, QueueShape,
+    Signals, Slots, FORK,
 };
-use crate::attach::{AttachKind, AttachOutcome};
+use crate::attach::{AttachKind, AttachOutcome, KernelTracepoints};
 use crate::bpf::bio_entry::{BioEntrySkel, BioEntrySkelBuilder};
 use crate::bpf::block::{types, BlockSkel, BlockSkelBuilder};
 use crate::error::BpfError;
@@ -101,6 +101,27 @@ struct BlockProbe<'obj> {
 fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let have_io_start = cx.kernel.has("block_io_start");
     let filter = cx.filter;
+    let kernel_stamps = match cx.config.block_stamps {
+        BlockStamps::Own => false,
+        BlockStamps::KernelUnchecked => true,
+        BlockStamps::Kernel => match kernel_stamps_exact(cx.kernel) {
+            Ok(()) => {
+                cx.notes.borrow_mut().push(
+                    "block: stage times from the kernel's request stamps (start_time_ns, \
+                     io_start_time_ns), read at completion: no start or issue program"
+                        .into(),
+                );
+                true
+            }
+            Err(why) => {
+                cx.notes.borrow_mut().push(format!(
+                    "block: the kernel's request stamps were asked for, but {why}: our own \
+                     stamps are used"
+                ));
+                false
+            }
+        },
+    };
     let inflight = cx.host.inflight_capacity();
     // The bio-entry hook first: where it attaches, its map is the one both objects share and
     // block_bio_remap is left out; where it cannot, the block object notes a partition's bios
@@ -109,14 +130,22 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     // Whether the block object shares the hook's map (set by `setup`, before `unused` is asked).
     let shared = Cell::new(false);
     let share_error = RefCell::new(None);
+    // Whether the irq family's interrupt-entry program stamps this object's IRQ entries (its
+    // map taken, set by `setup`): then this object's program for that tracepoint is left out.
+    let irq_stamps = Cell::new(false);
+    let irq_share_error = RefCell::new(None);
     // Before block_io_start, the filter notes the process's bios at block_bio_queue; a split
     // bio inherits its original's notes (and, with a filter, its bio-entry time).
     let forks = takes_forks(cx);
+    // With the kernel's stamps, the completion alone measures a request; a filter knows the
+    // followed process's requests by their bios, noted at block_bio_queue.
     let unused = |tp: &str| {
-        (tp == "block_bio_queue" && (have_io_start || filter.is_none()))
+        (kernel_stamps && KERNEL_STAMPED.contains(&tp))
+            || (tp == "block_bio_queue" && ((have_io_start && !kernel_stamps) || filter.is_none()))
             || (tp == "block_split" && filter.is_none())
             || (tp == REMAP && shared.get())
             || (tp == FORK && !forks)
+            || (tp == IRQ_ENTRY && irq_stamps.get())
     };
     let hists = cx.host.hist_keys(|_| true, KEYS_PER_QUEUE);
     let cpus = cx.host.possible_cpus;
@@ -132,12 +161,18 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     let setup = |open: &mut crate::bpf::block::OpenBlockSkel<'_>, _kind| {
         use std::os::fd::AsFd;
         // A map that cannot be resized keeps its compiled-in default (and its mask).
-        let slots = request_slots(inflight);
+        // With the kernel's stamps no request takes a slot.
+        let slots = if kernel_stamps {
+            1
+        } else {
+            request_slots(inflight)
+        };
         let resized = open.maps.requests.set_max_entries(slots).is_ok();
         let counters = issue_counters(disks);
         let counters_resized = open.maps.issued.set_max_entries(counters).is_ok();
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.have_io_start = have_io_start;
+            ro.kernel_stamps = kernel_stamps;
             if resized {
                 ro.request_slot_mask = slots - 1;
             }
@@ -166,6 +201,15 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         let _ = open.maps.completions_by_submitter.set_max_entries(cpus);
         let _ = open.maps.queue_irqs.set_max_entries(queue_irqs);
         let _ = open.maps.irq_entered.set_max_entries(irq_slots);
+        if let Some((fd, _)) = &cx.shared.borrow().irq_entered {
+            match open.maps.irq_entered.reuse_fd(fd.as_fd()) {
+                Ok(()) => irq_stamps.set(true),
+                Err(e) => {
+                    irq_stamps.set(false);
+                    *irq_share_error.borrow_mut() = Some(e.to_string());
+                }
+            }
+        }
     };
     let (mut skel, links, mut report) = load_tracepoints(
         Family::Block,
@@ -176,6 +220,20 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         &setup,
     )?;
     note_forks(cx, &report);
+    if let (false, Some(e)) = (irq_stamps.get(), irq_share_error.into_inner()) {
+        cx.notes.borrow_mut().push(format!(
+            "block: the irq family's interrupt entries could not be shared ({e}); \
+             its own {IRQ_ENTRY} program stamps them"
+        ));
+    }
+    // The tracepoint is still this family's signal, served by the irq family's program.
+    if let (true, Some((_, kind))) = (irq_stamps.get(), &cx.shared.borrow().irq_entered) {
+        report.tracepoints.push(AttachOutcome {
+            tracepoint: IRQ_ENTRY.into(),
+            attached: Some(*kind),
+            reason: Some("by the irq family's program".into()),
+        });
+    }
     map_queue_irqs(&skel, &cx.host.devices);
     // A hook whose map could not be shared notes nothing the block object reads; block_bio_remap
     // took its place.
@@ -219,12 +277,41 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     Ok((Box::new(probe), report))
 }
 
+/// Where the kernel's stamps replace our own: a request's start, issue and merge (which only
+/// frees a slot).
+const KERNEL_STAMPED: [&str; 3] = ["block_io_start", "block_rq_issue", "block_rq_merge"];
+
+/// Ok where the kernel's request stamps are exact: struct request has both, and the plug does
+/// not cache the clock (6.9+'s `cur_ktime` gives every request of a batch one time, so a
+/// request's queue stage would read 0). Else why not, in words.
+pub(crate) fn kernel_stamps_exact(kernel: &KernelTracepoints) -> Result<(), &'static str> {
+    let has = |s: &str, m: &str| kernel.has_member(s, m);
+    match (
+        has("request", "start_time_ns"),
+        has("request", "io_start_time_ns"),
+        has("blk_plug", "cur_ktime"),
+    ) {
+        (Some(true), Some(true), Some(false)) => Ok(()),
+        (Some(true), Some(true), Some(true)) => {
+            Err("this kernel's plug caches one clock reading for a whole batch of requests (6.9+)")
+        }
+        (None, ..) | (_, None, _) | (.., None) => {
+            Err("the kernel's BTF does not say whether they are exact")
+        }
+        _ => Err("this kernel's struct request lacks them"),
+    }
+}
+
 /// The highest IRQ number `irq_entered` (an array by IRQ number) holds; a queue's IRQ above it
 /// is left unmapped (its requests' device time runs to completion, counted as unsplit).
 const MAX_QUEUE_IRQ: u32 = 1 << 17;
 
-/// `irq_entered`'s size: one slot per IRQ number up to the highest a queue maps to.
-fn irq_entered_slots(devices: &[QueueShape]) -> u32 {
+/// The tracepoint where device time ends (stamped by the irq family's program where it loads).
+const IRQ_ENTRY: &str = "irq_handler_entry";
+
+/// `irq_entered`'s size: one slot per IRQ number up to the highest a queue maps to (the irq
+/// object's copy is sized the same, so this object can take it).
+pub(super) fn irq_entered_slots(devices: &[QueueShape]) -> u32 {
     devices
         .iter()
         .flat_map(|d| d.queue_irqs.iter().map(|&(_, irq)| irq))

@@ -2,6 +2,7 @@
 //! vector, the x86 system vectors, and IPI sends by purpose.
 
 use std::collections::BTreeMap;
+use std::os::fd::AsFd;
 
 use libbpf_rs::skel::Skel;
 use libbpf_rs::{Link, MapCore, Object};
@@ -95,6 +96,10 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     let words = cx.host.possible_cpus.div_ceil(64).clamp(1, 16);
     // Most IRQs are delivered to one CPU at a time; leave room for affinity changes.
     let pairs = (cx.host.irq_lines.saturating_mul(4) + cx.host.possible_cpus * 4).clamp(256, 65536);
+    // With the block family, this object's interrupt-entry program stamps the block object's
+    // IRQ entries too (sized as the block family sizes them, so its object can take the map).
+    let for_block = cx.config.families.contains(&Family::Block);
+    let irq_slots = super::block::irq_entered_slots(&cx.host.devices);
     let setup = |open: &mut crate::bpf::irq::OpenIrqSkel<'_>, _kind| {
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.blk_complete_remote_fn = remote_fn;
@@ -102,8 +107,10 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
             ro.generic_single_fn = generic_single;
             ro.generic_many_fn = generic_many;
             ro.cpumask_words = words;
+            ro.stamp_irq_entered = for_block;
         }
         let _ = open.maps.hardirqs.set_max_entries(pairs);
+        let _ = open.maps.irq_entered.set_max_entries(irq_slots);
     };
     let (skel, links, report) = load_tracepoints(
         Family::Irq,
@@ -113,6 +120,16 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         &|_| false,
         &setup,
     )?;
+    let entry_kind = report
+        .tracepoints
+        .iter()
+        .find(|t| t.tracepoint == "irq_handler_entry")
+        .and_then(|t| t.attached);
+    if let (true, Some(kind)) = (for_block, entry_kind) {
+        if let Ok(fd) = skel.maps.irq_entered.as_fd().try_clone_to_owned() {
+            cx.shared.borrow_mut().irq_entered = Some((fd, kind));
+        }
+    }
     let names = std::fs::read_to_string("/proc/interrupts")
         .map(|t| crate::procfs::irq_names(&t))
         .unwrap_or_default();

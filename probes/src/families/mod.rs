@@ -5,7 +5,7 @@
 //! snapshot. `Family::def` is the registry: the one place that lists the families' modules.
 
 mod app;
-mod block;
+pub(crate) mod block;
 mod irq;
 mod kvm_host;
 mod msr;
@@ -150,6 +150,26 @@ pub struct ProbeConfig {
     /// calls, for the attached tail autopsy; attach mode moves it with their running tail
     /// (None: none are sent).
     pub slow_call_ns: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    /// Where the block family's stage times come from.
+    pub block_stamps: BlockStamps,
+    /// The kernel's run statistics (our self-overhead figures) are on for one interval in this
+    /// many (1: always; see [`crate::ProbeSession::set_run_stats`]).
+    pub run_stats_every: u32,
+}
+
+/// Where the block family's stage times come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BlockStamps {
+    /// Our own clock readings where a request starts, is issued and completes (three programs
+    /// per request; every kernel).
+    #[default]
+    Own,
+    /// The kernel's own request stamps (made and issued), read at completion: one program per
+    /// request. Where they are not exact (6.9+: the plug's cached clock), our own, with a note.
+    Kernel,
+    /// The kernel's stamps even where they are not exact: to compare the two
+    /// ([`crate::stamps_check`]).
+    KernelUnchecked,
 }
 
 impl Default for ProbeConfig {
@@ -165,7 +185,9 @@ impl Default for ProbeConfig {
             vmm_pid: None,
             slow_request_ns: None,
             slow_call_ns: None,
+            block_stamps: BlockStamps::Own,
             hypervisor: None,
+            run_stats_every: 1,
         }
     }
 }
@@ -430,6 +452,10 @@ pub(crate) struct LoadContext<'h> {
 pub(crate) struct SharedMaps {
     /// The msr object's per-CPU "last sampled at" stamps, which the sampler writes.
     pub sampler_stamp: Option<std::os::fd::OwnedFd>,
+    /// The irq object's `irq_entered`, which its irq_handler_entry program (attached as the
+    /// kind given) stamps for the block family, loaded after it: whose own program for that
+    /// tracepoint is then left out.
+    pub irq_entered: Option<(std::os::fd::OwnedFd, AttachKind)>,
     /// A family's fork program attached (attach mode): the others leave theirs out.
     pub follows_forks: bool,
 }
