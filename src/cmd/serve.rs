@@ -69,7 +69,7 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
     if verbose {
         say!(
             "serving http://{}/metrics: probes attached, following {described}, updated every {}",
-            plan.listen,
+            endpoint.local_addr(),
             humantime::format_duration(attach.interval)
         );
     }
@@ -79,8 +79,13 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
         if attach.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
         }
-        let Ok(event) = rx.recv_timeout(Duration::from_millis(100)) else {
-            continue;
+        let event = match rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(event) => event,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            // The collector is gone: serving its last page as if current would hide that.
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                bail!("the probes' collector stopped; the metrics are no longer updated")
+            }
         };
         let Event::Probe(ProbeEvent::Snapshot { cumulative, .. }) = event else {
             continue;
