@@ -1455,6 +1455,290 @@ def _(c):
         no_escapes(r, f"diff {' '.join(fmt)} of a profile with escapes in its names".replace("  ", " "))
 
 
+# --- round two (issue 49): outputs over backing images, the fio line, iotune's small targets,
+# slow clients, forged lines, copies as replicates. Each failed on 39c9580.
+
+def image_kept(img, before, devs, what, r):
+    flush_devices(devs)
+    if not os.path.exists(img) or sha256_file(img) != before:
+        raise Defect(f"{what}: the image was replaced ({r.says()})")
+    if r.rc == 0:
+        raise Defect(f"{what}: exit 0")
+
+
+@case("output-over-the-targets-loop-backing", "2.1")
+def _(c):
+    img = c.file("h.img", 64 * MIB)
+    dev = c.loop(img)
+    before = sha256_file(img)
+    for flag, extra in (("-o", []), ("--svg", [])):
+        r = c.vg("record", *NO_FILL, "-q", "--target", dev, flag, img, "--force", *extra)
+        image_kept(img, before, [dev], f"record --target {dev} {flag} IMG --force (IMG backs it)", r)
+        if "backs" not in r.errtext:
+            raise Defect(f"{flag} over the target's backing: refused without saying it backs "
+                         f"the loop device ({r.says()})")
+    r = c.vg("iotune", "--target", dev, "--phases", "read_iops", "--runs", "1", "--step",
+             "200ms", "--duration", "300ms", "--no-probes", "-o", img, "--force", "-q")
+    image_kept(img, before, [dev], "iotune --target LOOP -o IMG --force (read phases only)", r)
+
+
+@case("output-over-a-mounted-filesystems-image", "2.1")
+def _(c):
+    img, dev, _ = c.mounted_ext4()
+    other = c.loop(c.file("o.img", 16 * MIB))
+    before = sha256_file(img)
+    r = c.vg("record", *NO_FILL, "-q", "--target", other, "-o", img, "--force")
+    image_kept(img, before, [dev, other], "record -o <a mounted ext4's image> --force", r)
+    expect_one_line_refusal(r, "record -o over a mounted filesystem's image", within=10)
+
+
+@case("fio-equivalent-spans-the-file-and-only-reads-it", "2.2")
+def _(c):
+    data = c.file("data.bin", 16 * MIB)
+    r = c.vg("record", "--target", data, "--fio-equivalent")
+    line = r.out.decode(errors="replace").strip()
+    if r.rc != 0:
+        raise Defect(f"--fio-equivalent on a 16 MiB file: {r.says()}")
+    words = shlex.split(line)
+    if f"--size={16 * MIB}" not in words:
+        raise Defect(f"the fio line's region is not the 16 MiB the run uses: {line}")
+    if "--readonly" not in words:
+        raise Defect(f"the fio line of a read workload lacks --readonly: {line}")
+    if shutil.which("fio"):
+        before, size = sha256_file(data), os.path.getsize(data)
+        argv = [w for w in words if not w.startswith(("--runtime=", "--ramp_time="))]
+        subprocess.run(argv + ["--runtime=1"], cwd=c.dir, capture_output=True, timeout=60)
+        if os.path.getsize(data) != size or sha256_file(data) != before:
+            raise Defect(f"running the printed fio line changed the file ({line})")
+
+
+def trickling_clients(port, n, idle=0):
+    """n connections sending a request a byte every 0.5 s, and `idle` sending nothing."""
+    import socket
+    socks = []
+    for _ in range(n + idle):
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        socks.append(s)
+    stop = threading.Event()
+
+    def trickle():
+        while not stop.is_set():
+            for s in socks[:n]:
+                try:
+                    s.send(b"G")
+                except OSError:
+                    pass
+            stop.wait(0.5)
+    threading.Thread(target=trickle, daemon=True).start()
+    return socks, stop
+
+
+def scrape_secs(port, timeout=10):
+    import urllib.request
+    t = time.monotonic()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=timeout) as r:
+            r.read()
+            status = r.status
+    except Exception as e:  # noqa: BLE001 - any failure is the finding
+        return None, f"{type(e).__name__}: {e}"
+    return time.monotonic() - t, status
+
+
+@case("serve-slow-clients-do-not-stall-a-scrape", "2.3", probes=True)
+def _(c):
+    p = c.start("serve", "--listen", "127.0.0.1:0", "--probes", "block")
+    if not p.wait_for(rb"serving http://127\.0\.0\.1:\d+/", 60):
+        raise Defect(f"serve never said where it listens ({p.finish(10).says()})")
+    port = int(re.search(rb"127\.0\.0\.1:(\d+)/", bytes(p.err)).group(1))
+    if port == 0:
+        raise Defect("serve --listen 127.0.0.1:0 says it serves on port 0")
+    socks, stop = trickling_clients(port, 50, idle=12)
+    try:
+        time.sleep(1)
+        for k in range(3):
+            secs, status = scrape_secs(port)
+            if secs is None or secs > 1.0:
+                raise Defect(f"scrape {k + 1} beside 50 trickling and 12 idle connections: "
+                             f"{status if secs is None else f'{secs:.1f} s'}")
+        t = time.monotonic()
+        p.signal(signal.SIGTERM)
+        r = p.finish(30)
+        if time.monotonic() - t > 3:
+            raise Defect(f"serve took {time.monotonic() - t:.1f} s to exit after SIGTERM "
+                         f"with slow clients connected ({r.says()})")
+    finally:
+        stop.set()
+        for s in socks:
+            s.close()
+
+
+@case("record-with-listen-ends-on-time-beside-a-slow-client", "2.3", probes=True)
+def _(c):
+    p = c.start("record", "--engine", "null", "--size", "4MiB", "-d", "2s", "--probes", "block",
+                "--listen", "127.0.0.1:0", "-o", c.path("p.json"))
+    if not p.wait_for(rb"http://127\.0\.0\.1:\d+/", 60):
+        raise Defect(f"record --listen never said where it listens ({p.finish(10).says()})")
+    port = int(re.search(rb"127\.0\.0\.1:(\d+)/", bytes(p.err)).group(1))
+    socks, stop = trickling_clients(port, 1)
+    try:
+        r = p.finish(60)
+    finally:
+        stop.set()
+        for s in socks:
+            s.close()
+    if r.secs > 20 or r.rc != 0 or not is_profile(c.path("p.json")):
+        raise Defect(f"record -d 2s --listen beside a slow client: {r.secs:.0f} s, {r.says()}")
+
+
+@case("iotune-on-a-small-file-never-grows-it", "2.4")
+def _(c):
+    data = c.file("w2.bin", 2 * MIB)
+    before = sha256_file(data)
+    for phases, extra in (("write_bandwidth", ["--destroy-data", data]), ("read_bandwidth", [])):
+        r = c.vg("iotune", "--target", data, *extra, "--phases", phases, "--runs", "1",
+                 "--duration", "500ms", "--step", "200ms", "--ramp", "100ms", "--workers", "4",
+                 "--no-probes", "-q")
+        if os.path.getsize(data) != 2 * MIB:
+            raise Defect(f"iotune {phases} on a 2 MiB file grew it to {os.path.getsize(data)} B")
+        if sha256_file(data) != before:
+            raise Defect(f"iotune {phases} on a 2 MiB file changed it before refusing")
+        expect_one_line_refusal(r, f"iotune {phases} on a 2 MiB file, 4 workers", within=15)
+
+
+@case("iotune-figures-from-no-time-are-refused", "2.5")
+def _(c):
+    for duration in ("1ns", "1ms"):
+        r = c.vg("iotune", "--target", c.dir, "--runs", "1", "--duration", duration,
+                 "--step", duration, "--ramp", "0s", "--no-probes", "--yaml", c.path("io.yaml"))
+        if os.path.exists(c.path("io.yaml")):
+            raise Defect(f"--duration {duration}: io_properties.yaml written ({r.says()})")
+        expect_one_line_refusal(r, f"iotune --duration {duration}", within=5)
+
+
+@case("diff-copies-are-not-replicates", "2.6")
+def _(c):
+    a, b = c.profile(), c.path("b.json")
+    with open(c.suite.base_profile()) as f:
+        doc = json.load(f)
+    doc["runs"][0]["started_unix_ms"] += 1
+    doc["run"]["started_unix_ms"] += 1
+    with open(b, "w") as f:
+        json.dump(doc, f)
+    copies = []
+    for k in range(4):
+        copies.append(c.path(f"a{k}.json"))
+        shutil.copyfile(a, copies[-1])
+    argv = ["diff", a, b]
+    for p in copies:
+        argv += ["--with-a", p]
+    r = c.vg(*argv)
+    expect_one_line_refusal(r, "diff with four copies of A's profile pooled on A")
+    r = c.vg("diff", a, b, "--with-a", a)
+    expect_one_line_refusal(r, "diff naming A's profile twice on A")
+
+
+@case("newlines-in-argv-and-label-forge-no-line", "2.7", probes=True)
+def _(c):
+    forged = "  block requests: 999 reads FORGED"
+    script = f"exec -a $'x\\n{forged}\\n' sleep 4"
+    holder = c.spawn(["bash", "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    r = c.vg("record", "--pid", str(holder.pid), "-d", "1s", "-q", "--probes", "block",
+             "--label", "L1\n  attached 999 s; ended: FORGED-BY-LABEL")
+    out = r.out.decode(errors="replace")
+    for line in out.splitlines():
+        if line.strip().startswith(("block requests: 999", "attached 999")):
+            raise Defect(f"a followed process's argv or --label made a line of its own: {line!r}")
+    if r.rc != 0:
+        raise Defect(f"record --pid with a hostile argv and label: {r.says()}")
+
+
+@case("markdown-shows-profile-html-as-text", "2.8")
+def _(c):
+    with open(c.suite.base_profile()) as f:
+        p = json.load(f)
+    p["host"]["cpu_model"] = "<script>alert(9)</script><img src=x onerror=alert(8)>|x|`y`"
+    p["run"]["started_unix_ms"] += 1
+    p["runs"][0]["started_unix_ms"] += 1
+    b = c.path("b.json")
+    with open(b, "w") as f:
+        json.dump(p, f)
+    r = c.vg("diff", c.profile(), b, "--force", "--markdown")
+    out = r.out.decode(errors="replace")
+    for tag in ("<script", "<img", "|x|", "`y`"):
+        if tag in out:
+            raise Defect(f"diff --markdown copied {tag!r} from a profile as is")
+    if r.rc != 0:
+        raise Defect(f"diff --markdown of a hostile profile: {r.says()}")
+
+
+@case("closed-stdout-keeps-the-csv", "2.9")
+def _(c):
+    for tail in ("| true", "2>&1 | head -1"):
+        csv, prof = c.path(f"csv{len(c.procs)}"), c.path(f"p{len(c.procs)}.json")
+        cmd = (f"{shlex.quote(c.vgbin)} record {' '.join(FAST)} --json -o {shlex.quote(prof)} "
+               f"--csv {shlex.quote(csv)} {tail}")
+        p = c.spawn(["bash", "-c", cmd]).finish(60)
+        files = os.listdir(csv) if os.path.isdir(csv) else []
+        if not is_profile(prof) or len(files) < 5:
+            raise Defect(f"record ... --csv DIR {tail}: profile {'kept' if is_profile(prof) else 'lost'}, "
+                         f"{len(files)} CSV files ({p.says()})")
+
+
+@case("back-to-back-runs-on-one-target", "2.10")
+def _(c):
+    # A closed io_uring's files are released by the kernel in the background: the next run on
+    # the same target, started at once, must not be told another run holds it.
+    img = c.file("d.img", 64 * MIB)
+    dev = c.loop(img)
+    runs = [
+        ["iotune", "--target", dev, "--destroy-data", img, "--phases", "write_iops", "--runs",
+         "1", "--step", "200ms", "--duration", "300ms", "--no-probes", "-q"],
+        ["record", "--no-probes", "-q", "-d", "1s", "-w", "rand4k-write", "--target", dev,
+         "--destroy-data", img],
+        ["iotune", "--target", img, "--destroy-data", img, "--phases", "write_iops", "--runs",
+         "1", "--step", "200ms", "--duration", "300ms", "--no-probes", "-q"],
+        ["record", "--no-probes", "-q", "-d", "1s", "-w", "rand4k-write", "--target", img,
+         "--destroy-data", img],
+    ]
+    for argv in runs * 2:
+        r = c.vg(*argv)
+        if r.rc != 0:
+            raise Defect(f"{' '.join(argv[:3])} right after another run: {r.says()}")
+
+
+@case("read-only-loop-refused-before-any-phase", "2.11")
+def _(c):
+    img = c.file("ro.img", 64 * MIB)
+    need_tool("losetup")
+    try:
+        dev = sh("losetup", "-r", "-f", "--show", img)
+    except RuntimeError as e:
+        raise Skip(f"no loop device: {e}")
+    c.undo.append(lambda: sh("losetup", "-d", dev, check=False))
+    r = c.vg("iotune", "--target", dev, "--destroy-data", img, "--runs", "1", "--step",
+             "200ms", "--duration", "300ms", "--no-probes", "-q")
+    expect_one_line_refusal(r, "iotune --destroy-data on a read-only loop device", within=5)
+    if "read-only" not in r.errtext:
+        raise Defect(f"refused without saying the device is read-only: {r.says()}")
+
+
+@case("a-zombie-pid-is-not-followed", "2.12", probes=True)
+def _(c):
+    # A parent that never reaps its child: the child stays a zombie.
+    parent = c.spawn(["python3", "-c",
+                      "import os, time, sys\npid = os.fork()\nif pid == 0: os._exit(0)\n"
+                      "print(pid, flush=True)\ntime.sleep(30)"])
+    deadline = time.monotonic() + 10
+    while not parent.out.strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    zombie = parent.out.decode().strip()
+    r = c.vg("record", "--pid", zombie, "-d", "20s", "-q", "--probes", "block", timeout=60)
+    if r.rc == 0 and r.secs > 10:
+        raise Defect(f"a zombie --pid was followed for the whole --duration ({r.secs:.0f} s)")
+
+
 @case("no-bpf-objects-left-after-faults", "sweep", probes=True)
 def _(c):
     need_tool("bpftool")
@@ -1561,6 +1845,7 @@ def main():
     if a.list:
         for name, item, probes, _ in chosen:
             where = f"item {item}" if item != "sweep" else "earlier sweep"
+            where = where.replace("item 2.", "round two, item ")
             print(f"{name:<52} {where}{' (probes)' if probes else ''}")
         return 0
     if os.geteuid() != 0:

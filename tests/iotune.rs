@@ -275,3 +275,99 @@ fn a_device_is_written_run_after_run() {
     );
     assert!(ok, "{stderr}");
 }
+
+/// A file smaller than a block per worker is refused before anything is written: each worker
+/// would get a region past its end (writes grew a 2 MiB file to 4 and 32 MiB; reads returned
+/// nothing). Nothing of the file changes, its size least of all.
+#[test]
+fn a_file_smaller_than_a_block_per_worker_is_refused_and_left_as_it_was() {
+    let dir = common::scratch("vg-iotune-small-");
+    let data = common::data_file(dir.path(), "w2.bin", 512);
+    let before = digest(&data);
+    for (phase, consent) in [("write_bandwidth", true), ("read_bandwidth", false)] {
+        let mut cmd = vg();
+        cmd.arg("iotune").arg("--target").arg(&data);
+        if consent {
+            cmd.arg("--destroy-data").arg(&data);
+        }
+        let (ok, _, stderr) = output(cmd.args(QUICK).args([
+            "--runs",
+            "1",
+            "--no-probes",
+            "--workers",
+            "4",
+            "--phases",
+            phase,
+        ]));
+        assert!(!ok, "{phase} on a 2 MiB file ran");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("the target holds 2 MiB") && stderr.contains("name a larger target"),
+            "{stderr}"
+        );
+        assert_eq!(digest(&data), before, "{phase}: the file changed");
+    }
+}
+
+/// Runs too short to measure anything are refused before they run: 1 ns gave every figure 0,
+/// 1 ms gave 66 I/Os as 66,000 IOPS, and both went into io_properties.yaml.
+#[test]
+fn runs_too_short_for_a_figure_are_refused() {
+    let dir = common::scratch("vg-iotune-short-");
+    let yaml = dir.path().join("io.yaml");
+    for (flag, span, other) in [
+        ("--duration", "1ns", "--step"),
+        ("--duration", "1ms", "--step"),
+        ("--step", "50ms", "--duration"),
+    ] {
+        let (ok, _, stderr) = output(
+            vg().arg("iotune")
+                .arg("--target")
+                .arg(dir.path())
+                .args([flag, span, other, "1s", "--no-probes", "--yaml"])
+                .arg(&yaml),
+        );
+        assert!(!ok, "{flag} {span} ran");
+        assert!(
+            stderr.contains(&format!("{flag} {span} is too short")),
+            "{stderr}"
+        );
+        assert!(!yaml.exists());
+    }
+}
+
+/// A read-only block device is refused for the write phases before any phase runs (it used to
+/// fail with EPERM after the read phases had run).
+#[test]
+fn a_read_only_device_is_refused_for_writes_up_front() {
+    if !common::root_allowed("iotune on a read-only loop device") {
+        return;
+    }
+    let dir = common::scratch("vg-iotune-ro-");
+    let img = common::data_file(dir.path(), "ro.img", 16 * 256);
+    let out = Command::new("losetup")
+        .args(["-r", "-f", "--show"])
+        .arg(&img)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dev = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let (ok, stdout, stderr) = output(
+        vg().args(["iotune", "--target", &dev, "--destroy-data"])
+            .arg(&img)
+            .args(QUICK)
+            .args(["--runs", "1", "--no-probes"]),
+    );
+    let _ = Command::new("losetup").args(["-d", &dev]).status();
+    assert!(!ok);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("is read-only"), "{stderr}");
+    assert!(
+        !stdout.contains("read_bandwidth"),
+        "a phase ran first: {stdout}"
+    );
+}

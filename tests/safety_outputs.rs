@@ -366,6 +366,72 @@ fn record_never_writes_over_what_it_reads() {
     assert!(is_profile(&baseline));
 }
 
+/// An image behind a loop device is never an output, whatever the consent: not the target's
+/// own backing file (record, and iotune, which only reads its target here), not the image of
+/// another loop device. Replacing it left the loop device on a deleted file.
+#[test]
+fn an_image_behind_a_loop_device_is_never_replaced_by_an_output() {
+    if !common::root_allowed("outputs over a loop device's backing file") {
+        return;
+    }
+    let dir = scratch();
+    let img = dir.path().join("h.img");
+    std::fs::write(&img, vec![9u8; 16 << 20]).unwrap();
+    let other = dir.path().join("o.img");
+    std::fs::write(&other, vec![3u8; 16 << 20]).unwrap();
+    let attach = |f: &Path| {
+        let out = StdCommand::new("losetup")
+            .args(["-f", "--show"])
+            .arg(f)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let (dev, other_dev) = (attach(&img), attach(&other));
+    let plain = |dev: &str| {
+        let mut c = vg();
+        c.args([
+            "record",
+            "--quiet",
+            "--engine",
+            "null",
+            "--no-probes",
+            "--duration",
+            "1s",
+            "--target",
+            dev,
+            "--force",
+        ]);
+        c
+    };
+    fails_with(plain(&dev).arg("-o").arg(&img), "backs /dev/loop");
+    fails_with(plain(&dev).arg("--svg").arg(&img), "backs /dev/loop");
+    fails_with(plain(&other_dev).arg("-o").arg(&img), "backs /dev/loop");
+    fails_with(
+        vg().args([
+            "iotune",
+            "--target",
+            &dev,
+            "--phases",
+            "read_iops",
+            "--no-probes",
+            "-o",
+        ])
+        .arg(&img)
+        .arg("--force"),
+        "backs /dev/loop",
+    );
+    for d in [&dev, &other_dev] {
+        let _ = StdCommand::new("losetup").args(["-d", d]).status();
+    }
+    assert_eq!(std::fs::read(&img).unwrap(), vec![9u8; 16 << 20]);
+}
+
 /// A full filesystem at the end of a run: the summary still reaches stdout, the profile (and
 /// the CSV files) are saved under the temp directory with their path said, and the exit is
 /// non-zero.

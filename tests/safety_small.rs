@@ -91,7 +91,13 @@ fn fio_equivalent_quotes_hostile_target_and_workload_names() {
     let spec = virtgap_workloads::spec::load(file.to_str().unwrap())
         .unwrap()
         .spec;
-    let argv = spec.fio_argv(target).unwrap();
+    let argv = spec
+        .fio_argv(&virtgap_workloads::spec::FioTarget {
+            filename: target,
+            size: spec.size.0,
+            existing: false,
+        })
+        .unwrap();
     assert!(argv.contains(&format!("--filename={target}")), "{argv:?}");
     assert!(argv.contains(&format!("--name={name}")), "{argv:?}");
     assert_eq!(shlex::split(line), Some(argv.clone()), "{line}");
@@ -321,4 +327,91 @@ fn a_stopped_process_is_not_a_stalled_device() {
         .map(|p| p["end_s"].as_f64().unwrap() - p["start_s"].as_f64().unwrap())
         .sum();
     assert!((2.5..5.0).contains(&paused), "{stalls}");
+}
+
+/// The fio line for an existing file spans what the run spans (its 16 MiB, not the preset's
+/// 1 GiB) and, for a read workload, is read-only: running it grew the file to 1 GiB and
+/// rewrote its first 16 MiB.
+#[test]
+fn fio_equivalent_on_a_file_spans_it_and_only_reads_it() {
+    let dir = scratch();
+    let data = common::data_file(dir.path(), "data.bin", 4096);
+    let out = vg()
+        .args(["record", "--fio-equivalent", "--target"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let words = shlex::split(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert!(words.contains(&"--size=16777216".to_string()), "{words:?}");
+    assert!(words.contains(&"--readonly".to_string()), "{words:?}");
+    // A write workload on it is refused as `record` would refuse it.
+    let out = vg()
+        .args([
+            "record",
+            "-w",
+            "rand4k-write",
+            "--fio-equivalent",
+            "--target",
+        ])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--destroy-data"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A run named twice on one side (or a copy of it) would pass for independent replicates and
+/// give zero-width intervals: refused. The same run on both sides is only said.
+#[test]
+fn one_run_is_never_two_replicates() {
+    let dir = scratch();
+    let a = dir.path().join("a.json");
+    quick(
+        dir.path(),
+        &["--quiet", "--no-probes", "-o", a.to_str().unwrap()],
+    )
+    .assert()
+    .success();
+    let copy = dir.path().join("copy.json");
+    std::fs::copy(&a, &copy).unwrap();
+    let mut b: serde_json::Value = serde_json::from_slice(&std::fs::read(&a).unwrap()).unwrap();
+    b["runs"][0]["started_unix_ms"] =
+        (b["runs"][0]["started_unix_ms"].as_u64().unwrap() + 1).into();
+    let b_path = dir.path().join("b.json");
+    std::fs::write(&b_path, serde_json::to_vec(&b).unwrap()).unwrap();
+    let diff = |with_a: &Path| {
+        vg().arg("diff")
+            .arg(&a)
+            .arg(&b_path)
+            .arg("--with-a")
+            .arg(with_a)
+            .output()
+            .unwrap()
+    };
+    for (with_a, says) in [
+        (&copy, "hold the same recorded run"),
+        (&a, "is named twice"),
+    ] {
+        let out = diff(with_a);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains(says), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    }
+    let out = vg().arg("diff").arg(&a).arg(&copy).output().unwrap();
+    assert!(out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("compared with itself"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -195,7 +195,13 @@ pub fn spec(input: &[u8]) -> Outcome {
         ),
         Ok(_) => {}
     }
-    let fio = spec.fio_command("/tmp/fuzz-target").unwrap_or_default();
+    let fio = spec
+        .fio_command(&spec::FioTarget {
+            filename: "/tmp/fuzz-target",
+            size: spec.size.0,
+            existing: true,
+        })
+        .unwrap_or_default();
     let _ = (spec.fio_rw(), spec.is_read_only());
     let mut copy = spec.clone();
     if let Err(e) = spec::Overrides::default().apply(&mut copy) {

@@ -25,7 +25,7 @@ pub enum AttachTarget {
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum FollowError {
-    #[error("--pid {0}: no such process (list processes with `ps -e`, or find one by name with `pgrep NAME`)")]
+    #[error("--pid {0}: no such process, or it has exited (list processes with `ps -e`, or find one by name with `pgrep NAME`)")]
     NoSuchPid(u32),
     #[error("--cgroup {0}: no such cgroup (give a directory under /sys/fs/cgroup that has a cgroup.procs file, or a path relative to it)")]
     NoSuchCgroup(PathBuf),
@@ -62,27 +62,35 @@ fn processes(root: &Path) -> BTreeMap<u32, Process> {
         .collect()
 }
 
-/// `PID (COMM) STATE PPID …`; the name may hold spaces and parentheses, so it ends at the last ')'.
+/// `PID (COMM) STATE PPID …`; the name may hold spaces and parentheses, so it ends at the last
+/// ')'. None for a process that has exited (a zombie, or dead): it does no more I/O.
 fn parse_stat(stat: &str) -> Option<Process> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
     let comm = stat.get(open + 1..close)?.to_string();
     let mut rest = stat.get(close + 1..)?.split_whitespace();
-    let _state = rest.next()?;
+    if matches!(rest.next()?, "Z" | "X" | "x") {
+        return None;
+    }
     let ppid = rest.next()?.parse().ok()?;
     Some(Process { ppid, comm })
 }
 
-/// Whether `tgid` is a live process under `root` (a thread's id is not).
+/// Whether `tgid` is a live process under `root`: a thread's id is not, nor a process that has
+/// exited and waits for its parent to reap it (a zombie does no more I/O; following it would
+/// keep a run going for nothing).
 pub fn alive(root: &Path, tgid: u32) -> bool {
-    fs::read_to_string(root.join(format!("proc/{tgid}/status")))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Tgid:"))
-                .and_then(|v| v.trim().parse::<u32>().ok())
-        })
-        == Some(tgid)
+    let Ok(status) = fs::read_to_string(root.join(format!("proc/{tgid}/status"))) else {
+        return false;
+    };
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let exited = field("State:").is_some_and(|s| s.starts_with('Z') || s.starts_with('X'));
+    !exited && field("Tgid:").and_then(|v| v.parse::<u32>().ok()) == Some(tgid)
 }
 
 /// Checks this process can name processes as the kernel does (its pid namespace is the
@@ -284,6 +292,17 @@ mod tests {
             Err(FollowError::NoSuchPid(104))
         );
         assert!(alive(root.path(), 101) && !alive(root.path(), 104));
+        // A zombie has exited: nothing of it is left to follow.
+        fs::write(
+            root.path().join("proc/200/status"),
+            "Name:\tdd\nState:\tZ (zombie)\nTgid:\t200\n",
+        )
+        .unwrap();
+        assert!(!alive(root.path(), 200));
+        assert_eq!(
+            AttachTarget::Pids(vec![200]).resolve(root.path()),
+            Err(FollowError::NoSuchPid(200))
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use crate::analysis::diff;
 use crate::cli::DiffArgs;
+use crate::model::iotune::IotuneProfile;
 use crate::model::{file, profile};
 use crate::render::{charts, diff_html, diff_render};
 use crate::run::output;
@@ -106,6 +107,16 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
             .collect::<Vec<_>>()
     };
     let (a_side, b_side) = (profiles_of(a_docs), profiles_of(b_docs));
+    let identities = |side: &[(std::path::PathBuf, profile::Profile)]| {
+        side.iter()
+            .flat_map(|(path, p)| {
+                p.replicates()
+                    .into_iter()
+                    .map(move |(r, _)| (path.clone(), run_identity(&r)))
+            })
+            .collect::<Vec<_>>()
+    };
+    check_repeated_runs(&identities(&a_side), &identities(&b_side))?;
     for (name, side) in [("A", &a_side), ("B", &b_side)] {
         if side.len() > 1 {
             let names: Vec<String> = side
@@ -206,6 +217,8 @@ fn diff_iotune(
     b: Vec<(std::path::PathBuf, file::Document)>,
 ) -> anyhow::Result<ExitCode> {
     use std::io::Write;
+    let a_paths: Vec<std::path::PathBuf> = a.iter().map(|(p, _)| p.clone()).collect();
+    let b_paths: Vec<std::path::PathBuf> = b.iter().map(|(p, _)| p.clone()).collect();
     let results = |side: &str, docs: Vec<(std::path::PathBuf, file::Document)>| {
         docs.into_iter()
             .map(|(_, d)| match d {
@@ -215,6 +228,21 @@ fn diff_iotune(
             .collect::<anyhow::Result<Vec<_>>>()
     };
     let (a, b) = (results("A", a)?, results("B", b)?);
+    let identities = |paths: &[std::path::PathBuf], results: &[IotuneProfile]| {
+        paths
+            .iter()
+            .zip(results)
+            .map(|(path, r)| {
+                let figures: Vec<u64> = r
+                    .phases
+                    .iter()
+                    .flat_map(|p| p.runs.iter().map(|f| f.to_bits()))
+                    .collect();
+                (path.clone(), format!("{} {figures:?}", r.started_unix_ms))
+            })
+            .collect::<Vec<_>>()
+    };
+    check_repeated_runs(&identities(&a_paths, &a), &identities(&b_paths, &b))?;
     for (side, results) in [("A", &a), ("B", &b)] {
         if let Some(cut) = results.iter().find(|r| !r.complete) {
             say!(
@@ -246,6 +274,55 @@ fn diff_iotune(
         out.write_all(units::printable(&text).as_bytes())?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What tells one recorded run from every other: when it started, and what it did.
+fn run_identity(r: &profile::RunRecord) -> String {
+    format!(
+        "{} {} {} {}",
+        r.started_unix_ms,
+        r.read_ios,
+        r.write_ios,
+        r.measured_s.to_bits()
+    )
+}
+
+/// Refuses a side on which one recorded run appears twice — a file named twice, or a copy of
+/// it: the diff would take the copies for independent replicates and call one run's figures
+/// significant with an interval of zero width. The same run on both sides is allowed (it
+/// compares a run with itself: nothing differs) and said on stderr.
+fn check_repeated_runs(
+    a: &[(std::path::PathBuf, String)],
+    b: &[(std::path::PathBuf, String)],
+) -> anyhow::Result<()> {
+    let name = |p: &std::path::Path| units::printable(&p.display().to_string()).into_owned();
+    for (host, side) in [("A", a), ("B", b)] {
+        let mut seen: std::collections::HashMap<&str, &std::path::Path> =
+            std::collections::HashMap::new();
+        for (path, identity) in side {
+            if let Some(first) = seen.insert(identity, path) {
+                let (first, again) = (name(first), name(path));
+                if first == again {
+                    anyhow::bail!(
+                        "host {host}: {first} is named twice; a run counted twice would pass for two independent replicates: name each run once"
+                    );
+                }
+                anyhow::bail!(
+                    "host {host}: {first} and {again} hold the same recorded run (copies of one file?); it would pass for two independent replicates: name each run once"
+                );
+            }
+        }
+    }
+    if let Some((path, _)) = a
+        .iter()
+        .find(|(_, id)| b.iter().any(|(_, other)| other == id))
+    {
+        say!(
+            "virtgap: warning: host B has the same recorded run as host A ({}): that run is compared with itself",
+            name(path)
+        );
+    }
+    Ok(())
 }
 
 /// Refuses inputs whose sizes together pass [`MAX_DIFF_INPUT_BYTES`], from their sizes alone:

@@ -31,7 +31,18 @@ fn wanted_phases(args: &IotuneArgs) -> Vec<Phase> {
     }
 }
 
+/// The shortest measured run or search step: shorter, a figure is a handful of I/Os.
+const MIN_MEASURE: Duration = Duration::from_millis(100);
+
 pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
+    for (flag, span) in [("--duration", &args.duration), ("--step", &args.step)] {
+        if span.0 < MIN_MEASURE {
+            bail!(
+                "{flag} {} is too short to measure a figure; give at least 100ms (e.g. {flag} 2s)",
+                humantime::format_duration(span.0)
+            );
+        }
+    }
     let shown = units::printable(&args.target.display().to_string()).into_owned();
     let meta = std::fs::metadata(&args.target)
         .with_context(|| format!("--target {shown}: cannot use it"))?;
@@ -104,16 +115,6 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
                     .join(" and ")
             );
         }
-        say!(
-            "iotune on {shown}: {} phase{}, {} workers, depth per worker doubling from 1 until it grows less than {}% twice, then {} run{} of {:.1} s at the peak",
-            phases.len(),
-            if phases.len() == 1 { "" } else { "s" },
-            plan.workers,
-            args.tolerance * 100.0,
-            plan.runs,
-            if plan.runs == 1 { "" } else { "s" },
-            plan.measure.as_secs_f64()
-        );
     }
     let started = unix_ms(std::time::SystemTime::now());
     let mut done = Vec::new();
@@ -121,6 +122,19 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
     match prepare_target(&plan, &phases, &signals)? {
         None => interrupted = true,
         Some(prepared) => {
+            // Said once the target is known to fit, so a refusal is the only line.
+            if verbose {
+                say!(
+                "iotune on {shown}: {} phase{}, {} workers, depth per worker doubling from 1 until it grows less than {}% twice, then {} run{} of {:.1} s at the peak",
+                phases.len(),
+                if phases.len() == 1 { "" } else { "s" },
+                plan.workers,
+                args.tolerance * 100.0,
+                plan.runs,
+                if plan.runs == 1 { "" } else { "s" },
+                plan.measure.as_secs_f64()
+            );
+            }
             for (k, &phase) in phases.iter().enumerate() {
                 if verbose {
                     say!("phase {} of {}: {}", k + 1, phases.len(), phase.key());
@@ -154,8 +168,21 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
     }
     let mut json = serde_json::to_vec_pretty(&result)?;
     json.push(b'\n');
+    // ScyllaDB takes the yaml's figures as the disk's: none is written from a zero or a
+    // handful of I/Os.
+    let unfit = result.unfit_figures();
     let yaml = match &args.yaml {
-        Some(_) if !interrupted => Some(iotune_report::io_properties_yaml(&result)?),
+        Some(_) if !interrupted && unfit.is_empty() => {
+            Some(iotune_report::io_properties_yaml(&result)?)
+        }
+        Some(path) if !interrupted => {
+            say!(
+                "virtgap: error: not writing {}: {}; measure longer (--duration) or on a larger target",
+                units::printable(&path.display().to_string()),
+                unfit.join("; ")
+            );
+            None
+        }
         _ => None,
     };
     let mut files = Vec::new();
@@ -197,7 +224,7 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         say!("virtgap: interrupted: the phases that finished are kept, marked incomplete");
         return Ok(signals.exit_code());
     }
-    if written.iter().any(|w| !w) {
+    if written.iter().any(|w| !w) || (args.yaml.is_some() && yaml.is_none()) {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)

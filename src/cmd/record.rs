@@ -53,7 +53,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     overrides.apply(&mut spec)?;
     crate::cli::check_interval(&args.interval)?;
     if args.fio_equivalent {
-        return print_fio_equivalent(args, &spec);
+        return print_fio_equivalent(args, &spec, overrides.size.is_some());
     }
     let outputs = check_outputs(args, &spec)?;
     if args.listen.is_some() && args.probe.no_probes {
@@ -63,7 +63,8 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     let signals = StopSignals::install(true)?;
     let verbose = !args.quiet && !args.json;
     if verbose {
-        if let Some(addr) = args.listen {
+        if let Some(m) = &metrics {
+            let addr = m.local_addr();
             say!("serving the probes' metrics at http://{addr}/metrics while the run lasts");
         }
     }
@@ -141,7 +142,8 @@ fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
     }
     let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
     if verbose {
-        if let Some(addr) = args.listen {
+        if let Some(m) = &metrics {
+            let addr = m.local_addr();
             say!("serving the probes' metrics at http://{addr}/metrics while the run lasts");
         }
     }
@@ -168,10 +170,13 @@ fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
     })
 }
 
-/// `--fio-equivalent`: the fio command line that runs the same job, shell-quoted.
+/// `--fio-equivalent`: the fio command line that runs the same job, shell-quoted. An existing
+/// target is opened as `record` would open it (every safety check, the region it would span),
+/// so the line spans what the run would and never writes what the run would only read.
 fn print_fio_equivalent(
     args: &RecordArgs,
     spec: &virtgap_workloads::WorkloadSpec,
+    size_explicit: bool,
 ) -> Result<ExitCode> {
     // The path goes into a shell command as it is: a lossy rendering would name another file.
     let file = match &args.target.target {
@@ -183,7 +188,33 @@ fn print_fio_equivalent(
         })?,
         None => "FILE",
     };
-    let Some(fio) = spec.fio_command(file) else {
+    let existing = args
+        .target
+        .target
+        .as_ref()
+        .filter(|p| std::fs::symlink_metadata(p).is_ok());
+    let size = match existing {
+        Some(path) => {
+            let req = virtgap_workloads::target::TargetRequest {
+                choice: virtgap_workloads::target::TargetChoice::Path(path.clone()),
+                size: spec.size.0,
+                size_explicit,
+                bs: spec.bs.0,
+                write: !spec.is_read_only(),
+                direct: spec.direct,
+                destroy_data: args.target.destroy_data.clone(),
+            };
+            virtgap_workloads::target::open(&req, &virtgap_workloads::safety::SysRoot::default())?
+                .size
+        }
+        None => spec.size.0,
+    };
+    let on = virtgap_workloads::spec::FioTarget {
+        filename: file,
+        size,
+        existing: existing.is_some(),
+    };
+    let Some(fio) = spec.fio_command(&on) else {
         bail!(
             "{} has no fio equivalent: fio cannot run a log-structured key-value store",
             spec.name

@@ -103,9 +103,38 @@ pub struct IotuneProfile {
     pub phases: Vec<IotunePhase>,
 }
 
+/// The fewest I/Os a figure may rest on: below it a figure is a handful of I/Os over a short
+/// window (66 I/Os in 1 ms read as 66,000 IOPS), not the storage's.
+pub const MIN_FIGURE_IOS: u64 = 100;
+
 impl IotuneProfile {
     pub fn phase(&self, phase: Phase) -> Option<&IotunePhase> {
         self.phases.iter().find(|p| p.phase == phase)
+    }
+
+    /// Why each of the four figures cannot go into io_properties.yaml, in words: not run,
+    /// zero, or measured from fewer than [`MIN_FIGURE_IOS`] I/Os. Empty: all four are fit.
+    pub fn unfit_figures(&self) -> Vec<String> {
+        Phase::ALL
+            .iter()
+            .filter_map(|&phase| {
+                let Some(p) = self.phase(phase) else {
+                    return Some(format!("{} did not run", phase.key()));
+                };
+                let r = &p.profile.results;
+                let ios = r.read.ios + r.write.ios;
+                if p.figure.is_nan() || p.figure <= 0.0 {
+                    Some(format!("{} measured 0", phase.key()))
+                } else if ios < MIN_FIGURE_IOS {
+                    Some(format!(
+                        "{} rests on {ios} I/Os (at least {MIN_FIGURE_IOS} make a figure)",
+                        phase.key()
+                    ))
+                } else {
+                    None
+                }
+            })
+            .collect()
     }
 }
 
@@ -143,5 +172,39 @@ pub(crate) fn fixture(
                 profile: profile.clone(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_figure_of_zero_or_of_a_handful_of_ios_is_unfit_for_the_yaml() {
+        let all = |read_iops: f64| {
+            fixture(
+                "/d",
+                "/d",
+                &[
+                    (Phase::ReadBandwidth, vec![1e9]),
+                    (Phase::WriteBandwidth, vec![5e8]),
+                    (Phase::ReadIops, vec![read_iops]),
+                    (Phase::WriteIops, vec![9e4]),
+                ],
+            )
+        };
+        assert!(all(1e5).unfit_figures().is_empty());
+        assert_eq!(all(0.0).unfit_figures(), ["read_iops measured 0"]);
+        let mut few = all(66_000.0);
+        few.phases[2].profile.results.read.ios = 66;
+        assert_eq!(
+            few.unfit_figures(),
+            ["read_iops rests on 66 I/Os (at least 100 make a figure)"]
+        );
+        few.phases.pop();
+        assert_eq!(
+            few.unfit_figures().last().unwrap(),
+            "write_iops did not run"
+        );
     }
 }

@@ -499,21 +499,52 @@ fn wrap(text: &str, width: usize, indent: usize) -> String {
 }
 
 pub(crate) fn workload(d: &ProfileDiff) -> String {
-    format!("{} ({})", d.workload, d.workload_origin)
+    format!(
+        "{} ({})",
+        units::one_line(&d.workload),
+        units::one_line(&d.workload_origin)
+    )
+}
+
+/// A host's description, from its profile (another host's words): on one line.
+fn host(f: &crate::model::host::Fingerprint) -> String {
+    units::one_line(&f.describe()).into_owned()
+}
+
+/// Text from a profile placed in Markdown, shown as text: HTML's `<`, `>` and `&` as
+/// entities (many renderers let inline HTML through), a table's `|` and code's backtick
+/// escaped, and on one line.
+fn md(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in units::one_line(text).chars() {
+        match c {
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '&' => out.push_str("&amp;"),
+            '|' => out.push_str("\\|"),
+            '`' => out.push_str("\\`"),
+            '*' | '_' | '[' | ']' => {
+                out.push('\\');
+                out.push(c);
+            }
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// Plain text for a terminal, at most 100 columns wide.
 pub fn terminal(d: &ProfileDiff) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "A: {}", d.host_a.describe());
-    let _ = writeln!(s, "B: {}", d.host_b.describe());
+    let _ = writeln!(s, "A: {}", host(&d.host_a));
+    let _ = writeln!(s, "B: {}", host(&d.host_b));
     let _ = writeln!(s, "workload: {}", workload(d));
     let _ = writeln!(s, "{}", runs_line(d));
     for x in &d.spec_differences {
         let _ = writeln!(s, "  workload differs: {}", spec_difference(x));
     }
     for c in &d.confounders {
-        let _ = writeln!(s, "  confounder: {}", confounder(c));
+        let _ = writeln!(s, "  confounder: {}", units::one_line(&confounder(c)));
     }
     for w in &d.warnings {
         let _ = writeln!(s, "{}", wrap(&format!("  warning: {}", warning(w)), 100, 4));
@@ -675,19 +706,19 @@ pub fn markdown(d: &ProfileDiff) -> String {
     let _ = writeln!(
         s,
         "- **A:** {}\n- **B:** {}\n- **workload:** {}\n- {}",
-        d.host_a.describe(),
-        d.host_b.describe(),
-        workload(d),
+        md(&d.host_a.describe()),
+        md(&d.host_b.describe()),
+        md(&workload(d)),
         runs_line(d)
     );
     for x in &d.spec_differences {
-        let _ = writeln!(s, "- workload differs: {}", spec_difference(x));
+        let _ = writeln!(s, "- workload differs: {}", md(&spec_difference(x)));
     }
     for c in &d.confounders {
-        let _ = writeln!(s, "- confounder: {}", confounder(c));
+        let _ = writeln!(s, "- confounder: {}", md(&confounder(c)));
     }
     for w in &d.warnings {
-        let _ = writeln!(s, "- warning: {}", warning(w));
+        let _ = writeln!(s, "- warning: {}", md(&warning(w)));
     }
     let _ = writeln!(s, "\n**Verdict:** {}\n", verdict_sentence(d));
     let _ = writeln!(s, "## Where the time goes\n");
@@ -947,6 +978,22 @@ mod tests {
             &on_hypervisor(Hypervisor::Xen, &xen, 4_100.0),
         );
         insta::assert_snapshot!(terminal(&d));
+    }
+
+    /// A profile's host strings come from another host: Markdown shows them as text (no tag a
+    /// renderer would obey, no `|` splitting a table, no backtick opening code), on one line.
+    #[test]
+    fn markdown_shows_a_profiles_html_and_table_characters_as_text() {
+        let (a, mut b) = pair();
+        b.host.cpu_model =
+            Some("<script>alert(9)</script><img src=x onerror=alert(8)>|x|`y`\n# H".into());
+        let md_text = markdown(&diff(&a, &b));
+        for raw in ["<script", "<img", "|x|", "`y`", "\n# H"] {
+            assert!(!md_text.contains(raw), "{raw:?} copied as is: {md_text}");
+        }
+        assert!(md_text.contains("&lt;script&gt;"), "{md_text}");
+        let text = terminal(&diff(&a, &b));
+        assert!(!text.lines().any(|l| l.starts_with("# H")), "{text}");
     }
 
     #[test]

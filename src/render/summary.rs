@@ -66,8 +66,15 @@ pub fn write(out: &mut impl Write, p: &Profile) -> io::Result<()> {
     // may not, and then only the name is shown.
     let spec = virtgap_workloads::spec::parse(&w.effective_spec, &w.origin).ok();
     let described = spec.as_ref().map(|s| s.describe()).unwrap_or_default();
-    writeln!(out, "{} ({}): {described}", w.name, w.origin)?;
-    writeln!(out, "  target: {}", p.target.description)?;
+    // Names a user, a workload file or a profile chose: each kept on its line.
+    writeln!(
+        out,
+        "{} ({}): {}",
+        units::one_line(&w.name),
+        units::one_line(&w.origin),
+        units::one_line(&described)
+    )?;
+    writeln!(out, "  target: {}", units::one_line(&p.target.description))?;
     let r = &p.results;
     let engine = spec.as_ref().map_or("?", |s| s.engine.name());
     writeln!(out, "  engine: {engine} ({})", r.engine_features)?;
@@ -153,7 +160,14 @@ fn write_attached(
 ) -> io::Result<()> {
     use crate::model::attached::AttachEnd;
     let secs = p.results.measured_s;
-    writeln!(out, "{} ({})", p.workload.name, p.workload.origin)?;
+    // The label, the names and the command lines are the followed processes' and the user's:
+    // each kept on its line, so none can pass for a line of the summary.
+    writeln!(
+        out,
+        "{} ({})",
+        units::one_line(&p.workload.name),
+        units::one_line(&p.workload.origin)
+    )?;
     let shown: Vec<String> = a.pids.iter().take(8).map(u32::to_string).collect();
     let more = a.pids.len().saturating_sub(shown.len());
     if !a.pids.is_empty() {
@@ -169,7 +183,7 @@ fn write_attached(
         writeln!(out, ")")?;
     }
     for cmd in a.commands.iter().take(3) {
-        writeln!(out, "    {cmd}")?;
+        writeln!(out, "    {}", units::one_line(cmd))?;
     }
     let ended = match a.end {
         AttachEnd::Duration => "--duration ran out",
@@ -371,6 +385,40 @@ mod tests {
         write(&mut text, &p).unwrap();
         let text = String::from_utf8(text).unwrap();
         assert!(text.contains("events missed: 5 ("), "{text}");
+    }
+
+    /// A followed process's command line and the user's label are other people's text: a
+    /// newline in either stays inside its line, so neither can add a line of the summary.
+    #[test]
+    fn newlines_in_a_command_line_or_label_add_no_line() {
+        use crate::model::attached::{AttachEnd, AttachKind, Attached, AttachedIo};
+        let mut p = crate::render::csv_export::tests::fixture();
+        p.workload.name = "L1\n  attached 999 s; ended: FORGED".into();
+        p.attached = Some(Attached {
+            kind: AttachKind::Pid,
+            named: "1".into(),
+            label: Some(p.workload.name.clone()),
+            pids: vec![1],
+            commands: vec!["x\n  block requests: 999 reads FORGED\n".into()],
+            end: AttachEnd::Duration,
+            io: AttachedIo::default(),
+            app: None,
+            io_submits: 0,
+        });
+        let mut text = Vec::new();
+        write(&mut text, &p).unwrap();
+        let text = String::from_utf8(text).unwrap();
+        for line in text.lines() {
+            assert!(
+                !line.trim_start().starts_with("block requests: 999"),
+                "{text}"
+            );
+            assert!(!line.trim_start().starts_with("attached 999"), "{text}");
+        }
+        assert!(
+            text.contains("x\\n  block requests: 999 reads FORGED\\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -272,7 +272,11 @@ impl WorkloadInfo {
             origin: loaded.origin.clone(),
             source_text: loaded.source_text.clone(),
             effective_spec: spec.to_toml(),
-            fio_equivalent: spec.fio_command(&target.path.display().to_string()),
+            fio_equivalent: spec.fio_command(&virtgap_workloads::spec::FioTarget {
+                filename: &target.path.display().to_string(),
+                size: target.size,
+                existing: !target.needs_fill(),
+            }),
         }
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use virtgap_workloads::spec::{self, Overrides};
 use virtgap_workloads::stats::RunStats;
+use virtgap_workloads::units;
 use virtgap_workloads::values::{ByteSize, Span};
 use virtgap_workloads::{LoadedSpec, WorkloadSpec};
 
@@ -155,13 +156,39 @@ pub fn prepare_target(
     // more in flight than the depth search's deepest.
     let qd = (deepest / 2 / block_size(opener)).clamp(1, u64::from(spec::MAX_QD)) as u32;
     let (_, spec) = phase_spec(opener, plan, (plan.workers * 2, qd), (plan.ramp, plan.step))?;
-    prepare(
+    let Some(prepared) = prepare(
         &spec,
         plan.size.is_some(),
         &plan.target,
         plan.verbose,
         signals,
-    )
+    )?
+    else {
+        return Ok(None);
+    };
+    // Each worker reads or writes a region of its own, of whole blocks: on a target smaller
+    // than a block per worker the regions would start past its end (a file would grow; reads
+    // would return nothing). The search may double the workers.
+    let workers = plan.workers * 2;
+    if let Some((phase, need)) = phases
+        .iter()
+        .map(|&p| (p, block_size(p) * u64::from(workers)))
+        .max_by_key(|&(_, need)| need)
+        .filter(|&(_, need)| prepared.target.size < need)
+    {
+        let fewer = match prepared.target.size / block_size(phase) / 2 {
+            0 => String::new(),
+            n => format!(", or pass fewer --workers (at most {n})"),
+        };
+        anyhow::bail!(
+            "the target holds {}, and {} needs {} ({workers} workers, as the search may try, x one {} block each); name a larger target{fewer}",
+            units::bytes(prepared.target.size),
+            phase.key(),
+            units::bytes(need),
+            units::bytes(block_size(phase)),
+        );
+    }
+    Ok(Some(prepared))
 }
 
 /// Runs one phase on the prepared target: the search, then the measurement at its peak. None:

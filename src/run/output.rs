@@ -3,7 +3,9 @@
 //! Every output path is checked before the run starts ([`Outputs`]): its directory exists and
 //! can be written, nothing but a regular file is there, no two outputs are the same file and no
 //! output is a file the command reads — compared by canonical path and, for what exists, by
-//! device and inode, so a hard link or a second spelling does not slip through.
+//! device and inode, so a hard link or a second spelling does not slip through — nor a file
+//! that backs a loop device (a disk image, mounted or not: the target's, or any other) or is
+//! a swap file, whatever the consent.
 //!
 //! At the end each file is written into an anonymous file in its directory (`O_TMPFILE`),
 //! synced, and linked in place: a link never replaces anything, and a run killed mid-write
@@ -81,6 +83,12 @@ fn not_a_regular_file(path: &Path) -> Option<&'static str> {
     } else {
         Some("not a regular file")
     }
+}
+
+/// What the file (st_dev, st_ino) serves that replacing it would destroy — a loop device's
+/// backing (a disk image, mounted or not), a swap file — in words; None for a plain file.
+fn in_service(dev: u64, ino: u64) -> Option<String> {
+    virtgap_workloads::safety::SysRoot::default().file_in_service(dev, ino)
 }
 
 /// (st_dev, st_ino) of what `path` names now.
@@ -227,6 +235,12 @@ impl Outputs {
                 shown(path),
                 other.role,
                 shown(&other.path)
+            );
+        }
+        if let Some(service) = me.id.and_then(|(dev, ino)| in_service(dev, ino)) {
+            bail!(
+                "{flag} {} {service}: replacing it would destroy that data, whatever --force says; name another file",
+                shown(path)
             );
         }
         if me.id.is_some() && !self.force {
@@ -713,6 +727,8 @@ fn place(
             input.role,
             shown(&input.path)
         ))
+    } else if let Some(service) = id_of(path).and_then(|(dev, ino)| in_service(dev, ino)) {
+        Some(format!("now {service}"))
     } else {
         let placed = if force && fs::symlink_metadata(path).is_ok() {
             staged.replace(path, dir, name)

@@ -38,7 +38,7 @@ impl StopSignals {
                 signal_hook::low_level::register(sig, move || {
                     if stopping.load(Ordering::SeqCst) {
                         crate::run::output::remove_pending_tmp();
-                        const MSG: &[u8] = b"virtgap: second signal: exiting now; the partial profile and CSV files are not written\n";
+                        const MSG: &[u8] = b"virtgap: second signal: exiting now; whatever was not yet written (a partial profile, CSV) is not written\n";
                         libc::write(2, MSG.as_ptr().cast(), MSG.len());
                         libc::_exit(128 + sig);
                     }

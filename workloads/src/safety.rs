@@ -294,6 +294,42 @@ impl SysRoot {
         Some(sectors * 512)
     }
 
+    /// What the regular file with filesystem device `dev` and inode `ino` serves, in words,
+    /// when replacing or truncating it would destroy data something else uses: a swap file,
+    /// or the backing of a loop device (its data; a mounted filesystem's image among them).
+    /// None: nothing known serves from it.
+    pub fn file_in_service(&self, dev: u64, ino: u64) -> Option<String> {
+        let swaps = self.read("proc/swaps").unwrap_or_default();
+        let swap = swaps
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next().map(unescape_octal))
+            .find(|swap| {
+                fs::metadata(self.path(swap))
+                    .is_ok_and(|m| m.file_type().is_file() && (m.dev(), m.ino()) == (dev, ino))
+            });
+        if let Some(swap) = swap {
+            return Some(format!("is in use as swap ({swap})"));
+        }
+        let loops: Vec<String> = self
+            .bound_loop_devices()
+            .into_iter()
+            .filter(|lo| {
+                self.loop_backing(lo)
+                    .is_some_and(|b| b.block.is_none() && (b.dev, b.ino) == (dev, ino))
+            })
+            .map(|lo| format!("/dev/{lo}"))
+            .collect();
+        (!loops.is_empty()).then(|| format!("backs {}", loops.join(" and ")))
+    }
+
+    /// Whether the kernel refuses writes to `dev` (its `ro` attribute: a read-only loop
+    /// device, `blockdev --setro`).
+    pub fn read_only(&self, dev: &BlockDevice) -> bool {
+        self.read(&format!("sys/class/block/{}/ro", dev.name))
+            .is_some_and(|ro| ro.trim() == "1")
+    }
+
     /// Checks that writing to `dev` cannot hit a mounted filesystem, swap, or a holder (of the
     /// device or of anything below it), and that `destroy_data` names the device.
     pub fn check_writable(
@@ -971,6 +1007,30 @@ mod tests {
                 .contains("is in use as swap (/dev/loop0 is backed by"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_file_backing_a_loop_device_or_swap_is_in_service() {
+        let f = Fixture::new();
+        f.write("data/other", "x");
+        f.write("data/swapfile", "x");
+        f.write(
+            "proc/swaps",
+            "Filename\tType\tSize\tUsed\tPriority\n/data/swapfile\tfile\t4\t0\t-2\n",
+        );
+        let sys = f.sys();
+        let (dev, ino) = f.file_id("var/tmp/backing.img");
+        assert_eq!(
+            sys.file_in_service(dev, ino).as_deref(),
+            Some("backs /dev/loop0")
+        );
+        let (dev, ino) = f.file_id("data/swapfile");
+        assert_eq!(
+            sys.file_in_service(dev, ino).as_deref(),
+            Some("is in use as swap (/data/swapfile)")
+        );
+        let (dev, ino) = f.file_id("data/other");
+        assert_eq!(sys.file_in_service(dev, ino), None);
     }
 
     #[test]

@@ -649,11 +649,11 @@ impl WorkloadSpec {
         s
     }
 
-    /// The fio command line that runs the same job on `filename`, each argument shell-quoted
-    /// so that any name or path pastes into a shell as one word (None for kv: fio has no
+    /// The fio command line that runs the same job on `on`, each argument shell-quoted so
+    /// that any name or path pastes into a shell as one word (None for kv: fio has no
     /// log-structured store).
-    pub fn fio_command(&self, filename: &str) -> Option<String> {
-        let words = self.fio_argv(filename)?;
+    pub fn fio_command(&self, on: &FioTarget<'_>) -> Option<String> {
+        let words = self.fio_argv(on)?;
         let quoted: Vec<String> = words
             .iter()
             .map(|w| match w.split_once('=') {
@@ -667,11 +667,16 @@ impl WorkloadSpec {
         Some(quoted.join(" "))
     }
 
-    /// The fio argument vector that runs the same job on `filename`, unquoted (None for kv).
-    pub fn fio_argv(&self, filename: &str) -> Option<Vec<String>> {
+    /// The fio argument vector that runs the same job on `on`, unquoted (None for kv).
+    pub fn fio_argv(&self, on: &FioTarget<'_>) -> Option<Vec<String>> {
         if self.pattern == Pattern::Kv {
             return None;
         }
+        let FioTarget {
+            filename,
+            size,
+            existing,
+        } = *on;
         let mut args = vec![
             "fio".to_string(),
             format!("--name={}", self.name),
@@ -688,7 +693,7 @@ impl WorkloadSpec {
         }
         match self.pattern {
             Pattern::Random => {
-                args.push(format!("--size={}", self.size.0));
+                args.push(format!("--size={size}"));
                 args.push("--norandommap".into());
                 args.push("--randrepeat=0".into());
                 if let Distribution::Zipf(t) = self.distribution {
@@ -698,7 +703,7 @@ impl WorkloadSpec {
             Pattern::Kv => {}
             Pattern::Sequential => {
                 // Each worker owns a disjoint region, as ours do.
-                let region = self.size.0 / u64::from(self.workers) / self.bs.0 * self.bs.0;
+                let region = size / u64::from(self.workers) / self.bs.0 * self.bs.0;
                 args.push(format!("--size={region}"));
                 args.push(format!("--offset_increment={region}"));
             }
@@ -717,6 +722,11 @@ impl WorkloadSpec {
         if self.submit_batch > 1 {
             args.push(format!("--iodepth_batch_submit={}", self.submit_batch));
         }
+        // fio lays out (and may grow) a file it is allowed to write: a read-only job on a file
+        // or device that exists must not touch it.
+        if existing && self.is_read_only() {
+            args.push("--readonly".into());
+        }
         args.push("--time_based".into());
         args.push(format!("--runtime={}", self.duration.0.as_secs().max(1)));
         if !self.ramp.0.is_zero() {
@@ -726,6 +736,16 @@ impl WorkloadSpec {
         args.push("--output-format=json".into());
         Some(args)
     }
+}
+
+/// What fio runs a job on: the path, the bytes of it the run spans (the whole of an existing
+/// file or device unless `--size` narrowed it), and whether it exists already (then a read
+/// job gets `--readonly`).
+#[derive(Clone, Copy, Debug)]
+pub struct FioTarget<'a> {
+    pub filename: &'a str,
+    pub size: u64,
+    pub existing: bool,
 }
 
 /// An option name that needs no quoting: `--` then letters, digits, `_` and `-`.
@@ -1006,8 +1026,15 @@ mod tests {
     #[test]
     fn fio_command_mirrors_the_job() {
         let spec = load("fio-randread").unwrap().spec;
-        let cmd = spec.fio_command("/data/f").unwrap();
+        let on = |size| FioTarget {
+            filename: "/data/f",
+            size,
+            existing: true,
+        };
+        let cmd = spec.fio_command(&on(16 << 20)).unwrap();
         for part in [
+            "--size=16777216",
+            "--readonly",
             "--rw=randread",
             "--bs=4096",
             "--iodepth=32",
@@ -1021,10 +1048,16 @@ mod tests {
         }
         let seq = load("seq1m").unwrap().spec;
         assert!(seq
-            .fio_command("f")
+            .fio_command(&on(1 << 30))
             .unwrap()
             .contains("--offset_increment="));
-        assert_eq!(load("kv-act").unwrap().spec.fio_command("f"), None);
+        assert_eq!(load("kv-act").unwrap().spec.fio_command(&on(1 << 30)), None);
+        // A new file fio creates and lays out itself: not read-only.
+        let new = FioTarget {
+            existing: false,
+            ..on(1 << 30)
+        };
+        assert!(!spec.fio_command(&new).unwrap().contains("--readonly"));
     }
 
     #[test]
@@ -1139,15 +1172,27 @@ mod tests {
             ("", "-"),
         ] {
             spec.name = name.into();
-            let argv = spec.fio_argv(file).unwrap();
+            let on = FioTarget {
+                filename: file,
+                size: 1 << 30,
+                existing: false,
+            };
+            let argv = spec.fio_argv(&on).unwrap();
             assert!(argv.contains(&format!("--filename={file}")), "{argv:?}");
             assert!(argv.contains(&format!("--name={name}")), "{argv:?}");
-            let line = spec.fio_command(file).unwrap();
+            let line = spec.fio_command(&on).unwrap();
             assert_eq!(shlex::split(&line), Some(argv), "{line}");
         }
         spec.name = "rand4k".into();
         assert_eq!(
-            spec.fio_command("/data/f").unwrap().split(' ').nth(2),
+            spec.fio_command(&FioTarget {
+                filename: "/data/f",
+                size: 1 << 30,
+                existing: false
+            })
+            .unwrap()
+            .split(' ')
+            .nth(2),
             Some("--filename=/data/f"),
             "plain words stay unquoted"
         );

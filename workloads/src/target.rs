@@ -74,6 +74,8 @@ pub enum TargetError {
     Interrupted,
     #[error("--target {0} changed while it was being opened (it is now a symbolic link); refusing it: check what else writes in its directory")]
     Changed(String),
+    #[error("--target /dev/{0} is read-only (its ro flag is set, as by `losetup -r` or `blockdev --setro`), so nothing can write to it; only read it (drop --destroy-data), or make it writable first")]
+    ReadOnlyDevice(String),
     #[error("--target {path} is in use by another virtgap run that {other} it; wait for that run to end")]
     InUse { path: String, other: &'static str },
     #[error("--dir {dir} is {kind}, which keeps files in memory: a {size} temp file does not fit the {free} this process may still use ({limit}); pick a disk-backed --dir or a smaller --size")]
@@ -499,6 +501,9 @@ fn open_device(
     };
     if req.write {
         sys.check_writable(&dev, req.destroy_data.as_deref())?;
+        if sys.read_only(&dev) {
+            return Err(TargetError::ReadOnlyDevice(dev.name.clone()));
+        }
     }
     lock(&file, req.write, &shown)?;
     let have = sys.size_bytes(&dev).unwrap_or(0);
@@ -623,7 +628,16 @@ fn lock(file: &File, write: bool, shown: &str) -> Result<(), TargetError> {
     } else {
         FlockOperation::NonBlockingLockShared
     };
-    match rustix::fs::flock(file, op) {
+    // A run of this process that just failed can still hold the lock for a moment: a closed
+    // io_uring's files are released by the kernel in the background. So a held lock is tried
+    // again for up to 2 s before another run is blamed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let mut locked = rustix::fs::flock(file, op);
+    while locked == Err(rustix::io::Errno::WOULDBLOCK) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        locked = rustix::fs::flock(file, op);
+    }
+    match locked {
         Ok(()) => Ok(()),
         Err(rustix::io::Errno::WOULDBLOCK) => Err(TargetError::InUse {
             path: shown.to_string(),

@@ -111,6 +111,26 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
+/// `text` kept on one line, for a field another process, host or user chose (a command line,
+/// a label, a CPU model) placed inside a report of many lines: every control character —
+/// newlines and tabs too, which [`printable`] keeps — is shown as its escape (`\n`), so the
+/// field cannot begin a line of its own and pass for one of the report's.
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect::<String>()
+        .into()
+}
+
 #[cfg(test)]
 mod printable_tests {
     #[test]
@@ -119,6 +139,15 @@ mod printable_tests {
         assert_eq!(
             super::printable("a\u{1b}]0;pwned\u{7}b"),
             "a\\u{1b}]0;pwned\\u{7}b"
+        );
+    }
+
+    #[test]
+    fn one_line_fields_cannot_start_a_line() {
+        assert_eq!(super::one_line("plain name"), "plain name");
+        assert_eq!(
+            super::one_line("x\n  block requests: 999 FORGED\r\t\u{1b}"),
+            "x\\n  block requests: 999 FORGED\\r\\t\\u{1b}"
         );
     }
 }
