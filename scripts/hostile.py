@@ -1545,7 +1545,14 @@ def scrape_secs(port, timeout=10):
     return time.monotonic() - t, status
 
 
-@case("serve-slow-clients-do-not-stall-a-scrape", "2.3", probes=True)
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@case("serve-listen-port-0-says-its-port", "2.11", probes=True)
 def _(c):
     p = c.start("serve", "--listen", "127.0.0.1:0", "--probes", "block")
     if not p.wait_for(rb"serving http://127\.0\.0\.1:\d+/", 60):
@@ -1553,6 +1560,17 @@ def _(c):
     port = int(re.search(rb"127\.0\.0\.1:(\d+)/", bytes(p.err)).group(1))
     if port == 0:
         raise Defect("serve --listen 127.0.0.1:0 says it serves on port 0")
+    secs, status = scrape_secs(port)
+    if status != 200:
+        raise Defect(f"a scrape of the port it named: {status}")
+
+
+@case("serve-slow-clients-do-not-stall-a-scrape", "2.3", probes=True)
+def _(c):
+    port = free_port()
+    p = c.start("serve", "--listen", f"127.0.0.1:{port}", "--probes", "block")
+    if not p.wait_for(rb"serving http://", 60):
+        raise Defect(f"serve never served ({p.finish(10).says()})")
     socks, stop = trickling_clients(port, 50, idle=12)
     try:
         time.sleep(1)
@@ -1575,11 +1593,11 @@ def _(c):
 
 @case("record-with-listen-ends-on-time-beside-a-slow-client", "2.3", probes=True)
 def _(c):
+    port = free_port()
     p = c.start("record", "--engine", "null", "--size", "4MiB", "-d", "2s", "--probes", "block",
-                "--listen", "127.0.0.1:0", "-o", c.path("p.json"))
+                "--listen", f"127.0.0.1:{port}", "-o", c.path("p.json"))
     if not p.wait_for(rb"http://127\.0\.0\.1:\d+/", 60):
         raise Defect(f"record --listen never said where it listens ({p.finish(10).says()})")
-    port = int(re.search(rb"127\.0\.0\.1:(\d+)/", bytes(p.err)).group(1))
     socks, stop = trickling_clients(port, 1)
     try:
         r = p.finish(60)
