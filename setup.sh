@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
-# Installs what virtgap needs to build and test on Debian/Ubuntu (idempotent), then runs the
-# given `just` recipe: `./setup.sh run` (the main job) or `./setup.sh test` (the test suite).
+# Installs what virtgap needs on Debian/Ubuntu (idempotent), then runs the given `just` recipe:
+# `./setup.sh run` (the main job: what building and running need, nothing more) or
+# `./setup.sh test` (the test suite: adds the tests' tools and servers).
 set -euo pipefail
 cd "$(dirname "$0")"
 
-# Build: clang (BPF objects), libelf/zlib + pkg-config + make + a C compiler (libbpf-sys builds
-# libbpf from source). Run and test: fio (the generator's yardstick), bpftool, python3, tmux,
-# util-linux (unshare, addpart), mount (mount, losetup), procps, strace and e2fsprogs (the
-# hostile sweep's held syscalls and its ext4 fixtures), postgresql (pgbench; the attach-mode test
-# starts a throwaway cluster), rocksdb-tools (db_bench, read under attach mode) and prometheus
-# (Prometheus and promtool, which scrape and check `virtgap serve`), chromium and a font (the
-# HTML report's test loads `diff --html` in headless Chromium), python3-yaml (PyYAML reads back
-# iotune's io_properties.yaml as ScyllaDB's scripts do). The VM tier
-# (`vmtest`): QEMU, a static busybox, mdadm and dmsetup for the guest, cpio/xz/zstd/kmod to pack it, dpkg-dev's
-# tools to unpack kernels.
-PACKAGES=(clang libelf-dev zlib1g-dev pkg-config make gcc libc6-dev fio bpftool python3 tmux
-          util-linux mount procps strace e2fsprogs postgresql
-          rocksdb-tools prometheus chromium fonts-dejavu-core python3-yaml)
-if [[ "${1:-}" == vmtest ]]; then
-    PACKAGES+=(qemu-system-x86 busybox-static mdadm dmsetup cpio xz-utils zstd kmod
-               debian-archive-keyring)
-fi
+# What each recipe needs, and no more: a host being profiled gets no database, browser or
+# monitoring server from `./setup.sh run`.
+# Build and run: clang (BPF objects), libelf/zlib + pkg-config + make + a C compiler (libbpf-sys
+# builds libbpf from source).
+PACKAGES=(clang libelf-dev zlib1g-dev pkg-config make gcc libc6-dev)
+# The tests, the hostile sweep, the experiments and the benchmarks: fio (the generator's
+# yardstick), bpftool, python3, tmux, util-linux (unshare, addpart), mount (mount, losetup),
+# procps, strace and e2fsprogs (the hostile sweep's held syscalls and its ext4 fixtures),
+# postgresql (pgbench; the attach-mode test starts a throwaway cluster), rocksdb-tools (db_bench,
+# read under attach mode) and prometheus (Prometheus and promtool, which scrape and check
+# `virtgap serve`), chromium and a font (the HTML report's test loads `diff --html` in headless
+# Chromium), python3-yaml (PyYAML reads back iotune's io_properties.yaml as ScyllaDB's scripts
+# do).
+TEST_PACKAGES=(fio bpftool python3 tmux util-linux mount procps strace e2fsprogs postgresql
+               rocksdb-tools prometheus chromium fonts-dejavu-core python3-yaml)
+# The VM tier (`vmtest`): QEMU, a static busybox, mdadm and dmsetup for the guest,
+# cpio/xz/zstd/kmod to pack it, dpkg-dev's tools to unpack kernels.
+VM_PACKAGES=(qemu-system-x86 busybox-static mdadm dmsetup cpio xz-utils zstd kmod
+             debian-archive-keyring)
+case "${1:-}" in
+    run | build | record | "") ;;
+    vmtest) PACKAGES+=("${TEST_PACKAGES[@]}" "${VM_PACKAGES[@]}") ;;
+    *) PACKAGES+=("${TEST_PACKAGES[@]}") ;;
+esac
 
 missing=()
 for p in "${PACKAGES[@]}"; do

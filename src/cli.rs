@@ -44,6 +44,11 @@ pub enum Command {
     /// Check this host: platform fingerprint, which probes attach and how, which views degrade
     Doctor(DoctorArgs),
     /// Compare two profiles: which stage makes B slower than A, by how much, and how sure
+    #[command(
+        after_help = "Exit status: 0 compared (and the --fail-on condition not met); \
+        1 an error (a file that cannot be read, different workloads without --force); \
+        2 a usage error; 3 the --fail-on condition met."
+    )]
     Diff(DiffArgs),
     /// Time exit-causing operations (cpuid, timer reprogramming, IPIs, clock reads)
     Calibrate(CalibrateArgs),
@@ -64,8 +69,8 @@ Scrape with Prometheus: scrape_configs: [{job_name: virtgap, static_configs: [{t
 Stop with Ctrl-C or SIGTERM: the probes are detached and the process exits 0."
 )]
 pub struct ServeArgs {
-    /// Address to serve /metrics on; 0.0.0.0:PORT exposes it to the network
-    #[arg(long, default_value = "127.0.0.1:9477", value_name = "ADDR:PORT")]
+    /// Address to serve /metrics on; 0.0.0.0:PORT or :PORT exposes it to the network
+    #[arg(long, default_value = "127.0.0.1:9477", value_name = "ADDR:PORT", value_parser = parse_listen)]
     pub listen: std::net::SocketAddr,
 
     /// How often the probes' totals are read and the page rebuilt (100ms to 1h)
@@ -108,8 +113,8 @@ pub struct TuiArgs {
     pub interval: Span,
 
     /// Also serve the probes' figures as Prometheus metrics at http://ADDR/metrics while the
-    /// run lasts (as `virtgap serve` does), e.g. 127.0.0.1:9477
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// run lasts (as `virtgap serve` does), e.g. 127.0.0.1:9477 (:PORT: every interface)
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen)]
     pub listen: Option<std::net::SocketAddr>,
 
     /// Show a recorded profile's stage latencies beside the live ones
@@ -176,6 +181,39 @@ pub struct DiffArgs {
     /// table, the charts and the warnings, nothing fetched (to attach to a ticket)
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Exit 3 (after the report) when the diff finds: `slower` — B significantly slower (mean
+    /// or tail latency up, IOPS or an iotune figure down); `significant` — any row called
+    /// significant, either way; `never` — exit 0 whatever it finds
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = FailOn::Never)]
+    pub fail_on: FailOn,
+}
+
+/// When `diff` exits non-zero on what it found, for a CI to gate on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FailOn {
+    /// B is significantly slower: latency up, throughput down.
+    Slower,
+    /// Any row is significant, in either direction.
+    Significant,
+    Never,
+}
+
+/// The exit status of a diff whose `--fail-on` condition was met.
+pub const FOUND_EXIT: u8 = 3;
+
+/// A listening address as servers take it: "127.0.0.1:9477", "[::1]:9477", "localhost:9477"
+/// (loopback), or ":9477" (every interface, as Prometheus' exporters read it).
+fn parse_listen(text: &str) -> Result<std::net::SocketAddr, String> {
+    let spelled = if let Some(port) = text.strip_prefix(':') {
+        format!("0.0.0.0:{port}")
+    } else if let Some(port) = text.strip_prefix("localhost:") {
+        format!("127.0.0.1:{port}")
+    } else {
+        text.to_string()
+    };
+    spelled.parse().map_err(|_| {
+        format!("{text:?} is not ADDR:PORT; give e.g. 127.0.0.1:9477, or :9477 for every interface")
+    })
 }
 
 /// "5%" or "5" -> 0.05: a smallest effect between 0.1% and 100%.
@@ -305,8 +343,8 @@ pub struct RecordArgs {
     pub interval: Span,
 
     /// Also serve the probes' figures as Prometheus metrics at http://ADDR/metrics while the
-    /// run lasts (as `virtgap serve` does), e.g. 127.0.0.1:9477
-    #[arg(long, value_name = "ADDR:PORT")]
+    /// run lasts (as `virtgap serve` does), e.g. 127.0.0.1:9477 (:PORT: every interface)
+    #[arg(long, value_name = "ADDR:PORT", value_parser = parse_listen)]
     pub listen: Option<std::net::SocketAddr>,
 
     /// Record N runs back to back, each on a freshly prepared target with its own ramp; the
@@ -371,7 +409,7 @@ pub struct RecordArgs {
 pub struct AttachArgs {
     /// Measure these running processes (comma-separated pids), their threads and every child
     /// they start; the run ends at --duration, Ctrl-C, or when they have all exited
-    #[arg(long, value_name = "PID[,PID…]", value_delimiter = ',', group = "attach_to",
+    #[arg(short, long, value_name = "PID[,PID…]", value_delimiter = ',', group = "attach_to",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub pid: Vec<u32>,
 
@@ -734,5 +772,30 @@ impl ProbeArgs {
                 StampSource::Kernel => virtgap_probes::BlockStamps::Kernel,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_addresses_are_read_as_servers_take_them() {
+        let ok = |t: &str| parse_listen(t).unwrap().to_string();
+        assert_eq!(ok("127.0.0.1:9477"), "127.0.0.1:9477");
+        assert_eq!(ok(":9477"), "0.0.0.0:9477");
+        assert_eq!(ok("localhost:9477"), "127.0.0.1:9477");
+        assert_eq!(ok("[::1]:9477"), "[::1]:9477");
+        let e = parse_listen("9477").unwrap_err();
+        assert!(e.contains("is not ADDR:PORT"), "{e}");
+    }
+
+    #[test]
+    fn pid_has_the_short_flag_perf_and_bcc_use() {
+        let cli = Cli::try_parse_from(["virtgap", "record", "-p", "1,2", "-d", "1s"]).unwrap();
+        let Some(Command::Record(args)) = cli.command else {
+            panic!("not record");
+        };
+        assert_eq!(args.attach.pid, vec![1, 2]);
     }
 }

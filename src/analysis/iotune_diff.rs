@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::analysis::diff::{
-    compare_replicates, diff_hosts, DiffOptions, MetricId, ProfileDiff, Row,
+    compare_replicates, diff_hosts, DiffOptions, MetricId, ProfileDiff, Row, Verdict,
 };
 use crate::model::host::Fingerprint;
 use crate::model::iotune::{IotunePhase, IotuneProfile, Phase};
@@ -60,6 +60,22 @@ pub struct IotuneDiff {
     pub results_b: usize,
     /// What the figures were judged over.
     pub replicates: FigureReplicates,
+}
+
+impl IotuneDiff {
+    /// Whether a figure of B is significantly lower (each is a throughput: lower is slower).
+    pub fn b_slower(&self) -> bool {
+        self.phases.iter().any(|p| {
+            p.figure.verdict == Verdict::Significant && p.figure.effect.is_some_and(|e| e < 0.0)
+        })
+    }
+
+    /// Whether any figure is significantly different, either way.
+    pub fn any_significant(&self) -> bool {
+        self.phases
+            .iter()
+            .any(|p| p.figure.verdict == Verdict::Significant)
+    }
 }
 
 /// A side's phases' profiles.

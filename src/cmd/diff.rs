@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use crate::analysis::diff;
-use crate::cli::DiffArgs;
+use crate::cli::{DiffArgs, FailOn, FOUND_EXIT};
 use crate::model::iotune::IotuneProfile;
 use crate::model::{file, profile};
 use crate::render::{charts, diff_html, diff_render};
@@ -206,7 +206,22 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
         let page = diff_html::page(&a_profiles, &b_profiles, &d);
         outputs.write("--html", path, page.as_bytes())?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))
+}
+
+/// The exit status once the report is out: 3 when `--fail-on`'s condition is met (given as
+/// whether B is slower, and whether anything is significant).
+fn exit_for(fail_on: FailOn, (slower, significant): (bool, bool)) -> ExitCode {
+    let found = match fail_on {
+        FailOn::Slower => slower,
+        FailOn::Significant => significant,
+        FailOn::Never => false,
+    };
+    if found {
+        ExitCode::from(FOUND_EXIT)
+    } else {
+        ExitCode::SUCCESS
+    }
 }
 
 /// Iotune results, one or more a side: the four figures judged over their measured runs (a
@@ -273,7 +288,7 @@ fn diff_iotune(
         let text = crate::render::iotune_report::diff_text(&d);
         out.write_all(units::printable(&text).as_bytes())?;
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))
 }
 
 /// What tells one recorded run from every other: when it started, and what it did.

@@ -104,17 +104,15 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         verbose,
         figure_text: iotune_report::figure,
     };
-    if verbose {
-        if !skipped.is_empty() {
-            say!(
-                "virtgap: skipping {}: writing to {shown} needs --destroy-data naming it",
-                skipped
-                    .iter()
-                    .map(|p| p.key())
-                    .collect::<Vec<_>>()
-                    .join(" and ")
-            );
-        }
+    if verbose && !skipped.is_empty() {
+        say!(
+            "virtgap: skipping {}: writing to {shown} needs --destroy-data naming it",
+            skipped
+                .iter()
+                .map(|p| p.key())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        );
     }
     let started = unix_ms(std::time::SystemTime::now());
     let mut done = Vec::new();

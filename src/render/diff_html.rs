@@ -132,10 +132,13 @@ pub fn page(a: &[&Profile], b: &[&Profile], d: &ProfileDiff) -> String {
     if let Some(m) = &d.tail_mover {
         let _ = writeln!(
             s,
-            "<p>The <b>{}</b> stage's p99 moved most ({}).</p>",
+            "<p>The <b>{}</b> stage's {} moved most ({}).</p>",
             esc(m.stage.name()),
+            esc(&crate::render::diff_render::percentile_name(m.percentile)),
             esc(&signed(Some(m.delta_ns), crate::analysis::diff::Unit::Ns))
         );
+    } else if d.tails_judged() {
+        s.push_str("<p>No stage's tail moved significantly.</p>\n");
     }
     figure(
         &mut s,

@@ -103,7 +103,7 @@ pub(crate) fn value(v: Option<f64>, unit: Unit) -> String {
     match (v, unit) {
         (None, _) => "-".into(),
         (Some(x), Unit::Ns) => units::latency(x),
-        (Some(x), Unit::PerIo) => format!("{x:.3}"),
+        (Some(x), Unit::PerIo) => units::fixed(x, 3),
         (Some(x), Unit::Iops) => units::count(x),
     }
 }
@@ -112,8 +112,11 @@ pub(crate) fn signed(v: Option<f64>, unit: Unit) -> String {
     match v {
         None => "-".into(),
         Some(x) => {
-            let sign = if x >= 0.0 { "+" } else { "-" };
-            format!("{sign}{}", value(Some(x.abs()), unit))
+            let magnitude = value(Some(x.abs()), unit);
+            // What rounds to zero has no direction: "+0 ns", never "-0 ns".
+            let zero = !magnitude.bytes().any(|b| (b'1'..=b'9').contains(&b));
+            let sign = if x >= 0.0 || zero { "+" } else { "-" };
+            format!("{sign}{magnitude}")
         }
     }
 }
@@ -124,8 +127,9 @@ pub(crate) fn share(r: &Row, d: &ProfileDiff) -> String {
     if d.waterfall.app.verdict != Verdict::Significant {
         return String::new();
     }
-    r.share
-        .map_or(String::new(), |s| format!("{:.0}%", s * 100.0))
+    r.share.map_or(String::new(), |s| {
+        format!("{}%", units::fixed(s * 100.0, 0))
+    })
 }
 
 /// Three significant figures: 3.14, 31.4, 314, 3140.
@@ -140,7 +144,7 @@ fn sig3(x: f64) -> String {
 }
 
 fn pct(x: f64) -> String {
-    format!("{:.1}", x * 100.0)
+    units::fixed(x * 100.0, 1)
 }
 
 /// A significant row's effect: "B slower by 8.1% [5.9, 10.4]", or "B slower x2.29 [x2.27,
@@ -438,7 +442,11 @@ pub fn evidence(d: &ProfileDiff) -> Vec<EvidenceLine> {
         }),
         line("completions on another CPU", &|e| {
             e.cross_cpu.map_or(NOT_MEASURED.into(), |c| {
-                format!("{:.1}% of {:.0}", c.cross / c.total * 100.0, c.total)
+                format!(
+                    "{}% of {:.0}",
+                    units::fixed(c.cross / c.total * 100.0, 1),
+                    c.total
+                )
             })
         }),
         line("steal (all CPUs)", &|e| {
@@ -565,13 +573,8 @@ pub fn terminal(d: &ProfileDiff) -> String {
     for r in &d.tails {
         terminal_row(&mut s, r, d);
     }
-    if let Some(m) = &d.tail_mover {
-        let _ = writeln!(
-            s,
-            "the {} stage's p99 moved most: {}",
-            m.stage.name(),
-            signed(Some(m.delta_ns), Unit::Ns)
-        );
+    if let Some(line) = tail_mover_words(d) {
+        let _ = writeln!(s, "{line}");
     }
     for w in &d.tail_waterfalls {
         let _ = writeln!(s, "\n{}", tail_heading(w));
@@ -699,6 +702,26 @@ pub(crate) fn verdict_sentence(d: &ProfileDiff) -> String {
     }
 }
 
+/// "p99", "p99.9".
+pub(crate) fn percentile_name(percentile: f64) -> String {
+    format!("p{percentile}")
+}
+
+/// Which stage's tail moved most, among the significant ones, in a sentence; or that none did
+/// (when tails were judged at all).
+pub(crate) fn tail_mover_words(d: &ProfileDiff) -> Option<String> {
+    match &d.tail_mover {
+        Some(m) => Some(format!(
+            "the {} stage's {} moved most: {}",
+            m.stage.name(),
+            percentile_name(m.percentile),
+            signed(Some(m.delta_ns), Unit::Ns)
+        )),
+        None if d.tails_judged() => Some("no stage's tail moved significantly".into()),
+        None => None,
+    }
+}
+
 /// A Markdown report.
 pub fn markdown(d: &ProfileDiff) -> String {
     let mut s = String::new();
@@ -746,10 +769,13 @@ pub fn markdown(d: &ProfileDiff) -> String {
     if let Some(m) = &d.tail_mover {
         let _ = writeln!(
             s,
-            "\nThe **{}** stage's p99 moved most ({}).",
+            "\nThe **{}** stage's {} moved most ({}).",
             m.stage.name(),
+            percentile_name(m.percentile),
             signed(Some(m.delta_ns), Unit::Ns)
         );
+    } else if d.tails_judged() {
+        let _ = writeln!(s, "\nNo stage's tail moved significantly.");
     }
     for w in &d.tail_waterfalls {
         let _ = writeln!(
@@ -893,8 +919,9 @@ struct JsonDiff<'a> {
     warnings: Vec<String>,
     waterfall: Vec<JsonRow<'a>>,
     tails: Vec<JsonTail<'a>>,
-    /// The stage whose p99 moved most, and the move in ns.
-    tail_mover: Option<(&'static str, f64)>,
+    /// The stage whose tail moved most among the significant ones, at which percentile, and
+    /// the move in ns.
+    tail_mover: Option<(&'static str, f64, f64)>,
     tail_waterfalls: &'a [TailWaterfall],
     throughput: Vec<JsonRow<'a>>,
     hypervisor: JsonHypervisor<'a>,
@@ -932,7 +959,9 @@ pub fn json(d: &ProfileDiff) -> serde_json::Result<String> {
                 _ => None,
             })
             .collect(),
-        tail_mover: d.tail_mover.map(|m| (m.stage.name(), m.delta_ns)),
+        tail_mover: d
+            .tail_mover
+            .map(|m| (m.stage.name(), m.percentile, m.delta_ns)),
         tail_waterfalls: &d.tail_waterfalls,
         throughput: d.throughput.iter().map(labelled).collect(),
         hypervisor: JsonHypervisor {
@@ -1120,7 +1149,8 @@ mod tests {
         assert_eq!(doc["tails"][1]["row"]["label"], "app p99.9");
         assert_eq!(doc["tails"][1]["stage"], "app");
         assert_eq!(doc["verdict"], "device");
-        assert_eq!(doc["tail_mover"][0], "device");
+        // One run a side: no tail is judged, so none is named as having moved.
+        assert_eq!(doc["tail_mover"], serde_json::Value::Null);
         assert_eq!(doc["evidence"][0]["item"], "busiest IRQ CPU");
         assert!(doc["warnings"][0]
             .as_str()

@@ -3,13 +3,13 @@
 //!
 //! | injected | how | right (what must be found) | wrong (fails) |
 //! |---|---|---|---|
-//! | nothing (A/A) | 5 + 5 plain runs, interleaved | no significant row, the hypervisor block's included | any significant row |
+//! | nothing (A/A) | 5 + 5 plain runs, interleaved | no significant row, the hypervisor block's included | any significant row; `diff --fail-on significant` exiting non-zero |
 //! | small gap | blkio throttle at 88% of the latest unthrottled run's IOPS on a partition of a loop disk, QD 8; from 5 + 5 runs, up to 15 + 15 | IOPS lower, mean and queue slower, the verdict naming the queue | another stage named; device or completion significantly slower with ≥ 20% of the gap; the queue's interval below the gap's |
 //! | block-layer queueing | blkio throttle 500 IOPS under a 1000 IOPS paced demand; from 3 + 3 runs | mean and queue slower, the verdict naming the queue | as above; the baseline not delivering its 1000 IOPS leaves it open |
 //! | completion path | SCHED_FIFO hog on the CPU that takes the disk IRQ and runs the workload; from 3 + 3 | mean, software and wakeup delay slower, the verdict naming software | another stage named; device, queue or completion significantly slower with ≥ 20% |
 //! | completion hop | the workload on another CPU than the disk IRQ, rq_affinity 1 then 2 (each completion sent back by IPI); from 3 + 3 | completion slower | device named, or significantly slower by half the completion's growth or more |
 //! | slower device | loop over FUSE delaying each read 5 ms, QD 1; from 3 + 3 | mean and device slower by ≈ 5 ms, the verdict naming the device | another stage named; the device's interval outside 4–6 ms |
-//! | slow tail | loop over FUSE delaying one 4 KiB block in 500 by 3 ms, QD 1; from 5 + 5, up to 15 + 15 | p99.9 of app and device slower | the mean moving a fifth as much as the tail or more; another stage named; the autopsy or the tail waterfall putting the slow reads' time elsewhere; the chart drawing less than the diff says |
+//! | slow tail | loop over FUSE delaying one 4 KiB block in 500 by 3 ms, QD 1; from 5 + 5, up to 15 + 15 | p99.9 of app and device slower | the mean moving a fifth as much as the tail or more; another stage named; the autopsy or the tail waterfall putting the slow reads' time elsewhere; the chart drawing less than the diff says; `diff --fail-on slower` exiting 0 |
 //! | IPIs | rand4k at QD 1 on the disk IRQ's CPU, then on another CPU; from 5 + 5, up to 10 + 10 | the hypervisor block's IPIs per I/O higher, named as the mechanism that moved | another mechanism named; the timer moving as much |
 //! | storage figures | `iotune` on a loop device over memory, B's reads limited to 60% of A's read IOPS; A B B A A B B A, up to 8 results a side | read_iops lower by > 20%, significant at ±10% and ±25% | B above its limit; another phase moving more; another phase significant at ±25% |
 //!
@@ -108,6 +108,16 @@ fn diff_command(a: &[PathBuf], b: &[PathBuf]) -> Command {
     c
 }
 
+/// The exit status of `diff --fail-on WHEN` of A's runs against B's.
+fn fail_on_exit(a: &[PathBuf], b: &[PathBuf], when: &str) -> Option<i32> {
+    diff_command(a, b)
+        .args(["--fail-on", when])
+        .output()
+        .unwrap()
+        .status
+        .code()
+}
+
 /// A row's delta in its unit (ns for the stages), when both hosts measured it.
 fn delta(d: &Value, metric: &str) -> f64 {
     row(d, metric)["delta"]
@@ -189,7 +199,7 @@ fn aa_five_plain_runs_a_side_differ_in_nothing_significant() {
         "--dir",
         dir.path().to_str().unwrap(),
     ];
-    let judge = |d: &Value, _: &[PathBuf], _: &[PathBuf]| {
+    let judge = |d: &Value, a: &[PathBuf], b: &[PathBuf]| {
         let mut look = Look::new();
         assert_eq!(d["basis"], "runs");
         for r in d["waterfall"]
@@ -206,6 +216,11 @@ fn aa_five_plain_runs_a_side_differ_in_nothing_significant() {
         }
         look.wrong_if(!d["verdict"].is_null(), || {
             format!("A/A names a stage: {}", d["verdict"])
+        });
+        // A CI gating on the diff passes an A/A pair.
+        let gate = fail_on_exit(a, b, "significant");
+        look.wrong_if(gate != Some(0), || {
+            format!("diff --fail-on significant exits {gate:?} on an A/A pair")
         });
         look
     };
@@ -822,6 +837,13 @@ fn a_slow_tail_is_found_in_the_p999_while_the_mean_barely_moves() {
         look.must_name_stage(d, "device_mean", false);
         look.no_share_on(d, &["queue_mean", "completion_mean", "software_mean"], 0.2);
         judge_slow_tail_pictures(&mut look, d, a, b);
+        // A CI gating on the diff fails on a host whose tail is significantly slower.
+        if tail_row["verdict"] == "significant" {
+            let gate = fail_on_exit(a, b, "slower");
+            look.wrong_if(gate != Some(3), || {
+                format!("diff --fail-on slower exits {gate:?} with B's p99.9 significantly slower")
+            });
+        }
         look
     };
     Experiment {

@@ -111,6 +111,17 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
         .into()
 }
 
+/// `x` with `decimals` places, never "-0.0": a value that rounds to zero is shown unsigned (an
+/// empty float sum is -0.0, and a tiny negative rounds to "-0.0" where nothing was negative
+/// worth saying).
+pub fn fixed(x: f64, decimals: usize) -> String {
+    let s = format!("{x:.decimals$}");
+    match s.strip_prefix('-') {
+        Some(rest) if rest.bytes().all(|b| b == b'0' || b == b'.') => rest.to_string(),
+        _ => s,
+    }
+}
+
 /// `text` kept on one line, for a field another process, host or user chose (a command line,
 /// a label, a CPU model) placed inside a report of many lines: every control character —
 /// newlines and tabs too, which [`printable`] keeps — is shown as its escape (`\n`), so the
@@ -140,6 +151,15 @@ mod printable_tests {
             super::printable("a\u{1b}]0;pwned\u{7}b"),
             "a\\u{1b}]0;pwned\\u{7}b"
         );
+    }
+
+    #[test]
+    fn nothing_rounds_to_a_negative_zero() {
+        assert_eq!(super::fixed(-0.0, 1), "0.0");
+        assert_eq!(super::fixed(-0.0004, 3), "0.000");
+        assert_eq!(super::fixed(-0.04, 1), "0.0");
+        assert_eq!(super::fixed(-0.06, 1), "-0.1");
+        assert_eq!(super::fixed(12.345, 0), "12");
     }
 
     #[test]

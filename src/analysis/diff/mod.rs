@@ -308,10 +308,12 @@ impl Waterfall {
     }
 }
 
-/// The stage whose p99 moved most (by ratio), and by how much.
+/// The stage whose tail moved most (by ratio) among the significant stage tails, at which
+/// percentile, and by how much.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TailMover {
     pub stage: Stage,
+    pub percentile: f64,
     pub delta_ns: f64,
 }
 
@@ -378,6 +380,27 @@ impl ProfileDiff {
     /// The row of `metric`, wherever it is listed.
     pub fn row(&self, metric: MetricId) -> Option<&Row> {
         self.rows().find(|r| r.metric == metric)
+    }
+
+    /// Whether B is significantly slower: its mean or tail app latency up, or its IOPS down.
+    pub fn b_slower(&self) -> bool {
+        self.rows().any(|r| {
+            let effect = r.effect.unwrap_or(0.0);
+            r.verdict == Verdict::Significant
+                && match r.metric {
+                    MetricId::AppMean => effect > 0.0,
+                    MetricId::Tail {
+                        stage: Stage::App, ..
+                    } => effect > 0.0,
+                    MetricId::Iops => effect < 0.0,
+                    _ => false,
+                }
+        })
+    }
+
+    /// Whether any row is significant, either way.
+    pub fn any_significant(&self) -> bool {
+        self.rows().any(|r| r.verdict == Verdict::Significant)
     }
 }
 
@@ -459,18 +482,38 @@ fn exit_cost(p: &Profile) -> Option<f64> {
         .map(|f| f.median_ns)
 }
 
-/// The stage whose p99 moved most, by ratio (the app's own tail left out).
+/// The stage tail that moved most, by ratio, among those judged significant at any tail
+/// percentile (the app's own tail left out): a move within the noise names nothing.
 fn tail_mover(tails: &[Row]) -> Option<TailMover> {
     tails
         .iter()
+        .filter(|r| r.verdict == Verdict::Significant)
         .filter_map(|r| match r.metric {
-            MetricId::Tail { stage, percentile } if stage != Stage::App && percentile == 99.0 => {
-                Some((stage, r.delta?, r.effect?))
+            MetricId::Tail { stage, percentile } if stage != Stage::App => {
+                Some((stage, percentile, r.delta?, r.effect?))
             }
             _ => None,
         })
-        .max_by(|x, y| x.2.abs().total_cmp(&y.2.abs()))
-        .map(|(stage, delta_ns, _)| TailMover { stage, delta_ns })
+        .max_by(|x, y| x.3.abs().total_cmp(&y.3.abs()))
+        .map(|(stage, percentile, delta_ns, _)| TailMover {
+            stage,
+            percentile,
+            delta_ns,
+        })
+}
+
+impl ProfileDiff {
+    /// Whether any stage tail was judged at all (runs on both sides): then no mover means no
+    /// stage's tail moved significantly.
+    pub fn tails_judged(&self) -> bool {
+        self.tails.iter().any(|r| {
+            matches!(r.metric, MetricId::Tail { stage, .. } if stage != Stage::App)
+                && matches!(
+                    r.verdict,
+                    Verdict::Significant | Verdict::Equivalent | Verdict::Inconclusive
+                )
+        })
+    }
 }
 
 /// With a significant gap in mean latency, the stage with the largest significant share of it.

@@ -507,6 +507,29 @@ fn a_tail_that_grew_eightfold_is_significant_while_the_mean_barely_moves() {
         Verdict::Significant,
         "the p99 did not move"
     );
+    // Only the app's tail moved: no stage is named as the one whose tail moved.
+    assert!(d.tails_judged());
+    assert_eq!(d.tail_mover, None);
+}
+
+/// The stage named as the one whose tail moved most is chosen among the significant tails,
+/// at either percentile: a device whose p99.9 grew eightfold, not a p99 that wandered.
+#[test]
+fn the_tail_that_moved_most_is_a_significant_one_at_any_percentile() {
+    let slow_device_tail = |mut p: Profile, tail: f64| {
+        for r in &mut p.runs {
+            let ios = r.read_ios;
+            let device = r.stages.device.as_ref().unwrap().mean_ns().unwrap();
+            r.stages.device = Some(hist(device, ios, tail, ios / 500));
+        }
+        p
+    };
+    let a = slow_device_tail(noisy_runs(5, 400_000.0, 10_000.0, 0.01, 2e6), 2e6);
+    let b = slow_device_tail(noisy_runs(5, 400_000.0, 10_000.0, 0.01, 16e6), 16e6);
+    let d = diff(&a, &b);
+    let mover = d.tail_mover.expect("the device's tail moved");
+    assert_eq!((mover.stage, mover.percentile), (Stage::Device, 99.9));
+    assert!(mover.delta_ns > 0.0);
 }
 
 #[test]
