@@ -606,14 +606,29 @@ fn rocksdb_db_bench_reads_are_counted_and_timed_as_rocksdb_times_them() {
     );
     // Its slowest direct reads are joined, by thread and time, to the requests they waited
     // for (seen: 93% above p99, 97% above p99.9; the rest were slow outside the block layer).
+    // A read slow only because its thread waited for a CPU (a busy machine: 2.8 ms of a
+    // 2.9 ms tail in software once, beside a compile) had a request too short to be sent for
+    // joining, rightly: then the autopsy puts the tail in software, and the join rate says
+    // nothing about the join. It is judged where the tail is the block layer's.
     let tail = p.runs[0].tail.as_ref().expect("a tail autopsy");
     let p99 = tail.set(99.0).expect("reads above p99");
-    assert!(
-        p99.ios > 0 && p99.joined * 10 >= p99.ios * 7,
-        "{} of {} joined",
+    let software_share = p99.mean.software_ns / p99.mean.app_ns;
+    println!(
+        "above p99: {} of {} joined; {:.0}% of their time in software",
         p99.joined,
-        p99.ios
+        p99.ios,
+        software_share * 100.0
     );
+    assert!(p99.ios > 0, "no read above p99 kept");
+    if software_share < 0.5 {
+        assert!(
+            p99.joined * 10 >= p99.ios * 7,
+            "{} of {} joined, with {:.0}% of the tail in the block layer",
+            p99.joined,
+            p99.ios,
+            (1.0 - software_share) * 100.0
+        );
+    }
 }
 
 /// Two attached runs of dd reading with different block sizes, labelled apart: `diff` compares
