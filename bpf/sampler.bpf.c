@@ -3,7 +3,8 @@
  * The hypervisor sampler: attached to a cpu-clock perf event on every CPU, it counts where each
  * sample landed — the kernel instruction pointer, or "user". User space resolves the IPs against
  * kallsyms and sorts them into hypervisor interface, idle, IRQ, softirq, block, other kernel and
- * user: `perf top -C <cpu>` for every CPU at once, kept per interval.
+ * user: `perf top -C <cpu>` for every CPU at once, kept per interval. A sample in an MMIO or
+ * port accessor keeps its caller, so a device's doorbell (an exit per kick) is told apart.
  *
  * Samples go to one of two maps; every interval user space flips `fill_second` and drains the
  * map no longer being filled, so keys never pile up over a long run.
@@ -19,6 +20,15 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Which map the program fills (user space flips it). */
 __u32 fill_second = 0;
+
+/*
+ * [lo, hi) of each notify accessor (user space sets them from kallsyms; 0, 0 where absent).
+ * A virtio queue notify is a write to the device's notify register through iowrite16 (PCI) or
+ * a writel (MMIO), which exits to the hypervisor: the sample after the exit lands in the
+ * accessor, and only its caller says whether it was a doorbell.
+ */
+const volatile __u64 notify_lo[VG_NOTIFY_ACCESSORS] = {};
+const volatile __u64 notify_hi[VG_NOTIFY_ACCESSORS] = {};
 
 /* perf_event programs may only use preallocated hash maps: user space sizes both. */
 struct samples_map {
@@ -52,6 +62,16 @@ int sample(struct bpf_perf_event_data *ctx)
 	key.user = (__s64)key.ip >= 0;
 	if (key.user)
 		key.ip = 0;
+	for (int i = 0; i < VG_NOTIFY_ACCESSORS && !key.user; i++) {
+		if (key.ip >= notify_lo[i] && key.ip < notify_hi[i]) {
+			/* The interrupted IP, then the address its function returns to. */
+			__u64 frames[2] = {};
+
+			if (bpf_get_stack(ctx, frames, sizeof(frames), 0) >= (long)sizeof(frames))
+				key.caller = frames[1];
+			break;
+		}
+	}
 	if (!vg_count(map, &key, true))
 		vg_bump(&dropped, 0);
 	return 0;

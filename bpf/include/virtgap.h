@@ -282,11 +282,17 @@ struct vg_msr_key {
 	__u32 access; /* enum vg_msr_access */
 };
 
-/* One CPU-clock sample: the interrupted kernel IP, or 0 for user mode. */
+/* MMIO and port accessors a device doorbell writes through (iowrite16, iowrite32, ...): a
+ * sample in one also keeps its caller, so a virtio queue notify is told from other writes. */
+#define VG_NOTIFY_ACCESSORS 4
+
+/* One CPU-clock sample: the interrupted kernel IP, or 0 for user mode; where the IP is in a
+ * notify accessor, the address it returns to (its caller), else 0. */
 struct vg_sample_key {
 	__u32 cpu;
 	__u32 user;
 	__u64 ip;
+	__u64 caller;
 };
 
 /* Host-side KVM events of one VMM process. */

@@ -77,12 +77,15 @@ pub enum Mechanism {
     SpinlockKick,
     /// Flushing other CPUs' TLBs by hypercall rather than IPIs.
     TlbFlush,
+    /// Telling a paravirtual device there is work (the I/O doorbell): virtio's queue notify, a
+    /// write to the device's notify register that exits; Hyper-V's VMBus signal hypercall.
+    DeviceNotify,
     /// Any other hypercall: seen only by the sampler, in the hypercall stubs and page.
     OtherHypercall,
 }
 
 impl Mechanism {
-    pub const ALL: [Mechanism; 9] = [
+    pub const ALL: [Mechanism; 10] = [
         Self::Timer,
         Self::Ipi,
         Self::InterruptDelivery,
@@ -91,6 +94,7 @@ impl Mechanism {
         Self::SpinlockWait,
         Self::SpinlockKick,
         Self::TlbFlush,
+        Self::DeviceNotify,
         Self::OtherHypercall,
     ];
 
@@ -105,6 +109,7 @@ impl Mechanism {
             Self::SpinlockWait => "spinlock_wait",
             Self::SpinlockKick => "spinlock_kick",
             Self::TlbFlush => "tlb_flush",
+            Self::DeviceNotify => "device_notify",
             Self::OtherHypercall => "other_hypercall",
         }
     }
@@ -122,6 +127,10 @@ pub enum Measure {
     Timed(&'static [&'static str]),
     /// Seen only as CPU time in the sampler's samples of the hypervisor interface.
     Sampled,
+    /// The CPU time the sampler finds in these functions, or in an MMIO or port accessor they
+    /// call (`NOTIFY_ACCESSORS`): where nothing can time them (no fentry, no kprobes), their
+    /// share of the samples.
+    SampledIn(&'static [&'static str]),
 }
 
 /// One way a hypervisor serves a mechanism.
@@ -156,6 +165,61 @@ const fn sampled(mechanism: Mechanism, what: &'static str) -> Path {
         what,
     }
 }
+
+const fn sampled_in(
+    mechanism: Mechanism,
+    names: &'static [&'static str],
+    what: &'static str,
+) -> Path {
+    Path {
+        mechanism,
+        measure: Measure::SampledIn(names),
+        what,
+    }
+}
+
+/// The MMIO and port accessors a device doorbell writes through: the sampler keeps the caller
+/// of a sample in one (at most `VG_NOTIFY_ACCESSORS` of them). virtio-pci's notify is an
+/// `iowrite16` (`iowrite32` with notification data); legacy virtio-pci writes a port through
+/// the same accessors.
+pub const NOTIFY_ACCESSORS: &[&str] = &["iowrite16", "iowrite32", "iowrite8"];
+
+/// How a sample's symbol is kept when the sampler knows its caller: "caller/function".
+pub fn sample_symbol(function: &str, caller: Option<&str>) -> String {
+    match caller {
+        Some(c) => format!("{c}/{function}"),
+        None => function.to_string(),
+    }
+}
+
+/// The functions a sampled symbol stands for: itself, or for "caller/function" the caller
+/// first, then the function.
+fn sample_functions(symbol: &str) -> [&str; 2] {
+    match symbol.split_once('/') {
+        Some((caller, function)) => [caller, function],
+        None => [symbol, symbol],
+    }
+}
+
+/// The virtio queue notify, by transport: timed where the kernel lets BPF time it, else the
+/// sampler's share in it and in the accessor it writes through.
+const VIRTIO_NOTIFY: [Path; 3] = [
+    timed(
+        Mechanism::DeviceNotify,
+        &["vp_notify"],
+        "virtio PCI queue notify (a write to the notify register, which exits)",
+    ),
+    timed(
+        Mechanism::DeviceNotify,
+        &["vm_notify"],
+        "virtio MMIO queue notify (a write to QueueNotify, which exits)",
+    ),
+    sampled_in(
+        Mechanism::DeviceNotify,
+        &["vp_notify", "vp_notify_with_data", "vm_notify"],
+        "virtio queue notify, sampled (its CPU time where it cannot be timed)",
+    ),
+];
 
 use Mechanism::*;
 
@@ -208,6 +272,9 @@ const KVM: &[Path] = &[
         &["kvm_flush_tlb_multi", "kvm_flush_tlb_others"],
         "PV TLB flush (skips preempted vCPUs)",
     ),
+    VIRTIO_NOTIFY[0],
+    VIRTIO_NOTIFY[1],
+    VIRTIO_NOTIFY[2],
     sampled(OtherHypercall, "VMCALL/VMMCALL sites"),
 ];
 
@@ -288,6 +355,17 @@ const HYPERV: &[Path] = &[
         &["hyperv_flush_tlb_multi", "hyperv_flush_tlb_others"],
         "HVCALL_FLUSH_VIRTUAL_ADDRESS_LIST",
     ),
+    // In the hv_vmbus module: absent until it is loaded.
+    timed(
+        DeviceNotify,
+        &["vmbus_set_event"],
+        "HVCALL_SIGNAL_EVENT (a VMBus channel's kick: storvsc, netvsc)",
+    ),
+    sampled_in(
+        DeviceNotify,
+        &["vmbus_set_event"],
+        "VMBus channel signal, sampled (its CPU time where it cannot be timed)",
+    ),
     sampled(OtherHypercall, "hv_do_hypercall and the hypercall page"),
 ];
 
@@ -344,6 +422,11 @@ pub fn is_interface_symbol(hypervisor: Hypervisor, symbol: &str) -> bool {
     if hypervisor == Hypervisor::None {
         return false;
     }
+    if sampled_mechanism(hypervisor, symbol).is_some() {
+        return true;
+    }
+    // A sample in an accessor whose caller is no doorbell is the accessor's.
+    let symbol = sample_functions(symbol)[1];
     // "eoi_pirq.isra.0" is eoi_pirq.
     let base = symbol.split('.').next().unwrap_or(symbol);
     let trimmed = base.trim_start_matches('_');
@@ -355,6 +438,25 @@ pub fn is_interface_symbol(hypervisor: Hypervisor, symbol: &str) -> bool {
             .iter()
             .chain(hypercall_sites(hypervisor))
             .any(|prefix| trimmed.starts_with(prefix))
+}
+
+/// The mechanism whose sampled path (`Measure::SampledIn`) a sampled symbol ("function" or
+/// "caller/function") belongs to on `hypervisor`: the function is one of the path's, or it is
+/// a notify accessor called from one of them.
+pub fn sampled_mechanism(hypervisor: Hypervisor, symbol: &str) -> Option<Mechanism> {
+    let [caller, function] = sample_functions(symbol);
+    let base = |s: &str| s.split('.').next().unwrap_or(s).to_string();
+    let (caller, function) = (base(caller), base(function));
+    paths(hypervisor).iter().find_map(|p| match p.measure {
+        Measure::SampledIn(names)
+            if names.contains(&function.as_str())
+                || (NOTIFY_ACCESSORS.contains(&function.as_str())
+                    && names.contains(&caller.as_str())) =>
+        {
+            Some(p.mechanism)
+        }
+        _ => None,
+    })
 }
 
 /// How `hypervisor` serves each mechanism, as virtgap measures it (empty on metal: no
@@ -423,6 +525,34 @@ pub fn timed_symbols(hypervisor: Hypervisor, has: impl Fn(&str) -> bool) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A virtio queue notify is an `iowrite16` from `vp_notify`: the sampler keeps the caller
+    /// of a sample in the accessor, and only a doorbell caller makes it the hypervisor's.
+    #[test]
+    fn a_doorbell_sample_is_told_by_its_caller() {
+        let doorbell = sample_symbol("iowrite16", Some("vp_notify"));
+        assert_eq!(doorbell, "vp_notify/iowrite16");
+        assert_eq!(
+            sampled_mechanism(Hypervisor::Kvm, &doorbell),
+            Some(Mechanism::DeviceNotify)
+        );
+        assert!(is_interface_symbol(Hypervisor::Kvm, &doorbell));
+        assert_eq!(
+            sampled_mechanism(Hypervisor::Kvm, "vm_notify"),
+            Some(Mechanism::DeviceNotify)
+        );
+        // Another driver's MMIO write is not a doorbell; nothing is on metal.
+        let other = sample_symbol("iowrite16", Some("e1000_write"));
+        assert_eq!(sampled_mechanism(Hypervisor::Kvm, &other), None);
+        assert!(!is_interface_symbol(Hypervisor::Kvm, &other));
+        assert!(!is_interface_symbol(Hypervisor::None, &doorbell));
+        assert_eq!(sampled_mechanism(Hypervisor::None, &doorbell), None);
+        // Hyper-V's VMBus signal.
+        assert_eq!(
+            sampled_mechanism(Hypervisor::HyperV, "vmbus_set_event"),
+            Some(Mechanism::DeviceNotify)
+        );
+    }
 
     #[test]
     fn metal_has_no_hypervisor_paths_and_every_guest_has_the_apic_traps() {

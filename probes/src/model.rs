@@ -671,7 +671,11 @@ impl CpuSamples {
         let mut folded: std::collections::BTreeMap<String, u64> = Default::default();
         for (i, (sym, n)) in by_count.into_iter().enumerate() {
             let category = crate::virt::classify_symbol(&sym, hypervisor);
-            if i < KEPT_SYMBOLS_PER_CPU || sym == category.folded_key() {
+            // A sampled mechanism's symbols are never folded: its time is read by symbol.
+            let kept = i < KEPT_SYMBOLS_PER_CPU
+                || sym == category.folded_key()
+                || crate::hypervisor::sampled_mechanism(hypervisor, &sym).is_some();
+            if kept {
                 *self.kernel.entry(sym).or_insert(0) += n;
             } else {
                 *folded.entry(category.folded_key()).or_insert(0) += n;
@@ -680,6 +684,21 @@ impl CpuSamples {
         for (key, n) in folded {
             *self.kernel.entry(key).or_insert(0) += n;
         }
+    }
+
+    /// Samples per mechanism the sampler alone measures on `hypervisor` (its
+    /// `Measure::SampledIn` paths: the doorbell where nothing can time it).
+    pub fn mechanisms(
+        &self,
+        hypervisor: Hypervisor,
+    ) -> std::collections::BTreeMap<crate::hypervisor::Mechanism, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for (sym, n) in &self.kernel {
+            if let Some(m) = crate::hypervisor::sampled_mechanism(hypervisor, sym) {
+                *out.entry(m).or_insert(0) += n;
+            }
+        }
+        out
     }
 
     /// The `n` kernel symbols with the most samples.

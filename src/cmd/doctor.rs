@@ -168,7 +168,7 @@ fn family_of(measure: Measure) -> Family {
     match measure {
         Measure::MsrWrite(_) => Family::Msr,
         Measure::Timed(_) => Family::PvPaths,
-        Measure::Sampled => Family::Sampler,
+        Measure::Sampled | Measure::SampledIn(_) => Family::Sampler,
     }
 }
 
@@ -182,7 +182,9 @@ pub fn hypervisor_paths(
         .iter()
         .map(|p| {
             let names: Vec<String> = match p.measure {
-                Measure::Timed(names) => names.iter().map(|n| n.to_string()).collect(),
+                Measure::Timed(names) | Measure::SampledIn(names) => {
+                    names.iter().map(|n| n.to_string()).collect()
+                }
                 _ => vec![],
             };
             let mut row = PathRow {
@@ -192,6 +194,7 @@ pub fn hypervisor_paths(
                     Measure::MsrWrite(_) => "msr_write",
                     Measure::Timed(_) => "timed",
                     Measure::Sampled => "sampled",
+                    Measure::SampledIn(_) => "sampled_in",
                 }
                 .into(),
                 msr: match p.measure {
@@ -231,7 +234,7 @@ pub fn hypervisor_paths(
                         None => row.detail = "unavailable: write_msr not loaded".into(),
                     }
                 }
-                Measure::Sampled => {
+                Measure::Sampled | Measure::SampledIn(_) => {
                     let on = f
                         .tracepoints
                         .iter()

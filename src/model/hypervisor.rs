@@ -62,6 +62,9 @@ pub enum PathMeasure {
     Timed { symbol: Option<String> },
     /// Only the sampler sees it, as CPU time in the hypervisor interface.
     Sampled,
+    /// The sampler's CPU time in its functions (and the accessors they write through), where
+    /// nothing can time them: a time, no count.
+    SampledIn { functions: Vec<String> },
 }
 
 /// Whether a path was measured in this run.

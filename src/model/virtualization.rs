@@ -168,8 +168,13 @@ pub struct SampledCpu {
     pub cpu: u32,
     pub samples: u64,
     pub categories: BTreeMap<String, u64>,
-    /// (kernel symbol, samples), most sampled first.
+    /// (kernel symbol, samples), most sampled first. A sample in an MMIO or port accessor
+    /// names its caller too: "vp_notify/iowrite16".
     pub top: Vec<(String, u64)>,
+    /// Mechanism name -> samples in its sampled path (the doorbell where nothing can time it),
+    /// part of the hypervisor interface's (absent in older profiles).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mechanisms: BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

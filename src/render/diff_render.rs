@@ -246,6 +246,15 @@ fn one_sided_text(r: &Row, d: &ProfileDiff) -> String {
     } else {
         d.hypervisor.b
     };
+    // Above idle, a figure below the host's idle rate is no use of the mechanism by the
+    // workload: said as such, not printed as if the host had a negative figure.
+    if v < 0.0 && value(Some(-v), r.unit) != value(Some(0.0), r.unit) {
+        return format!(
+            "{host}: below its idle rate ({}): none of it the workload's; {other}: {}",
+            signed(Some(v), r.unit),
+            hypervisor_words(other_kind)
+        );
+    }
     format!(
         "{host}: {} {what}; {other}: {}",
         value(Some(v), r.unit),

@@ -106,6 +106,7 @@ fn path_words<'a>(
         } => format!("{symbol} timed"),
         PathMeasure::Timed { symbol: None } => format!("{} timed", p.what),
         PathMeasure::Sampled => "sampled".into(),
+        PathMeasure::SampledIn { functions } => format!("sampled in {}", functions.join(", ")),
     };
     match &p.state {
         PathState::Measured => how,
@@ -134,6 +135,7 @@ pub fn mechanism_words(m: Mechanism) -> &'static str {
         Mechanism::SpinlockWait => "PV spinlock waits",
         Mechanism::SpinlockKick => "PV spinlock kicks",
         Mechanism::TlbFlush => "TLB-flush hypercalls",
+        Mechanism::DeviceNotify => "doorbells",
         Mechanism::OtherHypercall => "other hypercalls",
     }
 }
@@ -162,6 +164,7 @@ pub fn mechanism_noun(m: Mechanism) -> &'static str {
         Mechanism::SpinlockWait => "spinlock wait",
         Mechanism::SpinlockKick => "spinlock kick",
         Mechanism::TlbFlush => "TLB-flush",
+        Mechanism::DeviceNotify => "doorbell",
         Mechanism::OtherHypercall => "other hypercall",
     }
 }

@@ -616,6 +616,11 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<Virtualization> {
                     .into_iter()
                     .map(|(sym, n)| (sym.to_string(), n))
                     .collect(),
+                mechanisms: c
+                    .mechanisms(s.hypervisor)
+                    .into_iter()
+                    .map(|(m, n)| (m.name().to_string(), n))
+                    .collect(),
             })
             .collect(),
     });

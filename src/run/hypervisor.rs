@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use virtgap_probes::hypervisor::{self, Hypervisor, Measure, Path};
+use virtgap_probes::hypervisor::{self, Hypervisor, Measure, Mechanism, Path};
 use virtgap_probes::report::Family;
 use virtgap_probes::virt::SampleCategory;
 use virtgap_probes::CapabilityReport;
@@ -44,10 +44,18 @@ pub fn section(
             (Some(a), Some(b)) => Some(a + b),
             (a, b) => a.or(b),
         };
+        // A sampled time stands in only where no path of the mechanism was timed: both are
+        // the same calls' time.
+        let timed = m
+            .paths
+            .iter()
+            .any(|p| matches!(p.how, PathMeasure::Timed { .. }) && p.state == PathState::Measured);
         let (mut count, mut time) = (None, None);
         for p in &m.paths {
             count = add(count, p.count.map(|n| n as f64));
-            time = add(time, p.time_ns);
+            if !(timed && matches!(p.how, PathMeasure::SampledIn { .. })) {
+                time = add(time, p.time_ns);
+            }
         }
         m.count = count.map(|n| n as u64);
         m.time_ns = time;
@@ -101,6 +109,21 @@ fn path_figure(
             }
         }
         Measure::Timed(names) => timed_figure(path, names, virt, report),
+        Measure::SampledIn(names) => {
+            let how = PathMeasure::SampledIn {
+                functions: names.iter().map(|n| n.to_string()).collect(),
+            };
+            match virt.and_then(|v| mechanism_cpu_ns(v, path.mechanism, seconds)) {
+                Some(ns) => PathFigure {
+                    what: path.what.to_string(),
+                    how,
+                    count: None,
+                    time_ns: Some(ns),
+                    state: PathState::Measured,
+                },
+                None => unmeasured(how, not_measured(report, Family::Sampler)),
+            }
+        }
         Measure::Sampled => {
             let sampled = virt.is_some_and(|v| v.sampler.is_some());
             let state = if sampled {
@@ -178,16 +201,36 @@ fn not_measured(report: Option<&CapabilityReport>, family: Family) -> PathState 
     PathState::NotMeasured(why)
 }
 
+/// The CPU time one sample stands for over `seconds` of probes (the samples taken over the
+/// seconds the sampler ran, scaled to the window); None without samples.
+fn ns_per_sample(v: &Virtualization, seconds: f64) -> Option<f64> {
+    let s = v.sampler.as_ref()?;
+    let sampled = s.seconds(seconds);
+    (s.frequency_hz > 0 && sampled > 0.0).then(|| 1e9 / s.frequency_hz as f64 * (seconds / sampled))
+}
+
+/// The sampler's CPU time in `mechanism`'s sampled path over `seconds`, over the CPUs whose
+/// samples stand for their time.
+fn mechanism_cpu_ns(v: &Virtualization, mechanism: Mechanism, seconds: f64) -> Option<f64> {
+    let s = v.sampler.as_ref()?;
+    let per_sample = ns_per_sample(v, seconds)?;
+    let sampled = s.seconds(seconds);
+    Some(
+        s.cpus
+            .iter()
+            .filter(|c| c.represents(s.frequency_hz, sampled))
+            .map(|c| c.mechanisms.get(mechanism.name()).copied().unwrap_or(0) as f64 * per_sample)
+            .sum(),
+    )
+}
+
 /// The sampler's samples in the hypervisor interface as CPU time over `seconds`: each sample
 /// stands for one sampling period of its CPU, and the samples taken over the seconds the sampler
 /// ran are scaled to the window. CPUs whose samples do not stand for their time are left out.
 fn cpu_time(v: &Virtualization, seconds: f64) -> Option<HypervisorCpu> {
     let s = v.sampler.as_ref()?;
     let sampled = s.seconds(seconds);
-    if s.frequency_hz == 0 || sampled <= 0.0 {
-        return None;
-    }
-    let ns_per_sample = 1e9 / s.frequency_hz as f64 * (seconds / sampled);
+    let ns_per_sample = ns_per_sample(v, seconds)?;
     let mut per_cpu = BTreeMap::new();
     let mut unrepresented_cpus = Vec::new();
     for c in &s.cpus {
@@ -233,6 +276,7 @@ mod tests {
                     samples: 500,
                     categories: [("hypervisor interface".to_string(), 50)].into(),
                     top: vec![],
+                    mechanisms: [("device_notify".to_string(), 20)].into(),
                 }],
                 sampled_seconds: Some(seconds / 2.0),
             }),
@@ -287,5 +331,26 @@ mod tests {
         assert_eq!(hypercall.count, None);
         // 50 samples at 100 Hz over the 5 s sampled, scaled to 10 s: 1 s of CPU.
         assert_eq!(s.cpu.as_ref().unwrap().ns, 1e9);
+    }
+
+    /// The doorbell where nothing can time it (no fentry, no kprobes): the sampler's time in
+    /// the notify path, no count; where vp_notify is timed, the timed figure alone.
+    #[test]
+    fn the_doorbell_is_sampled_where_it_cannot_be_timed() {
+        let s = section(Hypervisor::Kvm, 10.0, Some(&virt(10.0)), None);
+        let notify = s.mechanism(Mechanism::DeviceNotify).unwrap();
+        // 20 samples at 100 Hz over 5 s sampled, scaled to 10 s: 0.4 s.
+        assert_eq!(notify.time_ns, Some(4e8));
+        assert_eq!(notify.count, None);
+        let mut timed = virt(10.0);
+        timed.pv_paths = Some(vec![PvPathFigure {
+            symbol: "vp_notify".into(),
+            count: 1000,
+            mean_ns: Some(4000.0),
+            p99_ns: None,
+        }]);
+        let s = section(Hypervisor::Kvm, 10.0, Some(&timed), None);
+        let notify = s.mechanism(Mechanism::DeviceNotify).unwrap();
+        assert_eq!((notify.count, notify.time_ns), (Some(1000), Some(4e6)));
     }
 }

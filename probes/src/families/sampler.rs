@@ -102,6 +102,16 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
             .map_err(BpfError::Open)?;
         let _ = open.maps.samples_first.set_max_entries(keys);
         let _ = open.maps.samples_second.set_max_entries(keys);
+        // Where the notify accessors are, so a sample in one keeps its caller.
+        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+            let ranges = crate::hypervisor::NOTIFY_ACCESSORS
+                .iter()
+                .filter_map(|name| cx.symbols.range(name));
+            for (i, (lo, hi)) in ranges.take(ro.notify_lo.len()).enumerate() {
+                ro.notify_lo[i] = lo;
+                ro.notify_hi[i] = hi;
+            }
+        }
         // The msr object counts the writes this sampler's interrupts cause apart.
         if let Some(fd) = &cx.shared.borrow().sampler_stamp {
             open.maps
@@ -221,12 +231,11 @@ impl SamplerProbe<'_> {
                 c.user += n;
             } else {
                 let sym = self.symbols.resolve(k.ip).unwrap_or("[unknown]");
-                match c.kernel.get_mut(sym) {
-                    Some(count) => *count += n,
-                    None => {
-                        c.kernel.insert(sym.to_string(), n);
-                    }
-                }
+                let caller = (k.caller != 0)
+                    .then(|| self.symbols.resolve(k.caller))
+                    .flatten();
+                let key = crate::hypervisor::sample_symbol(sym, caller);
+                *c.kernel.entry(key).or_insert(0) += n;
             }
         }
         for c in drained.values_mut() {
