@@ -41,6 +41,11 @@ test:
 vmtest *KERNELS: build
     python3 scripts/vmtest.py {{KERNELS}}
 
+# The VM tier's Xen step: Debian's Xen 4.17 under QEMU with a 6.1 dom0 and an NVMe disk, then the
+# same kernel bare; checks Xen's paths are called and diffs the two as a user would
+vmtest-xen *ARGS: build
+    python3 scripts/vmtest_xen.py {{ARGS}}
+
 # Regenerate schema/profile.schema.json from the profile's types (a test fails when it is stale)
 schema: build
     target/release/virtgap schema > schema/profile.schema.json.new

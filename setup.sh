@@ -26,7 +26,7 @@ VM_PACKAGES=(qemu-system-x86 busybox-static mdadm dmsetup cpio xz-utils zstd kmo
              debian-archive-keyring)
 case "${1:-}" in
     run | build | record | "") ;;
-    vmtest) PACKAGES+=("${TEST_PACKAGES[@]}" "${VM_PACKAGES[@]}") ;;
+    vmtest | vmtest-xen) PACKAGES+=("${TEST_PACKAGES[@]}" "${VM_PACKAGES[@]}") ;;
     *) PACKAGES+=("${TEST_PACKAGES[@]}") ;;
 esac
 
