@@ -9,12 +9,12 @@
 
 use std::fmt::Write as _;
 
-use crate::analysis::diff::{ProfileDiff, Row};
+use crate::analysis::diff::{Host, ProfileDiff, Row};
 use crate::model::profile::Profile;
 use crate::render::charts::{self, esc};
 use crate::render::diff_render::{
-    confounder, evidence, hypervisor_heading, row_label, runs_line, share, signed, spec_difference,
-    tail_heading, tail_rows, value, verdict_sentence, verdict_text, warning, workload,
+    cell, confounder, evidence, hypervisor_heading, row_label, runs_line, share, signed,
+    spec_difference, tail_heading, tail_rows, verdict_sentence, verdict_text, warning, workload,
 };
 use crate::render::hypervisor_report::mechanism_words;
 
@@ -52,8 +52,8 @@ fn rows_table(s: &mut String, d: &ProfileDiff, rows: &mut dyn Iterator<Item = &R
             "<tr class=\"row\" data-metric=\"{}\"><td class=\"label indent-{indent}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}</td></tr>",
             esc(&r.metric.key()),
             esc(&row_label(d, r)),
-            esc(&value(r.a, r.unit)),
-            esc(&value(r.b, r.unit)),
+            esc(&cell(r, Host::A)),
+            esc(&cell(r, Host::B)),
             esc(&signed(r.delta, r.unit)),
             esc(&share(r, d)),
             verdict_class(r),

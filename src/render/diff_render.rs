@@ -54,6 +54,7 @@ pub fn label(metric: MetricId, above_idle: bool) -> Cow<'static, str> {
         }
         MechanismTimePerIo(m) => return format!("{} time per I/O", mechanism_noun(m)).into(),
         HypervisorCpuPerIo => "hypervisor CPU time per I/O",
+        HypervisorTimePerIo => "all hypervisor paths' time per I/O",
     };
     fixed.into()
 }
@@ -66,7 +67,7 @@ pub(crate) fn indent_of(metric: MetricId) -> usize {
         Stage(_) => 2,
         WakeupPerIo | HardirqPerIo | SoftirqPerIo | IpisPerIo | MsrExitsPerIo
         | EstMsrExitTimePerIo | FlushMean => 4,
-        AppMean | Iops | Tail { .. } => 0,
+        AppMean | Iops | Tail { .. } | HypervisorTimePerIo => 0,
         MechanismPerIo(_) | MechanismTimePerIo(_) | HypervisorCpuPerIo => 2,
     }
 }
@@ -106,6 +107,19 @@ pub(crate) fn value(v: Option<f64>, unit: Unit) -> String {
         (Some(x), Unit::PerIo) => units::fixed(x, 3),
         (Some(x), Unit::Iops) => units::count(x),
     }
+}
+
+/// A host's figure in a row's column: "none" where the host has no hypervisor to offer the
+/// row's mechanism (not "-", which is "not measured").
+pub(crate) fn cell(r: &Row, host: Host) -> String {
+    let v = match host {
+        Host::A => r.a,
+        Host::B => r.b,
+    };
+    if v.is_none() && r.verdict == Verdict::NoHypervisor {
+        return "none".into();
+    }
+    value(v, r.unit)
 }
 
 pub(crate) fn signed(v: Option<f64>, unit: Unit) -> String {
@@ -232,8 +246,8 @@ pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
     }
 }
 
-/// "B: 4.1 µs of hypervisor CPU time per I/O; A: no hypervisor": a figure only one host can
-/// have, never "equivalent".
+/// "B: 4.1 µs [3.2, 5.0] hypervisor CPU time per I/O; A: no hypervisor": a figure only one
+/// host can have, with the interval of that host's runs, never "equivalent".
 fn one_sided_text(r: &Row, d: &ProfileDiff) -> String {
     let what = label(r.metric, false);
     let (host, v, other) = match (r.a, r.b) {
@@ -246,20 +260,85 @@ fn one_sided_text(r: &Row, d: &ProfileDiff) -> String {
     } else {
         d.hypervisor.b
     };
+    let interval = guest_interval(r).map_or(String::new(), |(lo, hi)| {
+        format!(
+            " [{}, {}]",
+            signed_or_zero(lo, r.unit),
+            signed_or_zero(hi, r.unit)
+        )
+    });
+    let from_none = match guest_interval(r) {
+        Some((lo, hi)) if lo <= 0.0 && hi >= 0.0 => ", not told from none",
+        _ => "",
+    };
     // Above idle, a figure below the host's idle rate is no use of the mechanism by the
     // workload: said as such, not printed as if the host had a negative figure.
     if v < 0.0 && value(Some(-v), r.unit) != value(Some(0.0), r.unit) {
         return format!(
-            "{host}: below its idle rate ({}): none of it the workload's; {other}: {}",
+            "{host}: below its idle rate ({}{interval}): none of it the workload's; {other}: {}",
             signed(Some(v), r.unit),
             hypervisor_words(other_kind)
         );
     }
     format!(
-        "{host}: {} {what}; {other}: {}",
+        "{host}: {}{interval} {what}{from_none}; {other}: {}",
         value(Some(v), r.unit),
         hypervisor_words(other_kind)
     )
+}
+
+/// The interval of the guest's own figure on a row against a host with no hypervisor (the
+/// row's interval is of B − A, negated when the guest is A).
+fn guest_interval(r: &Row) -> Option<(f64, f64)> {
+    let (lo, hi) = r.ci_low.zip(r.ci_high)?;
+    Some(if r.b.is_some() { (lo, hi) } else { (-hi, -lo) })
+}
+
+/// A bound of an interval: "-4 ns" below zero, "12 ns" above.
+fn signed_or_zero(x: f64, unit: Unit) -> String {
+    if x < 0.0 {
+        signed(Some(x), unit)
+    } else {
+        value(Some(x), unit)
+    }
+}
+
+/// The hypervisor's paths as a share of B's gap, in words, when the gap is significant:
+/// "the hypervisor's paths (Xen) take 39% [31, 47] of it, 111.0 µs per I/O (an upper bound:
+/// timed host-wide)"; None when they are not measured or the gap is not significant.
+pub(crate) fn hypervisor_share_words(d: &ProfileDiff) -> Option<String> {
+    let r = d.row(MetricId::HypervisorTimePerIo)?;
+    if d.waterfall.app.verdict != Verdict::Significant {
+        return None;
+    }
+    let share = r.share?;
+    let whose = match (d.hypervisor.a, d.hypervisor.b) {
+        (Some(Hypervisor::None), Some(h)) | (Some(h), Some(Hypervisor::None)) => {
+            format!(" ({})", hypervisor_words(Some(h)))
+        }
+        _ => String::new(),
+    };
+    let interval = r
+        .share_low
+        .zip(r.share_high)
+        .map_or(String::new(), |(lo, hi)| {
+            format!(
+                " [{}, {}]",
+                units::fixed(lo * 100.0, 0),
+                units::fixed(hi * 100.0, 0)
+            )
+        });
+    let told = r.ci_low.zip(r.ci_high).map(|(lo, hi)| lo > 0.0 || hi < 0.0);
+    let words = match told {
+        Some(false) => "not told from none",
+        _ if share.abs() < d.min_effect => "a negligible part",
+        _ => "an upper bound: timed host-wide, not only on the I/O's path",
+    };
+    Some(format!(
+        "the hypervisor's paths{whose} take {}%{interval} of it, {} per I/O ({words})",
+        units::fixed(share * 100.0, 0),
+        signed(r.delta, Unit::Ns),
+    ))
 }
 
 /// A percentage as typed: 5 for 5%, 2.5 for 2.5%.
@@ -492,8 +571,8 @@ fn terminal_row(s: &mut String, r: &Row, d: &ProfileDiff) {
     let figures = format!(
         "{:<LABEL_COLUMNS$} {:>10} {:>10} {:>11} {:>5}",
         format!("{:indent$}{}", "", row_label(d, r)),
-        value(r.a, r.unit),
-        value(r.b, r.unit),
+        cell(r, Host::A),
+        cell(r, Host::B),
         signed(r.delta, r.unit),
         share(r, d),
     );
@@ -685,6 +764,16 @@ pub(crate) fn hypervisor_heading(d: &ProfileDiff) -> String {
 }
 
 pub(crate) fn verdict_sentence(d: &ProfileDiff) -> String {
+    let mut sentence = stage_sentence(d);
+    if let Some(words) = hypervisor_share_words(d) {
+        sentence.push_str("; ");
+        sentence.push_str(&words);
+    }
+    sentence
+}
+
+/// The verdict on mean latency and the stage that holds most of its gap.
+fn stage_sentence(d: &ProfileDiff) -> String {
     let app = &d.waterfall.app;
     let bound = format!("±{}%", percent(d.min_effect));
     match (d.verdict, app.verdict) {
@@ -998,6 +1087,35 @@ mod tests {
             synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10),
             synthetic(2_500.0, 800_000.0, 120_000.0, 5_000.0, 10),
         )
+    }
+
+    /// The verdict names the hypervisor's share of a significant gap, with its interval, and
+    /// the metal host's column says "none", not "-".
+    #[test]
+    fn the_verdict_names_the_hypervisors_share_of_the_gap() {
+        use crate::analysis::diff::tests::on_hypervisor_at;
+        use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
+        let xen = [
+            (Mechanism::Timer, 1.0, 10_000.0),
+            (Mechanism::Upcall, 1.0, 5_000.0),
+        ];
+        let d = diff(
+            &on_hypervisor_at(Hypervisor::None, &[], 0.0, 300_000.0),
+            &on_hypervisor_at(Hypervisor::Xen, &xen, 4_100.0, 330_000.0),
+        );
+        let sentence = verdict_sentence(&d);
+        assert!(
+            sentence.contains("the hypervisor's paths (Xen) take 49% ["),
+            "{sentence}"
+        );
+        assert!(sentence.contains("an upper bound"), "{sentence}");
+        let text = terminal(&d);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("all hypervisor paths' time per I/O"))
+            .unwrap();
+        assert!(row.contains(" none "), "{row}");
+        assert!(row.trim_end().ends_with("49%"), "{row}");
     }
 
     /// A Xen guest against metal: B's figure on every hypervisor row, "no hypervisor" for A,

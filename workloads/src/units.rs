@@ -41,6 +41,15 @@ pub fn bytes_exact(n: u64) -> String {
 
 /// A latency with a unit chosen for its size: "850 ns", "12.3 µs", "4.56 ms", "1.20 s".
 pub fn latency(ns: f64) -> String {
+    // Below zero (a figure above an idle rate can be): the magnitude's unit, signed.
+    if ns < 0.0 {
+        let magnitude = latency(-ns);
+        return if magnitude.bytes().any(|b| (b'1'..=b'9').contains(&b)) {
+            format!("-{magnitude}")
+        } else {
+            magnitude
+        };
+    }
     if ns < 1_000.0 {
         format!("{ns:.0} ns")
     } else if ns < 1_000_000.0 {
@@ -84,6 +93,8 @@ mod tests {
         assert_eq!(latency(850.0), "850 ns");
         assert_eq!(latency(12_345.0), "12.3 µs");
         assert_eq!(latency(4_560_000.0), "4.56 ms");
+        assert_eq!(latency(-334_893.0), "-334.9 µs");
+        assert_eq!(latency(-0.2), "0 ns");
         assert_eq!(count(74_210.0), "74.2k");
         assert_eq!(count(950.0), "950");
     }

@@ -52,7 +52,8 @@ impl Figures {
             MetricId::Tail { stage, percentile } => self.tail(stage, percentile),
             MetricId::MechanismPerIo(_)
             | MetricId::MechanismTimePerIo(_)
-            | MetricId::HypervisorCpuPerIo => self
+            | MetricId::HypervisorCpuPerIo
+            | MetricId::HypervisorTimePerIo => self
                 .hypervisor
                 .iter()
                 .find(|(m, _)| *m == metric)
@@ -215,6 +216,9 @@ fn hypervisor_figures(
         Some(_) => None,
     };
     let mut out = Vec::new();
+    // Every mechanism's time but a halt's (time halted is not work done for the guest): summed
+    // as they are, below-idle ones too, so that noise around zero cancels rather than adds.
+    let mut paths_ns: Option<f64> = None;
     for m in Mechanism::ALL {
         if let Some(n) = hv.count(m) {
             let v = above_idle(n as f64, &|i| i.count(m).map(|c| c as f64));
@@ -222,9 +226,13 @@ fn hypervisor_figures(
         }
         if let Some(t) = hv.time_ns(m) {
             let v = above_idle(t, &|i| i.time_ns(m));
+            if m != Mechanism::Halt {
+                paths_ns = v.map(|v| paths_ns.unwrap_or(0.0) + v).or(paths_ns);
+            }
             out.extend(v.map(|v| (MetricId::MechanismTimePerIo(m), v)));
         }
     }
+    out.extend(paths_ns.map(|v| (MetricId::HypervisorTimePerIo, v)));
     if let Some(cpu) = hv.cpu_ns {
         let v = above_idle(cpu, &|i| i.cpu_ns);
         out.extend(v.map(|v| (MetricId::HypervisorCpuPerIo, v)));

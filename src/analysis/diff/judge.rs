@@ -153,6 +153,8 @@ fn unjudged(metric: MetricId, a: Option<f64>, b: Option<f64>, confidence: f64) -
         verdict: Verdict::NotMeasured,
         runs_needed: None,
         share: None,
+        share_low: None,
+        share_high: None,
         estimated: false,
         confidence,
     }
@@ -332,18 +334,21 @@ fn host_wide(mut row: Row, basis: Basis) -> Row {
     row
 }
 
-/// The hypervisor block: each mechanism either host measured (uses per I/O, and the time of its
-/// timed paths per I/O), then the sampled CPU time in the hypervisor interface per I/O — all
-/// host-wide figures above idle, judged as one family. A host with no hypervisor has nothing to
-/// compare: its rows say so rather than "equivalent".
+/// The hypervisor block: first the time in all its paths per I/O, the hypervisor's part of
+/// the gap with its share; then each mechanism either host measured (uses per I/O, and the time
+/// of its paths per I/O), then the sampled CPU time in the hypervisor interface per I/O — all
+/// host-wide figures above idle, the mechanisms judged as one family. Against a host with no
+/// hypervisor, nothing there is offered: that side's figure is none at all, not a measurement,
+/// so the row's difference is the guest's figure and its interval the guest's runs' alone.
 pub(super) fn hypervisor_block(
     sides: (&Side, &Side),
     how: Judging,
     kinds: (Option<Hypervisor>, Option<Hypervisor>),
+    app: &Row,
 ) -> HypervisorBlock {
+    let measured = |metric| sides.0.point(metric).is_some() || sides.1.point(metric).is_some();
     let mut metrics = Vec::new();
     for m in Mechanism::ALL {
-        let measured = |metric| sides.0.point(metric).is_some() || sides.1.point(metric).is_some();
         if measured(MetricId::MechanismPerIo(m)) {
             metrics.push(MetricId::MechanismPerIo(m));
         }
@@ -352,25 +357,36 @@ pub(super) fn hypervisor_block(
             metrics.push(MetricId::MechanismTimePerIo(m));
         }
     }
-    if sides.0.point(MetricId::HypervisorCpuPerIo).is_some()
-        || sides.1.point(MetricId::HypervisorCpuPerIo).is_some()
-    {
+    if measured(MetricId::HypervisorCpuPerIo) {
         metrics.push(MetricId::HypervisorCpuPerIo);
     }
     let family = how.in_family_of(metrics.len().max(1));
     let metal = |k: Option<Hypervisor>| k == Some(Hypervisor::None);
-    let rows: Vec<Row> = metrics
-        .into_iter()
-        .map(|m| {
-            let mut row = host_wide(compare(m, sides, family, None), how.basis);
-            let one_sided =
-                (metal(kinds.0) && row.b.is_some()) || (metal(kinds.1) && row.a.is_some());
-            if one_sided {
-                row.verdict = Verdict::NoHypervisor;
-            }
-            row
-        })
-        .collect();
+    let none_offered = if metal(kinds.0) && !metal(kinds.1) {
+        Some(super::Host::A)
+    } else if metal(kinds.1) && !metal(kinds.0) {
+        Some(super::Host::B)
+    } else {
+        None
+    };
+    let judge_row = |metric: MetricId, how: Judging, reference: Option<f64>| match none_offered {
+        Some(metal_host) => against_none(metric, sides, how, metal_host),
+        None => host_wide(compare(metric, sides, how, reference), how.basis),
+    };
+    let mut rows = Vec::new();
+    // The question itself, at the diff's own confidence: relative to app latency, like the
+    // software residual, so its smallest effect means what it means for the app row.
+    if measured(MetricId::HypervisorTimePerIo) {
+        let reference = sides
+            .0
+            .point(MetricId::AppMean)
+            .zip(sides.1.point(MetricId::AppMean))
+            .map(|(x, y)| (x * y).sqrt());
+        let mut row = judge_row(MetricId::HypervisorTimePerIo, how, reference);
+        share_of_gap(&mut row, app);
+        rows.push(row);
+    }
+    rows.extend(metrics.into_iter().map(|m| judge_row(m, family, None)));
     let moved = rows
         .iter()
         .filter(|r| r.verdict == Verdict::Significant)
@@ -385,5 +401,52 @@ pub(super) fn hypervisor_block(
         b: kinds.1,
         rows,
         moved,
+    }
+}
+
+/// A row against a host with no hypervisor (`metal`): that host's figure is none — not a 0
+/// measured with noise, but nothing there to measure — so the difference is the guest's figure
+/// (negated when the guest is A) with its interval from the guest's replicates alone (Welch
+/// against exact zeros is the one-sample t interval). The verdict says one host has none.
+fn against_none(metric: MetricId, sides: (&Side, &Side), how: Judging, metal: super::Host) -> Row {
+    let (pa, pb) = (sides.0.point(metric), sides.1.point(metric));
+    let mut row = unjudged(metric, pa, pb, how.confidence);
+    row.scale = Scale::Difference;
+    let (guest, sign) = match metal {
+        super::Host::A => (sides.1, 1.0),
+        super::Host::B => (sides.0, -1.0),
+    };
+    let Some(point) = guest.point(metric) else {
+        return row;
+    };
+    row.verdict = Verdict::NoHypervisor;
+    row.delta = Some(sign * point);
+    let replicates = guest.replicates(how.basis, metric);
+    let zeros = vec![0.0; replicates.len()];
+    if let Some(hw) = welch_half_width(&zeros, &replicates, how.confidence) {
+        if hw.is_finite() {
+            row.ci_low = Some(sign * point - hw);
+            row.ci_high = Some(sign * point + hw);
+        }
+    }
+    row
+}
+
+/// The hypervisor's time as a share of the app-latency gap, with an approximate interval: its
+/// own interval and the gap's half-widths combined in quadrature (as if independent; the two
+/// move together on a real host, so this errs wide).
+fn share_of_gap(row: &mut Row, app: &Row) {
+    let (Some(gap), Some(delta)) = (app.delta.filter(|g| g.abs() > 0.0), row.delta) else {
+        return;
+    };
+    let share = delta / gap;
+    row.share = Some(share);
+    let half = |r: &Row| r.ci_low.zip(r.ci_high).map(|(lo, hi)| (hi - lo) / 2.0);
+    if let (Some(h_row), Some(h_gap)) = (half(row), half(app)) {
+        let hw = ((h_row / gap).powi(2) + (delta * h_gap / (gap * gap)).powi(2)).sqrt();
+        if hw.is_finite() {
+            row.share_low = Some(share - hw);
+            row.share_high = Some(share + hw);
+        }
     }
 }

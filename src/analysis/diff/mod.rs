@@ -212,6 +212,10 @@ pub enum MetricId {
     MechanismTimePerIo(Mechanism),
     /// Sampled CPU time in the hypervisor interface per I/O, above idle.
     HypervisorCpuPerIo,
+    /// Time in every mechanism's paths per I/O, above idle (halts left out): the hypervisor's
+    /// part of the gap, an upper bound since the paths are timed host-wide, not on the I/O's
+    /// own path.
+    HypervisorTimePerIo,
 }
 
 impl MetricId {
@@ -242,6 +246,7 @@ impl MetricId {
             Self::MechanismPerIo(m) => format!("{}_per_io", m.name()),
             Self::MechanismTimePerIo(m) => format!("{}_time_per_io", m.name()),
             Self::HypervisorCpuPerIo => "hypervisor_cpu_per_io".into(),
+            Self::HypervisorTimePerIo => "hypervisor_time_per_io".into(),
         }
     }
 }
@@ -279,8 +284,13 @@ pub struct Row {
     pub verdict: Verdict,
     /// Runs per host that would likely resolve an inconclusive row (runs basis only).
     pub runs_needed: Option<u32>,
-    /// Share of the app-latency gap (the stage rows only), as a fraction.
+    /// Share of the app-latency gap (the stage rows and the hypervisor's time), as a
+    /// fraction.
     pub share: Option<f64>,
+    /// The share's approximate 95% interval (the hypervisor's time only: its interval and the
+    /// gap's, combined as if independent).
+    pub share_low: Option<f64>,
+    pub share_high: Option<f64>,
     /// True for estimates built from counts rather than measured times.
     pub estimated: bool,
     /// The interval's confidence: 0.95, or higher for a row judged as one of a family.
@@ -432,7 +442,7 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     let tail_mover = tail_mover(&tails);
     let verdict = stage_verdict(&waterfall);
     let kind = |p: &Profile| p.hypervisor.as_ref().map(|h| h.hypervisor);
-    let hypervisor = judge::hypervisor_block(sides, how, (kind(a), kind(b)));
+    let hypervisor = judge::hypervisor_block(sides, how, (kind(a), kind(b)), &waterfall.app);
     ProfileDiff {
         host_a: a.host.clone(),
         host_b: b.host.clone(),

@@ -779,9 +779,19 @@ pub(crate) fn on_hypervisor(
     uses: &[(Mechanism, f64, f64)],
     cpu_per_io: f64,
 ) -> Profile {
+    on_hypervisor_at(hypervisor, uses, cpu_per_io, 300_000.0)
+}
+
+/// As [`on_hypervisor`], with a mean app latency of `app_ns`.
+pub(crate) fn on_hypervisor_at(
+    hypervisor: virtgap_probes::hypervisor::Hypervisor,
+    uses: &[(Mechanism, f64, f64)],
+    cpu_per_io: f64,
+    app_ns: f64,
+) -> Profile {
     use crate::model::hypervisor::{HypervisorSection, RunHypervisor};
     use virtgap_probes::hypervisor::Hypervisor as Hv;
-    let mut p = noisy_runs(5, 300_000.0, 5_000.0, 0.02, 900_000.0);
+    let mut p = noisy_runs(5, app_ns, 5_000.0, 0.02, 900_000.0);
     p.host.hypervisor = hypervisor.name().into();
     p.host.clockevent = Some(match hypervisor {
         Hv::Xen => "xen".into(),
@@ -860,6 +870,42 @@ fn a_xen_guest_against_metal_reads_no_hypervisor_never_equivalent() {
             ..
         }
     )));
+}
+
+/// A Xen guest 30 µs slower than metal per I/O, 15 µs of which its timer and upcall paths
+/// take: every mechanism row carries an interval from the guest's runs, and the hypervisor's
+/// time is about half of the gap, with an interval around it that excludes none.
+#[test]
+fn against_metal_the_hypervisors_time_is_a_share_of_the_gap_with_an_interval() {
+    let xen = [
+        (Mechanism::Timer, 1.0, 10_000.0),
+        (Mechanism::Upcall, 1.0, 5_000.0),
+    ];
+    let metal = on_hypervisor_at(Hv::None, &[], 0.0, 300_000.0);
+    let guest = on_hypervisor_at(Hv::Xen, &xen, 4_100.0, 330_000.0);
+    let d = diff(&metal, &guest);
+    assert_eq!(d.waterfall.app.verdict, Verdict::Significant);
+    for r in &d.hypervisor.rows {
+        assert_eq!(r.verdict, Verdict::NoHypervisor, "{:?}", r.metric);
+        let (lo, hi) = (r.ci_low.unwrap(), r.ci_high.unwrap());
+        let delta = r.delta.unwrap();
+        assert!(lo < delta && delta < hi, "{r:?}");
+        assert_eq!(delta, r.b.unwrap(), "{r:?}");
+    }
+    let all = d.row(MetricId::HypervisorTimePerIo).unwrap();
+    assert!((all.b.unwrap() - 15_000.0).abs() < 1_000.0, "{all:?}");
+    let share = all.share.unwrap();
+    assert!((0.4..0.6).contains(&share), "{all:?}");
+    let (lo, hi) = (all.share_low.unwrap(), all.share_high.unwrap());
+    assert!(lo > 0.0 && lo < share && share < hi, "{all:?}");
+    // The same guest against itself: the hypervisor's time moved by nothing told from none.
+    let same = diff(&guest, &guest);
+    let all = same.row(MetricId::HypervisorTimePerIo).unwrap();
+    assert!(
+        all.ci_low.unwrap() <= 0.0 && all.ci_high.unwrap() >= 0.0,
+        "{all:?}"
+    );
+    assert_ne!(all.verdict, Verdict::Significant, "{all:?}");
 }
 
 /// On one hypervisor, IPIs that tripled per I/O are the mechanism that moved; the timer, the
