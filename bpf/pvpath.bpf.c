@@ -8,7 +8,10 @@
  * the symbol's index as the attach cookie (5.15+); or, where bpf_get_attach_cookie is missing,
  * kprobe/kretprobe bound to `symbol_index` like the fentry pair, one object per symbol. Hosts
  * may block both kinds (ftrace disabled, CONFIG_KPROBES off); user space reports which. Starts
- * are kept on a small per-CPU stack (see `stacks`).
+ * are kept on a small per-CPU stack (see `stacks`), which user space shares between all the
+ * objects it loads, so that a path's time is its own: what timed paths and hard-IRQ handlers
+ * nested in it took is left out (a Xen upcall runs the guest's own handlers, and an EOI hypercall
+ * inside it is timed as its own path).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -28,25 +31,11 @@ const volatile __u32 symbol_index = 0;
  * every CPU) and from hard-IRQ context nested in another call, so neither a thread id nor a
  * single slot per CPU can hold their start: a small stack per CPU does.
  */
-#define VG_PV_DEPTH 8
-
-struct pv_frame {
-	__u64 ts;
-	__u32 index;
-	__u32 pad;
-};
-
-struct pv_stack {
-	struct pv_frame frames[VG_PV_DEPTH];
-	__u32 depth;
-	__u32 pad;
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct pv_stack);
+	__type(value, struct vg_pv_stack);
 } stacks SEC(".maps");
 
 struct {
@@ -58,47 +47,144 @@ struct {
 
 VG_ZERO_HIST_MAP;
 
-static __always_inline int enter(__u32 index)
+static __always_inline struct vg_pv_stack *this_cpus_stack(void)
 {
 	__u32 zero = 0;
-	struct pv_stack *s = bpf_map_lookup_elem(&stacks, &zero);
-	__u32 d;
 
-	if (!s)
-		return 0;
-	d = s->depth;
-	/* Deeper than the stack: this call goes untimed (its exit finds another frame on top). */
+	return bpf_map_lookup_elem(&stacks, &zero);
+}
+
+/*
+ * Frame `d` of a stack: masked where the verifier can see it (the compiler, knowing d is in
+ * range, would otherwise drop the mask and leave the verifier an unbounded offset).
+ */
+static __always_inline struct vg_pv_frame *frame(struct vg_pv_stack *s, __u32 d)
+{
+	barrier_var(d);
+	return &s->frames[d & (VG_PV_DEPTH - 1)];
+}
+
+static __always_inline int push(struct vg_pv_stack *s, __u32 index)
+{
+	__u32 d = s->depth;
+	struct vg_pv_frame *f;
+
+	/*
+	 * Full: frames whose return was never seen (a missed fexit or kretprobe) fill it, not
+	 * real nesting this deep. Start afresh: the calls in flight lose their time (their exits
+	 * find nothing), and no stale frame keeps the paths on this CPU untimed for good.
+	 */
 	if (d >= VG_PV_DEPTH)
-		return 0;
-	s->frames[d & (VG_PV_DEPTH - 1)].ts = bpf_ktime_get_ns();
-	s->frames[d & (VG_PV_DEPTH - 1)].index = index;
+		d = 0;
+	f = frame(s, d);
+	f->ts = bpf_ktime_get_ns();
+	f->nested_ns = 0;
+	f->index = index;
 	s->depth = d + 1;
 	return 0;
 }
 
+/*
+ * Pops `index`'s frame, the innermost one: its elapsed time is added to its parent's nested
+ * time, and its own time (less what nested in it) returned in `own`. Frames above it are calls
+ * whose return was missed: dropped with it. False when no frame is `index`'s (its entry was
+ * not seen: attached mid-call, or the stack started afresh), the stack left as it is.
+ */
+static __always_inline bool pop(struct vg_pv_stack *s, __u32 index, __u64 *own)
+{
+	__u32 depth = s->depth, d = VG_PV_DEPTH;
+	struct vg_pv_frame *top;
+	__u64 elapsed;
+
+	for (__u32 k = 0; k < VG_PV_DEPTH; k++) {
+		if (k < depth && frame(s, depth - 1 - k)->index == index) {
+			d = depth - 1 - k;
+			break;
+		}
+	}
+	if (d >= VG_PV_DEPTH)
+		return false;
+	top = frame(s, d);
+	s->depth = d;
+	if (!vg_elapsed(top->ts, bpf_ktime_get_ns(), &elapsed))
+		return false;
+	if (d)
+		frame(s, d - 1)->nested_ns += elapsed;
+	*own = elapsed > top->nested_ns ? elapsed - top->nested_ns : 0;
+	return true;
+}
+
+static __always_inline int enter(__u32 index)
+{
+	struct vg_pv_stack *s = this_cpus_stack();
+
+	if (!s)
+		return 0;
+	return push(s, index);
+}
+
 static __always_inline int leave(__u32 index)
 {
-	__u32 zero = 0, d;
-	struct pv_stack *s = bpf_map_lookup_elem(&stacks, &zero);
-	struct pv_frame *top;
-	struct vg_hist *h;
+	__u32 zero = 0;
+	struct vg_pv_stack *s = this_cpus_stack();
 	void *init = bpf_map_lookup_elem(&zero_hist, &zero);
-	__u64 delta;
+	struct vg_hist *h;
+	__u64 own;
 
-	if (!s || !init || !s->depth)
+	if (!s || !init || !pop(s, index, &own))
 		return 0;
-	d = (s->depth - 1) & (VG_PV_DEPTH - 1);
-	top = &s->frames[d];
-	/* A return whose entry was not seen (attached mid-call): leave the stack as it is. */
-	if (top->index != index)
-		return 0;
-	s->depth = d;
-	if (vg_elapsed(top->ts, bpf_ktime_get_ns(), &delta)) {
-		h = vg_lookup_or_init(&durations, &index, init);
-		if (h)
-			vg_hist_add(h, delta, true);
-	}
+	h = vg_lookup_or_init(&durations, &index, init);
+	if (h)
+		vg_hist_add(h, own, true);
 	return 0;
+}
+
+/*
+ * A hard-IRQ handler run inside a timed path (Xen's upcall runs them all): a frame of its own,
+ * so that its time, and that of any path timed inside it, is left out of the path's. Outside
+ * every timed path there is nothing to do. Loaded in one object only: the stack is shared.
+ */
+static __always_inline int handler_entry(void)
+{
+	struct vg_pv_stack *s = this_cpus_stack();
+
+	if (!s || !s->depth)
+		return 0;
+	return push(s, VG_PV_HANDLER);
+}
+
+static __always_inline int handler_exit(void)
+{
+	struct vg_pv_stack *s = this_cpus_stack();
+	__u64 own;
+
+	if (s)
+		pop(s, VG_PV_HANDLER, &own);
+	return 0;
+}
+
+SEC("tp_btf/irq_handler_entry")
+int BPF_PROG(pv_handler_entry_btf)
+{
+	return handler_entry();
+}
+
+SEC("raw_tp/irq_handler_entry")
+int BPF_PROG(pv_handler_entry_raw)
+{
+	return handler_entry();
+}
+
+SEC("tp_btf/irq_handler_exit")
+int BPF_PROG(pv_handler_exit_btf)
+{
+	return handler_exit();
+}
+
+SEC("raw_tp/irq_handler_exit")
+int BPF_PROG(pv_handler_exit_raw)
+{
+	return handler_exit();
 }
 
 SEC("fentry")
@@ -138,3 +224,5 @@ int pv_kretprobe_one(struct pt_regs *ctx)
 }
 
 struct vg_hist vg_abi_hist = {};
+/* The stack's layout for user space, which shares it and reads it in tests. */
+struct vg_pv_stack vg_abi_pv_stack = {};

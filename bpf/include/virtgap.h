@@ -316,4 +316,27 @@ struct vg_exit_key {
 	__u32 reason;
 };
 
+/*
+ * The paravirt-path timer's calls in progress on one CPU, innermost last (bpf/pvpath.bpf.c):
+ * one per-CPU stack shared by every object user space loads, so that a path or hard-IRQ handler
+ * nested in another is left out of the other's time.
+ */
+#define VG_PV_DEPTH 8
+/* The index of a hard-IRQ handler's frame: not a path, only time to leave out of its parent. */
+#define VG_PV_HANDLER 0xffffffffu
+
+struct vg_pv_frame {
+	__u64 ts;
+	/* Time of the frames nested in this one, to leave out of its own. */
+	__u64 nested_ns;
+	__u32 index;
+	__u32 pad;
+};
+
+struct vg_pv_stack {
+	struct vg_pv_frame frames[VG_PV_DEPTH];
+	__u32 depth;
+	__u32 pad;
+};
+
 #endif /* VIRTGAP_H */

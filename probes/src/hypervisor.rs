@@ -296,11 +296,12 @@ const XEN: &[Path] = &[
         "PHYSDEVOP_eoi (a passthrough IRQ's end, when Xen asks for it)",
     ),
     // 5.10's HVM callback calls xen_hvm_evtchn_do_upcall; since the 2023 rename (in Debian's
-    // 6.1 too) xen_evtchn_do_upcall. Its time includes the handlers it runs.
+    // 6.1 too) xen_evtchn_do_upcall. The handlers it runs, and the EOIs inside it, are the
+    // guest's own work and paths of their own: left out of its time (bpf/pvpath.bpf.c).
     timed(
         Upcall,
         &["xen_hvm_evtchn_do_upcall", "xen_evtchn_do_upcall"],
-        "event channel upcall (with the handlers it runs)",
+        "event channel upcall (less the handlers it runs)",
     ),
     // HVM guests halt natively; xen_safe_halt is PV guests' only.
     HALT,

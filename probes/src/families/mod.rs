@@ -808,8 +808,12 @@ mod tests {
                         );
                     }
                 }
+                // The paravirt timer's objects name only the hard-IRQ handler tracepoints,
+                // whose frames serve its one signal; the rest is known only on the host.
                 Signals::Each(_) => assert!(
-                    points.is_empty(),
+                    points
+                        .iter()
+                        .all(|p| family == Family::PvPaths && p.starts_with("irq_handler_")),
                     "{family:?}: {points:?} are named in its objects: list their signals"
                 ),
             }

@@ -6,8 +6,10 @@
 //! path of the table is reported: attached how, absent on this kernel, or why it cannot be
 //! traced. The programs are in `bpf/pvpath.bpf.c`.
 
+use std::os::fd::AsFd;
+
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::Object;
+use libbpf_rs::{MapHandle, Object};
 
 use super::{
     kprobes_unavailable, leaked_object_slot, sections_of, FamilyDef, LoadContext, LoadResult,
@@ -40,17 +42,41 @@ enum Flavour {
     KprobeCookies,
     /// kprobe/kretprobe on one function, for kernels without `bpf_get_attach_cookie`.
     KprobeOne,
+    /// The hard-IRQ handler frames only (one object, whatever the others' flavour), on typed
+    /// tracepoints where the kernel has them, else raw ones.
+    Handlers { btf: bool },
 }
 
 type PvSkel = bpf::pvpath::PvpathSkel<'static>;
 
 /// Opens and loads an object of `flavour`; `index` binds the one-function flavours to their
-/// function (`target`, for fentry, is set before load).
-fn load_object(flavour: Flavour, index: u32, target: Option<&str>) -> Result<PvSkel, BpfError> {
+/// function (`target`, for fentry, is set before load). With `stack`, the object's per-CPU
+/// stack of calls in progress is that map: every object times against one stack per CPU, so a
+/// path nested in another (or in an IRQ handler) is left out of the other's time.
+fn load_object(
+    flavour: Flavour,
+    index: u32,
+    target: Option<&str>,
+    stack: Option<&MapHandle>,
+) -> Result<PvSkel, BpfError> {
     let mut open = bpf::pvpath::PvpathSkelBuilder::default()
         .open(leaked_object_slot())
         .map_err(BpfError::Open)?;
+    if let Some(stack) = stack {
+        open.maps
+            .stacks
+            .reuse_fd(stack.as_fd())
+            .map_err(BpfError::Open)?;
+    }
     let progs = &mut open.progs;
+    let (btf, raw) = match flavour {
+        Flavour::Handlers { btf } => (btf, !btf),
+        _ => (false, false),
+    };
+    progs.pv_handler_entry_btf.set_autoload(btf);
+    progs.pv_handler_exit_btf.set_autoload(btf);
+    progs.pv_handler_entry_raw.set_autoload(raw);
+    progs.pv_handler_exit_raw.set_autoload(raw);
     progs.pv_fentry.set_autoload(flavour == Flavour::Fentry);
     progs.pv_fexit.set_autoload(flavour == Flavour::Fentry);
     progs
@@ -104,8 +130,12 @@ fn with_why(e: &BpfError, log: &str) -> String {
 }
 
 /// fentry/fexit on `symbol`, recorded under `index`.
-fn fentry(symbol: &str, index: u32) -> Result<(PvSkel, Vec<libbpf_rs::Link>), BpfError> {
-    let skel = load_object(Flavour::Fentry, index, Some(symbol))?;
+fn fentry(
+    symbol: &str,
+    index: u32,
+    stack: Option<&MapHandle>,
+) -> Result<(PvSkel, Vec<libbpf_rs::Link>), BpfError> {
+    let skel = load_object(Flavour::Fentry, index, Some(symbol), stack)?;
     let entry = skel.progs.pv_fentry.attach().map_err(BpfError::Attach)?;
     let exit = skel.progs.pv_fexit.attach().map_err(BpfError::Attach)?;
     Ok((skel, vec![entry, exit]))
@@ -220,6 +250,9 @@ struct Attacher {
     cookies_supported: bool,
     /// The shared kprobe object, once loaded (or why it did not load).
     cookie_object: Option<Result<usize, String>>,
+    /// The per-CPU stack of calls in progress every object shares (see `load_object`), from
+    /// the first object that loaded.
+    stack: Option<MapHandle>,
     objects: Vec<PvSkel>,
     links: Vec<libbpf_rs::Link>,
 }
@@ -232,6 +265,7 @@ impl Attacher {
             cookies_supported: no_kprobes.is_none() && attach_cookies_supported(),
             no_kprobes,
             cookie_object: None,
+            stack: None,
             objects: Vec::new(),
             links: Vec::new(),
         }
@@ -242,10 +276,11 @@ impl Attacher {
         let (fentry_failed, no_ftrace_site) = if self.kprobes_only {
             (format!("left out ({KPROBES_ONLY_VAR} is set)"), false)
         } else {
-            let (fentry, log) = crate::libbpf_log::captured(|| fentry(symbol, index));
+            let stack = self.stack.as_ref();
+            let (fentry, log) = crate::libbpf_log::captured(|| fentry(symbol, index, stack));
             match fentry {
                 Ok((skel, links)) => {
-                    self.objects.push(skel);
+                    self.keep(skel);
                     self.links.extend(links);
                     return Ok(AttachKind::Fentry);
                 }
@@ -263,14 +298,15 @@ impl Attacher {
         let kprobe = if self.cookies_supported {
             self.kprobe_with_cookie(symbol, index)
         } else {
+            let stack = self.stack.as_ref();
             explained(|| {
-                let skel = load_object(Flavour::KprobeOne, index, None)?;
+                let skel = load_object(Flavour::KprobeOne, index, None, stack)?;
                 let progs = &skel.progs;
                 let links = kprobe_pair(&progs.pv_kprobe_one, &progs.pv_kretprobe_one, symbol, 0)?;
                 Ok((skel, links))
             })
             .map(|(skel, links)| {
-                self.objects.push(skel);
+                self.keep(skel);
                 self.links.extend(links);
             })
         };
@@ -282,18 +318,30 @@ impl Attacher {
         })
     }
 
+    /// Keeps a loaded object; the first one's stack becomes everyone's.
+    fn keep(&mut self, skel: PvSkel) {
+        if self.stack.is_none() {
+            self.stack = MapHandle::try_from(&skel.maps.stacks).ok();
+        }
+        self.objects.push(skel);
+    }
+
     fn kprobe_with_cookie(&mut self, symbol: &str, index: u32) -> Result<(), String> {
+        if self.cookie_object.is_none() {
+            let loaded =
+                explained(|| load_object(Flavour::KprobeCookies, 0, None, self.stack.as_ref()));
+            self.cookie_object = Some(match loaded {
+                Ok(skel) => {
+                    self.keep(skel);
+                    Ok(self.objects.len() - 1)
+                }
+                Err(e) => Err(format!("kprobes: {e}")),
+            });
+        }
         let object = self
             .cookie_object
-            .get_or_insert_with(|| {
-                explained(|| load_object(Flavour::KprobeCookies, 0, None))
-                    .map(|skel| {
-                        self.objects.push(skel);
-                        self.objects.len() - 1
-                    })
-                    .map_err(|e| format!("kprobes: {e}"))
-            })
-            .clone()?;
+            .clone()
+            .expect("the cookie object was just tried")?;
         let progs = &self.objects[object].progs;
         let links = explained(|| {
             kprobe_pair(
@@ -306,6 +354,40 @@ impl Attacher {
         self.links.extend(links);
         Ok(())
     }
+}
+
+/// The hard-IRQ handler frames on `stack`: typed tracepoints, else raw ones (the others'
+/// twins, as every family loads them).
+fn handler_frames(stack: &MapHandle) -> Result<(PvSkel, [libbpf_rs::Link; 2]), String> {
+    let typed = explained(|| {
+        let skel = load_object(Flavour::Handlers { btf: true }, 0, None, Some(stack))?;
+        let progs = &skel.progs;
+        let entry = progs
+            .pv_handler_entry_btf
+            .attach()
+            .map_err(BpfError::Attach)?;
+        let exit = progs
+            .pv_handler_exit_btf
+            .attach()
+            .map_err(BpfError::Attach)?;
+        Ok((skel, [entry, exit]))
+    });
+    typed.or_else(|btf_failed| {
+        explained(|| {
+            let skel = load_object(Flavour::Handlers { btf: false }, 0, None, Some(stack))?;
+            let progs = &skel.progs;
+            let entry = progs
+                .pv_handler_entry_raw
+                .attach()
+                .map_err(BpfError::Attach)?;
+            let exit = progs
+                .pv_handler_exit_raw
+                .attach()
+                .map_err(BpfError::Attach)?;
+            Ok((skel, [entry, exit]))
+        })
+        .map_err(|raw_failed| format!("tp_btf: {btf_failed}; raw_tp: {raw_failed}"))
+    })
 }
 
 /// Times the host hypervisor's timed paths this kernel has: each path under the first of its
@@ -371,11 +453,26 @@ fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj>
             }
         }));
     }
+    // Hard-IRQ handlers nested in a timed path get frames of their own (left out of its time);
+    // where that cannot load, the paths' times include them, and the report says so.
+    let fallback = match attacher.stack.as_ref().filter(|_| !timed.is_empty()) {
+        None => None,
+        Some(stack) => match handler_frames(stack) {
+            Ok((skel, links)) => {
+                attacher.objects.push(skel);
+                attacher.links.extend(links);
+                None
+            }
+            Err(why) => Some(format!(
+                "IRQ handlers run inside a timed path are counted in its time ({why})"
+            )),
+        },
+    };
     let report = FamilyReport {
         family: Family::PvPaths,
         unavailable: None,
         tracepoints,
-        fallback: None,
+        fallback,
     };
     let timer = PvTimer {
         symbols: timed,
@@ -579,5 +676,106 @@ mod tests {
                 }
             }
         }
+    }
+}
+
+/// The shared stack's frames run for real in the kernel: a hard-IRQ handler run inside a timed
+/// path is a frame of its own whose time is left to its parent's `nested_ns`; outside every
+/// timed path it leaves no frame.
+#[cfg(test)]
+mod handler_frames {
+    use std::time::Duration;
+
+    use libbpf_rs::{MapCore, MapFlags};
+
+    use super::super::test_run::{bpf_allowed, now_ns, run_on_cpu0};
+    use super::*;
+
+    type Stack = bpf::pvpath::types::vg_pv_stack;
+
+    /// Every CPU's stack set to `stack`.
+    fn set_stack(skel: &PvSkel, stack: &Stack) {
+        // SAFETY: `vg_pv_stack` is the skeleton's plain C struct (explicit padding, no pointers).
+        let bytes = unsafe { plain::as_bytes(stack) }.to_vec();
+        let cpus = libbpf_rs::num_possible_cpus().expect("possible CPUs");
+        skel.maps
+            .stacks
+            .update_percpu(&0u32.to_ne_bytes(), &vec![bytes; cpus], MapFlags::ANY)
+            .expect("stack written");
+    }
+
+    fn cpu0_stack(skel: &PvSkel) -> Stack {
+        let per_cpu = skel
+            .maps
+            .stacks
+            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .expect("stack read")
+            .expect("stack present");
+        let mut stack = Stack::default();
+        plain::copy_from_bytes(&mut stack, &per_cpu[0]).expect("a vg_pv_stack");
+        stack
+    }
+
+    #[test]
+    fn a_handler_inside_a_timed_path_is_left_out_of_its_time() {
+        if !bpf_allowed("pv-paths handler frames test") {
+            return;
+        }
+        let skel = load_object(Flavour::Handlers { btf: false }, 0, None, None)
+            .expect("handler frames load");
+        // The raw twins: test runs need no attach target.
+        let (entry, exit) = (
+            &skel.progs.pv_handler_entry_raw,
+            &skel.progs.pv_handler_exit_raw,
+        );
+        // One path open on every CPU (its start 1 ms ago), as a kprobe on it would leave it.
+        let mut open = Stack::default();
+        open.depth = 1;
+        open.frames[0].ts = now_ns() - 1_000_000;
+        open.frames[0].index = 3;
+        set_stack(&skel, &open);
+        run_on_cpu0(entry, &[24, 0]);
+        assert_eq!(cpu0_stack(&skel).depth, 2, "the handler's frame pushed");
+        std::thread::sleep(Duration::from_millis(20));
+        run_on_cpu0(exit, &[24, 0, 1]);
+        let after = cpu0_stack(&skel);
+        assert_eq!(
+            after.depth, 1,
+            "the handler's frame popped, the path's left"
+        );
+        assert_eq!(after.frames[0].index, 3);
+        let nested = after.frames[0].nested_ns;
+        assert!(
+            (20_000_000..2_000_000_000).contains(&nested),
+            "the handler's ~20 ms is the path's nested time: {nested} ns"
+        );
+        // No path open: a handler leaves no frame, and an exit without its entry pops nothing.
+        set_stack(&skel, &Stack::default());
+        run_on_cpu0(entry, &[24, 0]);
+        assert_eq!(cpu0_stack(&skel).depth, 0);
+        set_stack(&skel, &open);
+        run_on_cpu0(exit, &[24, 0, 1]);
+        let untouched = cpu0_stack(&skel);
+        assert_eq!((untouched.depth, untouched.frames[0].nested_ns), (1, 0));
+        // A path whose return was missed, left above the handler's frame: the handler's exit
+        // drops it with its own frame rather than leaving both for good.
+        run_on_cpu0(entry, &[24, 0]);
+        let mut stale = cpu0_stack(&skel);
+        stale.frames[2] = stale.frames[0];
+        stale.depth = 3;
+        set_stack(&skel, &stale);
+        run_on_cpu0(exit, &[24, 0, 1]);
+        assert_eq!(cpu0_stack(&skel).depth, 1, "the stale frame dropped");
+        // A stack full of frames never returned from starts afresh at the next entry.
+        let mut full = open;
+        full.frames = [open.frames[0]; 8];
+        full.depth = 8;
+        set_stack(&skel, &full);
+        run_on_cpu0(entry, &[24, 0]);
+        let fresh = cpu0_stack(&skel);
+        assert_eq!(
+            fresh.depth, 1,
+            "a full stack started afresh with the handler's frame"
+        );
     }
 }
