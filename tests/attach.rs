@@ -145,6 +145,8 @@ fn attached_to_fio_by_pid_the_profile_counts_its_reads_and_ends_when_it_exits() 
         "{summary}"
     );
     assert!(summary.contains("syscall read"), "{summary}");
+    // Each section once: the tail autopsy used to follow the summary twice.
+    assert_eq!(summary.matches("  tail autopsy (").count(), 1, "{summary}");
     // Every pread fio made, entry to exit, plus the few other file reads of its processes.
     let app = attached["app"].as_array().unwrap();
     let timed = app

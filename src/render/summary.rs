@@ -261,10 +261,8 @@ fn write_attached(
             units::count(a.io_submits as f64)
         )?;
     }
+    // The tail autopsy follows the summary, written by its caller for every kind of run.
     crate::render::probe_report::write(out, p)?;
-    if let Some(tail) = p.runs.first().and_then(|r| r.tail.as_ref()) {
-        crate::render::report::write_tail(out, tail)?;
-    }
     Ok(())
 }
 

@@ -528,17 +528,8 @@ impl Exporter {
             virt.as_ref(),
             Some(&self.cx.report),
         );
-        let mut events = Vec::new();
-        let mut times = Vec::new();
         let mut paths = Vec::new();
         for m in &section.mechanisms {
-            let l = labels(&[("mechanism", m.mechanism.name())]);
-            if let Some(n) = m.count {
-                events.push(count(l.clone(), n));
-            }
-            if let Some(t) = m.time_ns {
-                times.push(number(l.clone(), t / 1e9));
-            }
             for p in &m.paths {
                 let state = match &p.state {
                     PathState::Measured => "measured",
@@ -555,19 +546,47 @@ impl Exporter {
                 ));
             }
         }
+        // Counters carry raw counts only, and the time the MSR writes were counted beside
+        // them: queries divide (the profile's per-window figures are scaled, and a scaled
+        // count can go down between scrapes, which Prometheus reads as a restart).
+        let mut counts: BTreeMap<(&'static str, &'static str), u64> = BTreeMap::new();
+        let mut times: BTreeMap<&'static str, f64> = BTreeMap::new();
+        if let Some(v) = virt.as_ref() {
+            for raw in crate::run::hypervisor::raw_counts(hypervisor, v) {
+                *counts.entry((raw.mechanism.name(), raw.how)).or_default() += raw.count;
+                if let Some(t) = raw.time_ns {
+                    *times.entry(raw.mechanism.name()).or_default() += t;
+                }
+            }
+            if v.msr_writes.is_some() {
+                out.push(family(
+                    "virtgap_msr_counted",
+                    "Time in which the host's MSR writes were counted (while no sampler ran): a rate of how=\"msr_write\" events divided by this one's rate is writes per second",
+                    Some(MetricUnit::Seconds),
+                    MetricKind::Counter,
+                    vec![number(vec![], v.msr_seconds())],
+                ));
+            }
+        }
         out.push(family(
             "virtgap_hypervisor_mechanism_events",
-            "Calls and exit-causing writes of each hypervisor mechanism (timer, IPIs, interrupt delivery, hypercalls); a mechanism none of whose paths is measured here is left out",
+            "Calls of each hypervisor mechanism's timed paths (how=\"timed\") and its exit-causing MSR writes counted while no sampler ran (how=\"msr_write\"; see virtgap_msr_counted_seconds_total); a mechanism none of whose paths is measured here is left out",
             None,
             MetricKind::Counter,
-            events,
+            counts
+                .iter()
+                .map(|(&(m, how), &n)| count(labels(&[("mechanism", m), ("how", how)]), n))
+                .collect(),
         ));
         out.push(family(
             "virtgap_hypervisor_mechanism",
             "Time in the timed paths of each hypervisor mechanism",
             Some(MetricUnit::Seconds),
             MetricKind::Counter,
-            times,
+            times
+                .iter()
+                .map(|(&m, &t)| number(labels(&[("mechanism", m)]), t / 1e9))
+                .collect(),
         ));
         out.push(family(
             "virtgap_hypervisor_path_info",
@@ -723,6 +742,62 @@ mod tests {
             ..Default::default()
         };
         exporter.families(&snapshot)
+    }
+
+    /// A KVM host's timer writes counted in the sampler's pauses: a later scrape with more
+    /// writes but a longer pause would scale to fewer (2,000 over 10 s, then 1,886 over 12 s);
+    /// the counter carries the raw count and the time it covers, which only go up.
+    #[test]
+    fn hypervisor_counters_carry_raw_counts_that_never_go_down() {
+        use virtgap_probes::model::{MsrCount, MsrSnapshot};
+        let mut host = crate::render::csv_export::tests::fixture().host;
+        host.hypervisor = "kvm".into();
+        let mut exporter = Exporter::new(ExporterContext {
+            host,
+            label: String::new(),
+            attached: "every process".into(),
+            report: CapabilityReport::default(),
+        });
+        let snapshot = |elapsed_s: u64, sampler_s: u64, writes: u64| ProbeSnapshot {
+            elapsed_ns: elapsed_s * 1_000_000_000,
+            msr: Some(MsrSnapshot {
+                counts: vec![MsrCount {
+                    cpu: 0,
+                    msr: 0x6e0,
+                    write: true,
+                    by_sampler: false,
+                    while_sampling: false,
+                    exits: true,
+                    count: writes,
+                }],
+                sampler_ns: sampler_s * 1_000_000_000,
+            }),
+            ..Default::default()
+        };
+        let read = |families: &[MetricFamily], name: &str, with: &[(&str, &str)]| {
+            let f = families.iter().find(|f| f.name == name).unwrap();
+            let s = f
+                .samples
+                .iter()
+                .find(|s| {
+                    with.iter()
+                        .all(|(k, v)| s.labels.iter().any(|(l, x)| l == k && x == v))
+                })
+                .unwrap_or_else(|| panic!("{name} {with:?}: {:?}", f.samples));
+            match s.value {
+                SampleValue::Count(n) => n as f64,
+                SampleValue::Number(x) => x,
+                _ => panic!("{name}: not a number"),
+            }
+        };
+        let timer = [("mechanism", "timer"), ("how", "msr_write")];
+        let first = exporter.families(&snapshot(10, 5, 1_000));
+        let later = exporter.families(&snapshot(12, 5, 1_100));
+        let events = "virtgap_hypervisor_mechanism_events";
+        assert_eq!(read(&first, events, &timer), 1_000.0);
+        assert_eq!(read(&later, events, &timer), 1_100.0);
+        assert_eq!(read(&first, "virtgap_msr_counted", &[]), 5.0);
+        assert_eq!(read(&later, "virtgap_msr_counted", &[]), 7.0);
     }
 
     /// The Grafana dashboard's queries name only series `serve` exports.

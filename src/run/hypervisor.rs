@@ -136,6 +136,59 @@ fn path_figure(
     }
 }
 
+/// One measured path's figures as the probes keep them: cumulative and unscaled, so a counter
+/// built on them never goes down (a count scaled by the sampler's pauses can, between two
+/// scrapes). `how` is "timed" (calls and their time) or "msr_write" (exit-causing writes,
+/// counted only while no sampler ran: see [`Virtualization::msr_seconds`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RawPathCount {
+    pub mechanism: Mechanism,
+    pub how: &'static str,
+    pub count: u64,
+    pub time_ns: Option<f64>,
+}
+
+/// Every measured path's raw count on a host running on `hypervisor` (sampled paths, a time
+/// scaled to the window, are not counts and are left out).
+pub fn raw_counts(hypervisor: Hypervisor, virt: &Virtualization) -> Vec<RawPathCount> {
+    let mut out = Vec::new();
+    for path in hypervisor::paths(hypervisor) {
+        match path.measure {
+            Measure::MsrWrite(msr) => {
+                let Some(writes) = &virt.msr_writes else {
+                    continue;
+                };
+                out.push(RawPathCount {
+                    mechanism: path.mechanism,
+                    how: "msr_write",
+                    count: writes
+                        .iter()
+                        .filter(|w| w.msr == msr && w.is_hosts())
+                        .map(|w| w.count)
+                        .sum(),
+                    time_ns: None,
+                });
+            }
+            Measure::Timed(names) => {
+                let timed = virt
+                    .pv_paths
+                    .as_ref()
+                    .and_then(|paths| paths.iter().find(|p| names.contains(&p.symbol.as_str())));
+                if let Some(p) = timed {
+                    out.push(RawPathCount {
+                        mechanism: path.mechanism,
+                        how: "timed",
+                        count: p.count,
+                        time_ns: Some(p.mean_ns.unwrap_or(0.0) * p.count as f64),
+                    });
+                }
+            }
+            Measure::SampledIn(_) | Measure::Sampled => {}
+        }
+    }
+    out
+}
+
 /// A timed path: the first of its names the pv-paths probe timed, else why none was.
 fn timed_figure(
     path: &Path,
