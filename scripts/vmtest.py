@@ -941,6 +941,12 @@ def check_pv_timer(c, results, name, attach, release):
     c.check(timer["p99_ns"] is not None and timer["p99_ns"] < 1e8 and timer["mean_ns"] < 1e7,
             f"{name}: {timer['symbol']} {timer['count']} calls, p99 {timer['p99_ns']:.0f} ns, "
             f"mean {timer['mean_ns']:.0f} ns: no impossible durations")
+    # The hard-IRQ handler frames loaded beside the paths (typed or raw tracepoints), so that
+    # a handler run inside a path is left out of its time.
+    family = next((f for f in (profile.get("capabilities") or {}).get("families", [])
+                   if f["family"] == "pv_paths"), {})
+    c.check(not family.get("fallback"),
+            f"{name}: IRQ handlers left out of the paths' times ({family.get('fallback')!r})")
 
 
 def check_sampler(c, profile):
