@@ -502,6 +502,14 @@ fn a_xen_dom0_against_its_kernel_bare_says_how_much_of_the_gap_is_xen() {
         0.0 < low && low < share && share < high && high < 0.5,
         "{all}"
     );
+    // No MSR write exits on metal: the row is the guest's alone, never "equivalent".
+    let msr = d["waterfall"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["metric"] == "msr_exits_per_io")
+        .unwrap();
+    assert_eq!(msr["verdict"], "no_hypervisor", "{msr}");
     let text = diff_cmd(&bare, &xen).assert().success();
     let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
     let verdict = text

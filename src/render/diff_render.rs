@@ -271,6 +271,13 @@ fn one_sided_text(r: &Row, d: &ProfileDiff) -> String {
         Some((lo, hi)) if lo <= 0.0 && hi >= 0.0 => ", not told from none",
         _ => "",
     };
+    // Not one use in any run (Xen's timer is a hypercall, so none of its MSR writes exit).
+    if v == 0.0 && guest_interval(r) == Some((0.0, 0.0)) {
+        return format!(
+            "{host}: none in any run ({what}); {other}: {}",
+            hypervisor_words(other_kind)
+        );
+    }
     // Above idle, a figure below the host's idle rate is no use of the mechanism by the
     // workload: said as such, not printed as if the host had a negative figure.
     if v < 0.0 && value(Some(-v), r.unit) != value(Some(0.0), r.unit) {

@@ -241,6 +241,7 @@ pub(super) fn waterfall(
     sides: (&Side, &Side),
     how: Judging,
     exit_costs: (Option<f64>, Option<f64>),
+    kinds: (Option<Hypervisor>, Option<Hypervisor>),
 ) -> Waterfall {
     // The software residual can be negative: compared as a difference, relative to the hosts'
     // app latency so its smallest effect means what it means for the app row.
@@ -262,9 +263,15 @@ pub(super) fn waterfall(
     // The host-wide rows are background figures judged as one family. They are noisy (timer
     // and interrupt activity of the whole host) and only evidence, not parts of the gap.
     let family = how.in_family_of(HOST_WIDE.len());
+    // On metal no MSR write exits: against a guest, its exits are the guest's alone, like
+    // the hypervisor's rows, never "equivalent" to metal's nothing.
+    let metal = none_offered(kinds);
     let mut evidence: Vec<Row> = HOST_WIDE
         .iter()
-        .map(|&m| host_wide(compare(m, sides, family, None), how.basis))
+        .map(|&m| match (m, metal) {
+            (MetricId::MsrExitsPerIo, Some(host)) => against_none(m, sides, family, host),
+            _ => host_wide(compare(m, sides, family, None), how.basis),
+        })
         .collect();
     evidence.push(msr_exit_time(sides, how, exit_costs));
     // Flushes are requests of their own, not part of a read's or write's stages: their own row.
@@ -361,14 +368,7 @@ pub(super) fn hypervisor_block(
         metrics.push(MetricId::HypervisorCpuPerIo);
     }
     let family = how.in_family_of(metrics.len().max(1));
-    let metal = |k: Option<Hypervisor>| k == Some(Hypervisor::None);
-    let none_offered = if metal(kinds.0) && !metal(kinds.1) {
-        Some(super::Host::A)
-    } else if metal(kinds.1) && !metal(kinds.0) {
-        Some(super::Host::B)
-    } else {
-        None
-    };
+    let none_offered = none_offered(kinds);
     let judge_row = |metric: MetricId, how: Judging, reference: Option<f64>| match none_offered {
         Some(metal_host) => against_none(metric, sides, how, metal_host),
         None => host_wide(compare(metric, sides, how, reference), how.basis),
@@ -404,12 +404,28 @@ pub(super) fn hypervisor_block(
     }
 }
 
+/// The host with no hypervisor when the other has one: nothing a hypervisor offers is there.
+fn none_offered(kinds: (Option<Hypervisor>, Option<Hypervisor>)) -> Option<super::Host> {
+    let metal = |k: Option<Hypervisor>| k == Some(Hypervisor::None);
+    let guest = |k: Option<Hypervisor>| k.is_some_and(|h| h != Hypervisor::None);
+    if metal(kinds.0) && guest(kinds.1) {
+        Some(super::Host::A)
+    } else if metal(kinds.1) && guest(kinds.0) {
+        Some(super::Host::B)
+    } else {
+        None
+    }
+}
+
 /// A row against a host with no hypervisor (`metal`): that host's figure is none — not a 0
 /// measured with noise, but nothing there to measure — so the difference is the guest's figure
 /// (negated when the guest is A) with its interval from the guest's replicates alone (Welch
 /// against exact zeros is the one-sample t interval). The verdict says one host has none.
 fn against_none(metric: MetricId, sides: (&Side, &Side), how: Judging, metal: super::Host) -> Row {
-    let (pa, pb) = (sides.0.point(metric), sides.1.point(metric));
+    let (pa, pb) = match metal {
+        super::Host::A => (None, sides.1.point(metric)),
+        super::Host::B => (sides.0.point(metric), None),
+    };
     let mut row = unjudged(metric, pa, pb, how.confidence);
     row.scale = Scale::Difference;
     let (guest, sign) = match metal {

@@ -437,12 +437,13 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         opts,
         confidence: CONFIDENCE,
     };
-    let waterfall = judge::waterfall(sides, how, (exit_cost(a), exit_cost(b)));
+    let kind = |p: &Profile| p.hypervisor.as_ref().map(|h| h.hypervisor);
+    let kinds = (kind(a), kind(b));
+    let waterfall = judge::waterfall(sides, how, (exit_cost(a), exit_cost(b)), kinds);
     let tails = judge::tails(sides, how);
     let tail_mover = tail_mover(&tails);
     let verdict = stage_verdict(&waterfall);
-    let kind = |p: &Profile| p.hypervisor.as_ref().map(|h| h.hypervisor);
-    let hypervisor = judge::hypervisor_block(sides, how, (kind(a), kind(b)), &waterfall.app);
+    let hypervisor = judge::hypervisor_block(sides, how, kinds, &waterfall.app);
     ProfileDiff {
         host_a: a.host.clone(),
         host_b: b.host.clone(),
