@@ -6,6 +6,7 @@
 //! Metal has no hypervisor at all: every mechanism there is "no hypervisor", which is neither
 //! "not measured" nor 0.
 
+use crate::virt::{CpuidLeaf, CpuidRegisters};
 use serde::{Deserialize, Serialize};
 
 /// The hypervisor a guest runs on, as the fingerprint names it.
@@ -470,6 +471,89 @@ pub fn paths(hypervisor: Hypervisor) -> &'static [Path] {
         Hypervisor::HyperV => HYPERV,
         Hypervisor::Vmware | Hypervisor::Other => GENERIC,
     }
+}
+
+/// A CPUID bit by which a hypervisor says it offers a path: in the leaf `offset` past its
+/// interface's first (the one signed `signature`), register `register` ("eax".."edx"), bit
+/// `bit`, named as the hypervisor's headers name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Offer {
+    pub signature: &'static str,
+    pub offset: u32,
+    pub register: &'static str,
+    pub bit: u32,
+    pub name: &'static str,
+}
+
+const fn kvm_feature(bit: u32, name: &'static str) -> Offer {
+    Offer {
+        signature: "KVMKVMKVM",
+        offset: 1,
+        register: "eax",
+        bit,
+        name,
+    }
+}
+
+const fn hyperv(offset: u32, bit: u32, name: &'static str) -> Offer {
+    Offer {
+        signature: "Microsoft Hv",
+        offset,
+        register: "eax",
+        bit,
+        name,
+    }
+}
+
+/// The CPUID bit that says whether `hypervisor` offers `path` (None: no bit decides it; the
+/// APIC traps and halts every guest has). Where the bit is clear the guest never takes the
+/// path, and its "0 calls" means "not offered", not "not used".
+pub fn offer(hypervisor: Hypervisor, path: &Path) -> Option<Offer> {
+    let first = match path.measure {
+        Measure::Timed(names) => names[0],
+        Measure::MsrWrite(0x4000_0070 | 0x4000_0071) => "hv_apic_msrs",
+        _ => return None,
+    };
+    match (hypervisor, first) {
+        (Hypervisor::Kvm, "kvm_send_ipi_mask" | "kvm_send_ipi_mask_allbutself") => {
+            Some(kvm_feature(11, "KVM_FEATURE_PV_SEND_IPI"))
+        }
+        (Hypervisor::Kvm, "kvm_guest_apic_eoi_write") => Some(kvm_feature(6, "KVM_FEATURE_PV_EOI")),
+        (Hypervisor::Kvm, "kvm_wait" | "kvm_kick_cpu") => {
+            Some(kvm_feature(7, "KVM_FEATURE_PV_UNHALT"))
+        }
+        (Hypervisor::Kvm, "kvm_flush_tlb_multi") => {
+            Some(kvm_feature(9, "KVM_FEATURE_PV_TLB_FLUSH"))
+        }
+        (Hypervisor::HyperV, "hv_ce_set_next_event") => {
+            Some(hyperv(3, 3, "HV_MSR_SYNTIMER_AVAILABLE"))
+        }
+        (
+            Hypervisor::HyperV,
+            "hv_send_ipi" | "hv_send_ipi_mask" | "hv_send_ipi_mask_allbutself",
+        ) => Some(hyperv(4, 10, "HV_X64_CLUSTER_IPI_RECOMMENDED")),
+        (Hypervisor::HyperV, "hyperv_flush_tlb_multi") => {
+            Some(hyperv(4, 2, "HV_X64_REMOTE_TLB_FLUSH_RECOMMENDED"))
+        }
+        (Hypervisor::HyperV, "hv_apic_msrs") => {
+            Some(hyperv(4, 3, "HV_X64_APIC_ACCESS_RECOMMENDED"))
+        }
+        _ => None,
+    }
+}
+
+/// Whether the host whose CPUID answered `leaves` and `features` offers what `offer` decides:
+/// None where it cannot tell (the interface or its feature leaf was not read).
+pub fn offered(offer: &Offer, leaves: &[CpuidLeaf], features: &[CpuidRegisters]) -> Option<bool> {
+    let base = leaves.iter().find(|l| l.signature == offer.signature)?.leaf;
+    let regs = features.iter().find(|r| r.leaf == base + offer.offset)?;
+    let value = match offer.register {
+        "eax" => regs.eax,
+        "ebx" => regs.ebx,
+        "ecx" => regs.ecx,
+        _ => regs.edx,
+    };
+    Some(value & (1 << offer.bit) != 0)
 }
 
 /// The mechanism a write to `msr` serves on `hypervisor` (None: not one this table lists).

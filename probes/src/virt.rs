@@ -237,6 +237,20 @@ pub struct CpuidLeaf {
     pub signature: String,
 }
 
+/// One CPUID leaf's registers, as the CPU answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct CpuidRegisters {
+    pub leaf: u32,
+    pub eax: u32,
+    pub ebx: u32,
+    pub ecx: u32,
+    pub edx: u32,
+}
+
+/// The feature and hint leaves kept after each interface's first leaf (KVM's features are at
+/// +1, Hyper-V's privileges, recommendations and limits at +3..+5, Xen's HVM features at +4).
+const FEATURE_LEAVES: u32 = 0x10;
+
 /// Everything that says which hypervisor a host runs on, and what it decides.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HypervisorEvidence {
@@ -247,6 +261,8 @@ pub struct HypervisorEvidence {
     pub leaves: Vec<CpuidLeaf>,
     /// `/sys/hypervisor/type` (Xen's driver writes it).
     pub sys_hypervisor_type: Option<String>,
+    /// Each interface's feature and hint leaves (what it offers: PV IPIs, PV EOI, ...).
+    pub features: Vec<CpuidRegisters>,
     /// What all of it decides (`hypervisor_of`).
     #[schemars(with = "String")]
     pub hypervisor: Hypervisor,
@@ -277,6 +293,23 @@ pub fn detect_hypervisor_with(
     } else {
         Vec::new()
     };
+    let features = leaves
+        .iter()
+        .flat_map(|l| {
+            // An older KVM answers 0: its interface ends at the next leaf.
+            let last = l.max_leaf.clamp(l.leaf + 1, l.leaf + FEATURE_LEAVES);
+            (l.leaf + 1..=last).map(|leaf| {
+                let (eax, ebx, ecx, edx) = cpuid(leaf);
+                CpuidRegisters {
+                    leaf,
+                    eax,
+                    ebx,
+                    ecx,
+                    edx,
+                }
+            })
+        })
+        .collect();
     let sys_hypervisor_type = std::fs::read_to_string(root.join("sys/hypervisor/type"))
         .ok()
         .map(|t| t.trim().to_string())
@@ -286,6 +319,7 @@ pub fn detect_hypervisor_with(
         hypervisor_bit,
         leaves,
         sys_hypervisor_type,
+        features,
         hypervisor,
     }
 }
@@ -560,6 +594,39 @@ ffffffff81108000 T schedule
             std::fs::write(root.path().join("sys/hypervisor/type"), format!("{t}\n")).unwrap();
         }
         root
+    }
+
+    /// The feature leaves after each interface's first are kept as the CPU answered them: KVM's
+    /// one (an older KVM answering 0 for its highest leaf has it too), Hyper-V's through its
+    /// highest.
+    #[test]
+    fn keeps_each_interfaces_feature_leaves() {
+        let sig = |s: &[u8; 12]| {
+            let r = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+            (r(0), r(4), r(8))
+        };
+        let (kb, kc, kd) = sig(b"KVMKVMKVM\0\0\0");
+        let (hb, hc, hd) = sig(b"Microsoft Hv");
+        let cpuid = |leaf: u32| match leaf {
+            1 => (0, 0, 1 << 31, 0),
+            0x4000_0000 => (0x4000_0004, hb, hc, hd),
+            0x4000_0100 => (0, kb, kc, kd),
+            l @ 0x4000_0001..=0x4000_0004 => (l, 0, 0, 0),
+            0x4000_0101 => (0x0a00, 0, 0, 0),
+            _ => (0, 0, 0, 0),
+        };
+        let e = detect_hypervisor_with(&fixture_root(None).path().to_path_buf(), cpuid);
+        let leaves: Vec<(u32, u32)> = e.features.iter().map(|r| (r.leaf, r.eax)).collect();
+        assert_eq!(
+            leaves,
+            [
+                (0x4000_0001, 0x4000_0001),
+                (0x4000_0002, 0x4000_0002),
+                (0x4000_0003, 0x4000_0003),
+                (0x4000_0004, 0x4000_0004),
+                (0x4000_0101, 0x0a00),
+            ]
+        );
     }
 
     #[test]

@@ -161,6 +161,11 @@ pub struct PathRow {
     pub attach: Option<String>,
     /// The state in words.
     pub detail: String,
+    /// Whether the hypervisor offers it, where a CPUID bit decides: "offered: CPUID … set" or
+    /// "not offered: CPUID … clear" (a path not offered is never taken: its 0 calls are not
+    /// "unused").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub offered: Option<String>,
 }
 
 /// The probe family that measures a path.
@@ -172,11 +177,13 @@ fn family_of(measure: Measure) -> Family {
     }
 }
 
-/// Each path of `hv`'s table as `report` found it.
+/// Each path of `hv`'s table as `report` found it, and whether this host offers it (`cpuid`:
+/// this host's, when the table is its own).
 pub fn hypervisor_paths(
     hv: Hypervisor,
     checked_as: bool,
     report: &CapabilityReport,
+    cpuid: Option<&crate::model::host::Cpuid>,
 ) -> HypervisorPaths {
     let paths = hypervisor::paths(hv)
         .iter()
@@ -206,6 +213,12 @@ pub fn hypervisor_paths(
                 state: "unavailable".into(),
                 attach: None,
                 detail: String::new(),
+                offered: cpuid
+                    .and_then(|c| crate::run::hypervisor::offer_state(hv, p, c))
+                    .map(|o| match o {
+                        Ok(bit) => format!("offered: {bit}"),
+                        Err(bit) => format!("not offered: {bit}"),
+                    }),
             };
             let family = family_of(p.measure);
             let Some(f) = report.families.iter().find(|f| f.family == family) else {
@@ -315,9 +328,13 @@ fn write_hypervisor_paths(out: &mut impl Write, h: &HypervisorPaths) -> std::io:
         "mechanism", "what", "measured by"
     )?;
     for r in &h.paths {
+        let offered = r
+            .offered
+            .as_deref()
+            .map_or(String::new(), |o| format!("; {o}"));
         writeln!(
             out,
-            "  {:<18} {:<what_w$} {:<how_w$} {}",
+            "  {:<18} {:<what_w$} {:<how_w$} {}{offered}",
             r.mechanism,
             r.what,
             how(r),
@@ -690,7 +707,13 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
         ..ProbeConfig::default()
     };
     let session = ProbeSession::load(&mut storage, &config);
-    let paths = hypervisor_paths(hypervisor, args.hypervisor.is_some(), &session.report);
+    let own_table = args.hypervisor.is_none();
+    let paths = hypervisor_paths(
+        hypervisor,
+        !own_table,
+        &session.report,
+        own_table.then_some(&host.cpuid),
+    );
     let probe_cost = probe_costs(&session, COST_WINDOW);
     let rows = probe_rows(&session.report);
     let degraded = degraded_views(&session.report);
@@ -931,7 +954,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let h = hypervisor_paths(Hypervisor::Xen, false, &report);
+        let h = hypervisor_paths(Hypervisor::Xen, false, &report, None);
         assert_eq!(h.paths.len(), hypervisor::paths(Hypervisor::Xen).len());
         let row = |what: &str| h.paths.iter().find(|r| r.what.starts_with(what)).unwrap();
         let timer = row("VCPUOP_set_singleshot_timer");
@@ -977,7 +1000,7 @@ mod tests {
 
     #[test]
     fn metal_has_one_line_and_a_missing_probe_says_so() {
-        let h = hypervisor_paths(Hypervisor::None, false, &CapabilityReport::default());
+        let h = hypervisor_paths(Hypervisor::None, false, &CapabilityReport::default(), None);
         assert!(h.paths.is_empty());
         let mut text = Vec::new();
         write_hypervisor_paths(&mut text, &h).unwrap();
@@ -986,7 +1009,7 @@ mod tests {
             "\nhypervisor paths:\n  no hypervisor: nothing to measure\n"
         );
         // Another hypervisor's table checked where its probes did not load.
-        let h = hypervisor_paths(Hypervisor::HyperV, true, &CapabilityReport::default());
+        let h = hypervisor_paths(Hypervisor::HyperV, true, &CapabilityReport::default(), None);
         assert!(h.checked_as);
         assert!(h
             .paths

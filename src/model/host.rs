@@ -17,6 +17,11 @@ pub struct Cpuid {
     /// may show Hyper-V's interface first and Xen's at 0x40000100. Empty in older profiles.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leaves: Vec<virtgap_probes::virt::CpuidLeaf>,
+    /// Each interface's feature and hint leaves after its first (KVM's 0x40000001, Hyper-V's
+    /// 0x40000003..): what the hypervisor offers, which decides whether a path's 0 calls mean
+    /// "not used" or "not offered". Empty in older profiles.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<virtgap_probes::virt::CpuidRegisters>,
 }
 
 /// SMBIOS identity, from /sys/class/dmi/id.

@@ -76,6 +76,9 @@ pub enum PathState {
     Absent,
     /// Its probe did not run or attach here; why, in words.
     NotMeasured(String),
+    /// The hypervisor does not offer it to this guest (its CPUID feature bit is clear), so the
+    /// guest never takes it: which bit, in words. Not "0 calls".
+    NotOffered(String),
 }
 
 /// CPU time in the hypervisor interface (hypercall stubs and page, paravirt callbacks,

@@ -507,6 +507,7 @@ pub(crate) mod tests {
                 hypervisor_bit: true,
                 signature: Some("KVMKVMKVM".into()),
                 leaves: vec![],
+                features: vec![],
             },
             hypervisor: "kvm".into(),
             platform: "microvm".into(),

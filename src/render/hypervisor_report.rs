@@ -121,6 +121,7 @@ fn path_words<'a>(
             };
             format!("{how}: not measured [{n}]")
         }
+        PathState::NotOffered(why) => format!("{how}: not offered by this host ({why})"),
     }
 }
 

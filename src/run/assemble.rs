@@ -325,6 +325,7 @@ pub fn assemble(i: ProfileInputs<'_>) -> Profile {
             t.elapsed_ns as f64 / 1e9,
             virtualization(t).as_ref(),
             i.capabilities.as_ref(),
+            Some(&i.host.cpuid),
         )
     });
     let secs = total.map(|t| t.elapsed_ns as f64 / 1e9);

@@ -527,6 +527,7 @@ impl Exporter {
             total.elapsed_ns as f64 / 1e9,
             virt.as_ref(),
             Some(&self.cx.report),
+            Some(&self.cx.host.cpuid),
         );
         let mut paths = Vec::new();
         for m in &section.mechanisms {
@@ -535,6 +536,7 @@ impl Exporter {
                     PathState::Measured => "measured",
                     PathState::Absent => "absent",
                     PathState::NotMeasured(_) => "not_measured",
+                    PathState::NotOffered(_) => "not_offered",
                 };
                 paths.push(number(
                     labels(&[

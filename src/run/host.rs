@@ -22,6 +22,7 @@ impl Cpuid {
                 .find(|l| l.leaf == 0x4000_0000)
                 .map(|l| l.signature.clone()),
             leaves: evidence.leaves,
+            features: evidence.features,
         }
     }
 }
@@ -190,6 +191,7 @@ impl Fingerprint {
                 }),
             signature: cpuid.signature,
             leaves: cpuid.leaves,
+            features: cpuid.features,
         };
         let dmi_dir = "sys/class/dmi/id";
         let dmi = root.join(dmi_dir).is_dir().then(|| Dmi {
@@ -385,6 +387,7 @@ mod tests {
             hypervisor_bit: sig.is_some(),
             signature: sig.map(str::to_string),
             leaves: vec![],
+            features: vec![],
         }
     }
 
@@ -517,6 +520,7 @@ mod tests {
             hypervisor_bit: true,
             signature: Some("Microsoft Hv".into()),
             leaves,
+            features: vec![],
         };
         let root = fixture("aws-nitro-i4i");
         let xen = with(vec![

@@ -10,22 +10,34 @@ use virtgap_probes::report::Family;
 use virtgap_probes::virt::SampleCategory;
 use virtgap_probes::CapabilityReport;
 
+use crate::model::host::Cpuid;
 use crate::model::hypervisor::{
     HypervisorCpu, HypervisorSection, MechanismFigure, PathFigure, PathMeasure, PathState,
 };
 use crate::model::virtualization::Virtualization;
 
 /// The section for a host running on `hypervisor`, over `seconds` of probes (`virt`: what the
-/// hypervisor probes saw, None when none attached; `report`: what attached and why not).
+/// hypervisor probes saw, None when none attached; `report`: what attached and why not;
+/// `cpuid`: what the hypervisor offers, where a CPUID bit decides a path).
 pub fn section(
     hypervisor: Hypervisor,
     seconds: f64,
     virt: Option<&Virtualization>,
     report: Option<&CapabilityReport>,
+    cpuid: Option<&Cpuid>,
 ) -> HypervisorSection {
     let mut mechanisms: Vec<MechanismFigure> = Vec::new();
     for path in hypervisor::paths(hypervisor) {
-        let figure = path_figure(path, seconds, virt, report);
+        let figure = match cpuid.and_then(|c| not_offered(hypervisor, path, c)) {
+            Some(why) => PathFigure {
+                what: path.what.to_string(),
+                how: path_measure(path),
+                count: None,
+                time_ns: None,
+                state: PathState::NotOffered(why),
+            },
+            None => path_figure(path, seconds, virt, report),
+        };
         match mechanisms
             .iter_mut()
             .find(|m| m.mechanism == path.mechanism)
@@ -67,6 +79,54 @@ pub fn section(
             .then(|| virt.and_then(|v| cpu_time(v, seconds)))
             .flatten(),
         mechanisms,
+    }
+}
+
+/// Why the host does not offer `path` ("CPUID 0x40000001 EAX bit 11 (KVM_FEATURE_PV_SEND_IPI)
+/// clear"), or None: offered, or no bit decides it, or the bit was not read.
+fn not_offered(hypervisor: Hypervisor, path: &Path, cpuid: &Cpuid) -> Option<String> {
+    offer_state(hypervisor, path, cpuid)?.err()
+}
+
+/// Whether the host offers `path`, by the CPUID bit that decides it: Ok(the bit, in words) or
+/// Err(the bit, clear); None where no bit decides it or it was not read.
+pub fn offer_state(
+    hypervisor: Hypervisor,
+    path: &Path,
+    cpuid: &Cpuid,
+) -> Option<Result<String, String>> {
+    let offer = hypervisor::offer(hypervisor, path)?;
+    let offered = hypervisor::offered(&offer, &cpuid.leaves, &cpuid.features)?;
+    let base = cpuid
+        .leaves
+        .iter()
+        .find(|l| l.signature == offer.signature)?
+        .leaf;
+    let bit = format!(
+        "CPUID {:#x} {} bit {} ({})",
+        base + offer.offset,
+        offer.register.to_uppercase(),
+        offer.bit,
+        offer.name
+    );
+    Some(if offered {
+        Ok(format!("{bit} set"))
+    } else {
+        Err(format!("{bit} clear"))
+    })
+}
+
+/// How `path` is measured, before anything is.
+fn path_measure(path: &Path) -> PathMeasure {
+    match path.measure {
+        Measure::MsrWrite(msr) => PathMeasure::MsrWrite { msr },
+        Measure::Timed(names) => PathMeasure::Timed {
+            symbol: Some(names[0].to_string()),
+        },
+        Measure::Sampled => PathMeasure::Sampled,
+        Measure::SampledIn(names) => PathMeasure::SampledIn {
+            functions: names.iter().map(|n| n.to_string()).collect(),
+        },
     }
 }
 
@@ -345,7 +405,7 @@ mod tests {
 
     #[test]
     fn metal_says_no_hypervisor_whatever_the_probes_saw() {
-        let s = section(Hypervisor::None, 10.0, Some(&virt(10.0)), None);
+        let s = section(Hypervisor::None, 10.0, Some(&virt(10.0)), None, None);
         assert!(!s.is_guest());
         assert!(s.mechanisms.is_empty());
         assert_eq!(s.cpu, None);
@@ -353,7 +413,7 @@ mod tests {
 
     #[test]
     fn each_mechanism_says_how_it_was_measured() {
-        let s = section(Hypervisor::Xen, 10.0, Some(&virt(10.0)), None);
+        let s = section(Hypervisor::Xen, 10.0, Some(&virt(10.0)), None, None);
         // IPIs by hypercall, timed: 2000 calls of 1.5 µs.
         let ipi = s.mechanism(Mechanism::Ipi).unwrap();
         assert_eq!(ipi.count, Some(2000));
@@ -386,11 +446,69 @@ mod tests {
         assert_eq!(s.cpu.as_ref().unwrap().ns, 1e9);
     }
 
+    /// A KVM host whose CPUID leaves PV IPIs out (KVM_FEATURE_PV_SEND_IPI clear) but offers PV
+    /// EOI: the IPI hypercall paths say "not offered", never a count, and the EOI path stands
+    /// as measured; with no CPUID read, nothing is said either way.
+    #[test]
+    fn a_path_the_hypervisor_does_not_offer_says_so_not_zero() {
+        use virtgap_probes::virt::{CpuidLeaf, CpuidRegisters};
+        let pv_eoi_only = Cpuid {
+            hypervisor_bit: true,
+            signature: Some("KVMKVMKVM".into()),
+            leaves: vec![CpuidLeaf {
+                leaf: 0x4000_0000,
+                max_leaf: 0x4000_0001,
+                signature: "KVMKVMKVM".into(),
+            }],
+            features: vec![CpuidRegisters {
+                leaf: 0x4000_0001,
+                eax: 1 << 6,
+                ebx: 0,
+                ecx: 0,
+                edx: 0,
+            }],
+        };
+        let mut v = virt(10.0);
+        v.pv_paths = Some(vec![PvPathFigure {
+            symbol: "kvm_guest_apic_eoi_write".into(),
+            count: 300,
+            mean_ns: Some(100.0),
+            p99_ns: None,
+        }]);
+        let s = section(Hypervisor::Kvm, 10.0, Some(&v), None, Some(&pv_eoi_only));
+        let ipi = s.mechanism(Mechanism::Ipi).unwrap();
+        let hypercalls: Vec<&PathFigure> = ipi
+            .paths
+            .iter()
+            .filter(|p| matches!(p.how, PathMeasure::Timed { .. }))
+            .collect();
+        assert_eq!(hypercalls.len(), 2);
+        for p in hypercalls {
+            assert_eq!(p.count, None, "{p:?}");
+            match &p.state {
+                PathState::NotOffered(why) => assert!(
+                    why.contains("0x40000001 EAX bit 11 (KVM_FEATURE_PV_SEND_IPI) clear"),
+                    "{why}"
+                ),
+                other => panic!("{other:?}"),
+            }
+        }
+        let eoi = s.mechanism(Mechanism::InterruptDelivery).unwrap();
+        assert_eq!(eoi.count, Some(300));
+        assert_eq!(eoi.paths[0].state, PathState::Measured);
+        let unread = section(Hypervisor::Kvm, 10.0, Some(&v), None, None);
+        assert!(unread
+            .mechanisms
+            .iter()
+            .flat_map(|m| &m.paths)
+            .all(|p| !matches!(p.state, PathState::NotOffered(_))));
+    }
+
     /// The doorbell where nothing can time it (no fentry, no kprobes): the sampler's time in
     /// the notify path, no count; where vp_notify is timed, the timed figure alone.
     #[test]
     fn the_doorbell_is_sampled_where_it_cannot_be_timed() {
-        let s = section(Hypervisor::Kvm, 10.0, Some(&virt(10.0)), None);
+        let s = section(Hypervisor::Kvm, 10.0, Some(&virt(10.0)), None, None);
         let notify = s.mechanism(Mechanism::DeviceNotify).unwrap();
         // 20 samples at 100 Hz over 5 s sampled, scaled to 10 s: 0.4 s.
         assert_eq!(notify.time_ns, Some(4e8));
@@ -402,7 +520,7 @@ mod tests {
             mean_ns: Some(4000.0),
             p99_ns: None,
         }]);
-        let s = section(Hypervisor::Kvm, 10.0, Some(&timed), None);
+        let s = section(Hypervisor::Kvm, 10.0, Some(&timed), None, None);
         let notify = s.mechanism(Mechanism::DeviceNotify).unwrap();
         assert_eq!((notify.count, notify.time_ns), (Some(1000), Some(4e6)));
     }

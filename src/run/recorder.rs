@@ -435,6 +435,7 @@ impl Recorder {
                 seconds,
                 crate::run::assemble::virtualization(idle).as_ref(),
                 self.report.as_ref(),
+                None,
             );
             base.hypervisor = Some(RunHypervisor::of(&section));
             base

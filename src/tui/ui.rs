@@ -739,6 +739,7 @@ fn mechanism_lines(app: &App, iv: Option<&ProbeSnapshot>, secs: f64) -> Vec<Line
         secs,
         crate::run::assemble::virtualization(iv).as_ref(),
         app.report(),
+        Some(&app.host.cpuid),
     );
     if !section.is_guest() {
         lines.push(Line::from("  none: bare metal, nothing to measure"));
