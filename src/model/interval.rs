@@ -71,6 +71,10 @@ pub struct Interval {
     /// absent: not tracked, as for kv).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub oldest_in_flight_ns: Option<u64>,
+    /// The hypervisor's mechanisms over the interval (uses, timed time, sampled CPU time), so
+    /// that one run's batches give them an interval too (None on metal, or not measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hypervisor: Option<crate::model::hypervisor::RunHypervisor>,
 }
 
 impl Interval {
@@ -101,6 +105,10 @@ impl Interval {
         self.msr_writes = add_measured(self.msr_writes, later.msr_writes);
         // The coarse interval's end is the later one's.
         self.oldest_in_flight_ns = later.oldest_in_flight_ns.or(self.oldest_in_flight_ns);
+        self.hypervisor = match (&self.hypervisor, &later.hypervisor) {
+            (Some(a), Some(b)) => Some(crate::model::hypervisor::RunHypervisor::added(a, b)),
+            _ => None,
+        };
     }
 }
 

@@ -12,6 +12,7 @@ use virtgap_workloads::stats::{IntervalSample, RunStats};
 use crate::model::devices::{DeviceProfile, DeviceStages, NvmeQueueLatency, OpStages, QueueStages};
 use crate::model::histogram::Histogram;
 use crate::model::host::{Fingerprint, TargetDisks};
+use crate::model::hypervisor::RunHypervisor;
 use crate::model::interval::{absorb_cpus, CpuLoad, Interval, StageSample};
 use crate::model::kv::{
     JudgedOn, KvBehind, KvClientLatency, KvDelivered, KvOutcome, KvRates, KvReadQueueing,
@@ -207,11 +208,24 @@ pub struct ProbeInterval {
     pub cpus: Vec<CpuLoad>,
     pub probe_run_ns: Option<u64>,
     pub msr_writes: Option<u64>,
+    pub hypervisor: Option<RunHypervisor>,
 }
 
 impl ProbeInterval {
-    pub fn of(probes: &ProbeSnapshot, devs: Option<&[DevNum]>) -> Self {
+    /// One probe interval on a host running on `hypervisor`.
+    pub fn of(probes: &ProbeSnapshot, devs: Option<&[DevNum]>, hypervisor: Hypervisor) -> Self {
+        let hypervisor = (hypervisor != Hypervisor::None).then(|| {
+            let section = crate::run::hypervisor::section(
+                hypervisor,
+                probes.elapsed_ns as f64 / 1e9,
+                virtualization(probes).as_ref(),
+                None,
+                None,
+            );
+            RunHypervisor::of(&section)
+        });
         Self {
+            hypervisor,
             stages: stage_samples(probes, devs),
             cpus: cpu_loads(probes),
             // None where the run statistics were off for the whole interval.
@@ -244,6 +258,7 @@ pub fn interval(sample: &IntervalSample, probes: Option<ProbeInterval>) -> Inter
         probe_run_ns: probes.probe_run_ns,
         msr_writes: probes.msr_writes,
         oldest_in_flight_ns: sample.oldest_in_flight_ns,
+        hypervisor: probes.hypervisor,
     }
 }
 

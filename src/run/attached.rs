@@ -124,6 +124,8 @@ const MAX_INTERVALS: usize = 2048;
 /// requests) as its latency, and the probed stages and CPU loads as a workload's have.
 #[derive(Debug)]
 struct AttachedSeries {
+    /// The host's hypervisor: each interval keeps its mechanisms' figures.
+    hypervisor: virtgap_probes::hypervisor::Hypervisor,
     interval: Duration,
     /// Probe intervals per kept interval (doubles at each coarsening).
     span: u64,
@@ -131,8 +133,9 @@ struct AttachedSeries {
 }
 
 impl AttachedSeries {
-    fn new(interval: Duration) -> Self {
+    fn new(interval: Duration, hypervisor: virtgap_probes::hypervisor::Hypervisor) -> Self {
         Self {
+            hypervisor,
             interval,
             span: 1,
             intervals: Vec::new(),
@@ -151,7 +154,7 @@ impl AttachedSeries {
             .as_ref()
             .map(|a| Histogram::from_kernel(&a.data_latency()));
         let app = app.unwrap_or_default();
-        let probes = ProbeInterval::of(interval, None);
+        let probes = ProbeInterval::of(interval, None, self.hypervisor);
         let next = Interval {
             index: 0,
             start_s: start as f64 / 1e9,
@@ -170,6 +173,7 @@ impl AttachedSeries {
             probe_run_ns: probes.probe_run_ns,
             msr_writes: probes.msr_writes,
             oldest_in_flight_ns: None,
+            hypervisor: probes.hypervisor,
         };
         let span_s = self.interval_s();
         match self.intervals.last_mut() {
@@ -268,7 +272,7 @@ pub fn record(
         say!("probes attached: measuring {}", plan.describe());
     }
     let run_start = Instant::now();
-    let mut series = AttachedSeries::new(plan.interval);
+    let mut series = AttachedSeries::new(plan.interval, crate::run::host::this_hypervisor());
     let mut last: Option<ProbeSnapshot> = None;
     let end;
     loop {
@@ -678,7 +682,10 @@ mod tests {
     /// probe intervals long, with every probe interval's time in them.
     #[test]
     fn a_long_attached_run_keeps_a_bounded_contiguous_series() {
-        let mut series = AttachedSeries::new(Duration::from_secs(1));
+        let mut series = AttachedSeries::new(
+            Duration::from_secs(1),
+            virtgap_probes::hypervisor::Hypervisor::None,
+        );
         let n = 5_000u64;
         for k in 1..=n {
             let cumulative = ProbeSnapshot {

@@ -27,6 +27,16 @@ impl Cpuid {
     }
 }
 
+/// The hypervisor this host runs on, as its fingerprint names it (CPUID and
+/// `/sys/hypervisor/type`), without reading the rest of the fingerprint.
+pub fn this_hypervisor() -> virtgap_probes::hypervisor::Hypervisor {
+    let sys_type = read(Path::new("/"), "sys/hypervisor/type");
+    virtgap_probes::hypervisor::Hypervisor::of_name(&hypervisor_of(
+        &Cpuid::read(),
+        sys_type.as_deref().map(str::trim),
+    ))
+}
+
 fn read(root: &Path, rel: &str) -> Option<String> {
     fs::read_to_string(root.join(rel))
         .ok()

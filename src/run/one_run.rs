@@ -59,6 +59,7 @@ pub fn record_one(
         ramp: spec.ramp.0,
         disks: prepared.disks.clone(),
         probed: !settings.probes.no_probes,
+        hypervisor: crate::run::host::this_hypervisor(),
     });
     if let Some(endpoint) = metrics {
         recorder.serve_metrics(

@@ -46,6 +46,9 @@ pub struct RecordPlan {
     pub disks: TargetDisks,
     /// Whether probe intervals will come.
     pub probed: bool,
+    /// The hypervisor the host runs on (its fingerprint's): each interval keeps its
+    /// mechanisms' figures.
+    pub hypervisor: Hypervisor,
 }
 
 /// What an event changed, for a view to follow.
@@ -192,7 +195,13 @@ impl Recorder {
         let ramp = ramp_intervals(plan.interval, plan.ramp);
         let devs = plan.disks.devs();
         Self {
-            series: IntervalSeries::new(plan.interval, ramp, devs.clone(), plan.probed),
+            series: IntervalSeries::new(
+                plan.interval,
+                ramp,
+                devs.clone(),
+                plan.probed,
+                plan.hypervisor,
+            ),
             merger: None,
             disks: plan.disks,
             devs,
@@ -426,7 +435,7 @@ impl Recorder {
         let seconds = idle.elapsed_ns as f64 / 1e9;
         (seconds > 0.0).then(|| {
             let mut base = IdleBaseline::of(
-                &ProbeInterval::of(idle, self.devs()),
+                &ProbeInterval::of(idle, self.devs(), Hypervisor::None),
                 seconds,
                 self.report.as_ref().is_some_and(|r| r.counts_ipis()),
             );
@@ -577,6 +586,7 @@ mod tests {
             ramp,
             disks: TargetDisks::plain("vda", 254, 0),
             probed: true,
+            hypervisor: Hypervisor::None,
         })
     }
 

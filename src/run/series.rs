@@ -11,6 +11,7 @@ use std::fs::File;
 use std::io::{self, BufReader, Read};
 use std::os::unix::fs::FileExt;
 use std::time::Duration;
+use virtgap_probes::hypervisor::Hypervisor;
 
 use serde::{Deserialize, Serialize};
 use virtgap_probes::model::{DevNum, ProbeSnapshot};
@@ -66,6 +67,8 @@ impl SeriesPoint {
 /// The joined, bounded series of a run.
 #[derive(Debug)]
 pub struct IntervalSeries {
+    /// The host's hypervisor: each interval keeps its mechanisms' figures.
+    hypervisor: Hypervisor,
     interval: Duration,
     /// Raw intervals per point: a power of two, 1 until the series first fills.
     span: u64,
@@ -100,8 +103,10 @@ impl IntervalSeries {
         ramp_intervals: u64,
         devs: Option<Vec<DevNum>>,
         probes: bool,
+        hypervisor: Hypervisor,
     ) -> Self {
         Self {
+            hypervisor,
             interval,
             span: 1,
             settled: Spool::new(),
@@ -167,8 +172,10 @@ impl IntervalSeries {
         let Some(index) = ordinal.checked_sub(self.probe_skip) else {
             return;
         };
-        self.waiting_probes
-            .push_back((index, ProbeInterval::of(snapshot, self.devs.as_deref())));
+        self.waiting_probes.push_back((
+            index,
+            ProbeInterval::of(snapshot, self.devs.as_deref(), self.hypervisor),
+        ));
         self.join_waiting();
     }
 
@@ -442,7 +449,7 @@ mod tests {
 
     #[test]
     fn probe_intervals_join_the_workload_interval_of_the_same_second_after_the_ramp() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), 2, None, true);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 2, None, true, Hypervisor::None);
         // Probes run ahead of the workload's first measured interval by the ramp.
         for p in 0..4 {
             s.add_probe(&probe(p));
@@ -468,7 +475,7 @@ mod tests {
 
     #[test]
     fn without_probe_intervals_the_workload_does_not_wait_for_ever() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, true);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, true, Hypervisor::None);
         for i in 0..20 {
             s.add_sample(sample(i, 1));
         }
@@ -481,7 +488,7 @@ mod tests {
 
     #[test]
     fn a_long_run_keeps_a_bounded_series_with_exact_sums() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false, Hypervisor::None);
         let mut all = LatencyHistogram::new();
         let mut first_eight = LatencyHistogram::new();
         let n = 5 * MAX_POINTS as u64 + 3;
@@ -526,7 +533,7 @@ mod tests {
 
     #[test]
     fn intervals_of_a_host_with_many_cpus_keep_the_series_within_its_byte_budget() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, true);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, true, Hypervisor::None);
         let mut snap = probe(0);
         snap.cpu_times = (0..192)
             .map(|cpu| virtgap_probes::procfs::CpuTimes {
@@ -556,7 +563,7 @@ mod tests {
 
     #[test]
     fn points_stay_in_memory_when_their_file_cannot_be_written() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false, Hypervisor::None);
         let path = tempfile::NamedTempFile::new().unwrap();
         // Opened read-only: every write fails as a full disk's would.
         s.settled.file = Some(File::open(path.path()).unwrap());
@@ -577,7 +584,7 @@ mod tests {
 
     #[test]
     fn a_point_read_back_is_the_point_written() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false, Hypervisor::None);
         for i in 0..3 {
             s.add_sample(sample(i, 5 + i));
         }
@@ -597,7 +604,7 @@ mod tests {
 
     #[test]
     fn a_cleared_series_starts_again_from_the_next_interval() {
-        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false);
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, false, Hypervisor::None);
         for i in 0..5 {
             s.add_sample(sample(i, 2));
         }

@@ -524,6 +524,7 @@ pub(crate) mod tests {
             ramp,
             disks: crate::model::host::TargetDisks::plain("vda", 254, 0),
             probed: true,
+            hypervisor: virtgap_probes::hypervisor::Hypervisor::None,
         })
     }
 

@@ -194,6 +194,7 @@ fn start(
         ramp: spec.ramp.0,
         disks: prepared.disks.clone(),
         probed: probes.is_some(),
+        hypervisor: crate::run::host::this_hypervisor(),
     });
     if let Some(endpoint) = metrics {
         recorder.serve_metrics(
@@ -297,6 +298,7 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
         ramp: Duration::ZERO,
         disks: crate::model::host::TargetDisks::every_disk(std::path::Path::new("/")),
         probed: true,
+        hypervisor: crate::run::host::this_hypervisor(),
     });
     let label = args
         .attach

@@ -28,7 +28,7 @@ pub(super) struct Figures {
     pub flush: Option<f64>,
     /// (stage, percentile) -> ns; runs only (an interval keeps no stage histograms).
     pub tails: Vec<(Stage, f64, f64)>,
-    /// The hypervisor rows' figures per I/O, above idle; runs only (intervals keep none).
+    /// The hypervisor rows' figures per I/O, above idle (intervals of older profiles keep none).
     pub hypervisor: Vec<(MetricId, f64)>,
 }
 
@@ -120,7 +120,10 @@ impl Figures {
             msr_per_io: per_io(above_idle(r.msr_writes, |b| b.msr_writes)),
             flush: r.stages.flush.as_ref().and_then(|h| h.mean_ns()),
             tails,
-            hypervisor: hypervisor_figures(r, idle, seconds)
+            hypervisor: r
+                .hypervisor
+                .as_ref()
+                .map_or_else(Vec::new, |hv| hypervisor_figures(hv, idle, seconds))
                 .into_iter()
                 .filter_map(|(m, total)| Some((m, per_io(Some(total))?)))
                 .collect(),
@@ -192,22 +195,32 @@ impl Figures {
             }),
             flush: None,
             tails: Vec::new(),
-            hypervisor: Vec::new(),
+            // Every interval's mechanisms added up (none when one lacks them), per I/O.
+            hypervisor: ivs
+                .iter()
+                .map(|i| i.hypervisor.clone())
+                .reduce(|a, b| a.zip(b).map(|(a, b)| RunHypervisor::added(&a, &b)))
+                .flatten()
+                .filter(|_| lat_count > 0.0)
+                .map_or_else(Vec::new, |hv| hypervisor_figures(&hv, idle, span))
+                .into_iter()
+                .map(|(m, total)| (m, total / lat_count))
+                .collect(),
         }
     }
 }
 
-/// A run's hypervisor figures over its probe window of `seconds`, less what the idle host
-/// did over as long (when `idle` is given): each mechanism's uses and the time of its timed
-/// paths, and the sampled CPU time in the hypervisor interface.
+/// A run's (or a batch's) hypervisor figures over its probe window of `seconds`, less what the
+/// idle host did over as long (when `idle` is given): each mechanism's uses and the time of
+/// its timed paths, and the sampled CPU time in the hypervisor interface.
 fn hypervisor_figures(
-    r: &RunRecord,
+    hv: &RunHypervisor,
     idle: Option<&IdleBaseline>,
     seconds: f64,
 ) -> Vec<(MetricId, f64)> {
-    let Some(hv) = r.hypervisor.as_ref().filter(|h| h.hypervisor.is_some()) else {
+    if hv.hypervisor.is_none() {
         return Vec::new();
-    };
+    }
     let idle_hv = idle.map(|b| (b.seconds, b.hypervisor.as_ref()));
     // The total less the idle rate over the window; with a baseline lacking the figure, none.
     let above_idle = |total: f64, of_idle: &dyn Fn(&RunHypervisor) -> Option<f64>| match idle_hv {

@@ -937,3 +937,47 @@ fn the_mechanism_that_moved_is_named_and_the_others_stay_equivalent() {
         .all(|r| r.verdict != Verdict::Significant));
     assert_eq!(same.hypervisor.moved, None);
 }
+
+/// One run per host: the hypervisor's rows take their intervals from the run's batches, like
+/// every other row (each interval keeps its mechanisms), and say they hold for these runs only.
+#[test]
+fn one_run_a_side_gives_the_hypervisor_rows_batch_intervals() {
+    use crate::model::hypervisor::{HypervisorSection, RunHypervisor};
+    let section = |hypervisor| HypervisorSection {
+        hypervisor,
+        seconds: 16.0,
+        mechanisms: Vec::new(),
+        cpu: None,
+    };
+    let mut metal = synthetic(2_000.0, 100_000.0, 20_000.0, 1_000.0, 16);
+    metal.hypervisor = Some(section(Hv::None));
+    let mut xen = synthetic(2_000.0, 100_000.0, 26_000.0, 1_000.0, 16);
+    let mut on_xen = section(Hv::Xen);
+    on_xen.mechanisms = vec![crate::model::hypervisor::MechanismFigure {
+        mechanism: Mechanism::Upcall,
+        count: Some(16_150),
+        time_ns: Some(16_150.0 * 5_000.0),
+        paths: Vec::new(),
+    }];
+    xen.hypervisor = Some(on_xen);
+    // One upcall of ~5 µs per read (1,000 a second), a little more or less each second.
+    for (k, i) in xen.intervals.iter_mut().enumerate() {
+        let upcalls = 1_000 + (k as u64 % 3) * 10;
+        i.hypervisor = Some(RunHypervisor {
+            hypervisor: Some(Hv::Xen),
+            counts: BTreeMap::from([("upcall".to_string(), upcalls)]),
+            times_ns: BTreeMap::from([("upcall".to_string(), upcalls as f64 * 5_000.0)]),
+            cpu_ns: None,
+        });
+    }
+    let d = diff(&metal, &xen);
+    assert_eq!(d.basis, Basis::Batches);
+    let upcalls = d.row(MetricId::MechanismPerIo(Mechanism::Upcall)).unwrap();
+    let (lo, hi) = (upcalls.ci_low.unwrap(), upcalls.ci_high.unwrap());
+    assert!(
+        0.9 < lo && lo < 1.01 && 1.01 < hi && hi < 1.1,
+        "{upcalls:?}"
+    );
+    let all = d.row(MetricId::HypervisorTimePerIo).unwrap();
+    assert!(all.ci_low.is_some() && all.share.is_some(), "{all:?}");
+}
