@@ -6,7 +6,6 @@
 //! Metal has no hypervisor at all: every mechanism there is "no hypervisor", which is neither
 //! "not measured" nor 0.
 
-use crate::virt::{CpuidLeaf, CpuidRegisters};
 use serde::{Deserialize, Serialize};
 
 /// The hypervisor a guest runs on, as the fingerprint names it.
@@ -540,20 +539,6 @@ pub fn offer(hypervisor: Hypervisor, path: &Path) -> Option<Offer> {
         }
         _ => None,
     }
-}
-
-/// Whether the host whose CPUID answered `leaves` and `features` offers what `offer` decides:
-/// None where it cannot tell (the interface or its feature leaf was not read).
-pub fn offered(offer: &Offer, leaves: &[CpuidLeaf], features: &[CpuidRegisters]) -> Option<bool> {
-    let base = leaves.iter().find(|l| l.signature == offer.signature)?.leaf;
-    let regs = features.iter().find(|r| r.leaf == base + offer.offset)?;
-    let value = match offer.register {
-        "eax" => regs.eax,
-        "ebx" => regs.ebx,
-        "ecx" => regs.ecx,
-        _ => regs.edx,
-    };
-    Some(value & (1 << offer.bit) != 0)
 }
 
 /// The mechanism a write to `msr` serves on `hypervisor` (None: not one this table lists).

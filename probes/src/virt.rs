@@ -348,6 +348,24 @@ fn hypervisor_leaf(leaf: u32, (eax, ebx, ecx, edx): (u32, u32, u32, u32)) -> Opt
     })
 }
 
+/// Whether the host whose CPUID answered `leaves` and `features` offers what `offer` decides:
+/// None where it cannot tell (the interface or its feature leaf was not read).
+pub fn offered(
+    offer: &crate::hypervisor::Offer,
+    leaves: &[CpuidLeaf],
+    features: &[CpuidRegisters],
+) -> Option<bool> {
+    let base = leaves.iter().find(|l| l.signature == offer.signature)?.leaf;
+    let regs = features.iter().find(|r| r.leaf == base + offer.offset)?;
+    let value = match offer.register {
+        "eax" => regs.eax,
+        "ebx" => regs.ebx,
+        "ecx" => regs.ecx,
+        _ => regs.edx,
+    };
+    Some(value & (1 << offer.bit) != 0)
+}
+
 /// The hypervisor the evidence points to. Xen and KVM may also expose Hyper-V's interface
 /// (Viridian; enlightenments for Windows guests) in the first leaf, so their own signature
 /// anywhere in the range wins over Hyper-V's; `/sys/hypervisor/type` "xen" is Xen (the kernel's

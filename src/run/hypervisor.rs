@@ -96,7 +96,7 @@ pub fn offer_state(
     cpuid: &Cpuid,
 ) -> Option<Result<String, String>> {
     let offer = hypervisor::offer(hypervisor, path)?;
-    let offered = hypervisor::offered(&offer, &cpuid.leaves, &cpuid.features)?;
+    let offered = virtgap_probes::virt::offered(&offer, &cpuid.leaves, &cpuid.features)?;
     let base = cpuid
         .leaves
         .iter()
