@@ -149,6 +149,33 @@ fn count(labels: Vec<(String, String)>, n: u64) -> Sample {
     }
 }
 
+/// This process's resident memory, from /proc/self/status (None where it cannot be read).
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// A family's state as a label from a fixed set.
+fn family_state(f: &virtgap_probes::FamilyReport) -> &'static str {
+    use virtgap_probes::Unavailable;
+    match &f.unavailable {
+        Some(Unavailable::NothingToWatch(_)) => "nothing_to_watch",
+        Some(Unavailable::NoPermission(_)) => "no_permission",
+        Some(Unavailable::Other(_)) => "failed",
+        None if f.tracepoints.iter().all(|t| t.attached.is_some()) => "attached",
+        None if f.tracepoints.iter().any(|t| t.attached.is_some()) => "partial",
+        None => "failed",
+    }
+}
+
 fn number(labels: Vec<(String, String)>, x: f64) -> Sample {
     Sample {
         labels,
@@ -213,7 +240,71 @@ impl Exporter {
         }
         self.hypervisor(total, &mut out);
         self.probe_cost(total, &mut out);
+        self.self_metrics(&mut out);
         out
+    }
+
+    /// What an operator alerts on: the build, which probe families run (and why not, from a
+    /// fixed set of reasons), when the figures were last updated, and this process's own CPU
+    /// time and memory (Prometheus' standard `process_` names).
+    fn self_metrics(&self, out: &mut Vec<MetricFamily>) {
+        out.push(family(
+            "virtgap_build_info",
+            "The virtgap build serving these figures (always 1)",
+            None,
+            MetricKind::Gauge,
+            vec![number(
+                labels(&[("version", env!("CARGO_PKG_VERSION"))]),
+                1.0,
+            )],
+        ));
+        out.push(family(
+            "virtgap_probe_family",
+            "Each probe family's state (always 1): attached, partial (some attach points \
+             failed), nothing_to_watch (the host has none of what it watches), no_permission or \
+             failed; `doctor` says why in words",
+            None,
+            MetricKind::Gauge,
+            self.cx
+                .report
+                .families
+                .iter()
+                .map(|f| {
+                    number(
+                        labels(&[("family", f.family.name()), ("state", family_state(f))]),
+                        1.0,
+                    )
+                })
+                .collect(),
+        ));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        out.push(family(
+            "virtgap_last_update_timestamp",
+            "When these figures were taken from the probes (Unix time): a scrape that sees it \
+             stand still sees a stalled collector",
+            Some(MetricUnit::Seconds),
+            MetricKind::Gauge,
+            vec![number(vec![], now)],
+        ));
+        let cpu = virtgap_workloads::stats::CpuTime::of_this_process();
+        out.push(family(
+            "process_cpu",
+            "CPU time of virtgap's own process, user and system",
+            Some(MetricUnit::Seconds),
+            MetricKind::Counter,
+            vec![number(vec![], cpu.total_ns() as f64 / 1e9)],
+        ));
+        if let Some(rss) = resident_bytes() {
+            out.push(family(
+                "process_resident_memory",
+                "Resident memory of virtgap's own process",
+                Some(MetricUnit::Bytes),
+                MetricKind::Gauge,
+                vec![number(vec![], rss as f64)],
+            ));
+        }
     }
 
     fn host_info(&self) -> MetricFamily {
@@ -800,6 +891,79 @@ mod tests {
         assert_eq!(read(&later, events, &timer), 1_100.0);
         assert_eq!(read(&first, "virtgap_msr_counted", &[]), 5.0);
         assert_eq!(read(&later, "virtgap_msr_counted", &[]), 7.0);
+    }
+
+    /// The build, each family's state from a fixed set, the last update and the process's own
+    /// CPU and memory are exported on every page.
+    #[test]
+    fn operators_see_the_build_the_families_states_and_the_process() {
+        use virtgap_probes::attach::AttachOutcome;
+        use virtgap_probes::{Family, FamilyReport, Unavailable};
+        let outcome = |attached| AttachOutcome {
+            tracepoint: "t".into(),
+            attached,
+            reason: None,
+        };
+        let report = CapabilityReport {
+            families: vec![
+                FamilyReport {
+                    family: Family::Block,
+                    unavailable: None,
+                    tracepoints: vec![outcome(Some(virtgap_probes::AttachKind::TpBtf))],
+                    fallback: None,
+                },
+                FamilyReport {
+                    family: Family::Irq,
+                    unavailable: None,
+                    tracepoints: vec![
+                        outcome(Some(virtgap_probes::AttachKind::RawTp)),
+                        outcome(None),
+                    ],
+                    fallback: None,
+                },
+                FamilyReport {
+                    family: Family::KvmHost,
+                    unavailable: Some(Unavailable::NothingToWatch(
+                        virtgap_probes::error::Absent::KvmHost,
+                    )),
+                    tracepoints: vec![],
+                    fallback: None,
+                },
+            ],
+            ..CapabilityReport::default()
+        };
+        let mut exporter = Exporter::new(ExporterContext {
+            host: crate::render::csv_export::tests::fixture().host,
+            label: String::new(),
+            attached: "every process".into(),
+            report,
+        });
+        let families = exporter.families(&ProbeSnapshot::default());
+        let states: Vec<(String, String)> = families
+            .iter()
+            .find(|f| f.name == "virtgap_probe_family")
+            .unwrap()
+            .samples
+            .iter()
+            .map(|s| (s.labels[0].1.clone(), s.labels[1].1.clone()))
+            .collect();
+        assert_eq!(
+            states,
+            [
+                ("block".to_string(), "attached".to_string()),
+                ("irq".into(), "partial".into()),
+                ("kvm-host".into(), "nothing_to_watch".into()),
+            ]
+        );
+        let names: Vec<String> = families.iter().map(|f| f.exposed_name()).collect();
+        for name in [
+            "virtgap_build_info",
+            "virtgap_last_update_timestamp_seconds",
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+        ] {
+            assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+        }
     }
 
     /// The Grafana dashboard's queries name only series `serve` exports.
