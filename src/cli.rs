@@ -85,11 +85,29 @@ pub struct ServeArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
+    /// Label block stages by hardware queue too (up to 4 a device, the rest "other"): about
+    /// five times the series
+    #[arg(long)]
+    pub per_queue: bool,
+
+    /// Histogram buckets: fine (four per power of two, 512 ns to 17 s: 101 bounds) or coarse
+    /// (one per power of two: 26 bounds); both are exact sums of the kernel's slots
+    #[arg(long, value_enum, default_value = "fine", value_name = "fine|coarse")]
+    pub buckets: Buckets,
+
     #[command(flatten)]
     pub attach: AttachArgs,
 
     #[command(flatten)]
     pub probe: ProbeArgs,
+}
+
+/// The Prometheus histograms' bucket bounds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Buckets {
+    #[default]
+    Fine,
+    Coarse,
 }
 
 #[derive(Debug, Args)]

@@ -19,10 +19,24 @@ pub enum Absent {
     KvmHost,
     #[error("no hypervisor: nothing to measure")]
     Hypervisor,
+    /// A run that follows every process (`serve --all`) has no threads of its own to watch wake.
+    #[error("needs processes to follow (the workload, or --pid, --cgroup or --comm)")]
+    FollowedProcesses,
+    /// A built-in workload times its own I/O: only attached processes' calls are the app's.
+    #[error(
+        "times the I/O of attached processes (--pid, --cgroup or --comm); a built-in workload times its own"
+    )]
+    AttachedProcesses,
 }
 
 impl Absent {
-    const ALL: [Absent; 3] = [Absent::Nvme, Absent::KvmHost, Absent::Hypervisor];
+    const ALL: [Absent; 5] = [
+        Absent::Nvme,
+        Absent::KvmHost,
+        Absent::Hypervisor,
+        Absent::FollowedProcesses,
+        Absent::AttachedProcesses,
+    ];
 }
 
 /// Why a whole family did not load. Stored in the profile as its words.

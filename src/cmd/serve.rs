@@ -39,6 +39,10 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
             duration: args.duration.as_ref().map(|d| d.value.0),
             probes: args.probe.choice(),
         },
+        series: crate::run::exporter::SeriesOptions {
+            per_queue: args.per_queue,
+            coarse_buckets: args.buckets == crate::cli::Buckets::Coarse,
+        },
     };
     serve(&plan, &signals.stop, !args.quiet)?;
     // A signal is how a server is meant to stop: that is success.
@@ -50,6 +54,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
 pub struct ServePlan {
     pub listen: SocketAddr,
     pub attach: AttachPlan,
+    pub series: crate::run::exporter::SeriesOptions,
 }
 
 /// Binds the endpoint (so a taken port is refused before any probe loads), attaches the
@@ -61,11 +66,14 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, attach.interval, &tx, &rx)?;
     drop(tx);
-    endpoint.follow(ExporterContext::this_host(
-        attach.label.as_deref().unwrap_or_default(),
-        &described,
-        &report,
-    ));
+    endpoint.follow(ExporterContext {
+        series: plan.series,
+        ..ExporterContext::this_host(
+            attach.label.as_deref().unwrap_or_default(),
+            &described,
+            &report,
+        )
+    });
     if verbose {
         say!(
             "serving http://{}/metrics: probes attached, following {described}, updated every {}",

@@ -23,10 +23,11 @@ pub const MAX_IRQ_SERIES: usize = 64;
 
 /// Histogram bucket bounds in ns: four per power of two from 512 ns to 16 s (each one a slot
 /// boundary of the kernel's log-linear histogram, so no slot is split), then +Inf.
-fn bucket_bounds_ns() -> Vec<u64> {
+fn bucket_bounds_ns(coarse: bool) -> Vec<u64> {
+    let per_power = if coarse { 1 } else { 4 };
     let mut bounds = Vec::new();
     for e in 9..34u32 {
-        for quarter in 0..4u64 {
+        for quarter in 0..per_power {
             bounds.push((1u64 << e) + quarter * (1u64 << (e - 2)));
         }
     }
@@ -89,6 +90,8 @@ impl<G: Ord + Clone, K: Ord + Clone> StickyLabels<G, K> {
 /// What the exporter says of the host and the run besides the probes' figures.
 #[derive(Clone, Debug)]
 pub struct ExporterContext {
+    /// How many series the page may carry.
+    pub series: SeriesOptions,
     pub host: Fingerprint,
     /// `--label`, or empty.
     pub label: String,
@@ -97,10 +100,20 @@ pub struct ExporterContext {
     pub report: CapabilityReport,
 }
 
+/// What sets the page's series count: the block stages' `queue` label (off by default: no
+/// dashboard query uses it, and it multiplies the largest family by five) and the buckets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SeriesOptions {
+    pub per_queue: bool,
+    /// One bucket per power of two instead of four.
+    pub coarse_buckets: bool,
+}
+
 impl ExporterContext {
     /// This host's, read now, for probes that attached with `report`.
     pub fn this_host(label: &str, attached: &str, report: &CapabilityReport) -> Self {
         Self {
+            series: SeriesOptions::default(),
             host: Fingerprint::this_host(),
             label: label.to_string(),
             attached: attached.to_string(),
@@ -186,11 +199,11 @@ fn number(labels: Vec<(String, String)>, x: f64) -> Sample {
 impl Exporter {
     pub fn new(cx: ExporterContext) -> Self {
         Self {
-            cx,
-            bounds_ns: bucket_bounds_ns(),
+            bounds_ns: bucket_bounds_ns(cx.series.coarse_buckets),
             queues: StickyLabels::default(),
             irqs: StickyLabels::default(),
             devices: BTreeMap::new(),
+            cx,
         }
     }
 
@@ -343,7 +356,9 @@ impl Exporter {
         let mut requests: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
         for s in &b.stages {
             let device = self.device(s.dev);
-            let queue = if self.queues.named(&s.dev, &s.hctx, MAX_QUEUES_PER_DEVICE) {
+            let queue = if !self.cx.series.per_queue {
+                String::new()
+            } else if self.queues.named(&s.dev, &s.hctx, MAX_QUEUES_PER_DEVICE) {
                 s.hctx.to_string()
             } else {
                 "other".to_string()
@@ -369,7 +384,11 @@ impl Exporter {
                         ("queue", queue),
                         ("op", op),
                         ("stage", stage.name()),
-                    ]),
+                    ])
+                    .into_iter()
+                    // Without --per-queue the label is left out, not set empty.
+                    .filter(|(k, _)| k != "queue" || self.cx.series.per_queue)
+                    .collect(),
                     value: buckets(h, &self.bounds_ns),
                 })
                 .collect(),
@@ -779,7 +798,7 @@ mod tests {
         ] {
             h.record(v);
         }
-        let bounds = bucket_bounds_ns();
+        let bounds = bucket_bounds_ns(false);
         // Every bound is a slot's low end: no slot straddles one.
         for &b in &bounds {
             assert_eq!(slot_bounds(virtgap_probes::hist::slot_of(b)).0, b);
@@ -812,6 +831,7 @@ mod tests {
     fn every_family() -> Vec<MetricFamily> {
         let host = crate::render::csv_export::tests::fixture().host;
         let mut exporter = Exporter::new(ExporterContext {
+            series: SeriesOptions::default(),
             host,
             label: String::new(),
             attached: "every process".into(),
@@ -846,6 +866,7 @@ mod tests {
         let mut host = crate::render::csv_export::tests::fixture().host;
         host.hypervisor = "kvm".into();
         let mut exporter = Exporter::new(ExporterContext {
+            series: SeriesOptions::default(),
             host,
             label: String::new(),
             attached: "every process".into(),
@@ -893,6 +914,80 @@ mod tests {
         assert_eq!(read(&later, "virtgap_msr_counted", &[]), 7.0);
     }
 
+    /// One NVMe disk with 8 queues doing reads, writes and flushes: the block stages' series
+    /// by default (no queue label) stay far under 2,000; `--per-queue` multiplies them by the
+    /// five queue labels; coarse buckets divide them by about four.
+    #[test]
+    fn a_disks_block_series_stay_bounded_by_default() {
+        use virtgap_probes::model::{BlockOp, BlockSnapshot, BlockStageHist};
+        let mut hist = KernelHist::default();
+        hist.slots[40] = 3;
+        hist.count = 3;
+        let mut stages = Vec::new();
+        for hctx in 0..8u16 {
+            for op in [BlockOp::Read, BlockOp::Write, BlockOp::Flush] {
+                for stage in [
+                    BlockStage::Queue,
+                    BlockStage::Device,
+                    BlockStage::Completion,
+                ] {
+                    stages.push(BlockStageHist {
+                        dev: (259, 0),
+                        hctx,
+                        op,
+                        stage,
+                        hist: hist.clone(),
+                    });
+                }
+            }
+        }
+        let snapshot = ProbeSnapshot {
+            block: Some(BlockSnapshot {
+                stages,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let series = |options: SeriesOptions| {
+            let mut exporter = Exporter::new(ExporterContext {
+                series: options,
+                host: crate::render::csv_export::tests::fixture().host,
+                label: String::new(),
+                attached: String::new(),
+                report: CapabilityReport::default(),
+            });
+            let families = exporter.families(&snapshot);
+            let f = families
+                .iter()
+                .find(|f| f.name == "virtgap_block_stage")
+                .unwrap();
+            f.samples
+                .iter()
+                .map(|s| match &s.value {
+                    // The buckets with +Inf, then _sum and _count.
+                    SampleValue::Histogram { buckets, .. } => buckets.len() + 2,
+                    _ => 1,
+                })
+                .sum::<usize>()
+        };
+        let default = series(SeriesOptions::default());
+        assert_eq!(default, 3 * 3 * (101 + 1 + 2));
+        assert_eq!(
+            series(SeriesOptions {
+                per_queue: true,
+                ..Default::default()
+            }),
+            5 * default
+        );
+        assert_eq!(
+            series(SeriesOptions {
+                coarse_buckets: true,
+                ..Default::default()
+            }),
+            3 * 3 * (26 + 1 + 2)
+        );
+    }
+
     /// The build, each family's state from a fixed set, the last update and the process's own
     /// CPU and memory are exported on every page.
     #[test]
@@ -933,6 +1028,7 @@ mod tests {
             ..CapabilityReport::default()
         };
         let mut exporter = Exporter::new(ExporterContext {
+            series: SeriesOptions::default(),
             host: crate::render::csv_export::tests::fixture().host,
             label: String::new(),
             attached: "every process".into(),

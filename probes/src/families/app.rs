@@ -63,9 +63,7 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     let Some(filter) = cx.filter.filter(|f| f.followed.is_some()) else {
         return Err(FamilyReport::unavailable(
             Family::App,
-            Unavailable::Other(
-                "times the I/O of attached processes (--pid, --cgroup or --comm); a built-in workload times its own".into(),
-            ),
+            Unavailable::NothingToWatch(crate::error::Absent::AttachedProcesses),
         ));
     };
     if !cfg!(target_arch = "x86_64") {

@@ -40,9 +40,7 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     let Some(filter) = cx.filter else {
         return Err(FamilyReport::unavailable(
             Family::Wakeup,
-            Unavailable::Other(
-                "needs processes to follow (the workload, or --pid, --cgroup or --comm)".into(),
-            ),
+            Unavailable::NothingToWatch(crate::error::Absent::FollowedProcesses),
         ));
     };
     let following_self = filter.tgid == std::process::id();
