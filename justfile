@@ -76,6 +76,11 @@ vmlinux:
 bench-attach ROUNDS="5" RUNTIME="10": build
     python3 scripts/bench_attach.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}}
 
+# `virtgap serve`'s scrape latency alone, beside 50 slowloris connections and beside 200 open
+# ones, from one run: p50, p99, max and each p99 over the alone one's
+bench-serve-clients SCRAPES="40": build
+    python3 scripts/bench_serve_clients.py --virtgap target/release/virtgap --scrapes {{SCRAPES}}
+
 # `virtgap serve` scraped every second by two clients for MINUTES while fio reads beside it: RSS
 # growth after the first minute (PASS under 5%) and scrape latency p50/p99 (root)
 bench-serve MINUTES="10": build

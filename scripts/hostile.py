@@ -1609,6 +1609,67 @@ def _(c):
         raise Defect(f"record -d 2s --listen beside a slow client: {r.secs:.0f} s, {r.says()}")
 
 
+def raw_exchange(port, data, timeout=3):
+    """Sends `data` on a fresh connection and reads until the server closes or `timeout`: what
+    came back (b"" when nothing did)."""
+    import socket
+    got = b""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(data)
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+    except OSError:
+        pass
+    return got
+
+
+@case("serve-odd-http-is-answered-and-never-stalls-a-scrape", "ecosystem 1", probes=True)
+def _(c):
+    port = free_port()
+    p = c.start("serve", "--listen", f"127.0.0.1:{port}", "--probes", "block")
+    if not p.wait_for(rb"serving http://", 60):
+        raise Defect(f"serve never served ({p.finish(10).says()})")
+    get = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    # (what, bytes sent, a status line the answer may begin with; None: any answer or none)
+    odd = [
+        ("an HTTP/2 preface", b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", None),
+        ("two pipelined requests", get + get, b"HTTP/1.1 200"),
+        ("a 100 KB header line", b"GET /metrics HTTP/1.1\r\nX: " + b"a" * 100_000 + b"\r\n\r\n",
+         None),
+        ("DELETE /metrics", b"DELETE /metrics HTTP/1.1\r\nHost: x\r\n\r\n", b"HTTP/1.1 405"),
+        ("OPTIONS *", b"OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", None),
+        ("a path with NUL and ..", b"GET /../metrics%00 HTTP/1.1\r\nHost: x\r\n\r\n",
+         b"HTTP/1.1 404"),
+        ("binary noise", bytes(range(256)) * 4, None),
+    ]
+    for what, data, expect in odd:
+        got = raw_exchange(port, data)
+        if expect is not None and not got.startswith(expect):
+            raise Defect(f"{what}: answered {got[:60]!r}, not {expect.decode()}")
+        secs, status = scrape_secs(port)
+        if secs is None or secs > 1.0:
+            raise Defect(f"a scrape after {what}: {status if secs is None else f'{secs:.1f} s'}")
+    # 200 connections held open at once: the oldest are let go, a scrape still answers.
+    import socket
+    held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(200)]
+    try:
+        secs, status = scrape_secs(port)
+        if secs is None or secs > 1.0:
+            raise Defect(f"a scrape beside 200 open connections: "
+                         f"{status if secs is None else f'{secs:.1f} s'}")
+    finally:
+        for s in held:
+            s.close()
+    p.signal(signal.SIGTERM)
+    r = p.finish(30)
+    if r.rc != 0:
+        raise Defect(f"serve after odd clients: {r.says()}")
+
+
 @case("iotune-on-a-small-file-never-grows-it", "2.4")
 def _(c):
     data = c.file("w2.bin", 2 * MIB)
