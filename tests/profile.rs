@@ -521,6 +521,13 @@ fn a_xen_dom0_against_its_kernel_bare_says_how_much_of_the_gap_is_xen() {
         verdict.contains("the hypervisor's paths (Xen) take 12% [5, 19]"),
         "{verdict}"
     );
+    // The NVMe interrupt's delivery differs, and says so.
+    assert!(
+        text.contains(
+            "confounder: interrupt delivery of the target's queues: PCI-MSI vs xen-pirq-msi-x"
+        ),
+        "{text}"
+    );
 }
 
 #[test]

@@ -445,6 +445,7 @@ pub fn confounder(c: &Confounder) -> String {
                 HostTrait::IoScheduler => "I/O scheduler",
                 HostTrait::RqAffinity => "rq_affinity",
                 HostTrait::IrqAffinity => "IRQ affinity of the target's queues",
+                HostTrait::IrqDelivery => "interrupt delivery of the target's queues",
                 HostTrait::TargetDevice => "target device",
             };
             format!("{what}: {} vs {}", setting(a), setting(b))

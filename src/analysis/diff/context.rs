@@ -180,6 +180,9 @@ pub enum HostTrait {
     RqAffinity,
     /// Effective IRQ affinity of the target's queues.
     IrqAffinity,
+    /// How the target's queue interrupts arrive: the IRQ chip ("PCI-MSIX", "IR-PCI-MSI",
+    /// "xen-pirq-msi-x": through Xen's event channels, with an EOI hypercall each).
+    IrqDelivery,
     /// The target's device, when neither host lists it among its disks.
     TargetDevice,
 }
@@ -269,6 +272,7 @@ pub(super) fn confounders(a: &Profile, b: &Profile) -> Vec<Confounder> {
             };
             cmp(HostTrait::RqAffinity, rq(&da), rq(&db));
             cmp(HostTrait::IrqAffinity, irq_cpus(&da), irq_cpus(&db));
+            cmp(HostTrait::IrqDelivery, irq_delivery(&da), irq_delivery(&db));
         }
         (Some(_), None) => out.push(Confounder::TargetQueuesUnknown(Host::B)),
         (None, Some(_)) => out.push(Confounder::TargetQueuesUnknown(Host::A)),
@@ -294,6 +298,26 @@ fn irq_cpus(d: &BlockDeviceInfo) -> Setting {
         Setting::Unknown
     } else {
         Setting::List(v)
+    }
+}
+
+/// The distinct IRQ chips of a device's queues, each without the PCI address some chips carry
+/// ("PCI-MSIX-0000:00:04.0" is PCI-MSIX on any slot).
+fn irq_delivery(d: &BlockDeviceInfo) -> Setting {
+    let mut chips: Vec<String> = d
+        .queues
+        .iter()
+        .filter_map(|q| q.irq.as_ref())
+        .map(|irq| match irq.chip.rsplit_once('-') {
+            Some((kind, addr)) if addr.contains(':') => kind.to_string(),
+            _ => irq.chip.clone(),
+        })
+        .collect();
+    chips.dedup();
+    match chips.len() {
+        0 => Setting::Unknown,
+        1 => Setting::Text(chips.remove(0)),
+        _ => Setting::List(chips),
     }
 }
 

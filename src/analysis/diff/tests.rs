@@ -981,3 +981,40 @@ fn one_run_a_side_gives_the_hypervisor_rows_batch_intervals() {
     let all = d.row(MetricId::HypervisorTimePerIo).unwrap();
     assert!(all.ci_low.is_some() && all.share.is_some(), "{all:?}");
 }
+
+/// The IRQ chip of the target's queues is a confounder when the delivery differs (MSI-X
+/// through Xen's event channels, or through interrupt remapping), not when only the device's
+/// PCI slot does.
+#[test]
+fn interrupt_delivery_differs_by_chip_not_by_slot() {
+    let bare: Profile = serde_json::from_str(include_str!(
+        "../../../tests/data/hypervisors/bare-tcg.json"
+    ))
+    .unwrap();
+    let with_chip = |chip: &str| {
+        let mut p = bare.clone();
+        for d in &mut p.host.block_devices {
+            for q in &mut d.queues {
+                if let Some(irq) = q.irq.as_mut() {
+                    irq.chip = chip.into();
+                }
+            }
+        }
+        p
+    };
+    let delivery = |a: &Profile, b: &Profile| {
+        confounders(a, b).into_iter().any(|c| {
+            matches!(
+                c,
+                Confounder::Differs {
+                    what: HostTrait::IrqDelivery,
+                    ..
+                }
+            )
+        })
+    };
+    let slot4 = with_chip("PCI-MSIX-0000:00:04.0");
+    assert!(!delivery(&slot4, &with_chip("PCI-MSIX-0000:00:05.0")));
+    assert!(delivery(&slot4, &with_chip("IR-PCI-MSIX-0000:00:05.0")));
+    assert!(delivery(&slot4, &with_chip("xen-pirq-msi-x")));
+}
