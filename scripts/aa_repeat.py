@@ -31,7 +31,7 @@ def main():
     opts = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("aa_repeat: needs root (the probes)")
-    total_rows = total_sig = repeats_with_any = total_hv_sig = 0
+    total_rows = total_sig = repeats_with_any = total_hv_sig = total_provisional = 0
     with tempfile.TemporaryDirectory(prefix="vg-aa-") as tmp:
         args = ["-w", opts.workload, "--size", "256MiB", "--duration", opts.duration, "--dir", tmp]
         for rep in range(1, opts.repeats + 1):
@@ -50,8 +50,12 @@ def main():
             d = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
             rows = (d["waterfall"] + d["throughput"] + [t["row"] for t in d["tails"]]
                     + d["hypervisor"]["rows"])
-            judged = [r for r in rows if r["verdict"] in ("significant", "equivalent", "inconclusive")]
+            judged = [r for r in rows if r["verdict"] in
+                      ("significant", "within_runs", "equivalent", "inconclusive")]
             sig = [r for r in judged if r["verdict"] == "significant"]
+            # One run a side: differences found within the run are provisional, counted apart.
+            provisional = sum(r["verdict"] == "within_runs" for r in judged)
+            total_provisional += provisional
             total_rows += len(judged)
             total_sig += len(sig)
             repeats_with_any += bool(sig)
@@ -60,12 +64,14 @@ def main():
             hv = [r for r in d["hypervisor"]["rows"] if r["verdict"] == "significant"]
             total_hv_sig += len(hv)
             print(f"repeat {rep}/{opts.repeats}: {len(judged)} rows judged, {eq} equivalent, "
-                  f"{len(sig)} significant ({names}); app mean {d['waterfall'][0]['verdict']}; "
+                  f"{len(sig)} significant ({names}), {provisional} provisional; "
+                  f"app mean {d['waterfall'][0]['verdict']}; "
                   f"hypervisor rows significant: {len(hv)} of {len(d['hypervisor']['rows'])}",
                   flush=True)
     print(f"A/A false positives: {total_sig} of {total_rows} judged rows "
           f"({total_sig / max(total_rows, 1) * 100:.1f}%); repeats with any: "
-          f"{repeats_with_any} of {opts.repeats}; hypervisor rows among them: {total_hv_sig}")
+          f"{repeats_with_any} of {opts.repeats}; hypervisor rows among them: {total_hv_sig}; "
+          f"provisional rows (one run a side, never significant): {total_provisional}")
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ pub fn verdict_words(v: Verdict) -> &'static str {
         Verdict::InsufficientData => "too few replicates",
         Verdict::NotMeasured => NOT_MEASURED,
         Verdict::NoHypervisor => "one host has no hypervisor",
-        Verdict::WithinRuns => "within these runs only",
+        Verdict::WithinRuns => "provisional: one run a host",
     }
 }
 
@@ -138,7 +138,7 @@ pub(crate) fn signed(v: Option<f64>, unit: Unit) -> String {
 /// A stage's share of the app gap, shown only when that gap is judged significant: a share of
 /// a gap that is not there means nothing (the stage's own verdict says what it did).
 pub(crate) fn share(r: &Row, d: &ProfileDiff) -> String {
-    if d.waterfall.app.verdict != Verdict::Significant {
+    if !d.waterfall.app.verdict.found_a_difference() {
         return String::new();
     }
     r.share.map_or(String::new(), |s| {
@@ -238,8 +238,10 @@ pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
             "no verdict: tails need 2+ runs per host".into()
         }
         Verdict::InsufficientData | Verdict::NotMeasured => verdict_words(r.verdict).into(),
+        // Between-run noise is unknown with one run a host: a difference that holds within
+        // the run is provisional, and the words say what judges it.
         Verdict::WithinRuns => format!(
-            "{} within these runs only: between-run noise is unknown (record --runs 5)",
+            "{} (one run a host; --runs 5 judges it)",
             significant_text(r, "")
         ),
         Verdict::NoHypervisor => one_sided_text(r, d),
@@ -315,7 +317,7 @@ fn signed_or_zero(x: f64, unit: Unit) -> String {
 /// timed host-wide)"; None when they are not measured or the gap is not significant.
 pub(crate) fn hypervisor_share_words(d: &ProfileDiff) -> Option<String> {
     let r = d.row(MetricId::HypervisorTimePerIo)?;
-    if d.waterfall.app.verdict != Verdict::Significant {
+    if !d.waterfall.app.verdict.found_a_difference() {
         return None;
     }
     let share = r.share?;
@@ -796,7 +798,7 @@ fn stage_sentence(d: &ProfileDiff) -> String {
                 label(stage, d.above_idle)
             )
         }
-        (None, Verdict::Significant) => format!(
+        (None, Verdict::Significant | Verdict::WithinRuns) => format!(
             "mean latency: {} ({}), spread over stages with no single significant one",
             verdict_text(app, d),
             signed(app.delta, Unit::Ns)
@@ -1178,9 +1180,12 @@ mod tests {
         {
             assert!(line.chars().count() <= 100, "too wide: {line}");
         }
+        // One run a host: the verdict is provisional and says what would judge it.
         assert!(
-            text.contains("verdict: mean latency: B slower x2.29 [x2.27, x2.32] (within run)")
-                && text.contains("(+520.5 µs); 96% of that is in\n         device"),
+            text.contains(
+                "verdict: mean latency: B slower x2.29 [x2.27, x2.32] (one run a host; --runs 5 \
+                 judges it)"
+            ) && text.contains("96% of that is in device"),
             "{text}"
         );
     }

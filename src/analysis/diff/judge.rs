@@ -201,7 +201,10 @@ pub(super) fn compare(
     };
     set_judgement(&mut row, j, scale, unit_base);
     row.delta = row.delta.filter(|x| x.is_finite());
-    row
+    // One run a side: batches within a run show none of the between-run noise, which on a
+    // shared machine is far larger; a difference found there is provisional, never called
+    // significant (an A/A pair of single runs would otherwise cry wolf).
+    host_wide(row, how.basis)
 }
 
 /// Writes a judgement into its row: the effect and its interval, relative and in the row's unit

@@ -92,6 +92,14 @@ pub enum Verdict {
     WithinRuns,
 }
 
+impl Verdict {
+    /// The interval excludes no change and the effect is of interest: for good, or, from one
+    /// run a side, for these runs only.
+    pub fn found_a_difference(self) -> bool {
+        matches!(self, Self::Significant | Self::WithinRuns)
+    }
+}
+
 /// What the replicates behind the intervals are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -527,15 +535,16 @@ impl ProfileDiff {
     }
 }
 
-/// With a significant gap in mean latency, the stage with the largest significant share of it.
+/// With a significant gap in mean latency, the stage with the largest significant share of it
+/// (with one run a side, both provisional: within these runs only).
 fn stage_verdict(waterfall: &Waterfall) -> Option<BreakdownPart> {
-    if waterfall.app.verdict != Verdict::Significant {
+    if !waterfall.app.verdict.found_a_difference() {
         return None;
     }
     waterfall
         .stages
         .iter()
-        .filter(|r| r.verdict == Verdict::Significant && r.share.is_some_and(|s| s > 0.0))
+        .filter(|r| r.verdict.found_a_difference() && r.share.is_some_and(|s| s > 0.0))
         .max_by(|x, y| x.share.unwrap_or(0.0).total_cmp(&y.share.unwrap_or(0.0)))
         .and_then(|r| match r.metric {
             MetricId::Stage(part) => Some(part),
