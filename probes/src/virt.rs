@@ -633,7 +633,7 @@ ffffffff81108000 T schedule
             0x4000_0101 => (0x0a00, 0, 0, 0),
             _ => (0, 0, 0, 0),
         };
-        let e = detect_hypervisor_with(&fixture_root(None).path().to_path_buf(), cpuid);
+        let e = detect_hypervisor_with(fixture_root(None).path(), cpuid);
         let leaves: Vec<(u32, u32)> = e.features.iter().map(|r| (r.leaf, r.eax)).collect();
         assert_eq!(
             leaves,

@@ -729,8 +729,10 @@ mod handler_frames {
             &skel.progs.pv_handler_exit_raw,
         );
         // One path open on every CPU (its start 1 ms ago), as a kprobe on it would leave it.
-        let mut open = Stack::default();
-        open.depth = 1;
+        let mut open = Stack {
+            depth: 1,
+            ..Default::default()
+        };
         open.frames[0].ts = now_ns() - 1_000_000;
         open.frames[0].index = 3;
         set_stack(&skel, &open);
