@@ -303,12 +303,13 @@ fn guest_interval(r: &Row) -> Option<(f64, f64)> {
     Some(if r.b.is_some() { (lo, hi) } else { (-hi, -lo) })
 }
 
-/// A bound of an interval: "-4 ns" below zero, "12 ns" above.
+/// A bound of an interval: "-4 ns" below zero, "12 ns" above, and what rounds to zero "0".
 fn signed_or_zero(x: f64, unit: Unit) -> String {
-    if x < 0.0 {
-        signed(Some(x), unit)
+    let magnitude = value(Some(x.abs()), unit);
+    if x < 0.0 && magnitude.bytes().any(|b| (b'1'..=b'9').contains(&b)) {
+        format!("-{magnitude}")
     } else {
-        value(Some(x), unit)
+        magnitude
     }
 }
 
