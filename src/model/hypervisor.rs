@@ -105,6 +105,21 @@ impl HypervisorSection {
     pub fn is_guest(&self) -> bool {
         self.hypervisor != Hypervisor::None
     }
+
+    /// The mechanisms this host's hypervisor does not offer at all: every path of theirs is
+    /// "not offered" (a CPUID bit clear), so the guest never uses them.
+    pub fn not_offered(&self) -> Vec<Mechanism> {
+        self.mechanisms
+            .iter()
+            .filter(|m| {
+                !m.paths.is_empty()
+                    && m.paths
+                        .iter()
+                        .all(|p| matches!(p.state, PathState::NotOffered(_)))
+            })
+            .map(|m| m.mechanism)
+            .collect()
+    }
 }
 
 /// A run's hypervisor figures as the diff compares them: counts and times per mechanism and the

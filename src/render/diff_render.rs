@@ -257,10 +257,14 @@ fn one_sided_text(r: &Row, d: &ProfileDiff) -> String {
         (Some(a), None) => ("A", a, "B"),
         (None, None) => return verdict_words(r.verdict).into(),
     };
-    let other_kind = if other == "A" {
-        d.hypervisor.a
+    let (other_kind, other_lacks) = if other == "A" {
+        (d.hypervisor.a, &d.hypervisor.not_offered.0)
     } else {
-        d.hypervisor.b
+        (d.hypervisor.b, &d.hypervisor.not_offered.1)
+    };
+    let other_words = match r.metric.mechanism() {
+        Some(m) if other_lacks.contains(&m) => "not offered by this host (a CPUID bit clear)",
+        _ => hypervisor_words(other_kind),
     };
     let interval = guest_interval(r).map_or(String::new(), |(lo, hi)| {
         format!(
@@ -275,24 +279,20 @@ fn one_sided_text(r: &Row, d: &ProfileDiff) -> String {
     };
     // Not one use in any run (Xen's timer is a hypercall, so none of its MSR writes exit).
     if v == 0.0 && guest_interval(r) == Some((0.0, 0.0)) {
-        return format!(
-            "{host}: none in any run ({what}); {other}: {}",
-            hypervisor_words(other_kind)
-        );
+        return format!("{host}: none in any run ({what}); {other}: {other_words}");
     }
     // Above idle, a figure below the host's idle rate is no use of the mechanism by the
     // workload: said as such, not printed as if the host had a negative figure.
     if v < 0.0 && value(Some(-v), r.unit) != value(Some(0.0), r.unit) {
         return format!(
-            "{host}: below its idle rate ({}{interval}): none of it the workload's; {other}: {}",
+            "{host}: below its idle rate ({}{interval}): none of it the workload's; {other}: \
+             {other_words}",
             signed(Some(v), r.unit),
-            hypervisor_words(other_kind)
         );
     }
     format!(
-        "{host}: {}{interval} {what}{from_none}; {other}: {}",
+        "{host}: {}{interval} {what}{from_none}; {other}: {other_words}",
         value(Some(v), r.unit),
-        hypervisor_words(other_kind)
     )
 }
 
@@ -1011,6 +1011,9 @@ struct JsonHypervisor<'a> {
     b: Option<Hypervisor>,
     rows: Vec<JsonRow<'a>>,
     moved: Option<Mechanism>,
+    /// The mechanisms each side's hypervisor does not offer (a CPUID bit clear).
+    not_offered_a: &'a [Mechanism],
+    not_offered_b: &'a [Mechanism],
 }
 
 /// `diff --json`: the comparison's numbers, with the words the reports show beside them.
@@ -1078,6 +1081,8 @@ pub fn json(d: &ProfileDiff) -> serde_json::Result<String> {
             b: d.hypervisor.b,
             rows: d.hypervisor.rows.iter().map(labelled).collect(),
             moved: d.hypervisor.moved,
+            not_offered_a: &d.hypervisor.not_offered.0,
+            not_offered_b: &d.hypervisor.not_offered.1,
         },
         evidence: evidence(d),
         verdict: d
@@ -1098,6 +1103,50 @@ mod tests {
             synthetic(2_000.0, 300_000.0, 100_000.0, 5_000.0, 10),
             synthetic(2_500.0, 800_000.0, 120_000.0, 5_000.0, 10),
         )
+    }
+
+    /// A KVM host whose CPUID leaves PV EOI out against one that uses it: the EOI rows are
+    /// the other host's alone, and the first reads "not offered by this host", not "-".
+    #[test]
+    fn a_mechanism_one_host_does_not_offer_reads_so() {
+        use crate::analysis::diff::tests::on_hypervisor;
+        use crate::model::hypervisor::{MechanismFigure, PathFigure, PathMeasure, PathState};
+        use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
+        let timer = (Mechanism::Timer, 1.0, 1_000.0);
+        let mut a = on_hypervisor(Hypervisor::Kvm, &[timer], 1_000.0);
+        a.hypervisor.as_mut().unwrap().mechanisms = vec![MechanismFigure {
+            mechanism: Mechanism::InterruptDelivery,
+            count: None,
+            time_ns: None,
+            paths: vec![PathFigure {
+                what: "PV EOI".into(),
+                how: PathMeasure::Timed {
+                    symbol: Some("kvm_guest_apic_eoi_write".into()),
+                },
+                count: None,
+                time_ns: None,
+                state: PathState::NotOffered("CPUID 0x40000001 EAX bit 6 clear".into()),
+            }],
+        }];
+        let b = on_hypervisor(
+            Hypervisor::Kvm,
+            &[timer, (Mechanism::InterruptDelivery, 1.0, 200.0)],
+            1_000.0,
+        );
+        let d = diff(&a, &b);
+        let eoi = d
+            .row(MetricId::MechanismPerIo(Mechanism::InterruptDelivery))
+            .unwrap();
+        assert_eq!(eoi.verdict, Verdict::NoHypervisor, "{eoi:?}");
+        let words = verdict_text(eoi, &d);
+        assert!(
+            words.starts_with("B: 0.9")
+                && words.ends_with(
+                    "interrupt EOIs per I/O; A: not offered by this host (a CPUID bit clear)"
+                ),
+            "{words}"
+        );
+        assert_eq!(cell(eoi, Host::A), "none");
     }
 
     /// The verdict names the hypervisor's share of a significant gap, with its interval, and

@@ -354,6 +354,7 @@ pub(super) fn hypervisor_block(
     sides: (&Side, &Side),
     how: Judging,
     kinds: (Option<Hypervisor>, Option<Hypervisor>),
+    not_offered: (Vec<Mechanism>, Vec<Mechanism>),
     app: &Row,
 ) -> HypervisorBlock {
     let measured = |metric| sides.0.point(metric).is_some() || sides.1.point(metric).is_some();
@@ -372,8 +373,21 @@ pub(super) fn hypervisor_block(
     }
     let family = how.in_family_of(metrics.len().max(1));
     let none_offered = none_offered(kinds);
-    let judge_row = |metric: MetricId, how: Judging, reference: Option<f64>| match none_offered {
-        Some(metal_host) => against_none(metric, sides, how, metal_host),
+    // A side that does not offer the row's mechanism has none of it, as metal has none.
+    let lacks = |metric: MetricId| {
+        let m = metric.mechanism()?;
+        if sides.0.point(metric).is_none() && not_offered.0.contains(&m) {
+            Some(super::Host::A)
+        } else if sides.1.point(metric).is_none() && not_offered.1.contains(&m) {
+            Some(super::Host::B)
+        } else {
+            None
+        }
+    };
+    let judge_row = |metric: MetricId, how: Judging, reference: Option<f64>| match none_offered
+        .or_else(|| lacks(metric))
+    {
+        Some(without) => against_none(metric, sides, how, without),
         None => host_wide(compare(metric, sides, how, reference), how.basis),
     };
     let mut rows = Vec::new();
@@ -404,6 +418,7 @@ pub(super) fn hypervisor_block(
         b: kinds.1,
         rows,
         moved,
+        not_offered,
     }
 }
 

@@ -383,6 +383,19 @@ pub struct HypervisorBlock {
     pub rows: Vec<Row>,
     /// The mechanism whose uses per I/O moved most, significantly (None: none did).
     pub moved: Option<Mechanism>,
+    /// Per side, the mechanisms its hypervisor does not offer (a CPUID bit says so): a row of
+    /// one reads "not offered by this host" on that side.
+    pub not_offered: (Vec<Mechanism>, Vec<Mechanism>),
+}
+
+impl MetricId {
+    /// The hypervisor mechanism a row is about, if it is one's.
+    pub fn mechanism(self) -> Option<Mechanism> {
+        match self {
+            Self::MechanismPerIo(m) | Self::MechanismTimePerIo(m) => Some(m),
+            _ => None,
+        }
+    }
 }
 
 impl ProfileDiff {
@@ -451,7 +464,18 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     let tails = judge::tails(sides, how);
     let tail_mover = tail_mover(&tails);
     let verdict = stage_verdict(&waterfall);
-    let hypervisor = judge::hypervisor_block(sides, how, kinds, &waterfall.app);
+    let not_offered = |p: &Profile| {
+        p.hypervisor
+            .as_ref()
+            .map_or_else(Vec::new, |h| h.not_offered())
+    };
+    let hypervisor = judge::hypervisor_block(
+        sides,
+        how,
+        kinds,
+        (not_offered(a), not_offered(b)),
+        &waterfall.app,
+    );
     ProfileDiff {
         host_a: a.host.clone(),
         host_b: b.host.clone(),
