@@ -375,7 +375,8 @@ pub struct RecordArgs {
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
 
-    /// Also write intervals.csv, histograms.csv, summary.csv and host.csv into this directory
+    /// Also write intervals.csv, histograms.csv, summary.csv, host.csv and runs.csv into this
+    /// directory
     #[arg(long, value_name = "DIR")]
     pub csv: Option<PathBuf>,
 
@@ -797,6 +798,23 @@ impl ProbeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `record --help` names every file `--csv` writes.
+    #[test]
+    fn the_csv_help_names_every_file_written() {
+        use clap::CommandFactory;
+        let mut cmd = Cli::command();
+        let record = cmd.find_subcommand_mut("record").unwrap();
+        let help = record
+            .get_arguments()
+            .find(|a| a.get_id() == "csv")
+            .and_then(|a| a.get_help())
+            .unwrap()
+            .to_string();
+        for file in crate::render::csv_export::FILES {
+            assert!(help.contains(file), "{file} in {help}");
+        }
+    }
 
     #[test]
     fn listen_addresses_are_read_as_servers_take_them() {
