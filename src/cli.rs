@@ -447,8 +447,9 @@ pub struct AttachArgs {
     #[arg(long, group = "attach_to")]
     pub all: bool,
 
-    /// Name what was attached to, for the summary and the diff (e.g. "postgres, 16 clients")
-    #[arg(long, value_name = "TEXT", requires = "attach_to")]
+    /// Name this host (a workload run: "vm", "metal") or what was attached to ("postgres, 16
+    /// clients"): shown on its side of every report, diff, chart and page
+    #[arg(long, value_name = "TEXT")]
     pub label: Option<String>,
 }
 

@@ -530,6 +530,35 @@ fn a_xen_dom0_against_its_kernel_bare_says_how_much_of_the_gap_is_xen() {
     );
 }
 
+/// `record --label` names each host on its side of the diff's every form: the text's A and B
+/// lines, the HTML page and its charts' legends.
+#[test]
+fn labels_tell_the_two_sides_apart_in_every_report() {
+    let dir = scratch();
+    let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
+    for (label, out) in [("vm", &a), ("metal", &b)] {
+        null_record(dir.path(), &["--label", label, "-o", out.to_str().unwrap()])
+            .assert()
+            .success();
+    }
+    let text = diff_cmd(&a, &b).assert().success();
+    let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
+    assert!(
+        text.lines().any(|l| l.starts_with("A: vm"))
+            && text.lines().any(|l| l.starts_with("B: metal")),
+        "{text}"
+    );
+    let page = dir.path().join("d.html");
+    diff_cmd(&a, &b).arg("--html").arg(&page).assert().success();
+    let page = std::fs::read_to_string(&page).unwrap();
+    for label in ["vm", "metal"] {
+        assert!(
+            page.matches(&format!(": {label}")).count() >= 2,
+            "{label} on the page and in a legend"
+        );
+    }
+}
+
 #[test]
 fn diff_refuses_bad_input_with_one_line() {
     let dir = scratch();
@@ -646,8 +675,13 @@ fn kv_profile_carries_the_verdict_and_matches_the_schema() {
         .arg(dir.path().join("csv"))
         .output()
         .unwrap();
+    // A machine too busy to deliver 2,000 reads a second (beside CI's other work) gets the
+    // verdict "not delivered" and exit 1, its profile and CSV written all the same: that is the
+    // tool being right, and the profile is what is checked here.
+    let not_delivered =
+        std::fs::read_to_string(&out).is_ok_and(|p| p.contains("\"outcome\": \"not_delivered\""));
     assert!(
-        res.status.success(),
+        res.status.success() || (res.status.code() == Some(1) && not_delivered),
         "{}",
         String::from_utf8_lossy(&res.stderr)
     );

@@ -367,11 +367,15 @@ fn report(
     signals: &StopSignals,
 ) -> Result<ExitCode> {
     let Recorded {
-        runs,
+        mut runs,
         pooled,
         last: (_last_target, last_stats),
         interrupted,
     } = recorded;
+    // `--label`: the user's name for this host, on every side of every report.
+    for p in &mut runs {
+        p.host.label.clone_from(&args.attach.label);
+    }
     let run_records: Vec<RunRecord> = runs.iter().flat_map(|p| p.runs.clone()).collect();
     // Any run's kv load not delivered, or a read of the wrong data, fails the command.
     let undelivered = runs

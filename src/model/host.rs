@@ -71,6 +71,12 @@ pub struct BlockDeviceInfo {
 /// Everything virtgap knows about the host before measuring.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Fingerprint {
+    /// What the user calls this host in reports (`record --label`): "vm", "metal".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    /// The host's name (/proc/sys/kernel/hostname), so that two hosts' reports tell them apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
     pub cpuid: Cpuid,
     /// "kvm", "xen", "hyperv", "vmware", "other", or "none".
     pub hypervisor: String,

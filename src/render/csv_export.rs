@@ -503,6 +503,8 @@ pub(crate) mod tests {
     /// A small profile with every kind of row, fixed so the output never changes by accident.
     pub(crate) fn fixture() -> Profile {
         let host = Fingerprint {
+            label: None,
+            hostname: None,
             cpuid: Cpuid {
                 hypervisor_bit: true,
                 signature: Some("KVMKVMKVM".into()),

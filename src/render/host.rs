@@ -20,7 +20,14 @@ impl Fingerprint {
             ("kvm", "microvm") => "KVM guest (microVM, no SMBIOS)".to_string(),
             (hv, _) => format!("{} guest", hv_name(hv)),
         };
-        let mut parts = vec![host];
+        // The user's name for the host and its own name first: what tells two sides apart.
+        let mut parts: Vec<String> = match (&self.label, &self.hostname) {
+            (Some(label), Some(name)) => vec![format!("{label} ({name})")],
+            (Some(label), None) => vec![label.clone()],
+            (None, Some(name)) => vec![name.clone()],
+            (None, None) => vec![],
+        };
+        parts.push(host);
         if let Some(m) = &self.cpu_model {
             parts.push(m.clone());
         }

@@ -345,7 +345,10 @@ pub fn record(
         crate::stderr::clear_progress();
     }
     let interrupted = end == AttachEnd::Interrupted;
-    let host = Fingerprint::this_host();
+    let host = Fingerprint {
+        label: plan.label.clone(),
+        ..Fingerprint::this_host()
+    };
     let profile = attached_profile(
         plan,
         AttachedInputs {

@@ -231,6 +231,8 @@ impl Fingerprint {
                 "sys/devices/system/clockevents/clockevent0/current_device",
             ),
             kernel: read(root, "proc/sys/kernel/osrelease"),
+            hostname: read(root, "proc/sys/kernel/hostname"),
+            label: None,
             btf: root.join("sys/kernel/btf/vmlinux").exists(),
             cpu_model,
             cpus,
