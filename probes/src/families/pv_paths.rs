@@ -454,8 +454,19 @@ fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj>
         }));
     }
     // Hard-IRQ handlers nested in a timed path get frames of their own (left out of its time);
-    // where that cannot load, the paths' times include them, and the report says so.
-    let fallback = match attacher.stack.as_ref().filter(|_| !timed.is_empty()) {
+    // where that cannot load, the paths' times include them, and the report says so. Only
+    // where the table has an upcall, the path that runs the guest's handlers (Xen's event
+    // channels, Hyper-V's VMBus interrupt): elsewhere handlers nest in no timed path but a
+    // halt, whose time is time halted, and a second program on the hottest tracepoint is not
+    // worth its cost (nor, under an emulator, the code patching that adding it takes).
+    let upcalls = crate::hypervisor::paths(hv)
+        .iter()
+        .any(|p| p.mechanism == crate::hypervisor::Mechanism::Upcall);
+    let fallback = match attacher
+        .stack
+        .as_ref()
+        .filter(|_| upcalls && !timed.is_empty())
+    {
         None => None,
         Some(stack) => match handler_frames(stack) {
             Ok((skel, links)) => {
