@@ -827,16 +827,20 @@ mod tests {
         assert!(s.named(&1, &9, 2));
     }
 
-    /// Every family the exporter can build: a snapshot with every probe's part present.
-    fn every_family() -> Vec<MetricFamily> {
-        let host = crate::render::csv_export::tests::fixture().host;
-        let mut exporter = Exporter::new(ExporterContext {
-            series: SeriesOptions::default(),
-            host,
+    /// An exporter of the fixture's host following every process, with `report` and `series`.
+    fn fixture_exporter(report: CapabilityReport, series: SeriesOptions) -> Exporter {
+        Exporter::new(ExporterContext {
+            series,
+            host: crate::render::csv_export::tests::fixture().host,
             label: String::new(),
             attached: "every process".into(),
-            report: CapabilityReport::default(),
-        });
+            report,
+        })
+    }
+
+    /// Every family the exporter can build: a snapshot with every probe's part present.
+    fn every_family() -> Vec<MetricFamily> {
+        let mut exporter = fixture_exporter(CapabilityReport::default(), SeriesOptions::default());
         let snapshot = ProbeSnapshot {
             block: Some(Default::default()),
             irq: Some(Default::default()),
@@ -863,15 +867,8 @@ mod tests {
     #[test]
     fn hypervisor_counters_carry_raw_counts_that_never_go_down() {
         use virtgap_probes::model::{MsrCount, MsrSnapshot};
-        let mut host = crate::render::csv_export::tests::fixture().host;
-        host.hypervisor = "kvm".into();
-        let mut exporter = Exporter::new(ExporterContext {
-            series: SeriesOptions::default(),
-            host,
-            label: String::new(),
-            attached: "every process".into(),
-            report: CapabilityReport::default(),
-        });
+        let mut exporter = fixture_exporter(CapabilityReport::default(), SeriesOptions::default());
+        exporter.cx.host.hypervisor = "kvm".into();
         let snapshot = |elapsed_s: u64, sampler_s: u64, writes: u64| ProbeSnapshot {
             elapsed_ns: elapsed_s * 1_000_000_000,
             msr: Some(MsrSnapshot {
@@ -949,13 +946,7 @@ mod tests {
             ..Default::default()
         };
         let series = |options: SeriesOptions| {
-            let mut exporter = Exporter::new(ExporterContext {
-                series: options,
-                host: crate::render::csv_export::tests::fixture().host,
-                label: String::new(),
-                attached: String::new(),
-                report: CapabilityReport::default(),
-            });
+            let mut exporter = fixture_exporter(CapabilityReport::default(), options);
             let families = exporter.families(&snapshot);
             let f = families
                 .iter()
@@ -1027,13 +1018,7 @@ mod tests {
             ],
             ..CapabilityReport::default()
         };
-        let mut exporter = Exporter::new(ExporterContext {
-            series: SeriesOptions::default(),
-            host: crate::render::csv_export::tests::fixture().host,
-            label: String::new(),
-            attached: "every process".into(),
-            report,
-        });
+        let mut exporter = fixture_exporter(report, SeriesOptions::default());
         let families = exporter.families(&ProbeSnapshot::default());
         let states: Vec<(String, String)> = families
             .iter()

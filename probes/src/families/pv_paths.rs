@@ -359,34 +359,22 @@ impl Attacher {
 /// The hard-IRQ handler frames on `stack`: typed tracepoints, else raw ones (the others'
 /// twins, as every family loads them).
 fn handler_frames(stack: &MapHandle) -> Result<(PvSkel, [libbpf_rs::Link; 2]), String> {
-    let typed = explained(|| {
-        let skel = load_object(Flavour::Handlers { btf: true }, 0, None, Some(stack))?;
-        let progs = &skel.progs;
-        let entry = progs
-            .pv_handler_entry_btf
-            .attach()
-            .map_err(BpfError::Attach)?;
-        let exit = progs
-            .pv_handler_exit_btf
-            .attach()
-            .map_err(BpfError::Attach)?;
-        Ok((skel, [entry, exit]))
-    });
-    typed.or_else(|btf_failed| {
+    let attach = |btf: bool| {
         explained(|| {
-            let skel = load_object(Flavour::Handlers { btf: false }, 0, None, Some(stack))?;
+            let skel = load_object(Flavour::Handlers { btf }, 0, None, Some(stack))?;
             let progs = &skel.progs;
-            let entry = progs
-                .pv_handler_entry_raw
-                .attach()
-                .map_err(BpfError::Attach)?;
-            let exit = progs
-                .pv_handler_exit_raw
-                .attach()
-                .map_err(BpfError::Attach)?;
+            let (entry, exit) = if btf {
+                (&progs.pv_handler_entry_btf, &progs.pv_handler_exit_btf)
+            } else {
+                (&progs.pv_handler_entry_raw, &progs.pv_handler_exit_raw)
+            };
+            let entry = entry.attach().map_err(BpfError::Attach)?;
+            let exit = exit.attach().map_err(BpfError::Attach)?;
             Ok((skel, [entry, exit]))
         })
-        .map_err(|raw_failed| format!("tp_btf: {btf_failed}; raw_tp: {raw_failed}"))
+    };
+    attach(true).or_else(|btf_failed| {
+        attach(false).map_err(|raw_failed| format!("tp_btf: {btf_failed}; raw_tp: {raw_failed}"))
     })
 }
 

@@ -204,7 +204,7 @@ pub(super) fn compare(
     // One run a side: batches within a run show none of the between-run noise, which on a
     // shared machine is far larger; a difference found there is provisional, never called
     // significant (an A/A pair of single runs would otherwise cry wolf).
-    host_wide(row, how.basis)
+    within_runs_only(row, how.basis)
 }
 
 /// Writes a judgement into its row: the effect and its interval, relative and in the row's unit
@@ -273,7 +273,7 @@ pub(super) fn waterfall(
         .iter()
         .map(|&m| match (m, metal) {
             (MetricId::MsrExitsPerIo, Some(host)) => against_none(m, sides, family, host),
-            _ => host_wide(compare(m, sides, family, None), how.basis),
+            _ => compare(m, sides, family, None),
         })
         .collect();
     evidence.push(msr_exit_time(sides, how, exit_costs));
@@ -335,9 +335,9 @@ pub(super) fn tails(sides: (&Side, &Side), how: Judging) -> Vec<Row> {
     rows
 }
 
-/// A host-wide figure drifts between runs more than batches within one run show: from
-/// batches, a difference holds for these runs only.
-fn host_wide(mut row: Row, basis: Basis) -> Row {
+/// Batches within one run show none of the between-run noise: from batches, a difference holds
+/// for these runs only (every row passes through here, in `compare`).
+fn within_runs_only(mut row: Row, basis: Basis) -> Row {
     if basis == Basis::Batches && row.verdict == Verdict::Significant {
         row.verdict = Verdict::WithinRuns;
     }
@@ -388,7 +388,7 @@ pub(super) fn hypervisor_block(
         .or_else(|| lacks(metric))
     {
         Some(without) => against_none(metric, sides, how, without),
-        None => host_wide(compare(metric, sides, how, reference), how.basis),
+        None => compare(metric, sides, how, reference),
     };
     let mut rows = Vec::new();
     // The question itself, at the diff's own confidence: relative to app latency, like the
