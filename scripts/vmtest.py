@@ -461,7 +461,10 @@ def boot(kernel, initrd, work, tcg_thread, timeout):
            # Under TCG a vCPU thread can starve for seconds on a busy host: the guest's lockup
            # and RCU stall watchdogs would report the emulator, not the kernel. A real hang
            # still shows as a step that runs past its timeout.
-           "-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 nowatchdog rcupdate.rcu_cpu_stall_suppress=1"]
+           "-append", "console=ttyS0 panic=-1 oops=panic loglevel=4 nowatchdog rcupdate.rcu_cpu_stall_suppress=1"
+           # One host thread runs every vCPU in turn: a command can wait past NVMe's 30 s
+           # default on the emulator alone. A real stall still shows as a step's timeout.
+           + (" nvme_core.io_timeout=255" if tcg_thread == "single" else "")]
     for i, serial in enumerate([NVME_SERIAL, *RAID_SERIALS]):
         path = disk(serial, 512 if i == 0 else 256)
         cmd += ["-drive", f"file={path},if=none,id=n{i},format=raw",
@@ -1066,14 +1069,15 @@ def check_iotune(c, results):
 
 # --- main --------------------------------------------------------------------------------
 
-def test_kernel(kernel, virtgap, cache, keep, timeout):
+def test_kernel(kernel, virtgap, cache, keep, timeout, tcg="auto"):
     log(f"{kernel.label}: {kernel.version}")
     work = tempfile.mkdtemp(prefix=f"vmtest-{kernel.version}-", dir=os.path.join(cache, "runs"))
     initrd = build_initramfs(kernel, virtgap, work)
     # Multi-threaded TCG sometimes oopses while kernel text is patched across vCPUs (attaching
     # tracepoints flips static keys); that is the emulator, so say so and boot again, and as a
     # last resort with one host thread (slower, and itself prone to NVMe timeouts).
-    attempts = ["multi"] * MULTI_ATTEMPTS + ["single"]
+    attempts = {"auto": ["multi"] * MULTI_ATTEMPTS + ["single"], "multi": ["multi"] * MULTI_ATTEMPTS,
+                "single": ["single"]}[tcg]
     for n, mode in enumerate(attempts):
         shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
         console, results, secs = boot(kernel, initrd, work, mode, timeout * (2 if mode == "single" else 1))
@@ -1111,6 +1115,8 @@ def main():
     p.add_argument("--modroot", help="for a vmlinuz path: the directory holding lib/modules/VERSION")
     p.add_argument("--keep", action="store_true", help="keep each run's directory (initramfs, disks, results)")
     p.add_argument("--timeout", type=int, default=240, help="seconds one guest may run")
+    p.add_argument("--tcg", choices=["auto", "multi", "single"], default="auto",
+                   help="QEMU's TCG threading: auto boots multi-threaded and falls back to one thread")
     args = p.parse_args()
     if not os.access(args.virtgap, os.X_OK):
         sys.exit(f"vmtest: no virtgap binary at {args.virtgap}; run `just build` first")
@@ -1121,7 +1127,7 @@ def main():
         sys.exit("vmtest: /bin/busybox not found; install busybox-static")
     os.makedirs(os.path.join(args.cache, "runs"), exist_ok=True)
     kernels = [resolve_kernel(k, args.cache, args.modroot) for k in (args.kernels or DEFAULT_KERNELS)]
-    results = [test_kernel(k, args.virtgap, args.cache, args.keep, args.timeout) for k in kernels]
+    results = [test_kernel(k, args.virtgap, args.cache, args.keep, args.timeout, args.tcg) for k in kernels]
     print()
     for c in results:
         print(f"vmtest: {c.label:<8} {c.passed} passed, {len(c.failures)} failed")

@@ -910,7 +910,13 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
     .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    // A machine too busy to deliver 2,000 reads/s gets "no verdict" and exit 1: the tool being
+    // right. The summary and the log are checked all the same.
+    let undelivered = stdout.contains("NO VERDICT: did not deliver the load");
+    assert!(
+        out.status.success() || (undelivered && out.status.code() == Some(1)),
+        "{stderr}"
+    );
     for part in [
         "device write (large blocks): IOPS",
         "client reads: service time",
@@ -925,7 +931,9 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
         assert!(stdout.contains(part), "summary lacks {part:?}:\n{stdout}");
     }
     assert!(
-        stdout.contains("PASS at 2000 reads/s") || stdout.contains("FAIL at 2000 reads/s"),
+        stdout.contains("PASS at 2000 reads/s")
+            || stdout.contains("FAIL at 2000 reads/s")
+            || undelivered,
         "{stdout}"
     );
     let text = std::fs::read_to_string(&log).unwrap();
@@ -940,8 +948,13 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
     let out = kv_quick(dir.path(), &["--json", "--ratio", "1:0", "--qd", "8"])
         .output()
         .unwrap();
-    assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        out.status.success()
+            || (out.status.code() == Some(1) && v["kv"]["outcome"] == "not_delivered"),
+        "{}",
+        v["kv"]
+    );
     let q = &v["kv"]["read_queueing"];
     assert_eq!(
         (q["adaptive"].as_bool(), q["ceiling"].as_u64()),

@@ -79,26 +79,6 @@ fn load_of(cpus: &mut BTreeMap<u32, CpuLoad>, cpu: u32) -> &mut CpuLoad {
     })
 }
 
-/// The system vector a per-CPU IRQ stands for, by its name: Xen binds each CPU's timer, IPIs
-/// and IRQ work to event channels named `timer3`, `resched3`, `callfunc3`, `callfuncsingle3`,
-/// `spinlock3`, `irqwork3`, `debug3`, where other hosts take the local APIC's vectors.
-pub fn system_vector_of(irq_name: &str) -> Option<&'static str> {
-    let stem = irq_name.trim_end_matches(|c: char| c.is_ascii_digit());
-    if stem.len() == irq_name.len() {
-        return None;
-    }
-    Some(match stem {
-        "timer" => "local_timer",
-        "resched" => "reschedule",
-        "callfunc" => "call_function",
-        "callfuncsingle" => "call_function_single",
-        "spinlock" => "spinlock",
-        "irqwork" => "irq_work",
-        "debug" => "debug",
-        _ => return None,
-    })
-}
-
 /// Per-CPU load from a probe snapshot (cumulative or one interval): interrupt handling from
 /// the IRQ probes, time by state from /proc/stat.
 pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
@@ -116,7 +96,7 @@ pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
     // Zero counts (a source idle in this interval) are left out of the per-name maps.
     for h in &irq.hardirqs {
         let c = load_of(&mut cpus, h.cpu);
-        if let Some(vector) = system_vector_of(&h.name) {
+        if let Some(vector) = h.system_vector() {
             // A Xen guest's timer and IPIs arrive as per-CPU event-channel IRQs; elsewhere they
             // are system vectors, counted but not timed. Counted the same way on every host:
             // as vectors, their time left out of hard-IRQ time.
@@ -156,7 +136,7 @@ pub fn cpu_loads(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
 pub fn cpu_loads_with_irq_time(snap: &ProbeSnapshot) -> Vec<CpuLoad> {
     let mut cpus = cpu_loads(snap);
     for h in snap.irq.iter().flat_map(|q| &q.hardirqs) {
-        if system_vector_of(&h.name).is_some() {
+        if h.system_vector().is_some() {
             continue;
         }
         if let (Some(c), true) = (cpus.iter_mut().find(|c| c.cpu == h.cpu), h.count > 0) {
@@ -870,10 +850,13 @@ mod tests {
         assert_eq!(c.vectors["reschedule"], 200);
         assert_eq!(c.vectors["call_function_single"], 50);
         assert_eq!(
-            system_vector_of("timer"),
+            irq("timer", 1, 1).system_vector(),
             None,
             "a plain name is no per-CPU IRQ"
         );
-        assert_eq!(system_vector_of("virtio1-req.0"), None);
+        assert_eq!(irq("virtio1-req.0", 1, 1).system_vector(), None);
+        // The TUI's per-CPU reading follows the same rule.
+        let (_, hard, _) = snap.irq.as_ref().unwrap().cpu_irq_time()[0];
+        assert_eq!(hard, c.hardirq_ns);
     }
 }

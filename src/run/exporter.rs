@@ -523,7 +523,9 @@ impl Exporter {
             return;
         };
         let mut handlers: BTreeMap<(u32, String), (u64, u64)> = BTreeMap::new();
-        for h in &irq.hardirqs {
+        // A Xen guest's per-CPU timer and IPI IRQs are system vectors, as in the profile: in
+        // `virtgap_system_vectors`, not in hard-IRQ time.
+        for h in irq.hardirqs.iter().filter(|h| h.system_vector().is_none()) {
             let name = if self.irqs.named(&(), &(h.cpu, h.irq), MAX_IRQ_SERIES) {
                 format!("{} {}", h.irq, h.name)
             } else {
@@ -578,6 +580,23 @@ impl Exporter {
                     .collect(),
             )
         };
+        out.push(family(
+            "virtgap_system_vectors",
+            "System-vector interrupts (timer, IPIs, IRQ work), by CPU and vector; on Xen its per-CPU event-channel IRQs",
+            None,
+            MetricKind::Counter,
+            crate::run::assemble::cpu_loads(total)
+                .iter()
+                .flat_map(|c| {
+                    c.vectors.iter().map(|(vector, &n)| {
+                        count(
+                            labels(&[("cpu", &c.cpu.to_string()), ("vector", vector)]),
+                            n,
+                        )
+                    })
+                })
+                .collect(),
+        ));
         out.push(events(
             "virtgap_softirq",
             "Time in softirqs, by CPU and vector",
@@ -909,6 +928,67 @@ mod tests {
         assert_eq!(read(&later, events, &timer), 1_100.0);
         assert_eq!(read(&first, "virtgap_msr_counted", &[]), 5.0);
         assert_eq!(read(&later, "virtgap_msr_counted", &[]), 7.0);
+    }
+
+    /// A Xen guest's CPU 0: its timer and IPIs arrive as per-CPU IRQs. The hard-IRQ families
+    /// hold the device's IRQ only, as the profile's per-CPU load does, and the per-CPU IRQs are
+    /// counted as system vectors.
+    #[test]
+    fn xens_per_cpu_irqs_are_vectors_here_as_in_the_profile() {
+        use virtgap_probes::model::{HardIrq, IrqSnapshot};
+        let irq = |irq: u32, name: &str, count: u64, time_ns: u64| HardIrq {
+            cpu: 0,
+            irq,
+            name: name.into(),
+            count,
+            time_ns,
+            duration: KernelHist::default(),
+        };
+        let snapshot = ProbeSnapshot {
+            irq: Some(IrqSnapshot {
+                hardirqs: vec![
+                    irq(40, "timer0", 1000, 5_000_000),
+                    irq(41, "resched0", 200, 1_000_000),
+                    irq(60, "nvme0q1", 4000, 8_000_000),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut exporter = fixture_exporter(CapabilityReport::default(), SeriesOptions::default());
+        let families = exporter.families(&snapshot);
+        let samples = |name: &str| {
+            families
+                .iter()
+                .find(|f| f.name == name)
+                .unwrap_or_else(|| panic!("no {name}"))
+                .samples
+                .iter()
+                .map(|s| {
+                    let label = |k: &str| {
+                        s.labels
+                            .iter()
+                            .find(|(l, _)| l == k)
+                            .map(|(_, v)| v.clone())
+                            .unwrap_or_default()
+                    };
+                    let value = match s.value {
+                        SampleValue::Count(n) => n as f64,
+                        SampleValue::Number(x) => x,
+                        _ => panic!("{name}: not a number"),
+                    };
+                    (label("irq") + &label("vector"), value)
+                })
+                .collect::<Vec<_>>()
+        };
+        let profile = &crate::run::assemble::cpu_loads(&snapshot)[0];
+        let seconds: f64 = samples("virtgap_hardirq").iter().map(|s| s.1).sum();
+        assert!((seconds * 1e9 - profile.hardirq_ns as f64).abs() < 1.0, "{seconds}");
+        assert_eq!(samples("virtgap_hardirqs"), [("60 nvme0q1".into(), 4000.0)]);
+        assert_eq!(
+            samples("virtgap_system_vectors"),
+            [("local_timer".into(), 1000.0), ("reschedule".into(), 200.0)]
+        );
     }
 
     /// One NVMe disk with 8 queues doing reads, writes and flushes: the block stages' series
