@@ -616,22 +616,6 @@ impl MsrSnapshot {
         Some((counted as f64 * scale).round() as u64)
     }
 
-    /// Write counts by MSR among the counts `pick` keeps, most written first.
-    pub fn top_writes(&self, pick: impl Fn(&MsrCount) -> bool) -> Vec<(u32, u64)> {
-        let mut by: std::collections::BTreeMap<u32, u64> = Default::default();
-        for c in self.counts.iter().filter(|c| c.write && pick(c)) {
-            *by.entry(c.msr).or_default() += c.count;
-        }
-        let mut v: Vec<_> = by.into_iter().collect();
-        v.sort_by_key(|x| std::cmp::Reverse(x.1));
-        v
-    }
-
-    /// The sampler's own writes per second of its running time (None: it never ran).
-    pub fn sampler_write_rate(&self) -> Option<f64> {
-        (self.sampler_ns > 0).then(|| self.sampler_writes() as f64 / (self.sampler_ns as f64 / 1e9))
-    }
-
     /// Writes of any kind in the wake of virtgap's own sampler.
     pub fn sampler_writes(&self) -> u64 {
         self.counts
