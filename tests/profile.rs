@@ -204,9 +204,12 @@ fn real_profile_with_probes_matches_the_schema() {
 fn every_csv_reads_back_with_its_declared_columns() {
     let dir = scratch();
     let csv = dir.path().join("csv");
-    let res = null_record(dir.path(), &["--csv", csv.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let res = null_record(
+        dir.path(),
+        &["--csv", csv.to_str().unwrap(), "--label", "csv-test"],
+    )
+    .output()
+    .unwrap();
     assert!(
         res.status.success(),
         "{}",
@@ -216,12 +219,13 @@ fn every_csv_reads_back_with_its_declared_columns() {
     let script = r#"
 import csv, sys
 declared = {
-    "intervals.csv": ["schema_version","interval","start_s","end_s","metric","cpu","device","stage","name","value"],
-    "histograms.csv": ["schema_version","stage","bucket_low_ns","bucket_high_ns","count"],
-    "summary.csv": ["schema_version","metric","value"],
-    "host.csv": ["schema_version","key","value"],
-    "runs.csv": ["schema_version","run","metric","value"],
+    "intervals.csv": ["schema_version","host","label","interval","start_s","end_s","metric","cpu","device","stage","name","value"],
+    "histograms.csv": ["schema_version","host","label","run","device","op","stage","bucket_low_ns","bucket_high_ns","count"],
+    "summary.csv": ["schema_version","host","label","metric","value"],
+    "host.csv": ["schema_version","host","label","key","value"],
+    "runs.csv": ["schema_version","host","label","run","metric","value"],
 }
+hostname = open("/proc/sys/kernel/hostname").read().strip()
 for name, cols in declared.items():
     with open(f"{sys.argv[1]}/{name}", newline="") as f:
         rows = list(csv.reader(f))
@@ -229,7 +233,8 @@ for name, cols in declared.items():
     assert len(rows) > 1, f"{name} has no data rows"
     for r in rows[1:]:
         assert len(r) == len(cols), (name, r)
-        assert r[0] == "1", (name, "schema version", r)
+        assert r[0] == "2", (name, "schema version", r)
+        assert (r[1], r[2]) == (hostname, "csv-test"), (name, "host and label", r)
 print("ok")
 "#;
     let out = StdCommand::new("python3")
@@ -243,6 +248,92 @@ print("ok")
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Debian's own interpreter, which python3-pandas installs into (a `python3` earlier on PATH,
+/// such as pyenv's, would not see it).
+const DEBIAN_PYTHON: &str = "/usr/bin/python3";
+
+/// The pandas example of docs/formats.md, run as written on a probed two-run recording: it
+/// pivots the intervals without a duplicate and rebuilds each run's device p99 from
+/// `histograms.csv`.
+#[test]
+fn the_documented_pandas_example_runs_on_a_real_recording() {
+    if !root_allowed("the pandas example") {
+        return;
+    }
+    let pandas = StdCommand::new(DEBIAN_PYTHON)
+        .args(["-c", "import pandas"])
+        .output()
+        .map_err(|e| e.to_string())
+        .and_then(|o| {
+            o.status
+                .success()
+                .then_some(())
+                .ok_or_else(|| "pandas is not installed; apt-get install python3-pandas".into())
+        });
+    if !virtgap_testkit::require("the pandas example", pandas) {
+        return;
+    }
+    let docs =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/formats.md")).unwrap();
+    let example = docs
+        .split("```python\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("docs/formats.md has a python block");
+    let dir = scratch();
+    let csv = dir.path().join("csv");
+    let res = vg()
+        .args([
+            "record",
+            "--size",
+            "32MiB",
+            "--duration",
+            "2s",
+            "--runs",
+            "2",
+            "--quiet",
+            "--label",
+            "vm",
+            "--dir",
+        ])
+        .arg(dir.path())
+        .args(["--csv", csv.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        res.status.success(),
+        "{}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    assert!(example.contains("d = \"csv\""), "{example}");
+    let script = example.replacen(
+        "d = \"csv\"",
+        &format!("d = {:?}", csv.to_str().unwrap()),
+        1,
+    );
+    let out = StdCommand::new(DEBIAN_PYTHON)
+        .arg("-c")
+        .arg(&script)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // describe()'s count line, then one p99 line per run.
+    assert!(stdout.contains("count"), "{stdout}");
+    for run in ["1 ", "2 "] {
+        assert!(
+            stdout
+                .lines()
+                .any(|l| l.starts_with(run) && l.ends_with(" ns")),
+            "run {run}: {stdout}"
+        );
+    }
 }
 
 #[test]

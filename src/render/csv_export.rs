@@ -7,7 +7,7 @@ use crate::model::profile::Profile;
 use crate::model::stages::Stage;
 
 /// Version of the CSV layout; bump when columns or metric names change.
-pub const CSV_SCHEMA_VERSION: u32 = 1;
+pub const CSV_SCHEMA_VERSION: u32 = 2;
 
 pub const FILES: [&str; 5] = [
     "intervals.csv",
@@ -17,8 +17,10 @@ pub const FILES: [&str; 5] = [
     "runs.csv",
 ];
 
-pub const INTERVAL_COLUMNS: [&str; 10] = [
+pub const INTERVAL_COLUMNS: [&str; 12] = [
     "schema_version",
+    "host",
+    "label",
     "interval",
     "start_s",
     "end_s",
@@ -29,25 +31,55 @@ pub const INTERVAL_COLUMNS: [&str; 10] = [
     "name",
     "value",
 ];
-pub const HISTOGRAM_COLUMNS: [&str; 5] = [
+pub const HISTOGRAM_COLUMNS: [&str; 10] = [
     "schema_version",
+    "host",
+    "label",
+    "run",
+    "device",
+    "op",
     "stage",
     "bucket_low_ns",
     "bucket_high_ns",
     "count",
 ];
-pub const SUMMARY_COLUMNS: [&str; 3] = ["schema_version", "metric", "value"];
-pub const HOST_COLUMNS: [&str; 3] = ["schema_version", "key", "value"];
-pub const RUN_COLUMNS: [&str; 4] = ["schema_version", "run", "metric", "value"];
+pub const SUMMARY_COLUMNS: [&str; 5] = ["schema_version", "host", "label", "metric", "value"];
+pub const HOST_COLUMNS: [&str; 5] = ["schema_version", "host", "label", "key", "value"];
+pub const RUN_COLUMNS: [&str; 6] = ["schema_version", "host", "label", "run", "metric", "value"];
 
-fn writer(columns: &[&str]) -> csv::Writer<Vec<u8>> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    w.write_record(columns).expect("writing to memory");
-    w
+/// One CSV file being written: every row leads with the schema version and the host's name and
+/// label, so files of several hosts concatenate into one table.
+struct CsvFile {
+    w: csv::Writer<Vec<u8>>,
+    lead: [String; 3],
 }
 
-fn finish(w: csv::Writer<Vec<u8>>) -> String {
-    String::from_utf8(w.into_inner().expect("flushing to memory")).expect("CSV is UTF-8")
+impl CsvFile {
+    fn new(columns: &[&str], p: &Profile) -> Self {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        w.write_record(columns).expect("writing to memory");
+        let name = |s: &Option<String>| s.clone().unwrap_or_default();
+        Self {
+            w,
+            lead: [
+                CSV_SCHEMA_VERSION.to_string(),
+                name(&p.host.hostname),
+                name(&p.host.label),
+            ],
+        }
+    }
+
+    fn row<'a>(&mut self, fields: impl IntoIterator<Item = &'a str>) {
+        let Self { w, lead } = self;
+        for field in lead.iter() {
+            w.write_field(field).expect("writing to memory");
+        }
+        w.write_record(fields).expect("writing to memory");
+    }
+
+    fn finish(self) -> String {
+        String::from_utf8(self.w.into_inner().expect("flushing to memory")).expect("CSV is UTF-8")
+    }
 }
 
 fn num(v: f64) -> String {
@@ -62,13 +94,12 @@ fn num(v: f64) -> String {
 
 /// `intervals.csv`: one row per interval x metric, labelled by cpu / device / stage / name.
 pub fn intervals(p: &Profile) -> String {
-    let mut w = writer(&INTERVAL_COLUMNS);
+    let mut w = CsvFile::new(&INTERVAL_COLUMNS, p);
     let device = p.target.device.clone().unwrap_or_default();
     for iv in &p.intervals {
         let mut rows = IntervalRows {
             w: &mut w,
             iv,
-            version: CSV_SCHEMA_VERSION.to_string(),
             bytes_measured: p.attached.is_none(),
         };
         rows.workload();
@@ -81,14 +112,13 @@ pub fn intervals(p: &Profile) -> String {
             rows.row("probe_cpu_pct", None, "", "", "", pct);
         }
     }
-    finish(w)
+    w.finish()
 }
 
 /// The rows of one interval of `intervals.csv`.
 struct IntervalRows<'a> {
-    w: &'a mut csv::Writer<Vec<u8>>,
+    w: &'a mut CsvFile,
     iv: &'a Interval,
-    version: String,
     /// False for attached runs, whose request sizes are not measured: no bandwidth rows.
     bytes_measured: bool,
 }
@@ -114,20 +144,17 @@ impl IntervalRows<'_> {
         value: f64,
     ) {
         let iv = self.iv;
-        self.w
-            .write_record([
-                self.version.as_str(),
-                &iv.index.to_string(),
-                &num(iv.start_s),
-                &num(iv.end_s),
-                metric,
-                &cpu.map(|c| c.to_string()).unwrap_or_default(),
-                dev,
-                stage,
-                name,
-                &num(value),
-            ])
-            .expect("writing to memory");
+        self.w.row([
+            iv.index.to_string().as_str(),
+            &num(iv.start_s),
+            &num(iv.end_s),
+            metric,
+            &cpu.map(|c| c.to_string()).unwrap_or_default(),
+            dev,
+            stage,
+            name,
+            &num(value),
+        ]);
     }
 
     /// Throughput and the app latency.
@@ -205,33 +232,56 @@ impl IntervalRows<'_> {
     }
 }
 
-/// `histograms.csv`: the cumulative stage histograms, one row per non-empty bucket.
+/// `histograms.csv`: one row per non-empty bucket of each stage histogram — of the profile's
+/// runs pooled (`run` "all"), of each run, and of each disk (`device`) by kind of request (`op`
+/// "read", "write", "flush"; "all" for the disk's requests together).
 pub fn histograms(p: &Profile) -> String {
-    let mut w = writer(&HISTOGRAM_COLUMNS);
-    let v = CSV_SCHEMA_VERSION.to_string();
-    for (stage, h) in Stage::ALL.map(|s| (s.name(), p.stages.get(s))) {
+    use crate::model::histogram::Histogram;
+    let mut w = CsvFile::new(&HISTOGRAM_COLUMNS, p);
+    let mut rows = |run: &str, device: &str, op: &str, stage: &str, h: Option<&Histogram>| {
         for [low, high, count] in h.map(|h| h.buckets.as_slice()).unwrap_or_default() {
-            w.write_record([
-                v.as_str(),
+            w.row([
+                run,
+                device,
+                op,
                 stage,
                 &low.to_string(),
                 &high.to_string(),
                 &count.to_string(),
-            ])
-            .expect("writing to memory");
+            ]);
+        }
+    };
+    for stage in Stage::ALL {
+        rows("all", "", "", stage.name(), p.stages.get(stage));
+    }
+    for r in &p.runs {
+        let run = r.run.to_string();
+        for stage in Stage::ALL {
+            rows(&run, "", "", stage.name(), r.stages.get(stage));
         }
     }
-    finish(w)
+    for d in &p.devices {
+        let by_op = std::iter::once(("all", &d.stages))
+            .chain(d.ops.iter().map(|o| (o.op.as_str(), &o.stages)));
+        for (op, s) in by_op {
+            for (stage, h) in [
+                (Stage::Queue, &s.queue),
+                (Stage::Device, &s.device),
+                (Stage::Completion, &s.completion),
+            ] {
+                rows("all", &d.name, op, stage.name(), h.as_ref());
+            }
+        }
+    }
+    w.finish()
 }
 
 /// `summary.csv`: one row per whole-run metric; units in the metric name.
 pub fn summary(p: &Profile) -> String {
-    let mut w = writer(&SUMMARY_COLUMNS);
-    let v = CSV_SCHEMA_VERSION.to_string();
+    let mut w = CsvFile::new(&SUMMARY_COLUMNS, p);
     let mut row = |metric: String, value: Option<f64>| {
         if let Some(value) = value {
-            w.write_record([v.as_str(), &metric, &num(value)])
-                .expect("writing to memory");
+            w.row([metric.as_str(), &num(value)]);
         }
     };
     let r = &p.results;
@@ -368,17 +418,15 @@ pub fn summary(p: &Profile) -> String {
             }
         }
     }
-    finish(w)
+    w.finish()
 }
 
 /// `host.csv`: the fingerprint flattened to key/value rows.
 pub fn host(p: &Profile) -> String {
-    let mut w = writer(&HOST_COLUMNS);
-    let v = CSV_SCHEMA_VERSION.to_string();
+    let mut w = CsvFile::new(&HOST_COLUMNS, p);
     let h = &p.host;
     let mut row = |key: String, value: String| {
-        w.write_record([v.as_str(), &key, &value])
-            .expect("writing to memory");
+        w.row([key.as_str(), &value]);
     };
     let opt = |s: &Option<String>| s.clone().unwrap_or_default();
     row("platform_description".into(), h.describe());
@@ -425,20 +473,18 @@ pub fn host(p: &Profile) -> String {
             }
         }
     }
-    finish(w)
+    w.finish()
 }
 
 /// All four files: (name, contents).
 /// `runs.csv`: one row per run x metric — the replicates `diff` compares (a profile from
 /// before runs were kept reads as one run).
 pub fn runs(p: &Profile) -> String {
-    let mut w = writer(&RUN_COLUMNS);
-    let v = CSV_SCHEMA_VERSION.to_string();
+    let mut w = CsvFile::new(&RUN_COLUMNS, p);
     for (r, _) in p.replicates() {
         let run = r.run.to_string();
         let mut row = |metric: &str, value: f64| {
-            w.write_record([v.as_str(), run.as_str(), metric, &num(value)])
-                .expect("writing to memory");
+            w.row([run.as_str(), metric, &num(value)]);
         };
         row("complete", if r.complete { 1.0 } else { 0.0 });
         row("measured_s", r.measured_s);
@@ -472,7 +518,7 @@ pub fn runs(p: &Profile) -> String {
             }
         }
     }
-    finish(w)
+    w.finish()
 }
 
 pub fn export(p: &Profile) -> [(&'static str, String); 5] {
@@ -680,7 +726,9 @@ pub(crate) mod tests {
 
     #[test]
     fn every_row_has_the_declared_columns() {
-        let p = fixture();
+        let mut p = fixture();
+        p.host.hostname = Some("db-vm-1".into());
+        p.host.label = Some("vm".into());
         for (name, text, cols) in [
             ("intervals", intervals(&p), INTERVAL_COLUMNS.len()),
             ("histograms", histograms(&p), HISTOGRAM_COLUMNS.len()),
@@ -693,9 +741,71 @@ pub(crate) mod tests {
             let rows: Vec<_> = r.records().map(|x| x.unwrap()).collect();
             assert!(!rows.is_empty(), "{name}");
             assert!(
-                rows.iter().all(|row| row.len() == cols && &row[0] == "1"),
+                rows.iter().all(|row| row.len() == cols
+                    && row[0] == *CSV_SCHEMA_VERSION.to_string()
+                    && (&row[1], &row[2]) == ("db-vm-1", "vm")),
                 "{name}"
             );
+        }
+    }
+
+    /// The per-run curves the diff judges, and each disk's by kind of request, can be rebuilt
+    /// from `histograms.csv`: every histogram's buckets add up to its count.
+    #[test]
+    fn histograms_hold_each_run_and_each_disk_by_op() {
+        use crate::model::devices::{DeviceProfile, DeviceStages, OpStages};
+        use crate::model::profile::RunRecord;
+        let mut p = fixture();
+        let run = |n| RunRecord {
+            run: n,
+            stages: p.stages.clone(),
+            ..Default::default()
+        };
+        p.runs = vec![run(1), run(2)];
+        let stages = DeviceStages {
+            queue: p.stages.queue.clone(),
+            device: p.stages.device.clone(),
+            completion: None,
+        };
+        p.devices = vec![DeviceProfile {
+            name: "vda".into(),
+            stages: stages.clone(),
+            ops: vec![OpStages {
+                op: "read".into(),
+                stages,
+            }],
+            ..Default::default()
+        }];
+        let text = histograms(&p);
+        let mut counts: std::collections::BTreeMap<(String, String, String, String), u64> =
+            Default::default();
+        for row in csv::Reader::from_reader(text.as_bytes()).records() {
+            let row = row.unwrap();
+            let key = (
+                row[3].to_string(),
+                row[4].to_string(),
+                row[5].to_string(),
+                row[6].to_string(),
+            );
+            *counts.entry(key).or_default() += row[9].parse::<u64>().unwrap();
+        }
+        let device_count = p.stages.device.as_ref().unwrap().count;
+        let key = |run: &str, dev: &str, op: &str, stage: &str| {
+            (
+                run.to_string(),
+                dev.to_string(),
+                op.to_string(),
+                stage.to_string(),
+            )
+        };
+        for k in [
+            key("all", "", "", "device"),
+            key("1", "", "", "device"),
+            key("2", "", "", "device"),
+            key("all", "vda", "all", "device"),
+            key("all", "vda", "read", "device"),
+        ] {
+            assert_eq!(counts.get(&k), Some(&device_count), "{k:?}\n{text}");
         }
     }
 }

@@ -983,7 +983,10 @@ mod tests {
         };
         let profile = &crate::run::assemble::cpu_loads(&snapshot)[0];
         let seconds: f64 = samples("virtgap_hardirq").iter().map(|s| s.1).sum();
-        assert!((seconds * 1e9 - profile.hardirq_ns as f64).abs() < 1.0, "{seconds}");
+        assert!(
+            (seconds * 1e9 - profile.hardirq_ns as f64).abs() < 1.0,
+            "{seconds}"
+        );
         assert_eq!(samples("virtgap_hardirqs"), [("60 nvme0q1".into(), 4000.0)]);
         assert_eq!(
             samples("virtgap_system_vectors"),
