@@ -1,7 +1,8 @@
 //! The app crate's layers, checked from its source: which folder of `src/` may use which (the
 //! rule README's "Layout" states), and no circle of files that use each other. A `use` (or an
 //! inline `crate::…` path) outside `#[cfg(test)]` code is an edge from its file to the file that
-//! defines what it names.
+//! defines what it names: a name that a module re-exports with `pub use` (a folder's `mod.rs`,
+//! `lib.rs`, any file) is followed to the file its item comes from.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -105,9 +106,23 @@ fn strip_strings(line: &str) -> String {
 
 /// Expands a use tree (`a::{b, c::{d, e}}`) into its paths.
 fn expand(tree: &str) -> Vec<String> {
+    expand_named(tree)
+        .into_iter()
+        .map(|(path, _)| path)
+        .collect()
+}
+
+/// Expands a use tree into its paths, each with the name it brings in (`a::b as c`: `c`).
+fn expand_named(tree: &str) -> Vec<(String, String)> {
+    let last = |path: &str| path.rsplit("::").next().unwrap().trim().to_string();
     let tree = tree.trim();
     let Some(open) = tree.find('{') else {
-        return vec![tree.split(" as ").next().unwrap().trim().to_string()];
+        let mut parts = tree.split(" as ");
+        let path = parts.next().unwrap().trim().to_string();
+        let name = parts
+            .next()
+            .map_or_else(|| last(&path), |alias| alias.trim().to_string());
+        return vec![(path, name)];
     };
     let prefix = tree[..open].trim_end_matches("::");
     let inner = &tree[open + 1..tree.rfind('}').unwrap()];
@@ -128,15 +143,64 @@ fn expand(tree: &str) -> Vec<String> {
     parts
         .into_iter()
         .filter(|p| !p.trim().is_empty())
-        .flat_map(expand)
-        .map(|p| {
-            if p == "self" {
-                prefix.to_string()
+        .flat_map(expand_named)
+        .map(|(path, name)| {
+            if path == "self" {
+                let name = if name == "self" { last(prefix) } else { name };
+                (prefix.to_string(), name)
             } else {
-                format!("{prefix}::{p}")
+                (format!("{prefix}::{path}"), name)
             }
         })
         .collect()
+}
+
+fn segments(path: &str) -> Vec<String> {
+    path.split("::")
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The module a file is, as a path from the crate root: `kv/mod.rs` and `kv.rs` are `kv`,
+/// `lib.rs` and `main.rs` the root.
+fn module_of(file: &Path) -> Vec<String> {
+    let mut segs: Vec<String> = file
+        .parent()
+        .unwrap()
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    let stem = file.file_stem().unwrap().to_string_lossy();
+    let root = segs.is_empty() && (stem == "lib" || stem == "main");
+    if stem != "mod" && !root {
+        segs.push(stem.into_owned());
+    }
+    segs
+}
+
+/// A `crate::`, `self::` or `super::` path written in `file`, as a path from the crate root;
+/// None for any other (another crate's, `std`'s, a 2018 path to a child module).
+fn absolute(file: &Path, segs: &[String]) -> Option<Vec<String>> {
+    let (first, mut rest) = segs.split_first()?;
+    let mut base = match first.as_str() {
+        "crate" => Vec::new(),
+        "self" => module_of(file),
+        "super" => {
+            // `super` of src/a/b.rs is src/a (mod.rs); each further one goes up.
+            let mut base = module_of(file);
+            base.pop();
+            while rest.first().map(String::as_str) == Some("super") {
+                base.pop();
+                rest = &rest[1..];
+            }
+            base
+        }
+        _ => return None,
+    };
+    base.extend(rest.iter().cloned());
+    Some(base)
 }
 
 /// The crate paths a file names: its `use` trees expanded, and inline `crate::…` paths.
@@ -161,79 +225,178 @@ fn paths_named(file: &Path, code: &str) -> Vec<Vec<String>> {
             .collect();
         paths.push(rest);
     }
-    let dir: Vec<String> = file
-        .parent()
-        .unwrap()
-        .components()
-        .map(|c| c.as_os_str().to_string_lossy().into_owned())
-        .collect();
     paths
-        .into_iter()
-        .filter_map(|p| {
-            let segs: Vec<String> = p
-                .split("::")
-                .map(str::trim)
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect();
-            match segs.first().map(String::as_str) {
-                Some("crate") => Some(segs[1..].to_vec()),
-                Some("super") => {
-                    let mut base = dir.clone();
-                    let mut rest = &segs[..];
-                    // `super` of src/a/b.rs is src/a (mod.rs); each further one goes up.
-                    if file.file_name().unwrap() == "mod.rs" {
-                        base.pop();
-                    }
-                    rest = &rest[1..];
-                    while rest.first().map(String::as_str) == Some("super") {
-                        base.pop();
-                        rest = &rest[1..];
-                    }
-                    Some(base.into_iter().chain(rest.iter().cloned()).collect())
-                }
-                _ => None,
-            }
-        })
+        .iter()
+        .filter_map(|p| absolute(file, &segments(p)))
         .collect()
 }
 
-/// The file under `root` that defines the longest prefix of `segs` that is a module.
-fn file_of(root: &Path, segs: &[String]) -> Option<PathBuf> {
-    let mut best = None;
+/// What a file re-exports: each name that a `pub use` (or `pub(…) use`) of its own brings in,
+/// with the path from the crate root of what it names. Not followed, so that an import of the
+/// name stops at this file: a `pub use` inside braces (an inline module's, a function's), a
+/// glob, and a path out of the crate or to an item of the file itself (a macro, an enum's
+/// variants).
+fn reexports_of(root: &Path, file: &Path, code: &str) -> BTreeMap<String, Vec<String>> {
+    let flat = code.replace('\n', " ");
+    let module = module_of(file);
+    let mut out = BTreeMap::new();
+    for (at, _) in flat.match_indices("use ") {
+        let before = flat[..at].trim_end();
+        let visibility = match before.strip_suffix(')') {
+            Some(b) => b.rfind('(').map_or("", |open| b[..open].trim_end()),
+            None => before,
+        };
+        let public = visibility.strip_suffix("pub").is_some_and(|b| {
+            b.chars()
+                .next_back()
+                .is_none_or(|c| !(c.is_alphanumeric() || c == '_'))
+        });
+        // Char literals (`'{'`) are the only braces left outside blocks and use trees.
+        let preceding = flat[..at].replace("'{'", "").replace("'}'", "");
+        let top_level = preceding.matches('{').count() == preceding.matches('}').count();
+        if !public || !top_level {
+            continue;
+        }
+        let tree = &flat[at + 4..];
+        for (path, name) in expand_named(&tree[..tree.find(';').unwrap_or(tree.len())]) {
+            let segs = segments(&path);
+            if segs.is_empty() || name == "*" || name == "_" {
+                continue;
+            }
+            // Else a 2018 path: through a child module, or out of the crate.
+            let target = absolute(file, &segs).or_else(|| {
+                let child = [module.clone(), vec![segs[0].clone()]].concat();
+                module_file(root, &child).map(|_| [module.clone(), segs].concat())
+            });
+            if let Some(target) = target {
+                out.insert(name, target);
+            }
+        }
+    }
+    out
+}
+
+/// The file of the longest prefix of `segs` that is a module (the crate root's file for none),
+/// and how many segments that prefix has.
+fn longest_module(root: &Path, segs: &[String]) -> (PathBuf, usize) {
+    let mut best = if root.join("lib.rs").is_file() {
+        PathBuf::from("lib.rs")
+    } else {
+        PathBuf::from("main.rs")
+    };
+    let mut used = 0;
     let mut dir = PathBuf::new();
     for seg in segs {
         let as_file = dir.join(format!("{seg}.rs"));
         let as_dir = dir.join(seg).join("mod.rs");
         if root.join(&as_file).is_file() {
-            best = Some(as_file);
+            best = as_file;
         } else if root.join(&as_dir).is_file() {
-            best = Some(as_dir);
+            best = as_dir;
         } else {
             break;
         }
+        used += 1;
         dir.push(seg);
     }
-    best
+    (best, used)
 }
 
-/// file -> the files it uses (test code left out), in the crate whose sources are at `root`.
-fn edges(root: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
-    let mut files = Vec::new();
-    rust_files(root, root, &mut files);
-    let mut graph = BTreeMap::new();
-    for file in files {
-        let code = code_of(&std::fs::read_to_string(root.join(&file)).unwrap());
-        let targets: BTreeSet<PathBuf> = paths_named(&file, &code)
-            .iter()
-            .filter_map(|segs| file_of(root, segs))
-            .filter(|t| *t != file)
-            // A folder's mod.rs only names its files.
-            .filter(|t| {
-                !(t.file_name().unwrap() == "mod.rs" && file.starts_with(t.parent().unwrap()))
+/// The file of the module at `segs`, if every segment is a module.
+fn module_file(root: &Path, segs: &[String]) -> Option<PathBuf> {
+    let (file, used) = longest_module(root, segs);
+    (used == segs.len()).then_some(file)
+}
+
+/// A crate's sources: each file's code (test code, comments and strings left out), and what
+/// each re-exports.
+struct Crate {
+    root: PathBuf,
+    code: BTreeMap<PathBuf, String>,
+    reexports: BTreeMap<PathBuf, BTreeMap<String, Vec<String>>>,
+}
+
+/// Where a path leads: the file that defines what it names, and the files whose `pub use` it
+/// went through, in order.
+#[derive(Debug, PartialEq)]
+struct Found {
+    file: PathBuf,
+    via: Vec<PathBuf>,
+}
+
+impl Crate {
+    fn new(root: PathBuf) -> Self {
+        let mut files = Vec::new();
+        rust_files(&root, &root, &mut files);
+        let code: BTreeMap<PathBuf, String> = files
+            .into_iter()
+            .map(|f| {
+                let text = std::fs::read_to_string(root.join(&f)).unwrap();
+                (f, code_of(&text))
             })
             .collect();
-        graph.insert(file, targets);
+        let reexports = code
+            .iter()
+            .map(|(f, c)| (f.clone(), reexports_of(&root, f, c)))
+            .collect();
+        Self {
+            root,
+            code,
+            reexports,
+        }
+    }
+
+    /// The file that defines what `segs` (a path from the crate root) names: the file of its
+    /// longest prefix that is a module — or, when that module re-exports the next name, where
+    /// the re-export leads, followed through any further one. None for a name of the crate
+    /// root that it does not re-export from one of its modules.
+    fn file_of(&self, segs: &[String]) -> Option<Found> {
+        let mut segs = segs.to_vec();
+        let mut via = Vec::new();
+        loop {
+            let (file, used) = longest_module(&self.root, &segs);
+            let reexport = segs
+                .get(used)
+                .and_then(|name| self.reexports.get(&file)?.get(name));
+            match reexport {
+                // Rust has no loop of re-exports: the bound only keeps a misread finite.
+                Some(target) if via.len() < 32 => {
+                    segs = [target.clone(), segs[used + 1..].to_vec()].concat();
+                    via.push(file);
+                }
+                _ => return (used > 0).then_some(Found { file, via }),
+            }
+        }
+    }
+}
+
+/// file -> each file it uses (test code left out), with the first path that names it there.
+type Graph = BTreeMap<PathBuf, BTreeMap<PathBuf, String>>;
+
+/// The files of the crate whose sources are at `root`, and what each uses.
+fn edges(root: &Path) -> Graph {
+    let krate = Crate::new(root.to_path_buf());
+    let mut graph = Graph::new();
+    for (file, code) in &krate.code {
+        let mut targets = BTreeMap::new();
+        for segs in paths_named(file, code) {
+            let Some(Found { file: target, via }) = krate.file_of(&segs) else {
+                continue;
+            };
+            // A folder's mod.rs only names its files.
+            let own_folder = target.file_name().unwrap() == "mod.rs"
+                && file.starts_with(target.parent().unwrap());
+            if target == *file || own_folder {
+                continue;
+            }
+            let mut named = format!("crate::{}", segs.join("::"));
+            if !via.is_empty() {
+                let via: Vec<String> = via.iter().map(|v| v.display().to_string()).collect();
+                named += &format!(", re-exported by {}", via.join(" then "));
+            }
+            targets.entry(target).or_insert(named);
+        }
+        graph.insert(file.clone(), targets);
     }
     graph
 }
@@ -247,11 +410,15 @@ fn each_layer_uses_only_the_layers_below_it() {
         let Some(allowed) = rule.get(from.as_str()) else {
             continue; // main.rs, lib.rs, stderr.rs
         };
-        for target in targets {
+        for (target, named) in targets {
             let to = layer_of(&target);
             if to != from && !allowed.contains(&to.as_str()) && !OPEN_TO_ALL.contains(&to.as_str())
             {
-                breaches.push(format!("{} uses {}", file.display(), target.display()));
+                breaches.push(format!(
+                    "{} uses {} ({named})",
+                    file.display(),
+                    target.display()
+                ));
             }
         }
     }
@@ -264,25 +431,33 @@ fn each_layer_uses_only_the_layers_below_it() {
 
 #[test]
 fn no_files_use_each_other_in_a_circle() {
-    let circles: Vec<String> = CRATES
-        .iter()
-        .flat_map(|dir| {
-            circles(&edges(&crate_src(dir)))
-                .into_iter()
-                .map(move |c| format!("{dir}: {}", c.join(" <-> ")))
-        })
-        .collect();
+    let mut found = Vec::new();
+    for dir in CRATES {
+        let graph = edges(&crate_src(dir));
+        for circle in circles(&graph) {
+            found.push(format!("{dir}: {}", circle.join(" <-> ")));
+            // How: each use between two files of the circle.
+            for file in &circle {
+                let targets = &graph[Path::new(file)];
+                for (target, named) in targets {
+                    if circle.contains(&target.display().to_string()) {
+                        found.push(format!("    {file} uses {} ({named})", target.display()));
+                    }
+                }
+            }
+        }
+    }
     assert!(
-        circles.is_empty(),
+        found.is_empty(),
         "files that use each other in a circle:\n  {}",
-        circles.join("\n  ")
+        found.join("\n  ")
     );
 }
 
 /// Tarjan's strongly connected components of more than one file.
-fn circles(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<String>> {
+fn circles(graph: &Graph) -> Vec<Vec<String>> {
     struct Walk<'a> {
-        graph: &'a BTreeMap<PathBuf, BTreeSet<PathBuf>>,
+        graph: &'a Graph,
         index: BTreeMap<&'a PathBuf, usize>,
         low: BTreeMap<&'a PathBuf, usize>,
         stack: Vec<&'a PathBuf>,
@@ -297,7 +472,7 @@ fn circles(graph: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<String>> {
             self.next += 1;
             self.stack.push(v);
             self.on_stack.insert(v);
-            for w in self.graph.get(v).into_iter().flatten() {
+            for w in self.graph.get(v).into_iter().flat_map(BTreeMap::keys) {
                 let Some((w, _)) = self.graph.get_key_value(w) else {
                     continue;
                 };
@@ -354,21 +529,93 @@ fn the_checker_sees_uses_of_every_shape() {
             "crate::model"
         ]
     );
+    assert_eq!(
+        expand_named("a::{b as c, d::{self as e, f}, self}"),
+        [
+            ("a::b".to_string(), "c".to_string()),
+            ("a::d".to_string(), "e".to_string()),
+            ("a::d::f".to_string(), "f".to_string()),
+            ("a".to_string(), "a".to_string()),
+        ]
+    );
     let code = code_of(
         "use crate::model::profile::Profile;\nfn f() { crate::run::series::go(); }\n#[cfg(test)]\nmod tests {\n    use crate::cmd::record;\n}\n",
     );
     let named = paths_named(Path::new("analysis/diff.rs"), &code);
-    assert!(named.contains(&vec!["model".into(), "profile".into(), "Profile".into()]));
-    assert!(named.contains(&vec!["run".into(), "series".into(), "go".into()]));
+    assert!(named.contains(&segments("model::profile::Profile")));
+    assert!(named.contains(&segments("run::series::go")));
     assert!(
         !named.iter().any(|p| p[0] == "cmd"),
         "test code is left out: {named:?}"
     );
+    let named = paths_named(
+        Path::new("a/b/c.rs"),
+        "use super::super::x::Y;\nuse self::z::W;\nuse super::V;\n",
+    );
     assert_eq!(
-        file_of(
-            &src(),
-            &["model".into(), "profile".into(), "Profile".into()]
-        ),
-        Some(PathBuf::from("model/profile.rs"))
+        named,
+        [
+            segments("a::x::Y"),
+            segments("a::b::c::z::W"),
+            segments("a::b::V")
+        ]
+    );
+    let app = Crate::new(src());
+    assert_eq!(
+        app.file_of(&segments("model::profile::Profile")),
+        Some(Found {
+            file: PathBuf::from("model/profile.rs"),
+            via: vec![]
+        })
+    );
+}
+
+#[test]
+fn the_checker_follows_re_exports_to_the_file_that_defines_the_item() {
+    let root = crate_src("workloads/src");
+    let code = code_of(
+        "mod a;\npub use a::{B, C as D};\npub(crate) use crate::e::F;\npub use super::G;\nuse h::I;\npub use other_crate::J;\npub use k::*;\nmacro_rules! m { () => {} }\npub(crate) use m;\nmod inner {\n    pub use crate::x::Y;\n}\n",
+    );
+    let reexports = reexports_of(&root, Path::new("kv/mod.rs"), &code);
+    let expected: BTreeMap<String, Vec<String>> = [
+        ("F", "e::F"),
+        ("G", "G"),
+        // `kv/a.rs` is no module: the path leaves the crate.
+    ]
+    .into_iter()
+    .map(|(n, p)| (n.to_string(), segments(p)))
+    .collect();
+    assert_eq!(reexports, expected);
+    let reexports = reexports_of(
+        &root,
+        Path::new("kv/mod.rs"),
+        "pub use verdict::{Behind as B};",
+    );
+    assert_eq!(reexports["B"], segments("kv::verdict::Behind"));
+
+    // Through a folder's mod.rs, and through lib.rs.
+    let workloads = Crate::new(root);
+    assert_eq!(
+        workloads.file_of(&segments("kv::KvOutcome")),
+        Some(Found {
+            file: PathBuf::from("kv/verdict.rs"),
+            via: vec![PathBuf::from("kv/mod.rs")]
+        })
+    );
+    assert_eq!(
+        workloads
+            .file_of(&segments("RunStats::merge"))
+            .map(|f| f.file),
+        Some(PathBuf::from("stats.rs"))
+    );
+    // A name the crate root defines itself (or does not have) leads to no file.
+    assert_eq!(workloads.file_of(&segments("nothing_here")), None);
+    let probes = Crate::new(crate_src("probes/src"));
+    assert_eq!(
+        probes.file_of(&segments("KernelHist::from_raw")),
+        Some(Found {
+            file: PathBuf::from("hist.rs"),
+            via: vec![PathBuf::from("lib.rs")]
+        })
     );
 }

@@ -17,12 +17,22 @@ macro_rules! plain_types {
 }
 pub(crate) use plain_types;
 
-/// Every skeleton generates its own copy of `vg_hist`; each converts to the one model type.
+/// A skeleton's `struct vg_hist`: every skeleton generates its own copy, and `hist_type!` makes
+/// each one this, so that the model type (`hist.rs`) converts from any of them.
+pub(crate) trait RawHist {
+    /// Counts per slot, as the kernel keeps them.
+    fn slots(&self) -> &[u64];
+    fn sum_ns(&self) -> u64;
+}
+
 macro_rules! hist_type {
     () => {
-        impl From<&types::vg_hist> for crate::KernelHist {
-            fn from(h: &types::vg_hist) -> Self {
-                crate::KernelHist::from_raw(&h.slots, h.sum_ns)
+        impl crate::bpf::RawHist for types::vg_hist {
+            fn slots(&self) -> &[u64] {
+                &self.slots
+            }
+            fn sum_ns(&self) -> u64 {
+                self.sum_ns
             }
         }
     };

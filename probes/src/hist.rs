@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::bpf::hist_check::types::vg_limits;
+use crate::bpf::RawHist;
 
 /// Sub-buckets per power of two, as log2 (`VG_HIST_SUB_BITS` in `bpf/include/virtgap.h`).
 pub const SUB_BITS: u32 = vg_limits::VG_HIST_SUB_BITS.0;
@@ -57,6 +58,13 @@ impl Default for KernelHist {
             count: 0,
             sum_ns: 0,
         }
+    }
+}
+
+/// Every skeleton's own copy of `vg_hist` converts to the one model type.
+impl<H: RawHist> From<&H> for KernelHist {
+    fn from(h: &H) -> Self {
+        Self::from_raw(h.slots(), h.sum_ns())
     }
 }
 

@@ -953,6 +953,166 @@ fn a_workload_away_from_its_irq_cpu_moves_the_hypervisors_ipis() {
     .run();
 }
 
+/// A loop that sleeps 200 µs at a time, pinned to `cpu`, once the disk `dev` ("MAJ:MIN") reads
+/// at workload rates: every sleep arms a high-resolution timer, and on a KVM guest each
+/// programming of the local APIC timer is an MSR write that exits. Started only with the
+/// workload, so that the idle baseline `record` measures first does not hold it (a figure
+/// above idle would subtract it). It prints its sleeps per second when told to stop (SIGTERM).
+fn timer_loop(cpu: &str, dev: &str) -> Child {
+    const SCRIPT: &str = "import signal, sys, time
+n, start = 0, None
+def stop(*_):
+    print(n / (time.monotonic() - start) if start else 0.0, flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+def reads():
+    with open(f'/sys/dev/block/{sys.argv[1]}/stat') as f:
+        return int(f.read().split()[0])
+last = reads()
+while True:
+    time.sleep(0.02)
+    now = reads()
+    if now - last >= 50:
+        break
+    last = now
+start = time.monotonic()
+while True:
+    time.sleep(0.0002)
+    n += 1
+";
+    Command::new("taskset")
+        .args(["-c", cpu, "python3", "-c", SCRIPT, dev])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("taskset and python3")
+}
+
+/// The loop's sleeps per second, after SIGTERM.
+fn stop_timer_loop(child: Child) -> f64 {
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("the timer loop printed {text:?}"))
+}
+
+/// The same QD-1 reads on the disk IRQ's CPU, with a loop of 200 µs sleeps pinned to another,
+/// otherwise idle CPU on host B while the workload runs: each sleep wakes that CPU from idle by its timer, which
+/// programs the timer again on the way in and out (two to four writes a sleep), so the timer
+/// row per I/O must rise by about the loop's sleeps per I/O times that, and be the mechanism
+/// that moved most; the hypervisor's time must not be found lower. (Beside the workload on its
+/// own CPU the loop would do the opposite: a CPU that no longer idles between I/Os stops and
+/// restarts its tick less, and the diff rightly says the timer moved down.)
+#[test]
+#[ignore = "experiment: run by `just attribution-check`"]
+fn timer_programmings_injected_beside_the_workload_move_the_timer_row_by_their_rate() {
+    if !root_allowed("timer hypervisor-mechanism experiment") {
+        return;
+    }
+    if !under_a_hypervisor() {
+        virtgap_testkit::skip(
+            "the timer experiment",
+            "bare metal: timer writes do not exit",
+        );
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = scratch();
+    let irq_cpu = irq_cpu(dir.path()).unwrap_or(0);
+    let Some(other) = online_cpus().into_iter().find(|&c| c != irq_cpu) else {
+        virtgap_testkit::skip("the timer experiment", "one CPU online");
+        return;
+    };
+    let (irq, other) = (irq_cpu.to_string(), other.to_string());
+    let disk = disk_of(dir.path());
+    let args = [
+        "-w",
+        "rand4k-qd1",
+        "--size",
+        "256MiB",
+        "--duration",
+        "5s",
+        "--dir",
+        dir.path().to_str().unwrap(),
+    ];
+    let sleeps_per_s = std::cell::RefCell::new(Vec::<f64>::new());
+    let judge = |d: &Value, _: &[PathBuf], b: &[PathBuf]| {
+        let mut look = Look::new();
+        let hv = |metric: &str| {
+            d["hypervisor"]["rows"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|r| r["metric"] == metric)
+                .unwrap_or_else(|| panic!("no hypervisor row {metric}: {}", d["hypervisor"]))
+                .clone()
+        };
+        let rates = sleeps_per_s.borrow();
+        let injected = rates.iter().sum::<f64>() / rates.len() as f64 / mean_iops(b);
+        let timer = hv("timer_per_io");
+        let significant = timer["verdict"] == "significant";
+        let effect = timer["effect"].as_f64().unwrap_or(0.0);
+        let (low, high) = (
+            timer["ci_low"].as_f64().unwrap_or(f64::NAN),
+            timer["ci_high"].as_f64().unwrap_or(f64::NAN),
+        );
+        println!(
+            "  injected: {:.0} sleeps/s, {injected:.2} per I/O; timer programmings per I/O B - A: {:+.2} [{low:+.2}, {high:+.2}]",
+            rates.iter().sum::<f64>() / rates.len() as f64,
+            timer["delta"].as_f64().unwrap_or(f64::NAN),
+        );
+        look.wrong_if(significant && effect < 0.0, || {
+            format!("timer programmings per I/O went down: {}", brief(&timer))
+        });
+        // About the injected amount: two to four writes a sleep; an interval wholly outside
+        // one to six is a wrong size.
+        look.wrong_if(significant && (high < injected || low > 6.0 * injected), || {
+            format!(
+                "the timer row moved by [{low:.2}, {high:.2}] per I/O for {injected:.2} sleeps per I/O"
+            )
+        });
+        look.open_unless(significant && effect > 0.0, || {
+            format!("timer_per_io: {}", brief(&timer))
+        });
+        let moved = &d["hypervisor"]["moved"];
+        look.wrong_if(!moved.is_null() && moved != "timer", || {
+            format!("the mechanism that moved most is {moved}, not timer")
+        });
+        let time = hv("hypervisor_time_per_io");
+        look.wrong_if(
+            time["verdict"] == "significant" && time["delta"].as_f64().unwrap_or(0.0) < 0.0,
+            || format!("the hypervisor's time per I/O went down: {}", brief(&time)),
+        );
+        look
+    };
+    Experiment {
+        name: &format!(
+            "timer: rand4k QD 1 on CPU {irq}, alone vs with a 200 µs sleep loop on CPU {other}"
+        ),
+        plan: Plan {
+            first: 5,
+            step: 5,
+            cap: 10,
+        },
+        dir: dir.path(),
+        record_a: &mut |out| record(&["taskset", "-c", &irq], &args, out),
+        record_b: &mut |out, _| {
+            let sleeper = timer_loop(&other, &disk);
+            record(&["taskset", "-c", &irq], &args, out);
+            sleeps_per_s.borrow_mut().push(stop_timer_loop(sleeper));
+        },
+        diff: &diff_runs,
+        judge: &judge,
+        noise: &profile_noise,
+    }
+    .run();
+}
+
 /// The figure an iotune result reports for one phase.
 fn phase_figure(result: &Path, phase: &str) -> f64 {
     let doc: Value = serde_json::from_slice(&std::fs::read(result).unwrap()).unwrap();

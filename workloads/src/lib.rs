@@ -5,6 +5,7 @@
 //! Everything here builds and runs without root and without BPF.
 
 pub mod act;
+pub mod dir_stats;
 pub mod dm;
 pub mod engine;
 pub mod extents;

@@ -3,31 +3,9 @@
 
 use crate::histogram::LatencyHistogram;
 
-/// Latency and volume of one direction (reads or writes).
-#[derive(Clone, Debug, Default)]
-pub struct DirStats {
-    pub ios: u64,
-    pub bytes: u64,
-    /// Created → handed to the kernel.
-    pub slat: LatencyHistogram,
-    /// Handed to the kernel → completion reaped.
-    pub clat: LatencyHistogram,
-    /// Created → completion reaped.
-    pub lat: LatencyHistogram,
-    /// Scheduled time → completion reaped (paced runs only).
-    pub lat_intended: LatencyHistogram,
-}
-
-impl DirStats {
-    pub fn merge(&mut self, other: &Self) {
-        self.ios += other.ios;
-        self.bytes += other.bytes;
-        self.slat.merge(&other.slat);
-        self.clat.merge(&other.clat);
-        self.lat.merge(&other.lat);
-        self.lat_intended.merge(&other.lat_intended);
-    }
-}
+// One direction's figures live in `dir_stats`, which a kv run's outcome holds too; this keeps
+// their old path.
+pub use crate::dir_stats::DirStats;
 
 /// CPU used by a worker thread over the measured window.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

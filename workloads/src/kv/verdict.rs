@@ -9,7 +9,7 @@ use super::act_log::HistogramSnapshot;
 use super::inflight::QueueTally;
 use super::store::KvCounters;
 use crate::act::{self, Derived, SliceVerdict};
-use crate::stats::DirStats;
+use crate::dir_stats::DirStats;
 
 /// Latency percentages of one stream over one slice, ACT's way.
 #[derive(Clone, Debug, PartialEq)]
