@@ -953,35 +953,44 @@ fn a_workload_away_from_its_irq_cpu_moves_the_hypervisors_ipis() {
     .run();
 }
 
-/// A loop that sleeps 200 µs at a time, pinned to `cpu`, once the disk `dev` ("MAJ:MIN") reads
-/// at workload rates: every sleep arms a high-resolution timer, and on a KVM guest each
+/// A loop that sleeps 200 µs at a time, pinned to `cpu`, once virtgap's workload threads
+/// (`vg-worker-N`) exist: every sleep arms a high-resolution timer, and on a KVM guest each
 /// programming of the local APIC timer is an MSR write that exits. Started only with the
 /// workload, so that the idle baseline `record` measures first does not hold it (a figure
 /// above idle would subtract it). It prints its sleeps per second when told to stop (SIGTERM).
-fn timer_loop(cpu: &str, dev: &str) -> Child {
-    const SCRIPT: &str = "import signal, sys, time
+fn timer_loop(cpu: &str) -> Child {
+    const SCRIPT: &str = "import os, signal, sys, time
 n, start = 0, None
 def stop(*_):
     print(n / (time.monotonic() - start) if start else 0.0, flush=True)
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
-def reads():
-    with open(f'/sys/dev/block/{sys.argv[1]}/stat') as f:
-        return int(f.read().split()[0])
-last = reads()
-while True:
+def comm(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ''
+def workers_run():
+    for pid in filter(str.isdigit, os.listdir('/proc')):
+        if comm(f'/proc/{pid}/comm') != 'virtgap':
+            continue
+        try:
+            tids = os.listdir(f'/proc/{pid}/task')
+        except OSError:
+            continue
+        if any(comm(f'/proc/{pid}/task/{t}/comm').startswith('vg-worker') for t in tids):
+            return True
+    return False
+while not workers_run():
     time.sleep(0.02)
-    now = reads()
-    if now - last >= 50:
-        break
-    last = now
 start = time.monotonic()
 while True:
     time.sleep(0.0002)
     n += 1
 ";
     Command::new("taskset")
-        .args(["-c", cpu, "python3", "-c", SCRIPT, dev])
+        .args(["-c", cpu, "python3", "-c", SCRIPT])
         .stdout(Stdio::piped())
         .spawn()
         .expect("taskset and python3")
@@ -1029,7 +1038,6 @@ fn timer_programmings_injected_beside_the_workload_move_the_timer_row_by_their_r
         return;
     };
     let (irq, other) = (irq_cpu.to_string(), other.to_string());
-    let disk = disk_of(dir.path());
     let args = [
         "-w",
         "rand4k-qd1",
@@ -1102,7 +1110,7 @@ fn timer_programmings_injected_beside_the_workload_move_the_timer_row_by_their_r
         dir: dir.path(),
         record_a: &mut |out| record(&["taskset", "-c", &irq], &args, out),
         record_b: &mut |out, _| {
-            let sleeper = timer_loop(&other, &disk);
+            let sleeper = timer_loop(&other);
             record(&["taskset", "-c", &irq], &args, out);
             sleeps_per_s.borrow_mut().push(stop_timer_loop(sleeper));
         },
