@@ -11,7 +11,7 @@ use std::time::Instant;
 use libbpf_rs::{MapCore, Object};
 
 use crate::attach::KernelTracepoints;
-use crate::error::{BpfError, Unavailable};
+use crate::error::{BpfError, NoPermission, Unavailable};
 use crate::families::{
     HostShape, LoadContext, Loaded, ProbeConfig, ProbeStorage, ProcessFilter, SharedMaps,
 };
@@ -56,22 +56,7 @@ impl<'a> ProbeSession<'a> {
         libbpf_log::install();
         let mut report = CapabilityReport::default();
         let permission = crate::bpf_permission();
-        let stats_fd = match &permission {
-            Ok(()) => enable_run_stats()
-                .map_err(|e| report.run_stats_unavailable = Some(e.to_string()))
-                .ok(),
-            Err(e) => {
-                report.run_stats_unavailable = Some(e.to_string());
-                None
-            }
-        };
-        let run_stats = RefCell::new(RunStats {
-            available: stats_fd.is_some(),
-            fd: stats_fd,
-            on_ns: 0,
-            since: Instant::now(),
-            runs: 0,
-        });
+        let run_stats = RefCell::new(RunStats::turned_on(&permission, &mut report));
         let traced: Vec<_> = Family::ALL
             .iter()
             .flat_map(|f| f.def().modules)
@@ -81,16 +66,7 @@ impl<'a> ProbeSession<'a> {
         // Read once: the irq probe, the sampler and the paravirt timers all need it.
         let symbols = Arc::new(crate::virt::Symbols::load());
         let host = HostShape::read();
-        let hypervisor = config
-            .hypervisor
-            .or_else(|| {
-                std::env::var(HYPERVISOR_VAR)
-                    .ok()
-                    .map(|name| crate::hypervisor::Hypervisor::of_name(&name))
-            })
-            .unwrap_or_else(|| {
-                crate::virt::detect_hypervisor(std::path::Path::new("/")).hypervisor
-            });
+        let hypervisor = hypervisor_of(config);
         let followed = config.follow.as_ref().map(|_| followed_map());
         let filter = match &followed {
             Some(Ok(map)) => Some(ProcessFilter::following(map.as_fd().as_raw_fd())),
@@ -114,40 +90,8 @@ impl<'a> ProbeSession<'a> {
             notes: &notes,
             shared: &shared,
         };
-        let mut families = Vec::new();
-        // The irq family loads first: its interrupt-entry program also stamps the block
-        // family's IRQ entries (SharedMaps::irq_entered). Reports keep Family::ALL's order.
-        let mut order: Vec<_> = Family::ALL
-            .into_iter()
-            .zip(storage.slots.iter_mut())
-            .collect();
-        order.sort_by_key(|(family, _)| *family != Family::Irq);
-        for (family, slots) in order {
-            if !config.families.contains(&family) {
-                continue;
-            }
-            if let Err(why) = permission {
-                report.families.push(FamilyReport::unavailable(
-                    family,
-                    Unavailable::NoPermission(why),
-                ));
-                continue;
-            }
-            if let Some(why) = &followed_failed {
-                report.families.push(FamilyReport::unavailable(
-                    family,
-                    Unavailable::Other(why.clone()),
-                ));
-                continue;
-            }
-            match (family.def().load)(&cx, slots) {
-                Ok((loaded, r)) => {
-                    report.families.push(r);
-                    families.push((family, loaded));
-                }
-                Err(r) => report.families.push(r),
-            }
-        }
+        let refusal = (permission, followed_failed.as_deref());
+        let mut families = load_families(&cx, storage, refusal, &mut report);
         report.families.sort_by_key(|r| r.family);
         families.sort_by_key(|(family, _)| *family);
         report.notes = notes.into_inner();
@@ -360,6 +304,65 @@ impl<'a> ProbeSession<'a> {
     }
 }
 
+/// The hypervisor whose paths the hypervisor families measure: the config's, else the one
+/// `VIRTGAP_HYPERVISOR` names, else the one this host runs under (none on metal).
+fn hypervisor_of(config: &ProbeConfig) -> crate::hypervisor::Hypervisor {
+    config
+        .hypervisor
+        .or_else(|| {
+            std::env::var(HYPERVISOR_VAR)
+                .ok()
+                .map(|name| crate::hypervisor::Hypervisor::of_name(&name))
+        })
+        .unwrap_or_else(|| crate::virt::detect_hypervisor(std::path::Path::new("/")).hypervisor)
+}
+
+/// Loads each configured family into its slots of `storage`, its report in `report` (in load
+/// order). None loads when `refusal` says why: without permission, or without the map of
+/// followed processes.
+fn load_families<'a>(
+    cx: &LoadContext<'_>,
+    storage: &'a mut ProbeStorage,
+    (permission, followed_failed): (Result<(), NoPermission>, Option<&str>),
+    report: &mut CapabilityReport,
+) -> Vec<(Family, Loaded<'a>)> {
+    let mut families = Vec::new();
+    // The irq family loads first: its interrupt-entry program also stamps the block
+    // family's IRQ entries (SharedMaps::irq_entered). Reports keep Family::ALL's order.
+    let mut order: Vec<_> = Family::ALL
+        .into_iter()
+        .zip(storage.slots.iter_mut())
+        .collect();
+    order.sort_by_key(|(family, _)| *family != Family::Irq);
+    for (family, slots) in order {
+        if !cx.config.families.contains(&family) {
+            continue;
+        }
+        if let Err(why) = permission {
+            report.families.push(FamilyReport::unavailable(
+                family,
+                Unavailable::NoPermission(why),
+            ));
+            continue;
+        }
+        if let Some(why) = followed_failed {
+            report.families.push(FamilyReport::unavailable(
+                family,
+                Unavailable::Other(why.to_owned()),
+            ));
+            continue;
+        }
+        match (family.def().load)(cx, slots) {
+            Ok((loaded, r)) => {
+                report.families.push(r);
+                families.push((family, loaded));
+            }
+            Err(r) => report.families.push(r),
+        }
+    }
+    families
+}
+
 /// The kernel's run statistics as this session holds them, and for how long they were on.
 struct RunStats {
     /// They could be turned on at load (else no program statistics are read).
@@ -374,6 +377,26 @@ struct RunStats {
 }
 
 impl RunStats {
+    /// The statistics, turned on where this process may (else the report says why not).
+    fn turned_on(permission: &Result<(), NoPermission>, report: &mut CapabilityReport) -> Self {
+        let stats_fd = match permission {
+            Ok(()) => enable_run_stats()
+                .map_err(|e| report.run_stats_unavailable = Some(e.to_string()))
+                .ok(),
+            Err(e) => {
+                report.run_stats_unavailable = Some(e.to_string());
+                None
+            }
+        };
+        Self {
+            available: stats_fd.is_some(),
+            fd: stats_fd,
+            on_ns: 0,
+            since: Instant::now(),
+            runs: 0,
+        }
+    }
+
     /// The time they were on up to `now`, given our programs' runs then. A span counts as on when
     /// this session held them, or when the runs were counted anyway (another tool holds them
     /// on: the kernel's switch is one for the host).

@@ -64,17 +64,43 @@ fn side_paths(
 }
 
 pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
-    use std::io::Write;
     let a_paths = side_paths(&args.a, &args.with_a)?;
     let b_paths = side_paths(&args.b, &args.with_b)?;
-    let inputs: Vec<(&str, &std::path::PathBuf)> = a_paths
+    let outputs = claim_outputs(args, &a_paths, &b_paths)?;
+    check_input_budget(a_paths.iter().chain(&b_paths).map(|p| p.as_path()))?;
+    let (a_docs, b_docs) = (load_side(&a_paths)?, load_side(&b_paths)?);
+    let is_iotune = |d: &file::Document| matches!(d, file::Document::Iotune(_));
+    if a_docs.iter().chain(&b_docs).any(|(_, d)| is_iotune(d)) {
+        return diff_iotune(args, a_docs, b_docs);
+    }
+    let (a_side, b_side) = (profiles_of(a_docs), profiles_of(b_docs));
+    check_repeated_runs(&run_identities(&a_side), &run_identities(&b_side))?;
+    say_what_is_compared(&a_side, &b_side);
+    check_same_workload(args, &a_side, &b_side)?;
+    let options = diff::DiffOptions {
+        min_effect: args.min_effect,
+    };
+    let a_profiles: Vec<&profile::Profile> = a_side.iter().map(|(_, p)| p).collect();
+    let b_profiles: Vec<&profile::Profile> = b_side.iter().map(|(_, p)| p).collect();
+    let d = diff::diff_hosts(&a_profiles, &b_profiles, &options);
+    print_report(args, &d)?;
+    write_files(args, &outputs, (&a_profiles, &b_profiles), &d)?;
+    Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))
+}
+
+/// The files `--csv`, `--svg` and `--html` will write, claimed before anything is read: none
+/// may be an input, whatever the consent.
+fn claim_outputs(
+    args: &DiffArgs,
+    a_paths: &[std::path::PathBuf],
+    b_paths: &[std::path::PathBuf],
+) -> anyhow::Result<output::Outputs> {
+    let inputs = a_paths
         .iter()
         .map(|p| ("a profile of host A", p))
-        .chain(b_paths.iter().map(|p| ("a profile of host B", p)))
-        .collect();
-    // Outputs first, before anything is read: none may be an input, whatever the consent.
+        .chain(b_paths.iter().map(|p| ("a profile of host B", p)));
     let mut outputs = output::Outputs::new(args.overwrite, "pass --overwrite to replace it");
-    for (role, path) in &inputs {
+    for (role, path) in inputs {
         outputs.input(role, path);
     }
     if let Some(path) = &args.csv {
@@ -86,38 +112,51 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &args.html {
         outputs.file("--html", path)?;
     }
-    check_input_budget(inputs.iter().map(|(_, p)| p.as_path()))?;
-    let load_side = |paths: &[std::path::PathBuf]| {
-        paths
-            .iter()
-            .map(|path| Ok((path.clone(), file::load_document(path)?)))
-            .collect::<anyhow::Result<Vec<_>>>()
-    };
-    let (a_docs, b_docs) = (load_side(&a_paths)?, load_side(&b_paths)?);
-    let is_iotune = |d: &file::Document| matches!(d, file::Document::Iotune(_));
-    if a_docs.iter().chain(&b_docs).any(|(_, d)| is_iotune(d)) {
-        return diff_iotune(args, a_docs, b_docs);
-    }
-    let profiles_of = |docs: Vec<(std::path::PathBuf, file::Document)>| {
-        docs.into_iter()
-            .filter_map(|(path, d)| match d {
-                file::Document::Profile(p) => Some((path, *p)),
-                file::Document::Iotune(_) => None,
-            })
-            .collect::<Vec<_>>()
-    };
-    let (a_side, b_side) = (profiles_of(a_docs), profiles_of(b_docs));
-    let identities = |side: &[(std::path::PathBuf, profile::Profile)]| {
-        side.iter()
-            .flat_map(|(path, p)| {
-                p.replicates()
-                    .into_iter()
-                    .map(move |(r, _)| (path.clone(), run_identity(&r)))
-            })
-            .collect::<Vec<_>>()
-    };
-    check_repeated_runs(&identities(&a_side), &identities(&b_side))?;
-    for (name, side) in [("A", &a_side), ("B", &b_side)] {
+    Ok(outputs)
+}
+
+/// Each file of a side, read: a profile or an iotune result.
+fn load_side(
+    paths: &[std::path::PathBuf],
+) -> anyhow::Result<Vec<(std::path::PathBuf, file::Document)>> {
+    paths
+        .iter()
+        .map(|path| Ok((path.clone(), file::load_document(path)?)))
+        .collect()
+}
+
+/// A side's profiles, each with its path (its iotune results, which a profile diff never has,
+/// left out).
+fn profiles_of(
+    docs: Vec<(std::path::PathBuf, file::Document)>,
+) -> Vec<(std::path::PathBuf, profile::Profile)> {
+    docs.into_iter()
+        .filter_map(|(path, d)| match d {
+            file::Document::Profile(p) => Some((path, *p)),
+            file::Document::Iotune(_) => None,
+        })
+        .collect()
+}
+
+/// Every recorded run of a side, with the path of the profile holding it.
+fn run_identities(
+    side: &[(std::path::PathBuf, profile::Profile)],
+) -> Vec<(std::path::PathBuf, String)> {
+    side.iter()
+        .flat_map(|(path, p)| {
+            p.replicates()
+                .into_iter()
+                .map(move |(r, _)| (path.clone(), run_identity(&r)))
+        })
+        .collect()
+}
+
+/// Says on stderr which profiles a side of several pools, and which profiles are incomplete.
+fn say_what_is_compared(
+    a_side: &[(std::path::PathBuf, profile::Profile)],
+    b_side: &[(std::path::PathBuf, profile::Profile)],
+) {
+    for (name, side) in [("A", a_side), ("B", b_side)] {
         if side.len() > 1 {
             let names: Vec<String> = side
                 .iter()
@@ -130,7 +169,7 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    for (path, p) in a_side.iter().chain(&b_side) {
+    for (path, p) in a_side.iter().chain(b_side) {
         if !p.complete {
             say!(
                 "virtgap: warning: {} is incomplete (its run was interrupted); comparing anyway",
@@ -138,20 +177,22 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let (a, b) = (&a_side[0].1, &b_side[0].1);
-    // Every profile pooled on a side must be the same workload as that side's first, and the
-    // two sides the same as each other.
+}
+
+/// Refuses, unless `--force`d, profiles of different workloads: every profile pooled on a side
+/// must be the same workload as that side's first, and the two sides the same as each other.
+fn check_same_workload(
+    args: &DiffArgs,
+    a_side: &[(std::path::PathBuf, profile::Profile)],
+    b_side: &[(std::path::PathBuf, profile::Profile)],
+) -> anyhow::Result<()> {
+    let ((a_path, a), (b_path, b)) = (&a_side[0], &b_side[0]);
     let pairs = a_side
         .iter()
         .skip(1)
-        .map(|(path, p)| (&a_paths[0], a, path, p))
-        .chain(
-            b_side
-                .iter()
-                .skip(1)
-                .map(|(path, p)| (&b_paths[0], b, path, p)),
-        )
-        .chain(std::iter::once((&a_paths[0], a, &b_paths[0], b)));
+        .map(|(path, p)| (a_path, a, path, p))
+        .chain(b_side.iter().skip(1).map(|(path, p)| (b_path, b, path, p)))
+        .chain(std::iter::once((a_path, a, b_path, b)));
     for (first_path, first, path, p) in pairs {
         let differences = diff::spec_differences(first, p);
         // Two attached runs measured programs no one here chose: what differs is said in the
@@ -170,43 +211,53 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    let options = diff::DiffOptions {
-        min_effect: args.min_effect,
-    };
-    let a_profiles: Vec<&profile::Profile> = a_side.iter().map(|(_, p)| p).collect();
-    let b_profiles: Vec<&profile::Profile> = b_side.iter().map(|(_, p)| p).collect();
-    let d = diff::diff_hosts(&a_profiles, &b_profiles, &options);
+    Ok(())
+}
+
+/// The report on stdout: JSON, Markdown or the terminal's text.
+fn print_report(args: &DiffArgs, d: &diff::ProfileDiff) -> anyhow::Result<()> {
+    use std::io::Write;
     let mut out = std::io::stdout().lock();
     if args.json {
-        writeln!(out, "{}", diff_render::json(&d)?)?;
+        writeln!(out, "{}", diff_render::json(d)?)?;
     } else {
         // Host names, workload names and labels come from other hosts' profiles: shown, never
         // obeyed by the terminal.
         let text = if args.markdown {
-            diff_render::markdown(&d)
+            diff_render::markdown(d)
         } else {
-            diff_render::terminal(&d)
+            diff_render::terminal(d)
         };
         out.write_all(units::printable(&text).as_bytes())?;
     }
+    Ok(())
+}
+
+/// Writes what `--csv`, `--svg` and `--html` ask for, of the diff of hosts `a` and `b`.
+fn write_files(
+    args: &DiffArgs,
+    outputs: &output::Outputs,
+    (a, b): (&[&profile::Profile], &[&profile::Profile]),
+    d: &diff::ProfileDiff,
+) -> anyhow::Result<()> {
     if let Some(path) = &args.csv {
-        outputs.write("--csv", path, diff_render::csv(&d).as_bytes())?;
+        outputs.write("--csv", path, diff_render::csv(d).as_bytes())?;
     }
     if let Some(dir) = &args.svg {
         let drawn = [
-            charts::percentiles::diff_chart(&a_profiles, &b_profiles, &d),
-            charts::waterfalls::waterfall_chart(&d),
-            charts::waterfalls::hypervisor_chart(&d),
+            charts::percentiles::diff_chart(a, b, d),
+            charts::waterfalls::waterfall_chart(d),
+            charts::waterfalls::hypervisor_chart(d),
         ];
         for (name, svg) in SVG_FILES.into_iter().zip(drawn) {
             outputs.write("--svg", &dir.join(name), svg.as_bytes())?;
         }
     }
     if let Some(path) = &args.html {
-        let page = diff_html::page(&a_profiles, &b_profiles, &d);
+        let page = diff_html::page(a, b, d);
         outputs.write("--html", path, page.as_bytes())?;
     }
-    Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))
+    Ok(())
 }
 
 /// The exit status once the report is out: 3 when `--fail-on`'s condition is met (given as

@@ -187,117 +187,136 @@ pub fn hypervisor_paths(
 ) -> HypervisorPaths {
     let paths = hypervisor::paths(hv)
         .iter()
-        .map(|p| {
-            let names: Vec<String> = match p.measure {
-                Measure::Timed(names) | Measure::SampledIn(names) => {
-                    names.iter().map(|n| n.to_string()).collect()
-                }
-                _ => vec![],
-            };
-            let mut row = PathRow {
-                mechanism: p.mechanism.name().into(),
-                what: p.what.into(),
-                measure: match p.measure {
-                    Measure::MsrWrite(_) => "msr_write",
-                    Measure::Timed(_) => "timed",
-                    Measure::Sampled => "sampled",
-                    Measure::SampledIn(_) => "sampled_in",
-                }
-                .into(),
-                msr: match p.measure {
-                    Measure::MsrWrite(msr) => Some(msr),
-                    _ => None,
-                },
-                names,
-                symbol: None,
-                state: "unavailable".into(),
-                attach: None,
-                detail: String::new(),
-                offered: cpuid
-                    .and_then(|c| crate::run::hypervisor::offer_state(hv, p, c))
-                    .map(|o| match o {
-                        Ok(bit) => format!("offered: {bit}"),
-                        Err(bit) => format!("not offered: {bit}"),
-                    }),
-            };
-            let family = family_of(p.measure);
-            let Some(f) = report.families.iter().find(|f| f.family == family) else {
-                row.detail = format!("unavailable: the {} probe was not loaded", family.name());
-                return row;
-            };
-            if let Some(why) = &f.unavailable {
-                row.detail = format!("unavailable: {} probe: {why}", family.name());
-                return row;
-            }
-            match p.measure {
-                Measure::MsrWrite(_) => {
-                    match f.tracepoints.iter().find(|t| t.tracepoint == "write_msr") {
-                        Some(t) if t.attached.is_some() => {
-                            let kind = t.attached.map(|k| k.name()).unwrap_or_default();
-                            row.state = "attached".into();
-                            row.attach = Some(kind.into());
-                            row.detail = format!("counted by the msr probe (write_msr via {kind})");
-                        }
-                        Some(t) => {
-                            row.detail = format!(
-                                "unavailable: write_msr: {}",
-                                t.reason.as_deref().unwrap_or("did not attach")
-                            )
-                        }
-                        None => row.detail = "unavailable: write_msr not loaded".into(),
-                    }
-                }
-                Measure::Sampled | Measure::SampledIn(_) => {
-                    let on = f
-                        .tracepoints
-                        .iter()
-                        .filter(|t| t.attached.is_some())
-                        .count();
-                    if on > 0 {
-                        row.state = "attached".into();
-                        row.attach = Some("perf_event".into());
-                        row.detail = format!("sampled (cpu-clock on {on} CPUs)");
-                    } else {
-                        row.detail = "unavailable: no CPU's cpu-clock event attached".into();
-                    }
-                }
-                Measure::Timed(names) => {
-                    let outcome = f
-                        .tracepoints
-                        .iter()
-                        .find(|t| names.contains(&t.tracepoint.as_str()));
-                    match outcome {
-                        Some(t) if t.attached.is_some() => {
-                            let kind = t.attached.map(|k| k.name()).unwrap_or_default();
-                            row.symbol = Some(t.tracepoint.clone());
-                            row.state = "attached".into();
-                            row.attach = Some(kind.into());
-                            row.detail = format!("attached via {kind}");
-                        }
-                        Some(t) => {
-                            let why = t.reason.clone().unwrap_or_else(|| "did not attach".into());
-                            if why.starts_with(ABSENT_ON_THIS_KERNEL) {
-                                row.state = "absent".into();
-                                row.detail = why;
-                            } else {
-                                row.symbol = Some(t.tracepoint.clone());
-                                row.state = "not_traceable".into();
-                                row.detail = format!("not traceable: {why}");
-                            }
-                        }
-                        None => {
-                            row.detail = "unavailable: the pv-paths probe did not report it".into()
-                        }
-                    }
-                }
-            }
-            row
-        })
+        .map(|p| path_row(hv, p, report, cpuid))
         .collect();
     HypervisorPaths {
         hypervisor: hv.name().into(),
         checked_as,
         paths,
+    }
+}
+
+/// One path of `hv`'s table: what it is and how it is measured, in the state the report of the
+/// family that measures it says.
+fn path_row(
+    hv: Hypervisor,
+    p: &hypervisor::Path,
+    report: &CapabilityReport,
+    cpuid: Option<&crate::model::host::Cpuid>,
+) -> PathRow {
+    let names: Vec<String> = match p.measure {
+        Measure::Timed(names) | Measure::SampledIn(names) => {
+            names.iter().map(|n| n.to_string()).collect()
+        }
+        _ => vec![],
+    };
+    let mut row = PathRow {
+        mechanism: p.mechanism.name().into(),
+        what: p.what.into(),
+        measure: match p.measure {
+            Measure::MsrWrite(_) => "msr_write",
+            Measure::Timed(_) => "timed",
+            Measure::Sampled => "sampled",
+            Measure::SampledIn(_) => "sampled_in",
+        }
+        .into(),
+        msr: match p.measure {
+            Measure::MsrWrite(msr) => Some(msr),
+            _ => None,
+        },
+        names,
+        symbol: None,
+        state: "unavailable".into(),
+        attach: None,
+        detail: String::new(),
+        offered: cpuid
+            .and_then(|c| crate::run::hypervisor::offer_state(hv, p, c))
+            .map(|o| match o {
+                Ok(bit) => format!("offered: {bit}"),
+                Err(bit) => format!("not offered: {bit}"),
+            }),
+    };
+    let family = family_of(p.measure);
+    let Some(f) = report.families.iter().find(|f| f.family == family) else {
+        row.detail = format!("unavailable: the {} probe was not loaded", family.name());
+        return row;
+    };
+    if let Some(why) = &f.unavailable {
+        row.detail = format!("unavailable: {} probe: {why}", family.name());
+        return row;
+    }
+    match p.measure {
+        Measure::MsrWrite(_) => row.counted_at_write_msr(f),
+        Measure::Sampled | Measure::SampledIn(_) => row.sampled(f),
+        Measure::Timed(names) => row.timed(f, names),
+    }
+    row
+}
+
+impl PathRow {
+    /// A path counted by the msr probe: as its write_msr program attached.
+    fn counted_at_write_msr(&mut self, f: &FamilyReport) {
+        match f.tracepoints.iter().find(|t| t.tracepoint == "write_msr") {
+            Some(t) if t.attached.is_some() => {
+                let kind = t.attached.map(|k| k.name()).unwrap_or_default();
+                self.state = "attached".into();
+                self.attach = Some(kind.into());
+                self.detail = format!("counted by the msr probe (write_msr via {kind})");
+            }
+            Some(t) => {
+                self.detail = format!(
+                    "unavailable: write_msr: {}",
+                    t.reason.as_deref().unwrap_or("did not attach")
+                )
+            }
+            None => self.detail = "unavailable: write_msr not loaded".into(),
+        }
+    }
+
+    /// A path the sampler sees: as many CPUs' cpu-clock events as attached.
+    fn sampled(&mut self, f: &FamilyReport) {
+        let on = f
+            .tracepoints
+            .iter()
+            .filter(|t| t.attached.is_some())
+            .count();
+        if on > 0 {
+            self.state = "attached".into();
+            self.attach = Some("perf_event".into());
+            self.detail = format!("sampled (cpu-clock on {on} CPUs)");
+        } else {
+            self.detail = "unavailable: no CPU's cpu-clock event attached".into();
+        }
+    }
+
+    /// A path the pv-paths probe times at the first of `names` it reported: attached there,
+    /// absent from this kernel, or there but not traceable.
+    fn timed(&mut self, f: &FamilyReport, names: &[&str]) {
+        let outcome = f
+            .tracepoints
+            .iter()
+            .find(|t| names.contains(&t.tracepoint.as_str()));
+        match outcome {
+            Some(t) if t.attached.is_some() => {
+                let kind = t.attached.map(|k| k.name()).unwrap_or_default();
+                self.symbol = Some(t.tracepoint.clone());
+                self.state = "attached".into();
+                self.attach = Some(kind.into());
+                self.detail = format!("attached via {kind}");
+            }
+            Some(t) => {
+                let why = t.reason.clone().unwrap_or_else(|| "did not attach".into());
+                if why.starts_with(ABSENT_ON_THIS_KERNEL) {
+                    self.state = "absent".into();
+                    self.detail = why;
+                } else {
+                    self.symbol = Some(t.tracepoint.clone());
+                    self.state = "not_traceable".into();
+                    self.detail = format!("not traceable: {why}");
+                }
+            }
+            None => self.detail = "unavailable: the pv-paths probe did not report it".into(),
+        }
     }
 }
 

@@ -3,7 +3,6 @@
 //! io_properties.yaml.
 
 use std::io::Write;
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -11,13 +10,11 @@ use anyhow::{bail, Context, Result};
 use virtgap_workloads::units;
 
 use crate::cli::IotuneArgs;
-use crate::model::host::Fingerprint;
-use crate::model::iotune::{IotuneProfile, Phase, IOTUNE_VERSION};
+use crate::model::iotune::{IotuneProfile, Phase};
 use crate::render::iotune_report;
-use crate::run::iotune::{bytes_in_flight_cap, prepare_target, run_phase, IotunePlan};
+use crate::run::iotune::{bytes_in_flight_cap, run_phases, IotunePlan};
 use crate::run::output::{Outputs, Pending};
 use crate::run::prepare::{mem_available, TargetOptions};
-use crate::run::recorder::unix_ms;
 use crate::run::signals::StopSignals;
 
 /// The phases asked for, in iotune's order.
@@ -44,6 +41,55 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         }
     }
     let shown = units::printable(&args.target.display().to_string()).into_owned();
+    let (target, phases, skipped) = target_and_phases(args, &shown)?;
+    let mut outputs = Outputs::new(args.force, "pass --force to replace it");
+    outputs.input("the target", &args.target);
+    if let Some(path) = &args.output {
+        outputs.file("--output", path)?;
+    }
+    if let Some(path) = &args.yaml {
+        outputs.file("--yaml", path)?;
+    }
+    let signals = StopSignals::install(true)?;
+    let plan = plan(args, target);
+    let verbose = plan.verbose;
+    if verbose && !skipped.is_empty() {
+        say!(
+            "virtgap: skipping {}: writing to {shown} needs --destroy-data naming it",
+            skipped
+                .iter()
+                .map(|p| p.key())
+                .collect::<Vec<_>>()
+                .join(" and ")
+        );
+    }
+    let result = run_phases(&plan, &phases, &signals, &args.target)?;
+    let interrupted = !result.complete;
+    {
+        let mut out = std::io::stdout().lock();
+        out.write_all(units::printable(&iotune_report::summary(&result)).as_bytes())?;
+    }
+    let mut json = serde_json::to_vec_pretty(&result)?;
+    json.push(b'\n');
+    let yaml = io_properties(args, &result)?;
+    let written = write_files(args, &outputs, &json, yaml.as_deref(), verbose);
+    if interrupted {
+        say!("virtgap: interrupted: the phases that finished are kept, marked incomplete");
+        return Ok(signals.exit_code());
+    }
+    if written.iter().any(|w| !w) || (args.yaml.is_some() && yaml.is_none()) {
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// How the target is opened (a directory gets a temp file of iotune's own; a file or device is
+/// overwritten only with --destroy-data), the phases that will run, and those skipped as they
+/// would write to a target not given up to them.
+fn target_and_phases(
+    args: &IotuneArgs,
+    shown: &str,
+) -> Result<(TargetOptions, Vec<Phase>, Vec<Phase>)> {
     let meta = std::fs::metadata(&args.target)
         .with_context(|| format!("--target {shown}: cannot use it"))?;
     let is_dir = meta.is_dir();
@@ -77,18 +123,13 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         };
         bail!("--yaml needs all four figures, but {why}");
     }
-    let mut outputs = Outputs::new(args.force, "pass --force to replace it");
-    outputs.input("the target", &args.target);
-    if let Some(path) = &args.output {
-        outputs.file("--output", path)?;
-    }
-    if let Some(path) = &args.yaml {
-        outputs.file("--yaml", path)?;
-    }
-    let signals = StopSignals::install(true)?;
-    let verbose = !args.quiet;
+    Ok((target, phases, skipped))
+}
+
+/// The search and measurement as the arguments ask, on `target`.
+fn plan(args: &IotuneArgs, target: TargetOptions) -> IotunePlan {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
-    let plan = IotunePlan {
+    IotunePlan {
         workers: args.workers.unwrap_or(cpus),
         tolerance: args.tolerance,
         ramp: args.ramp.0,
@@ -101,77 +142,19 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         interval: Duration::from_secs(1).min(args.duration.0.max(Duration::from_millis(100))),
         max_in_flight: args.max_in_flight,
         max_bytes_in_flight: bytes_in_flight_cap(mem_available().map(|b| b.bytes)),
-        verbose,
+        verbose: !args.quiet,
         figure_text: iotune_report::figure,
-    };
-    if verbose && !skipped.is_empty() {
-        say!(
-            "virtgap: skipping {}: writing to {shown} needs --destroy-data naming it",
-            skipped
-                .iter()
-                .map(|p| p.key())
-                .collect::<Vec<_>>()
-                .join(" and ")
-        );
     }
-    let started = unix_ms(std::time::SystemTime::now());
-    let mut done = Vec::new();
-    let mut interrupted = false;
-    match prepare_target(&plan, &phases, &signals)? {
-        None => interrupted = true,
-        Some(prepared) => {
-            // Said once the target is known to fit, so a refusal is the only line.
-            if verbose {
-                say!(
-                "iotune on {shown}: {} phase{}, {} workers, depth per worker doubling from 1 until it grows less than {}% twice, then {} run{} of {:.1} s at the peak",
-                phases.len(),
-                if phases.len() == 1 { "" } else { "s" },
-                plan.workers,
-                args.tolerance * 100.0,
-                plan.runs,
-                if plan.runs == 1 { "" } else { "s" },
-                plan.measure.as_secs_f64()
-            );
-            }
-            for (k, &phase) in phases.iter().enumerate() {
-                if verbose {
-                    say!("phase {} of {}: {}", k + 1, phases.len(), phase.key());
-                }
-                match run_phase(phase, &plan, &prepared, k == 0)? {
-                    Some(p) => done.push(p),
-                    None => {
-                        interrupted = true;
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    let result = IotuneProfile {
-        iotune_version: IOTUNE_VERSION,
-        tool_version: env!("CARGO_PKG_VERSION").to_string(),
-        command_line: std::env::args().collect(),
-        started_unix_ms: started,
-        ended_unix_ms: unix_ms(std::time::SystemTime::now()),
-        complete: !interrupted,
-        host: Fingerprint::this_host(),
-        target: args.target.display().to_string(),
-        mountpoint: mountpoint_of(&args.target),
-        tolerance: args.tolerance,
-        phases: done,
-    };
-    {
-        let mut out = std::io::stdout().lock();
-        out.write_all(units::printable(&iotune_report::summary(&result)).as_bytes())?;
-    }
-    let mut json = serde_json::to_vec_pretty(&result)?;
-    json.push(b'\n');
-    // ScyllaDB takes the yaml's figures as the disk's: none is written from a zero or a
-    // handful of I/Os.
+}
+
+/// The io_properties.yaml for --yaml, when every phase finished. ScyllaDB takes the yaml's
+/// figures as the disk's: none is written from a zero or a handful of I/Os.
+fn io_properties(args: &IotuneArgs, result: &IotuneProfile) -> Result<Option<String>> {
+    let interrupted = !result.complete;
     let unfit = result.unfit_figures();
-    let yaml = match &args.yaml {
+    Ok(match &args.yaml {
         Some(_) if !interrupted && unfit.is_empty() => {
-            Some(iotune_report::io_properties_yaml(&result)?)
+            Some(iotune_report::io_properties_yaml(result)?)
         }
         Some(path) if !interrupted => {
             say!(
@@ -182,16 +165,27 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
             None
         }
         _ => None,
-    };
+    })
+}
+
+/// Writes the iotune result (--output) and the io_properties (--yaml) there are, saying each
+/// file written when `verbose`. Whether each was written, in that order.
+fn write_files(
+    args: &IotuneArgs,
+    outputs: &Outputs,
+    json: &[u8],
+    yaml: Option<&str>,
+    verbose: bool,
+) -> Vec<bool> {
     let mut files = Vec::new();
     if let Some(path) = &args.output {
         files.push(Pending {
             flag: "--output",
             path: path.clone(),
-            bytes: &json,
+            bytes: json,
         });
     }
-    if let (Some(path), Some(yaml)) = (&args.yaml, &yaml) {
+    if let (Some(path), Some(yaml)) = (&args.yaml, yaml) {
         files.push(Pending {
             flag: "--yaml",
             path: path.clone(),
@@ -201,7 +195,7 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
     let written = if files.is_empty() {
         Vec::new()
     } else {
-        outputs.write_all(&files, ("iotune.json", &json))
+        outputs.write_all(&files, ("iotune.json", json))
     };
     if verbose {
         for (f, ok) in files.iter().zip(&written) {
@@ -218,37 +212,5 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
             }
         }
     }
-    if interrupted {
-        say!("virtgap: interrupted: the phases that finished are kept, marked incomplete");
-        return Ok(signals.exit_code());
-    }
-    if written.iter().any(|w| !w) || (args.yaml.is_some() && yaml.is_none()) {
-        return Ok(ExitCode::FAILURE);
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// Where ScyllaDB would mount what `path` names: the mount of the filesystem holding a
-/// directory or file, a mounted device's mount point, else the path itself.
-fn mountpoint_of(path: &Path) -> String {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let shown = || {
-        std::fs::canonicalize(path)
-            .unwrap_or_else(|_| path.to_path_buf())
-            .display()
-            .to_string()
-    };
-    let Ok(meta) = std::fs::metadata(path) else {
-        return shown();
-    };
-    let dev = if meta.file_type().is_block_device() {
-        meta.rdev()
-    } else {
-        meta.dev()
-    };
-    let devnum = format!("{}:{}", libc::major(dev), libc::minor(dev));
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .ok()
-        .and_then(|info| virtgap_workloads::safety::mountpoint_of(&info, &devnum))
-        .unwrap_or_else(shown)
+    written
 }

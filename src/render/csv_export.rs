@@ -2,7 +2,9 @@
 //! names, a schema version in every row) that open in a spreadsheet or pandas without cleanup.
 //! Pure: a profile in, file contents out.
 
+use crate::model::hypervisor::HypervisorSection;
 use crate::model::interval::{CpuLoad, Interval};
+use crate::model::kv::KvSection;
 use crate::model::profile::Profile;
 use crate::model::stages::Stage;
 
@@ -278,129 +280,167 @@ pub fn histograms(p: &Profile) -> String {
 
 /// `summary.csv`: one row per whole-run metric; units in the metric name.
 pub fn summary(p: &Profile) -> String {
-    let mut w = CsvFile::new(&SUMMARY_COLUMNS, p);
-    let mut row = |metric: String, value: Option<f64>| {
-        if let Some(value) = value {
-            w.row([metric.as_str(), &num(value)]);
-        }
-    };
+    let mut rows = SummaryRows(CsvFile::new(&SUMMARY_COLUMNS, p));
     let r = &p.results;
-    row("complete".into(), Some(if p.complete { 1.0 } else { 0.0 }));
-    row("measured_s".into(), Some(r.measured_s));
-    for (dir, d) in [("read", &r.read), ("write", &r.write)] {
-        if d.ios == 0 {
-            continue;
-        }
-        row(format!("{dir}_ios"), Some(d.ios as f64));
-        row(format!("{dir}_iops"), Some(d.iops));
-        // An attached run counts requests; their bytes are not measured.
-        if p.attached.is_none() {
-            row(format!("{dir}_bw_bytes_per_s"), Some(d.bw_bytes_per_s));
-        }
-        let mut lats = vec![("slat", &d.slat), ("clat", &d.clat), ("lat", &d.lat)];
-        if let Some(li) = &d.lat_intended {
-            lats.push(("lat_intended", li));
-        }
-        for (name, h) in lats {
-            row(format!("{dir}_{name}_mean_ns"), h.mean_ns());
-            row(format!("{dir}_{name}_p50_ns"), h.percentile_ns(50.0));
-            row(format!("{dir}_{name}_p99_ns"), h.percentile_ns(99.0));
-            row(format!("{dir}_{name}_p99_9_ns"), h.percentile_ns(99.9));
-            row(format!("{dir}_{name}_max_ns"), h.max_ns.map(|x| x as f64));
+    rows.row("complete".into(), Some(if p.complete { 1.0 } else { 0.0 }));
+    rows.row("measured_s".into(), Some(r.measured_s));
+    rows.directions(p);
+    if let Some(h) = p.hypervisor.as_ref().filter(|h| h.seconds > 0.0) {
+        rows.hypervisor(h, (r.read.ios + r.write.ios) as f64);
+    }
+    rows.row("usr_cpu_pct".into(), Some(r.usr_cpu_pct));
+    rows.row("sys_cpu_pct".into(), Some(r.sys_cpu_pct));
+    rows.row("cpu_ns_per_io".into(), r.cpu_ns_per_io);
+    rows.stages(p);
+    if let Some(secs) = p.probe_seconds.filter(|s| *s > 0.0) {
+        rows.cpus(&p.cpus, secs);
+    }
+    rows.row("probe_cpu_pct".into(), p.self_overhead.probe_cpu_pct);
+    rows.row("recorder_cpu_pct".into(), p.self_overhead.recorder_cpu_pct);
+    rows.row("probe_dropped".into(), Some(p.self_overhead.dropped as f64));
+    if let Some(kv) = &p.kv {
+        rows.kv(kv);
+    }
+    rows.0.finish()
+}
+
+/// The rows of `summary.csv`, section by section.
+struct SummaryRows(CsvFile);
+
+impl SummaryRows {
+    /// A metric's row; none when the metric has no value.
+    fn row(&mut self, metric: String, value: Option<f64>) {
+        if let Some(value) = value {
+            self.0.row([metric.as_str(), &num(value)]);
         }
     }
-    if let Some(h) = p.hypervisor.as_ref().filter(|h| h.seconds > 0.0) {
-        // Metal has no hypervisor rows at all (host.csv says `hypervisor,none`), never zeros.
-        let ios = (r.read.ios + r.write.ios) as f64;
+
+    /// Each direction that did I/O: its count, rate and latencies.
+    fn directions(&mut self, p: &Profile) {
+        let r = &p.results;
+        for (dir, d) in [("read", &r.read), ("write", &r.write)] {
+            if d.ios == 0 {
+                continue;
+            }
+            self.row(format!("{dir}_ios"), Some(d.ios as f64));
+            self.row(format!("{dir}_iops"), Some(d.iops));
+            // An attached run counts requests; their bytes are not measured.
+            if p.attached.is_none() {
+                self.row(format!("{dir}_bw_bytes_per_s"), Some(d.bw_bytes_per_s));
+            }
+            let mut lats = vec![("slat", &d.slat), ("clat", &d.clat), ("lat", &d.lat)];
+            if let Some(li) = &d.lat_intended {
+                lats.push(("lat_intended", li));
+            }
+            for (name, h) in lats {
+                self.row(format!("{dir}_{name}_mean_ns"), h.mean_ns());
+                self.row(format!("{dir}_{name}_p50_ns"), h.percentile_ns(50.0));
+                self.row(format!("{dir}_{name}_p99_ns"), h.percentile_ns(99.0));
+                self.row(format!("{dir}_{name}_p99_9_ns"), h.percentile_ns(99.9));
+                self.row(format!("{dir}_{name}_max_ns"), h.max_ns.map(|x| x as f64));
+            }
+        }
+    }
+
+    /// The hypervisor's mechanisms and CPU time, per second and per I/O (of `ios`). Metal has
+    /// no hypervisor rows at all (host.csv says `hypervisor,none`), never zeros.
+    fn hypervisor(&mut self, h: &HypervisorSection, ios: f64) {
         for m in &h.mechanisms {
             let name = m.mechanism.name();
-            row(
+            self.row(
                 format!("hv_{name}_per_s"),
                 m.count.map(|n| n as f64 / h.seconds),
             );
             if ios > 0.0 {
-                row(format!("hv_{name}_per_io"), m.count.map(|n| n as f64 / ios));
-                row(
+                self.row(format!("hv_{name}_per_io"), m.count.map(|n| n as f64 / ios));
+                self.row(
                     format!("hv_{name}_time_ns_per_io"),
                     m.time_ns.map(|t| t / ios),
                 );
             }
         }
         if let Some(cpu) = &h.cpu {
-            row("hv_cpu_pct".into(), Some(cpu.ns / 1e9 / h.seconds * 100.0));
+            self.row("hv_cpu_pct".into(), Some(cpu.ns / 1e9 / h.seconds * 100.0));
             if ios > 0.0 {
-                row("hv_cpu_ns_per_io".into(), Some(cpu.ns / ios));
+                self.row("hv_cpu_ns_per_io".into(), Some(cpu.ns / ios));
             }
         }
     }
-    row("usr_cpu_pct".into(), Some(r.usr_cpu_pct));
-    row("sys_cpu_pct".into(), Some(r.sys_cpu_pct));
-    row("cpu_ns_per_io".into(), r.cpu_ns_per_io);
-    for (stage, h) in Stage::PROBED.map(|s| (s.name(), p.stages.get(s))) {
-        if let Some(h) = h {
-            row(format!("{stage}_count"), Some(h.count as f64));
-            row(format!("{stage}_mean_ns"), h.mean_ns());
-            row(format!("{stage}_p50_ns"), h.percentile_ns(50.0));
-            row(format!("{stage}_p99_ns"), h.percentile_ns(99.0));
-            row(format!("{stage}_p99_9_ns"), h.percentile_ns(99.9));
+
+    /// Each probed stage's count, mean and percentiles.
+    fn stages(&mut self, p: &Profile) {
+        for (stage, h) in Stage::PROBED.map(|s| (s.name(), p.stages.get(s))) {
+            if let Some(h) = h {
+                self.row(format!("{stage}_count"), Some(h.count as f64));
+                self.row(format!("{stage}_mean_ns"), h.mean_ns());
+                self.row(format!("{stage}_p50_ns"), h.percentile_ns(50.0));
+                self.row(format!("{stage}_p99_ns"), h.percentile_ns(99.0));
+                self.row(format!("{stage}_p99_9_ns"), h.percentile_ns(99.9));
+            }
         }
     }
-    if let Some(secs) = p.probe_seconds.filter(|s| *s > 0.0) {
-        for c in &p.cpus {
-            row(
+
+    /// Each CPU's interrupt and steal time, as a share of the `secs` probed.
+    fn cpus(&mut self, cpus: &[CpuLoad], secs: f64) {
+        for c in cpus {
+            self.row(
                 format!("cpu{}_hardirq_pct", c.cpu),
                 Some(c.hardirq_ns as f64 / 1e9 / secs * 100.0),
             );
-            row(
+            self.row(
                 format!("cpu{}_softirq_pct", c.cpu),
                 Some(c.softirq_ns as f64 / 1e9 / secs * 100.0),
             );
-            row(
+            self.row(
                 format!("cpu{}_steal_pct", c.cpu),
                 c.steal_ns.map(|ns| ns as f64 / 1e9 / secs * 100.0),
             );
         }
     }
-    row("probe_cpu_pct".into(), p.self_overhead.probe_cpu_pct);
-    row("recorder_cpu_pct".into(), p.self_overhead.recorder_cpu_pct);
-    row("probe_dropped".into(), Some(p.self_overhead.dropped as f64));
-    if let Some(kv) = &p.kv {
-        // kv runs: the verdict (1 pass, 0 fail, absent without a complete slice) and the
-        // target and achieved client and large-block rates.
-        row("kv_pass".into(), kv.verdict.map(|b| f64::from(u8::from(b))));
-        row("kv_mismatches".into(), Some(kv.mismatches as f64));
+
+    /// kv runs: the verdict (1 pass, 0 fail, absent without a complete slice) and the target
+    /// and achieved client and large-block rates.
+    fn kv(&mut self, kv: &KvSection) {
+        self.row("kv_pass".into(), kv.verdict.map(|b| f64::from(u8::from(b))));
+        self.row("kv_mismatches".into(), Some(kv.mismatches as f64));
         // Shares of the scheduled load done (a pass needs 0.99 of both).
-        row(
+        self.row(
             "kv_delivered_client".into(),
             Some(kv.delivered.client_fraction),
         );
-        row(
+        self.row(
             "kv_delivered_large_blocks".into(),
             Some(kv.delivered.large_block_fraction),
         );
         for (side, rates) in [("target", &kv.target), ("achieved", &kv.achieved)] {
             for (stream, rate) in rates.streams() {
-                row(format!("kv_{side}_{stream}_per_s"), Some(rate));
+                self.row(format!("kv_{side}_{stream}_per_s"), Some(rate));
             }
         }
         // Each definition's pass (ACT's, the device read's time; the client's, from the
         // schedule), absent in older profiles.
-        row(
+        self.row(
             "kv_service_pass".into(),
             kv.service_pass.map(|b| f64::from(u8::from(b))),
         );
-        row(
+        self.row(
             "kv_intended_pass".into(),
             kv.intended_pass.map(|b| f64::from(u8::from(b))),
         );
         // The rings' device reads: the share of their time queued behind other reads (absent
         // when none went out alone) and the limit on reads in flight per ring.
         if let Some(q) = &kv.read_queueing {
-            row("kv_read_queued_share".into(), q.queued_share);
-            row("kv_inflight_limit_mean".into(), q.limit_mean);
-            row("kv_inflight_limit_min".into(), Some(f64::from(q.limit_min)));
-            row("kv_inflight_limit_max".into(), Some(f64::from(q.limit_max)));
+            self.row("kv_read_queued_share".into(), q.queued_share);
+            self.row("kv_inflight_limit_mean".into(), q.limit_mean);
+            self.row("kv_inflight_limit_min".into(), Some(f64::from(q.limit_min)));
+            self.row("kv_inflight_limit_max".into(), Some(f64::from(q.limit_max)));
         }
+        self.kv_slices(kv);
+    }
+
+    /// Each kv slice's shares of reads (by the device's time and by the intended time) at or
+    /// over 1, 8 and 64 ms.
+    fn kv_slices(&mut self, kv: &KvSection) {
         for (i, slice) in kv.slices.iter().enumerate() {
             let (device, intended) = crate::render::kv_report::slice_shares(slice);
             for (name, shares) in [("reads", device), ("intended_reads", intended)] {
@@ -410,7 +450,7 @@ pub fn summary(p: &Profile) -> String {
                     ("8ms", r.pct_at_or_over_8ms),
                     ("64ms", r.pct_at_or_over_64ms),
                 ] {
-                    row(
+                    self.row(
                         format!("kv_slice{i}_{name}_pct_at_or_over_{over}"),
                         Some(pct),
                     );
@@ -418,7 +458,6 @@ pub fn summary(p: &Profile) -> String {
             }
         }
     }
-    w.finish()
 }
 
 /// `host.csv`: the fingerprint flattened to key/value rows.

@@ -76,6 +76,30 @@ fn figure(s: &mut String, svg: &str, caption: &str) {
 /// curves).
 pub fn page(a: &[&Profile], b: &[&Profile], d: &ProfileDiff) -> String {
     let mut s = String::new();
+    header(&mut s, d);
+    s.push_str("<h2>Where the time goes</h2>\n");
+    rows_table(&mut s, d, &mut d.waterfall.rows());
+    figure(
+        &mut s,
+        &charts::waterfalls::waterfall_chart(d),
+        "Each host's mean I/O, and its I/Os above p99 and p99.9, split over the stages.",
+    );
+    tails_section(&mut s, a, b, d);
+    s.push_str("<h2>Throughput</h2>\n");
+    rows_table(&mut s, d, &mut d.throughput.iter());
+    hypervisor_section(&mut s, d);
+    evidence_table(&mut s, d);
+    let _ = writeln!(
+        s,
+        "<footer>virtgap {} — <code>virtgap diff</code></footer>\n</body>\n</html>",
+        env!("CARGO_PKG_VERSION")
+    );
+    s
+}
+
+/// The document's head, the hosts and workload compared, the verdict, and the notes that
+/// qualify it (workload differences, confounders, warnings).
+fn header(s: &mut String, d: &ProfileDiff) {
     let _ = writeln!(
         s,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
@@ -120,15 +144,13 @@ pub fn page(a: &[&Profile], b: &[&Profile], d: &ProfileDiff) -> String {
         }
         s.push_str("</ul>\n");
     }
-    s.push_str("<h2>Where the time goes</h2>\n");
-    rows_table(&mut s, d, &mut d.waterfall.rows());
-    figure(
-        &mut s,
-        &charts::waterfalls::waterfall_chart(d),
-        "Each host's mean I/O, and its I/Os above p99 and p99.9, split over the stages.",
-    );
+}
+
+/// The tails: their rows, the stage that moved most, the percentile chart, and each tail's
+/// waterfall as a table.
+fn tails_section(s: &mut String, a: &[&Profile], b: &[&Profile], d: &ProfileDiff) {
     s.push_str("<h2>Tails</h2>\n");
-    rows_table(&mut s, d, &mut d.tails.iter());
+    rows_table(s, d, &mut d.tails.iter());
     if let Some(m) = &d.tail_mover {
         let _ = writeln!(
             s,
@@ -141,7 +163,7 @@ pub fn page(a: &[&Profile], b: &[&Profile], d: &ProfileDiff) -> String {
         s.push_str("<p>No stage's tail moved significantly.</p>\n");
     }
     figure(
-        &mut s,
+        s,
         &charts::percentiles::diff_chart(a, b, d),
         "Latency by percentile, each run faint and the runs' geometric mean bold.",
     );
@@ -164,17 +186,20 @@ pub fn page(a: &[&Profile], b: &[&Profile], d: &ProfileDiff) -> String {
         }
         s.push_str("</table>\n");
     }
-    s.push_str("<h2>Throughput</h2>\n");
-    rows_table(&mut s, d, &mut d.throughput.iter());
+}
+
+/// The hypervisor's section: what was compared, its rows and chart when there are any, and
+/// the mechanism that moved most.
+fn hypervisor_section(s: &mut String, d: &ProfileDiff) {
     let _ = writeln!(
         s,
         "<h2>Hypervisor</h2>\n<p>{}</p>",
         esc(&hypervisor_heading(d))
     );
     if !d.hypervisor.rows.is_empty() {
-        rows_table(&mut s, d, &mut d.hypervisor.rows.iter());
+        rows_table(s, d, &mut d.hypervisor.rows.iter());
         figure(
-            &mut s,
+            s,
             &charts::waterfalls::hypervisor_chart(d),
             "Each mechanism per I/O on both hosts, each row on its own scale.",
         );
@@ -186,6 +211,10 @@ pub fn page(a: &[&Profile], b: &[&Profile], d: &ProfileDiff) -> String {
             esc(mechanism_words(m))
         );
     }
+}
+
+/// The evidence each host's figures rest on, side by side.
+fn evidence_table(s: &mut String, d: &ProfileDiff) {
     s.push_str(
         "<h2>Evidence</h2>\n<table class=\"evidence\">\n<tr><th></th><th>A</th><th>B</th></tr>\n",
     );
@@ -198,10 +227,5 @@ pub fn page(a: &[&Profile], b: &[&Profile], d: &ProfileDiff) -> String {
             esc(&e.b)
         );
     }
-    let _ = writeln!(
-        s,
-        "</table>\n<footer>virtgap {} — <code>virtgap diff</code></footer>\n</body>\n</html>",
-        env!("CARGO_PKG_VERSION")
-    );
-    s
+    s.push_str("</table>\n");
 }

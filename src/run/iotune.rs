@@ -2,7 +2,8 @@
 //! runs without probes (one worker per CPU, each worker's depth doubling), then `runs`
 //! measured runs at the peak with the probes, pooled into the phase's profile.
 
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use virtgap_workloads::spec::{self, Overrides};
@@ -12,9 +13,11 @@ use virtgap_workloads::values::{ByteSize, Span};
 use virtgap_workloads::{LoadedSpec, WorkloadSpec};
 
 use crate::analysis::saturation::Saturation;
-use crate::model::iotune::{IotunePhase, Phase};
+use crate::model::host::Fingerprint;
+use crate::model::iotune::{IotunePhase, IotuneProfile, Phase, IOTUNE_VERSION};
 use crate::run::one_run::{add_run_stats, pool_profiles, record_one, OneRun, RunSettings};
 use crate::run::prepare::{prepare, Prepared, TargetOptions};
+use crate::run::recorder::unix_ms;
 use crate::run::session::ProbeChoice;
 use crate::run::signals::StopSignals;
 
@@ -288,6 +291,89 @@ pub fn run_phase(
         runs: figures,
         profile: pool_profiles(runs.into_iter().map(|r| r.profile).collect(), &pooled),
     }))
+}
+
+/// iotune's result: `target` prepared once, then every phase in `phases` in turn (the search,
+/// then the measurement at its peak). A signal stops it early: the phases that finished are
+/// kept and the result is marked incomplete.
+pub fn run_phases(
+    plan: &IotunePlan,
+    phases: &[Phase],
+    signals: &StopSignals,
+    target: &Path,
+) -> Result<IotuneProfile> {
+    let shown = units::printable(&target.display().to_string()).into_owned();
+    let started = unix_ms(SystemTime::now());
+    let mut done = Vec::new();
+    let mut interrupted = false;
+    match prepare_target(plan, phases, signals)? {
+        None => interrupted = true,
+        Some(prepared) => {
+            // Said once the target is known to fit, so a refusal is the only line.
+            if plan.verbose {
+                say!(
+                    "iotune on {shown}: {} phase{}, {} workers, depth per worker doubling from 1 until it grows less than {}% twice, then {} run{} of {:.1} s at the peak",
+                    phases.len(),
+                    if phases.len() == 1 { "" } else { "s" },
+                    plan.workers,
+                    plan.tolerance * 100.0,
+                    plan.runs,
+                    if plan.runs == 1 { "" } else { "s" },
+                    plan.measure.as_secs_f64()
+                );
+            }
+            for (k, &phase) in phases.iter().enumerate() {
+                if plan.verbose {
+                    say!("phase {} of {}: {}", k + 1, phases.len(), phase.key());
+                }
+                match run_phase(phase, plan, &prepared, k == 0)? {
+                    Some(p) => done.push(p),
+                    None => {
+                        interrupted = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    Ok(IotuneProfile {
+        iotune_version: IOTUNE_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        command_line: std::env::args().collect(),
+        started_unix_ms: started,
+        ended_unix_ms: unix_ms(SystemTime::now()),
+        complete: !interrupted,
+        host: Fingerprint::this_host(),
+        target: target.display().to_string(),
+        mountpoint: mountpoint_of(target),
+        tolerance: plan.tolerance,
+        phases: done,
+    })
+}
+
+/// Where ScyllaDB would mount what `path` names: the mount of the filesystem holding a
+/// directory or file, a mounted device's mount point, else the path itself.
+fn mountpoint_of(path: &Path) -> String {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let shown = || {
+        std::fs::canonicalize(path)
+            .unwrap_or_else(|_| path.to_path_buf())
+            .display()
+            .to_string()
+    };
+    let Ok(meta) = std::fs::metadata(path) else {
+        return shown();
+    };
+    let dev = if meta.file_type().is_block_device() {
+        meta.rdev()
+    } else {
+        meta.dev()
+    };
+    let devnum = format!("{}:{}", libc::major(dev), libc::minor(dev));
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .ok()
+        .and_then(|info| virtgap_workloads::safety::mountpoint_of(&info, &devnum))
+        .unwrap_or_else(shown)
 }
 
 #[cfg(test)]

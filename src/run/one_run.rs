@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use virtgap_probes::{CapabilityReport, Family};
+use virtgap_probes::{CapabilityReport, Family, ProbeHandle};
 use virtgap_workloads::stats::RunStats;
 use virtgap_workloads::{units, RunOptions};
 
@@ -54,37 +54,12 @@ pub fn record_one(
     let verbose = settings.verbose;
     let stop = &prepared.stop;
     let (tx, rx) = mpsc::channel::<Event>();
-    let mut recorder = Recorder::new(RecordPlan {
-        interval: settings.interval,
-        ramp: spec.ramp.0,
-        disks: prepared.disks.clone(),
-        probed: !settings.probes.no_probes,
-        hypervisor: crate::run::host::this_hypervisor(),
-    });
-    if let Some(endpoint) = metrics {
-        recorder.serve_metrics(
-            Arc::clone(endpoint),
-            &spec.name,
-            crate::run::recorder::OWN_WORKLOAD,
-        );
-    }
+    let mut recorder = new_recorder(spec, prepared, settings, metrics);
     // The tail autopsy: the workers (kv's client threads: their device reads) keep their I/Os
     // near the tail, the block probe the requests that took a good part of that.
     let slow_request_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let choice = &settings.probes;
     let slow = Some(Arc::clone(&slow_request_ns));
-    let collector = match start_probes(choice, settings.interval, slow, &tx, &rx)? {
-        Some((handle, report)) => {
-            if verbose && number == 1 {
-                for line in report_problems(&report) {
-                    say!("virtgap: {line}");
-                }
-            }
-            recorder.on_event(Event::Probe(virtgap_probes::ProbeEvent::Attached(report)));
-            Some(handle)
-        }
-        None => None,
-    };
+    let collector = attach_probes(&mut recorder, settings, number == 1, slow, (&tx, &rx))?;
     let mut options = RunOptions {
         interval: settings.interval,
         verify_reads: settings.verify,
@@ -138,10 +113,7 @@ pub fn record_one(
     }
     let stats = recorder.stats().clone();
     let run_wall = run_start.elapsed().as_secs_f64();
-    let recorder_cpu_ns = virtgap_workloads::stats::CpuTime::of_this_process()
-        .total_ns()
-        .saturating_sub(cpu_start)
-        .saturating_sub(stats.cpu.user_ns + stats.cpu.system_ns);
+    let recorder_cpu_ns = recorder_cpu_ns(cpu_start, &stats);
     let interrupted = stop.load(Ordering::Relaxed);
     let cx = RunContext {
         spec,
@@ -163,6 +135,62 @@ pub fn record_one(
         stats,
         interrupted,
     })
+}
+
+/// The run's recorder, serving the metrics endpoint (when there is one) as it goes.
+fn new_recorder(
+    spec: &virtgap_workloads::WorkloadSpec,
+    prepared: &Prepared,
+    settings: &RunSettings,
+    metrics: Option<&SharedEndpoint>,
+) -> Recorder {
+    let mut recorder = Recorder::new(RecordPlan {
+        interval: settings.interval,
+        ramp: spec.ramp.0,
+        disks: prepared.disks.clone(),
+        probed: !settings.probes.no_probes,
+        hypervisor: crate::run::host::this_hypervisor(),
+    });
+    if let Some(endpoint) = metrics {
+        recorder.serve_metrics(
+            Arc::clone(endpoint),
+            &spec.name,
+            crate::run::recorder::OWN_WORKLOAD,
+        );
+    }
+    recorder
+}
+
+/// Attaches the run's probes, their report to `recorder`; what could not attach is said when
+/// `verbose` and `first_run`. None: the run has no probes.
+fn attach_probes(
+    recorder: &mut Recorder,
+    settings: &RunSettings,
+    first_run: bool,
+    slow_request_ns: Option<Arc<std::sync::atomic::AtomicU64>>,
+    (tx, rx): (&mpsc::Sender<Event>, &mpsc::Receiver<Event>),
+) -> Result<Option<ProbeHandle>> {
+    let choice = &settings.probes;
+    let Some((handle, report)) = start_probes(choice, settings.interval, slow_request_ns, tx, rx)?
+    else {
+        return Ok(None);
+    };
+    if settings.verbose && first_run {
+        for line in report_problems(&report) {
+            say!("virtgap: {line}");
+        }
+    }
+    recorder.on_event(Event::Probe(virtgap_probes::ProbeEvent::Attached(report)));
+    Ok(Some(handle))
+}
+
+/// This process's CPU time since `cpu_start` that the workload's threads did not use: the
+/// recorder's and the probes' collector's.
+fn recorder_cpu_ns(cpu_start: u64, stats: &RunStats) -> u64 {
+    virtgap_workloads::stats::CpuTime::of_this_process()
+        .total_ns()
+        .saturating_sub(cpu_start)
+        .saturating_sub(stats.cpu.user_ns + stats.cpu.system_ns)
 }
 
 /// The idle host's interval before the workload starts, into `recorder`.

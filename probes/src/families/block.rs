@@ -10,19 +10,19 @@ use libbpf_rs::{Link, MapCore, MapFlags, Object, RingBuffer, RingBufferBuilder};
 use super::{
     apply_filter, dev_of, entries, kprobes_unavailable, leaked_object_slot, load_tracepoints,
     note_forks, percpu_entry, percpu_sum, percpu_sums, plain_bytes, sections_of, takes_forks,
-    BlockStamps, FamilyDef, LoadContext, LoadResult, LoadedFamily, ProcessFilter, QueueShape,
-    Signals, Slots, FORK,
+    BlockStamps, FamilyDef, HostShape, LoadContext, LoadResult, LoadedFamily, ProcessFilter,
+    QueueShape, Signals, Slots, FORK,
 };
 use crate::attach::{AttachKind, AttachOutcome, KernelTracepoints};
 use crate::bpf::bio_entry::{BioEntrySkel, BioEntrySkelBuilder};
-use crate::bpf::block::{types, BlockSkel, BlockSkelBuilder};
+use crate::bpf::block::{types, BlockSkel, BlockSkelBuilder, OpenBlockSkel};
 use crate::error::BpfError;
 use crate::hist::KernelHist;
 use crate::model::{
     BlockOp, BlockSnapshot, BlockStage, BlockStageHist, CpuPair, DeviceGauge, ProbeSnapshot,
     SlowRequest,
 };
-use crate::report::{Family, BIO_ENTRY_HOOK};
+use crate::report::{Family, FamilyReport, BIO_ENTRY_HOOK};
 
 pub(super) const FAMILY: FamilyDef = FamilyDef {
     name: "block",
@@ -100,157 +100,36 @@ struct BlockProbe<'obj> {
 
 fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
     let have_io_start = cx.kernel.has("block_io_start");
-    let filter = cx.filter;
-    let kernel_stamps = match cx.config.block_stamps {
-        BlockStamps::Own => false,
-        BlockStamps::KernelUnchecked => true,
-        BlockStamps::Kernel => match kernel_stamps_exact(cx.kernel) {
-            Ok(()) => {
-                cx.notes.borrow_mut().push(
-                    "block: stage times from the kernel's request stamps (start_time_ns, \
-                     io_start_time_ns), read at completion: no start or issue program"
-                        .into(),
-                );
-                true
-            }
-            Err(why) => {
-                cx.notes.borrow_mut().push(format!(
-                    "block: the kernel's request stamps were asked for, but {why}: our own \
-                     stamps are used"
-                ));
-                false
-            }
-        },
-    };
+    let kernel_stamps = uses_kernel_stamps(cx);
     let inflight = cx.host.inflight_capacity();
     // The bio-entry hook first: where it attaches, its map is the one both objects share and
     // block_bio_remap is left out; where it cannot, the block object notes a partition's bios
     // itself at block_bio_remap.
-    let (bio_entry, hook_outcome) = attach_bio_entry(filter, inflight);
-    // Whether the block object shares the hook's map (set by `setup`, before `unused` is asked).
-    let shared = Cell::new(false);
-    let share_error = RefCell::new(None);
-    // Whether the irq family's interrupt-entry program stamps this object's IRQ entries (its
-    // map taken, set by `setup`): then this object's program for that tracepoint is left out.
-    let irq_stamps = Cell::new(false);
-    let irq_share_error = RefCell::new(None);
-    // Before block_io_start, the filter notes the process's bios at block_bio_queue; a split
-    // bio inherits its original's notes (and, with a filter, its bio-entry time).
-    let forks = takes_forks(cx);
-    // With the kernel's stamps, the completion alone measures a request; a filter knows the
-    // followed process's requests by their bios, noted at block_bio_queue.
-    let unused = |tp: &str| {
-        (kernel_stamps && KERNEL_STAMPED.contains(&tp))
-            || (tp == "block_bio_queue" && ((have_io_start && !kernel_stamps) || filter.is_none()))
-            || (tp == "block_split" && filter.is_none())
-            || (tp == REMAP && shared.get())
-            || (tp == FORK && !forks)
-            || (tp == IRQ_ENTRY && irq_stamps.get())
-    };
-    let hists = cx.host.hist_keys(|_| true, KEYS_PER_QUEUE);
-    let cpus = cx.host.possible_cpus;
-    let queue_irqs = (cx
-        .host
-        .devices
-        .iter()
-        .map(|d| d.queue_irqs.len())
-        .sum::<usize>() as u32)
-        .max(1);
-    let irq_slots = irq_entered_slots(&cx.host.devices);
-    let disks = cx.host.devices.len();
-    let setup = |open: &mut crate::bpf::block::OpenBlockSkel<'_>, _kind| {
-        use std::os::fd::AsFd;
-        // A map that cannot be resized keeps its compiled-in default (and its mask).
-        // With the kernel's stamps no request takes a slot.
-        let slots = if kernel_stamps {
-            1
-        } else {
-            request_slots(inflight)
-        };
-        let resized = open.maps.requests.set_max_entries(slots).is_ok();
-        let counters = issue_counters(disks);
-        let counters_resized = open.maps.issued.set_max_entries(counters).is_ok();
-        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
-            ro.have_io_start = have_io_start;
-            ro.kernel_stamps = kernel_stamps;
-            if resized {
-                ro.request_slot_mask = slots - 1;
-            }
-            if counters_resized {
-                ro.issue_counter_mask = counters - 1;
-            }
-        }
-        apply_filter!(open, filter);
-        let _ = open.maps.bios.set_max_entries(inflight);
-        let _ = open.maps.bio_entry.set_max_entries(inflight);
-        if let Some(hook) = &bio_entry {
-            // The hook's map: what that object writes, this one reads.
-            match open
-                .maps
-                .bio_entry
-                .reuse_fd(hook.skel.maps.bio_entry.as_fd())
-            {
-                Ok(()) => shared.set(true),
-                Err(e) => {
-                    shared.set(false);
-                    *share_error.borrow_mut() = Some(e.to_string());
-                }
-            }
-        }
-        let _ = open.maps.block_hists.set_max_entries(hists);
-        let _ = open.maps.completions_by_submitter.set_max_entries(cpus);
-        let _ = open.maps.queue_irqs.set_max_entries(queue_irqs);
-        let _ = open.maps.irq_entered.set_max_entries(irq_slots);
-        if let Some((fd, _)) = &cx.shared.borrow().irq_entered {
-            match open.maps.irq_entered.reuse_fd(fd.as_fd()) {
-                Ok(()) => irq_stamps.set(true),
-                Err(e) => {
-                    irq_stamps.set(false);
-                    *irq_share_error.borrow_mut() = Some(e.to_string());
-                }
-            }
-        }
+    let (bio_entry, hook_outcome) = attach_bio_entry(cx.filter, inflight);
+    let found = Sharing::default();
+    let setup = BlockSetup {
+        cx,
+        have_io_start,
+        kernel_stamps,
+        inflight,
+        // Before block_io_start, the filter notes the process's bios at block_bio_queue; a
+        // split bio inherits its original's notes (and, with a filter, its bio-entry time).
+        forks: takes_forks(cx),
+        bio_entry: bio_entry.as_ref(),
+        found: &found,
     };
     let (mut skel, links, mut report) = load_tracepoints(
         Family::Block,
         BlockSkelBuilder::default,
         slots,
         cx.kernel,
-        &unused,
-        &setup,
+        &|tp: &str| setup.unused(tp),
+        &|open: &mut OpenBlockSkel<'_>, _kind| setup.apply(open),
     )?;
     note_forks(cx, &report);
-    if let (false, Some(e)) = (irq_stamps.get(), irq_share_error.into_inner()) {
-        cx.notes.borrow_mut().push(format!(
-            "block: the irq family's interrupt entries could not be shared ({e}); \
-             its own {IRQ_ENTRY} program stamps them"
-        ));
-    }
-    // The tracepoint is still this family's signal, served by the irq family's program.
-    if let (true, Some((_, kind))) = (irq_stamps.get(), &cx.shared.borrow().irq_entered) {
-        report.tracepoints.push(AttachOutcome {
-            tracepoint: IRQ_ENTRY.into(),
-            attached: Some(*kind),
-            reason: Some("by the irq family's program".into()),
-        });
-    }
+    found.note_irq_stamps(cx, &mut report);
     map_queue_irqs(&skel, &cx.host.devices);
-    // A hook whose map could not be shared notes nothing the block object reads; block_bio_remap
-    // took its place.
-    let (bio_entry, hook_outcome) = match (bio_entry, shared.get()) {
-        (Some(_), false) => (
-            None,
-            AttachOutcome {
-                attached: None,
-                reason: Some(format!(
-                    "sharing its map: {}; {SO_REQUEST}",
-                    share_error.into_inner().unwrap_or_default()
-                )),
-                ..hook_outcome
-            },
-        ),
-        (hook, _) => (hook, hook_outcome),
-    };
+    let (bio_entry, hook_outcome) = found.hook_kept(bio_entry, hook_outcome);
     // With block_bio_remap instead, the first bio it notes sets the flag in the kernel.
     if let (true, Some(bss)) = (bio_entry.is_some(), skel.maps.bss_data.as_deref_mut()) {
         bss.bio_entry_noted = true;
@@ -270,11 +149,197 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
         skel,
         _links: links,
         bio_entry_hook: bio_entry,
-        possible_cpus: cpus,
+        possible_cpus: cx.host.possible_cpus,
         slow_ring,
         slow_seen,
     };
     Ok((Box::new(probe), report))
+}
+
+/// Whether stage times come from the kernel's request stamps rather than our own programs, as
+/// configured; where they were asked for, the notes say whether they are used and why not.
+fn uses_kernel_stamps(cx: &LoadContext<'_>) -> bool {
+    match cx.config.block_stamps {
+        BlockStamps::Own => false,
+        BlockStamps::KernelUnchecked => true,
+        BlockStamps::Kernel => match kernel_stamps_exact(cx.kernel) {
+            Ok(()) => {
+                cx.notes.borrow_mut().push(
+                    "block: stage times from the kernel's request stamps (start_time_ns, \
+                     io_start_time_ns), read at completion: no start or issue program"
+                        .into(),
+                );
+                true
+            }
+            Err(why) => {
+                cx.notes.borrow_mut().push(format!(
+                    "block: the kernel's request stamps were asked for, but {why}: our own \
+                     stamps are used"
+                ));
+                false
+            }
+        },
+    }
+}
+
+/// What sharing maps found while the block object opened (set by `BlockSetup::apply`, before
+/// `unused` is asked).
+#[derive(Default)]
+struct Sharing {
+    /// Whether the block object shares the bio-entry hook's map; else why not.
+    shared: Cell<bool>,
+    share_error: RefCell<Option<String>>,
+    /// Whether the irq family's interrupt-entry program stamps this object's IRQ entries (its
+    /// map taken): then this object's program for that tracepoint is left out. Else why not.
+    irq_stamps: Cell<bool>,
+    irq_share_error: RefCell<Option<String>>,
+}
+
+impl Sharing {
+    /// Notes an irq map that could not be shared; where it was, the tracepoint is still this
+    /// family's signal, served by the irq family's program.
+    fn note_irq_stamps(&self, cx: &LoadContext<'_>, report: &mut FamilyReport) {
+        if let (false, Some(e)) = (self.irq_stamps.get(), self.irq_share_error.take()) {
+            cx.notes.borrow_mut().push(format!(
+                "block: the irq family's interrupt entries could not be shared ({e}); \
+                 its own {IRQ_ENTRY} program stamps them"
+            ));
+        }
+        if let (true, Some((_, kind))) = (self.irq_stamps.get(), &cx.shared.borrow().irq_entered) {
+            report.tracepoints.push(AttachOutcome {
+                tracepoint: IRQ_ENTRY.into(),
+                attached: Some(*kind),
+                reason: Some("by the irq family's program".into()),
+            });
+        }
+    }
+
+    /// The hook, kept only where its map was shared: one whose map could not be shared notes
+    /// nothing the block object reads; block_bio_remap took its place.
+    fn hook_kept(
+        &self,
+        bio_entry: Option<BioEntry>,
+        hook_outcome: AttachOutcome,
+    ) -> (Option<BioEntry>, AttachOutcome) {
+        match (bio_entry, self.shared.get()) {
+            (Some(_), false) => (
+                None,
+                AttachOutcome {
+                    attached: None,
+                    reason: Some(format!(
+                        "sharing its map: {}; {SO_REQUEST}",
+                        self.share_error.take().unwrap_or_default()
+                    )),
+                    ..hook_outcome
+                },
+            ),
+            (hook, _) => (hook, hook_outcome),
+        }
+    }
+}
+
+/// How the block object is opened: its maps sized for this host, its settings, the maps it
+/// shares, and the programs it leaves out.
+struct BlockSetup<'a> {
+    cx: &'a LoadContext<'a>,
+    have_io_start: bool,
+    kernel_stamps: bool,
+    inflight: u32,
+    forks: bool,
+    bio_entry: Option<&'a BioEntry>,
+    found: &'a Sharing,
+}
+
+impl BlockSetup<'_> {
+    /// Whether tracepoint `tp`'s program is left out. With the kernel's stamps, the completion
+    /// alone measures a request; a filter knows the followed process's requests by their bios,
+    /// noted at block_bio_queue.
+    fn unused(&self, tp: &str) -> bool {
+        let (kernel_stamps, filter) = (self.kernel_stamps, self.cx.filter);
+        (kernel_stamps && KERNEL_STAMPED.contains(&tp))
+            || (tp == "block_bio_queue"
+                && ((self.have_io_start && !kernel_stamps) || filter.is_none()))
+            || (tp == "block_split" && filter.is_none())
+            || (tp == REMAP && self.found.shared.get())
+            || (tp == FORK && !self.forks)
+            || (tp == IRQ_ENTRY && self.found.irq_stamps.get())
+    }
+
+    /// Sizes, settings and shared maps of the opened object, before it loads.
+    fn apply(&self, open: &mut OpenBlockSkel<'_>) {
+        use std::os::fd::AsFd;
+        let host = self.cx.host;
+        let (kernel_stamps, inflight) = (self.kernel_stamps, self.inflight);
+        // A map that cannot be resized keeps its compiled-in default (and its mask).
+        // With the kernel's stamps no request takes a slot.
+        let slots = if kernel_stamps {
+            1
+        } else {
+            request_slots(inflight)
+        };
+        let resized = open.maps.requests.set_max_entries(slots).is_ok();
+        let counters = issue_counters(host.devices.len());
+        let counters_resized = open.maps.issued.set_max_entries(counters).is_ok();
+        if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+            ro.have_io_start = self.have_io_start;
+            ro.kernel_stamps = kernel_stamps;
+            if resized {
+                ro.request_slot_mask = slots - 1;
+            }
+            if counters_resized {
+                ro.issue_counter_mask = counters - 1;
+            }
+        }
+        apply_filter!(open, self.cx.filter);
+        let _ = open.maps.bios.set_max_entries(inflight);
+        let _ = open.maps.bio_entry.set_max_entries(inflight);
+        if let Some(hook) = self.bio_entry {
+            // The hook's map: what that object writes, this one reads.
+            match open
+                .maps
+                .bio_entry
+                .reuse_fd(hook.skel.maps.bio_entry.as_fd())
+            {
+                Ok(()) => self.found.shared.set(true),
+                Err(e) => {
+                    self.found.shared.set(false);
+                    *self.found.share_error.borrow_mut() = Some(e.to_string());
+                }
+            }
+        }
+        let _ = open
+            .maps
+            .block_hists
+            .set_max_entries(host.hist_keys(|_| true, KEYS_PER_QUEUE));
+        let _ = open
+            .maps
+            .completions_by_submitter
+            .set_max_entries(host.possible_cpus);
+        let _ = open.maps.queue_irqs.set_max_entries(queue_irq_count(host));
+        let _ = open
+            .maps
+            .irq_entered
+            .set_max_entries(irq_entered_slots(&host.devices));
+        if let Some((fd, _)) = &self.cx.shared.borrow().irq_entered {
+            match open.maps.irq_entered.reuse_fd(fd.as_fd()) {
+                Ok(()) => self.found.irq_stamps.set(true),
+                Err(e) => {
+                    self.found.irq_stamps.set(false);
+                    *self.found.irq_share_error.borrow_mut() = Some(e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// Entries of `queue_irqs`: one per hardware queue's IRQ on the host (at least one).
+fn queue_irq_count(host: &HostShape) -> u32 {
+    (host
+        .devices
+        .iter()
+        .map(|d| d.queue_irqs.len())
+        .sum::<usize>() as u32)
+        .max(1)
 }
 
 /// Where the kernel's stamps replace our own: a request's start, issue and merge (which only

@@ -114,6 +114,9 @@ struct StageCurves {
     center: Vec<f64>,
 }
 
+/// A stage's runs on one host: none when the host did not measure it.
+type Measured<'h, 'a> = (&'h HostSide<'a>, Vec<&'a Histogram>);
+
 /// A stage's panel: the curves of every host that measured it, the axes, the marks at p99 and
 /// p99.9, and the notes beside it. Returns the height it took.
 fn panel(
@@ -123,7 +126,7 @@ fn panel(
     hosts: &[HostSide<'_>],
     note: &dyn Fn(Stage, f64) -> Vec<String>,
 ) -> f64 {
-    let measured: Vec<(&HostSide<'_>, Vec<&Histogram>)> = hosts
+    let measured: Vec<Measured<'_, '_>> = hosts
         .iter()
         .map(|h| (h, stage_runs(h.profiles, stage)))
         .collect();
@@ -142,7 +145,32 @@ fn panel(
         );
         return 30.0;
     }
-    // As deep as every drawn run has I/Os for: beyond 1/count a percentile is the maximum.
+    let (depth, series) = stage_curves(&measured);
+    let plot = Plot::fit(top, depth, &series);
+    let _ = writeln!(
+        svg.body,
+        r#"<g class="panel" data-stage="{}">"#,
+        stage.name()
+    );
+    svg.text(20.0, top + 12.0, r#"font-weight="bold""#, &title);
+    let y0 = plot.y0;
+    let _ = writeln!(
+        svg.body,
+        r##"<rect x="{PLOT_LEFT}" y="{y0}" width="{PLOT_WIDTH}" height="{PLOT_HEIGHT}" fill="none" stroke="#ccc"/>"##
+    );
+    plot.latency_ticks(svg);
+    plot.percentile_ticks(svg);
+    for s in &series {
+        plot.curves(svg, s);
+    }
+    let line_y = notes(svg, y0 + 10.0, stage, &measured, note);
+    svg.raw("</g>");
+    (PLOT_HEIGHT + 60.0).max(line_y - top + 10.0)
+}
+
+/// The curves of every host that measured the stage, as deep (in nines) as every drawn run
+/// has I/Os for: beyond 1/count a percentile is the maximum.
+fn stage_curves(measured: &[Measured<'_, '_>]) -> (f64, Vec<StageCurves>) {
     let fewest = measured
         .iter()
         .flat_map(|(_, runs)| runs.iter().map(|h| h.count))
@@ -150,7 +178,7 @@ fn panel(
         .unwrap_or(1);
     let depth = depth_of(fewest);
     let steps = (depth * f64::from(STEPS_PER_NINE)).round() as u32;
-    let series: Vec<StageCurves> = measured
+    let series = measured
         .iter()
         .filter(|(_, runs)| !runs.is_empty())
         .map(|(h, runs)| {
@@ -163,93 +191,126 @@ fn panel(
             }
         })
         .collect();
-    let all = series
-        .iter()
-        .flat_map(|s| s.runs.iter().flatten())
-        .filter(|v| v.is_finite());
-    let (min, max) = all.fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
-    let lo = min.log10().floor();
-    let hi = max.log10().ceil().max(lo + 1.0);
-    let y0 = top + 22.0;
-    let x_of = |n: f64| PLOT_LEFT + n / depth * PLOT_WIDTH;
-    let y_of = |ns: f64| y0 + PLOT_HEIGHT - (ns.log10() - lo) / (hi - lo) * PLOT_HEIGHT;
-    let _ = writeln!(
-        svg.body,
-        r#"<g class="panel" data-stage="{}">"#,
-        stage.name()
-    );
-    svg.text(20.0, top + 12.0, r#"font-weight="bold""#, &title);
-    let _ = writeln!(
-        svg.body,
-        r##"<rect x="{PLOT_LEFT}" y="{y0}" width="{PLOT_WIDTH}" height="{PLOT_HEIGHT}" fill="none" stroke="#ccc"/>"##
-    );
-    // Latency ticks: each power of ten, with 2x and 5x when the axis spans two decades or less.
-    let minors: &[f64] = if hi - lo <= 2.0 {
-        &[1.0, 2.0, 5.0]
-    } else {
-        &[1.0]
-    };
-    for decade in (lo as i32)..=(hi as i32) {
-        for &m in minors {
-            let ns = m * 10f64.powi(decade);
-            if ns.log10() > hi + 1e-9 {
-                continue;
-            }
-            let y = y_of(ns);
-            let _ = writeln!(
-                svg.body,
-                r##"<line class="ytick" data-ns="{ns}" x1="{PLOT_LEFT}" y1="{y:.2}" x2="{:.1}" y2="{y:.2}" stroke="#eee"/>"##,
-                PLOT_LEFT + PLOT_WIDTH
-            );
-            svg.text(
-                PLOT_LEFT - 6.0,
-                y + 4.0,
-                r##"text-anchor="end" fill="#555""##,
-                &units::latency(ns),
-            );
+    (depth, series)
+}
+
+/// A panel's plot area: where a percentile (in nines) and a latency (ns, on a log axis from
+/// 10^`lo` to 10^`hi`) are drawn.
+struct Plot {
+    y0: f64,
+    depth: f64,
+    lo: f64,
+    hi: f64,
+}
+
+impl Plot {
+    /// The plot under a panel's title at `top`, its latency axis spanning whole decades
+    /// around every run's curve.
+    fn fit(top: f64, depth: f64, series: &[StageCurves]) -> Self {
+        let all = series
+            .iter()
+            .flat_map(|s| s.runs.iter().flatten())
+            .filter(|v| v.is_finite());
+        let (min, max) = all.fold((f64::MAX, f64::MIN), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+        let lo = min.log10().floor();
+        let hi = max.log10().ceil().max(lo + 1.0);
+        Self {
+            y0: top + 22.0,
+            depth,
+            lo,
+            hi,
         }
     }
-    // Percentile ticks: p50 and every whole nine.
-    let mut ticks: Vec<f64> = vec![nines(50.0)];
-    ticks.extend((0..=depth.floor() as u32).map(f64::from));
-    for n in ticks {
-        let (x, p) = (x_of(n), percentile_at(n));
-        let guide = if MARKED.iter().any(|&m| (nines(m) - n).abs() < 1e-9) {
-            r##"stroke="#999" stroke-dasharray="4 3""##
-        } else {
-            r##"stroke="#eee""##
-        };
-        let _ = writeln!(
-            svg.body,
-            r#"<line class="xtick" data-percentile="{}" x1="{x:.2}" y1="{y0}" x2="{x:.2}" y2="{}" {guide}/>"#,
-            (p * 1e4).round() / 1e4,
-            y0 + PLOT_HEIGHT
-        );
-        svg.text(
-            x,
-            y0 + PLOT_HEIGHT + 14.0,
-            r##"text-anchor="middle" fill="#555""##,
-            &percentile_name(p),
-        );
+
+    fn x_of(&self, n: f64) -> f64 {
+        PLOT_LEFT + n / self.depth * PLOT_WIDTH
     }
-    svg.text(
-        PLOT_LEFT + PLOT_WIDTH / 2.0,
-        y0 + PLOT_HEIGHT + 30.0,
-        r##"text-anchor="middle" fill="#555""##,
-        "percentile (each step right: ten times rarer)",
-    );
-    let points = |c: &[f64]| -> String {
+
+    fn y_of(&self, ns: f64) -> f64 {
+        self.y0 + PLOT_HEIGHT - (ns.log10() - self.lo) / (self.hi - self.lo) * PLOT_HEIGHT
+    }
+
+    /// A curve as polyline points; points with no latency are left out.
+    fn points(&self, c: &[f64]) -> String {
         c.iter()
             .enumerate()
             .filter(|(_, v)| v.is_finite())
             .map(|(k, &v)| {
                 let n = k as f64 / f64::from(STEPS_PER_NINE);
-                format!("{:.2},{:.2}", x_of(n), y_of(v))
+                format!("{:.2},{:.2}", self.x_of(n), self.y_of(v))
             })
             .collect::<Vec<_>>()
             .join(" ")
-    };
-    for s in &series {
+    }
+
+    /// Latency ticks: each power of ten, with 2x and 5x when the axis spans two decades or
+    /// less.
+    fn latency_ticks(&self, svg: &mut Svg) {
+        let (lo, hi) = (self.lo, self.hi);
+        let minors: &[f64] = if hi - lo <= 2.0 {
+            &[1.0, 2.0, 5.0]
+        } else {
+            &[1.0]
+        };
+        for decade in (lo as i32)..=(hi as i32) {
+            for &m in minors {
+                let ns = m * 10f64.powi(decade);
+                if ns.log10() > hi + 1e-9 {
+                    continue;
+                }
+                let y = self.y_of(ns);
+                let _ = writeln!(
+                    svg.body,
+                    r##"<line class="ytick" data-ns="{ns}" x1="{PLOT_LEFT}" y1="{y:.2}" x2="{:.1}" y2="{y:.2}" stroke="#eee"/>"##,
+                    PLOT_LEFT + PLOT_WIDTH
+                );
+                svg.text(
+                    PLOT_LEFT - 6.0,
+                    y + 4.0,
+                    r##"text-anchor="end" fill="#555""##,
+                    &units::latency(ns),
+                );
+            }
+        }
+    }
+
+    /// Percentile ticks: p50 and every whole nine, the marked ones with a dashed guide; then
+    /// the axis' caption.
+    fn percentile_ticks(&self, svg: &mut Svg) {
+        let y0 = self.y0;
+        let mut ticks: Vec<f64> = vec![nines(50.0)];
+        ticks.extend((0..=self.depth.floor() as u32).map(f64::from));
+        for n in ticks {
+            let (x, p) = (self.x_of(n), percentile_at(n));
+            let guide = if MARKED.iter().any(|&m| (nines(m) - n).abs() < 1e-9) {
+                r##"stroke="#999" stroke-dasharray="4 3""##
+            } else {
+                r##"stroke="#eee""##
+            };
+            let _ = writeln!(
+                svg.body,
+                r#"<line class="xtick" data-percentile="{}" x1="{x:.2}" y1="{y0}" x2="{x:.2}" y2="{}" {guide}/>"#,
+                (p * 1e4).round() / 1e4,
+                y0 + PLOT_HEIGHT
+            );
+            svg.text(
+                x,
+                y0 + PLOT_HEIGHT + 14.0,
+                r##"text-anchor="middle" fill="#555""##,
+                &percentile_name(p),
+            );
+        }
+        svg.text(
+            PLOT_LEFT + PLOT_WIDTH / 2.0,
+            y0 + PLOT_HEIGHT + 30.0,
+            r##"text-anchor="middle" fill="#555""##,
+            "percentile (each step right: ten times rarer)",
+        );
+    }
+
+    /// One host's curves: each run faint (when there are several), their geometric mean bold,
+    /// and a mark on it at each marked percentile the axis reaches.
+    fn curves(&self, svg: &mut Svg, s: &StageCurves) {
         if s.runs.len() > 1 {
             for (k, run) in s.runs.iter().enumerate() {
                 let _ = writeln!(
@@ -257,7 +318,7 @@ fn panel(
                     r#"<polyline class="curve curve-{}" data-run="{}" points="{}" fill="none" stroke="{}" stroke-opacity="0.3" stroke-width="1"/>"#,
                     s.letter,
                     k + 1,
-                    points(run),
+                    self.points(run),
                     s.color
                 );
             }
@@ -266,18 +327,21 @@ fn panel(
             svg.body,
             r#"<polyline class="curve curve-{}" data-run="all" points="{}" fill="none" stroke="{}" stroke-width="2"/>"#,
             s.letter,
-            points(&s.center),
+            self.points(&s.center),
             s.color
         );
-        for p in MARKED.into_iter().filter(|&p| nines(p) <= depth + 1e-9) {
+        for p in MARKED
+            .into_iter()
+            .filter(|&p| nines(p) <= self.depth + 1e-9)
+        {
             let k = (nines(p) * f64::from(STEPS_PER_NINE)).round() as usize;
             let v = s.center[k];
             let _ = writeln!(
                 svg.body,
                 r#"<circle class="mark-{}" cx="{:.2}" cy="{:.2}" r="3.5" fill="{}"><title>{} {}: {}</title></circle>"#,
                 s.letter,
-                x_of(nines(p)),
-                y_of(v),
+                self.x_of(nines(p)),
+                self.y_of(v),
                 s.color,
                 s.letter,
                 percentile_name(p),
@@ -285,9 +349,18 @@ fn panel(
             );
         }
     }
-    // Notes beside the plot: each host's runs, then what the diff says of each marked tail.
-    let mut line_y = y0 + 10.0;
-    for (h, runs) in &measured {
+}
+
+/// Notes beside the plot from `line_y` down: each host's runs, then what `note` says of each
+/// marked tail. Returns where the next line would go.
+fn notes(
+    svg: &mut Svg,
+    mut line_y: f64,
+    stage: Stage,
+    measured: &[Measured<'_, '_>],
+    note: &dyn Fn(Stage, f64) -> Vec<String>,
+) -> f64 {
+    for (h, runs) in measured {
         let text = if runs.is_empty() {
             format!("{}: not measured", h.letter)
         } else {
@@ -311,8 +384,7 @@ fn panel(
             line_y += 15.0;
         }
     }
-    svg.raw("</g>");
-    (PLOT_HEIGHT + 60.0).max(line_y - top + 10.0)
+    line_y
 }
 
 /// Every stage's panel under one heading.

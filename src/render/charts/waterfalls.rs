@@ -27,6 +27,9 @@ struct Part {
     verdict: Option<String>,
 }
 
+/// One host's time of a stage (`|p| p.a` or `|p| p.b`).
+type HostTime = fn(&Part) -> Option<f64>;
+
 /// One waterfall: a mean I/O, or the I/Os above a percentile.
 struct Section {
     key: String,
@@ -110,32 +113,52 @@ fn draw_section(svg: &mut Svg, top: f64, s: &Section) -> f64 {
         &s.title,
     );
     svg.text(20.0, top + 32.0, "", &s.gap);
-    let positive = |side: fn(&Part) -> Option<f64>| -> f64 {
-        s.parts
-            .iter()
-            .filter_map(side)
-            .filter(|v| *v > 0.0)
-            .sum::<f64>()
-    };
-    let max = [
-        s.app.0.unwrap_or(0.0),
-        s.app.1.unwrap_or(0.0),
-        positive(|p| p.a),
-        positive(|p| p.b),
-    ]
-    .into_iter()
-    .fold(1.0, f64::max);
-    let scale = BAR_WIDTH / max;
+    let scale = BAR_WIDTH / s.longest_bar();
     let mut y = top + 44.0;
     for (host, color, app, side) in [
-        (
-            "A",
-            COLOR_A,
-            s.app.0,
-            (|p: &Part| p.a) as fn(&Part) -> Option<f64>,
-        ),
+        ("A", COLOR_A, s.app.0, (|p: &Part| p.a) as HostTime),
         ("B", COLOR_B, s.app.1, |p: &Part| p.b),
     ] {
+        s.draw_bar(svg, y, (host, color), (app, side), scale);
+        y += 28.0;
+    }
+    y += 8.0;
+    let y = s.draw_stage_lines(svg, y);
+    svg.raw("</g>");
+    y - top + 16.0
+}
+
+impl Section {
+    /// The longest bar's length (ns, at least 1): a host's app time, or its stages' positive
+    /// times stacked.
+    fn longest_bar(&self) -> f64 {
+        let positive = |side: HostTime| -> f64 {
+            self.parts
+                .iter()
+                .filter_map(side)
+                .filter(|v| *v > 0.0)
+                .sum::<f64>()
+        };
+        [
+            self.app.0.unwrap_or(0.0),
+            self.app.1.unwrap_or(0.0),
+            positive(|p| p.a),
+            positive(|p| p.b),
+        ]
+        .into_iter()
+        .fold(1.0, f64::max)
+    }
+
+    /// One host's bar at `y`: its stages stacked (`side` picks the host's time of a stage),
+    /// and a mark at its app time, `app`, labelled.
+    fn draw_bar(
+        &self,
+        svg: &mut Svg,
+        y: f64,
+        (host, color): (&str, &str),
+        (app, side): (Option<f64>, HostTime),
+        scale: f64,
+    ) {
         svg.text(
             20.0,
             y + 15.0,
@@ -143,7 +166,7 @@ fn draw_section(svg: &mut Svg, top: f64, s: &Section) -> f64 {
             host,
         );
         let mut x = BAR_LEFT;
-        for p in &s.parts {
+        for p in &self.parts {
             let Some(v) = side(p) else { continue };
             let len = v.max(0.0) * scale;
             let _ = writeln!(
@@ -174,52 +197,55 @@ fn draw_section(svg: &mut Svg, top: f64, s: &Section) -> f64 {
             }
             None => svg.text(BAR_LEFT, y + 15.0, r##"fill="#555""##, "not measured"),
         }
-        y += 28.0;
     }
-    y += 8.0;
-    for p in &s.parts {
-        let delta = match (p.a, p.b) {
-            (Some(a), Some(b)) => Some(b - a),
-            _ => None,
-        };
-        let _ = writeln!(
-            svg.body,
-            r#"<rect x="20" y="{:.1}" width="10" height="10" fill="{}"/>"#,
-            y - 9.0,
-            PART_COLORS[part_index(p.part)]
-        );
-        let share = p.share.map_or(String::new(), |x| {
-            format!(", {:.0}% of the gap", (x * 100.0).round() + 0.0)
-        });
-        let verdict = p
-            .verdict
-            .as_ref()
-            .map_or(String::new(), |v| format!(": {v}"));
-        svg.text(
-            36.0,
-            y,
-            "",
-            &format!(
-                "{}: A {}, B {}, delta {}{share}{verdict}",
-                p.part.key(),
-                value(p.a, crate::analysis::diff::Unit::Ns),
-                value(p.b, crate::analysis::diff::Unit::Ns),
-                signed(delta, crate::analysis::diff::Unit::Ns),
-            ),
-        );
-        y += 17.0;
+
+    /// A line per stage from `y` down: each host's time, the delta, its share of the gap when
+    /// the gap is significant (else a line saying why there are none), and its verdict.
+    /// Returns where the next line would go.
+    fn draw_stage_lines(&self, svg: &mut Svg, mut y: f64) -> f64 {
+        for p in &self.parts {
+            let delta = match (p.a, p.b) {
+                (Some(a), Some(b)) => Some(b - a),
+                _ => None,
+            };
+            let _ = writeln!(
+                svg.body,
+                r#"<rect x="20" y="{:.1}" width="10" height="10" fill="{}"/>"#,
+                y - 9.0,
+                PART_COLORS[part_index(p.part)]
+            );
+            let share = p.share.map_or(String::new(), |x| {
+                format!(", {:.0}% of the gap", (x * 100.0).round() + 0.0)
+            });
+            let verdict = p
+                .verdict
+                .as_ref()
+                .map_or(String::new(), |v| format!(": {v}"));
+            svg.text(
+                36.0,
+                y,
+                "",
+                &format!(
+                    "{}: A {}, B {}, delta {}{share}{verdict}",
+                    p.part.key(),
+                    value(p.a, crate::analysis::diff::Unit::Ns),
+                    value(p.b, crate::analysis::diff::Unit::Ns),
+                    signed(delta, crate::analysis::diff::Unit::Ns),
+                ),
+            );
+            y += 17.0;
+        }
+        if !self.gap_significant {
+            svg.text(
+                36.0,
+                y,
+                r##"fill="#555" font-style="italic""##,
+                "no shares of the gap: it is not judged significant",
+            );
+            y += 17.0;
+        }
+        y
     }
-    if !s.gap_significant {
-        svg.text(
-            36.0,
-            y,
-            r##"fill="#555" font-style="italic""##,
-            "no shares of the gap: it is not judged significant",
-        );
-        y += 17.0;
-    }
-    svg.raw("</g>");
-    y - top + 16.0
 }
 
 fn part_index(part: BreakdownPart) -> usize {
