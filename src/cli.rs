@@ -14,7 +14,7 @@ use virtgap_workloads::spec::{ByteSize, Distribution, EngineKind, Overrides, Rea
     about = "Find where a VM's storage latency goes: run a workload, trace each I/O, compare hosts",
     long_about = "virtgap runs a built-in storage workload (random 4 KiB, sequential 1 MiB, ...) and \
 measures where each I/O's time goes. Record a profile on two hosts and compare them to see which \
-stage makes one slower.\n\nNeeds root (or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE) for tracing.",
+stage makes one slower.\n\nNeeds root (or CAP_BPF + CAP_PERFMON) for tracing.",
     after_help = "Examples:\n  virtgap                                    the live TUI on the default workload\n  \
 virtgap record --duration 10s            random 4 KiB reads on a 1 GiB temp file\n  \
 virtgap record -w seq1m --json            sequential 1 MiB reads, fio-style JSON on stdout\n  \

@@ -396,3 +396,128 @@ fn record_with_listen_serves_its_workloads_metrics_while_it_runs() {
     // The run is over: the endpoint is closed with it.
     assert!(get(port, "/metrics", "*/*").is_err());
 }
+
+/// The shipped recording rules and alerts (deploy/prometheus) pass `promtool check rules` and
+/// their own `promtool test rules`.
+#[test]
+fn the_shipped_rules_check_and_pass_their_tests() {
+    let Some(promtool) = which("promtool") else {
+        virtgap_testkit::require(
+            "the rules check",
+            Err("promtool is not installed; apt-get install prometheus"),
+        );
+        return;
+    };
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/prometheus");
+    for args in [
+        ["check", "rules", "virtgap-rules.yml"],
+        ["test", "rules", "virtgap-rules.test.yml"],
+    ] {
+        let out = Command::new(&promtool)
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The systemd unit's `serve`, run as it would run — an unprivileged user holding only the
+/// unit's ambient capabilities — attaches the block, IRQ and MSR probes and serves them.
+#[test]
+fn the_service_unit_serves_unprivileged_with_its_capabilities() {
+    if !root_allowed("the unprivileged serve") {
+        return;
+    }
+    let Some(setpriv) = which("setpriv") else {
+        virtgap_testkit::require(
+            "the unprivileged serve",
+            Err("setpriv is not installed; apt-get install util-linux"),
+        );
+        return;
+    };
+    let _serial = serial();
+    let unit = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/virtgap.service"
+    ))
+    .unwrap();
+    let value = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .unwrap_or_else(|| panic!("the unit has no {key}"))
+            .to_string()
+    };
+    let caps: Vec<String> = value("AmbientCapabilities=")
+        .split_whitespace()
+        .map(|c| format!("+{}", c.trim_start_matches("CAP_").to_lowercase()))
+        .collect();
+    assert_eq!(
+        value("CapabilityBoundingSet="),
+        value("AmbientCapabilities=")
+    );
+    let exec = value("ExecStart=");
+    let mut args: Vec<String> = exec.split_whitespace().skip(1).map(String::from).collect();
+    // The unit's own port may be taken here: the same command on a free loopback port.
+    let port = free_port();
+    let listen = args.iter().position(|a| a == "--listen").expect("--listen");
+    args[listen + 1] = format!("127.0.0.1:{port}");
+    // The binary as an unprivileged user can reach it: a copy outside the build tree.
+    let dir = common::scratch("vg-unit-");
+    let bin = dir.path().join("virtgap");
+    std::fs::copy(env!("CARGO_BIN_EXE_virtgap"), &bin).unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let caps = caps.join(",");
+    let child = Command::new(setpriv)
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(format!("--inh-caps={caps}"))
+        .arg(format!("--ambient-caps={caps}"))
+        .arg(&bin)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut serve = KillOnDrop(child);
+    let mut page = String::new();
+    wait_for(
+        "the unprivileged serve's first page",
+        Duration::from_secs(90),
+        || {
+            if let Ok(Some(status)) = serve.0.try_wait() {
+                let mut err = String::new();
+                let _ = serve.0.stderr.take().unwrap().read_to_string(&mut err);
+                panic!("serve ended ({status}): {err}");
+            }
+            page = get(port, "/metrics", "text/plain")
+                .map(|(_, body)| body)
+                .unwrap_or_default();
+            page.contains("virtgap_block_stage_seconds")
+        },
+    );
+    for family in ["block", "irq", "msr"] {
+        let attached = ["attached", "partial"].iter().any(|state| {
+            page.contains(&format!(
+                "virtgap_probe_family{{family=\"{family}\",state=\"{state}\"}} 1"
+            ))
+        });
+        assert!(
+            attached,
+            "{family} did not attach unprivileged:\n{}",
+            page.lines()
+                .filter(|l| l.starts_with("virtgap_probe_family"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}

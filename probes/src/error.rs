@@ -7,7 +7,7 @@ use crate::attach::AttachKind;
 
 /// This process may not load BPF programs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("not root: tracing needs root, or CAP_BPF + CAP_PERFMON + CAP_SYS_RESOURCE")]
+#[error("not root: tracing needs root, or CAP_BPF + CAP_PERFMON")]
 pub struct NoPermission;
 
 /// What a family watches that this host does not have.

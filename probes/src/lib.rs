@@ -33,11 +33,49 @@ pub use model::ProbeSnapshot;
 pub use report::{CapabilityReport, Family, FamilyReport};
 pub use session::ProbeSession;
 
-/// Whether this process may load BPF programs at all, and if not, why.
+/// Whether this process may load BPF programs at all, and if not, why: root, or the two
+/// capabilities tracing needs since 5.8 (CAP_BPF to load programs and maps, CAP_PERFMON to
+/// attach them to tracepoints, kprobes and perf events), as a service runs with them.
 pub fn bpf_permission() -> Result<(), NoPermission> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return Ok(());
     }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    if has_tracing_caps(&status) {
+        return Ok(());
+    }
     Err(NoPermission)
+}
+
+/// Whether a /proc/PID/status text's effective capabilities hold CAP_PERFMON (38) and CAP_BPF
+/// (39).
+fn has_tracing_caps(status: &str) -> bool {
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|eff| eff & (1 << CAP_PERFMON) != 0 && eff & (1 << CAP_BPF) != 0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tracing_needs_both_bpf_and_perfmon() {
+        let status = |eff: &str| format!("Name:\tvirtgap\nCapPrm:\t0\nCapEff:\t{eff}\n");
+        assert!(super::has_tracing_caps(&status("000000c000000000")));
+        assert!(super::has_tracing_caps(&status("000001ffffffffff")));
+        assert!(
+            !super::has_tracing_caps(&status("0000008000000000")),
+            "CAP_BPF alone"
+        );
+        assert!(
+            !super::has_tracing_caps(&status("0000004000000000")),
+            "CAP_PERFMON alone"
+        );
+        assert!(!super::has_tracing_caps(&status("0000000000000000")));
+        assert!(!super::has_tracing_caps("no capabilities line"));
+    }
 }
