@@ -1,5 +1,6 @@
-//! The one recorder of a run, for `record` and the TUI alike: everything the pipeline's events
-//! leave behind. The workload's intervals joined with the probes' (the ramp left out), the probes'
+//! The one recorder of a run, for `record` and the TUI alike, with a workload or attached to
+//! processes already running (then the probes are its only source): everything the pipeline's
+//! events leave behind. The workload's intervals joined with the probes' (the ramp left out), the probes'
 //! totals over the measured window (from the ramp's end, or the idle interval's, or the TUI's
 //! last reset), the idle baseline, the workers' merged results, the totals so far (what a
 //! mid-run profile is made of), and the tail autopsy's material — and the profile of all that.
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use virtgap_probes::hypervisor::Hypervisor;
-use virtgap_probes::model::{DevNum, SlowRequest};
+use virtgap_probes::model::{BlockOp, DevNum, SlowCall, SlowRequest};
 use virtgap_probes::{CapabilityReport, ProbeEvent, ProbeSnapshot};
 use virtgap_workloads::slow::{SlowIo, TailWatch};
 use virtgap_workloads::stats::{IntervalMerger, IntervalSample, RunStats};
@@ -26,9 +27,9 @@ use crate::run::assemble::{assemble, ProbeInterval, ProfileInputs};
 use crate::run::endpoint::SharedEndpoint;
 use crate::run::exporter::ExporterContext;
 use crate::run::pipeline::{device_name, Event};
-use crate::run::series::IntervalSeries;
+use crate::run::series::{block_requests, IntervalSeries};
 
-/// Slow I/Os, and slow requests, kept for the tail autopsy at most (each ~50 bytes): a TUI
+/// Slow I/Os (or calls), and slow requests, kept for the tail autopsy at most (each ~50 bytes): a TUI
 /// runs for as long as it is left open.
 pub const MAX_TAIL_MATERIAL: usize = 500_000;
 
@@ -79,18 +80,22 @@ pub struct Totals {
     pub write_bytes: u64,
 }
 
-/// The workload's slow I/Os and the block probe's slow requests since the window began, bounded.
+/// The workload's slow I/Os (an attached run's: the app probe's slow calls) and the block
+/// probe's slow requests since the window began, bounded.
 #[derive(Debug, Default)]
 pub struct TailMaterial {
     pub ios: Vec<SlowIo>,
     pub requests: Vec<SlowRequest>,
+    pub calls: Vec<SlowCall>,
+    /// Whether the app probe sent slow calls at all (it was asked for them).
+    pub calls_asked: bool,
     /// CLOCK_MONOTONIC where the window began: material from before it is left out.
     since_ns: u64,
 }
 
 impl TailMaterial {
     pub fn len(&self) -> usize {
-        self.ios.len() + self.requests.len()
+        self.ios.len() + self.requests.len() + self.calls.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -100,6 +105,7 @@ impl TailMaterial {
     fn restart(&mut self) {
         self.ios.clear();
         self.requests.clear();
+        self.calls.clear();
         self.since_ns = virtgap_workloads::slow::monotonic_ns();
     }
 
@@ -117,28 +123,42 @@ impl TailMaterial {
         self.bound();
     }
 
-    /// Past [`MAX_TAIL_MATERIAL`] slow I/Os or requests, both drop what came before the middle
-    /// of the list over the bound, so the autopsy covers the later part of the run (its sets
-    /// then say fewer I/Os were kept than expected).
+    fn add_calls(&mut self, calls: Vec<SlowCall>) {
+        self.calls_asked = true;
+        let since = self.since_ns;
+        self.calls
+            .extend(calls.into_iter().filter(|c| c.start_ns >= since));
+        self.bound();
+    }
+
+    /// Past [`MAX_TAIL_MATERIAL`] slow I/Os, calls or requests, all drop what came before the
+    /// middle of the lists over the bound, so the autopsy covers the later part of the run (its
+    /// sets then say fewer I/Os were kept than expected).
     fn bound(&mut self) {
-        let ios_over = self.ios.len() > MAX_TAIL_MATERIAL;
-        let requests_over = self.requests.len() > MAX_TAIL_MATERIAL;
-        if !ios_over && !requests_over {
+        let middle = |mut times: Vec<u64>| -> Option<u64> {
+            if times.len() <= MAX_TAIL_MATERIAL {
+                return None;
+            }
+            let at = times.len() / 2;
+            Some(*times.select_nth_unstable(at).1)
+        };
+        let over = |n: usize| n > MAX_TAIL_MATERIAL;
+        if !over(self.ios.len()) && !over(self.requests.len()) && !over(self.calls.len()) {
             return;
         }
-        let middle = |mut times: Vec<u64>| -> u64 {
-            let at = times.len() / 2;
-            *times.select_nth_unstable(at).1
-        };
-        let of_ios = || middle(self.ios.iter().map(|io| io.start_ns).collect());
-        let of_requests = || middle(self.requests.iter().map(|r| r.complete_ns).collect());
-        let cutoff = match (ios_over, requests_over) {
-            (true, true) => of_ios().max(of_requests()),
-            (true, false) => of_ios(),
-            _ => of_requests(),
+        let Some(cutoff) = [
+            middle(self.ios.iter().map(|io| io.start_ns).collect()),
+            middle(self.requests.iter().map(|r| r.complete_ns).collect()),
+            middle(self.calls.iter().map(|c| c.start_ns).collect()),
+        ]
+        .into_iter()
+        .flatten()
+        .max() else {
+            return;
         };
         self.ios.retain(|io| io.start_ns >= cutoff);
         self.requests.retain(|r| r.complete_ns >= cutoff);
+        self.calls.retain(|c| c.start_ns >= cutoff);
         self.since_ns = self.since_ns.max(cutoff);
     }
 }
@@ -228,6 +248,21 @@ impl Recorder {
         self.metrics = Some((endpoint, label.to_string(), attached.to_string()));
     }
 
+    /// The recorder of a run without a workload (attach mode): the probes follow processes
+    /// already running, every disk is watched, and each probe interval is a point of the
+    /// series (see [`IntervalSeries::probe_only`]) whose block requests count as its I/Os.
+    pub fn attached(interval: Duration, hypervisor: Hypervisor) -> Self {
+        let mut recorder = Self::new(RecordPlan {
+            interval,
+            ramp: Duration::ZERO,
+            disks: TargetDisks::every_disk(std::path::Path::new("/")),
+            probed: true,
+            hypervisor,
+        });
+        recorder.series = IntervalSeries::probe_only(interval, hypervisor);
+        recorder
+    }
+
     /// The workload's `workers` reporting threads started.
     pub fn workload_started(&mut self, workers: u32) {
         self.merger = Some(IntervalMerger::new(workers));
@@ -262,8 +297,11 @@ impl Recorder {
                 self.report = Some(report);
                 Update::Report
             }
-            // An attached run's (its recorder is run::attached's).
-            ProbeEvent::SlowCalls(_) => Update::Nothing,
+            // An attached run's: the app probe's slow reads and writes.
+            ProbeEvent::SlowCalls(calls) => {
+                self.tail.add_calls(calls);
+                Update::Nothing
+            }
             ProbeEvent::SlowRequests(slow) => {
                 self.tail.add_requests(slow);
                 Update::Nothing
@@ -288,8 +326,19 @@ impl Recorder {
                         self.tail.restart();
                     }
                 }
+                if self.series.is_probe_only() {
+                    self.series.add_probe_only(cumulative.elapsed_ns, &interval);
+                    // No workload: the I/Os are the block requests over the window.
+                    let since = |op| {
+                        let base = self.base.as_ref().map_or(0, |b| block_requests(b, op));
+                        block_requests(&cumulative, op).saturating_sub(base)
+                    };
+                    self.totals.read_ios = since(BlockOp::Read);
+                    self.totals.write_ios = since(BlockOp::Write);
+                } else {
+                    self.series.add_probe(&interval);
+                }
                 self.cumulative = Some(*cumulative);
-                self.series.add_probe(&interval);
                 Update::ProbeInterval(interval)
             }
         }
@@ -522,39 +571,19 @@ impl Recorder {
     /// far before (incomplete, as the TUI saves it). Its one run carries the idle baseline and
     /// the tail autopsy (`with_tail`).
     pub fn profile(&self, cx: &RunContext<'_>, with_tail: bool) -> Result<Profile, String> {
-        let points = self
-            .series
-            .points()
-            .map_err(|e| format!("reading back the interval series: {e}"))?;
-        let stats = self.stats_so_far();
-        let window = self.window();
-        let now = SystemTime::now();
-        let series = &self.series;
-        let mut profile = assemble(ProfileInputs {
-            run: RunInfo {
-                tool_version: env!("CARGO_PKG_VERSION").into(),
-                command_line: std::env::args().collect(),
-                started_unix_ms: unix_ms(cx.started),
-                ended_unix_ms: unix_ms(now),
-                interval_s: series.point_interval().as_secs_f64(),
-                requested_interval_s: (series.coarsening() > 1)
-                    .then_some(cx.interval.as_secs_f64()),
-                max_intervals: (series.coarsening() > 1).then_some(series.max_points() as u64),
-                complete: cx.complete,
-            },
+        let mut profile = self.assemble_profile(Framing {
+            started: cx.started,
+            interval: cx.interval,
+            complete: cx.complete,
             host: cx.host.clone(),
             workload: WorkloadInfo::of(cx.spec, cx.loaded, cx.target),
             target: TargetInfo::of(cx.target, &self.disks),
             paced: cx.spec.rate_iops.is_some(),
-            stats: &stats,
-            intervals: points.into_iter().map(|p| p.interval).collect(),
-            capabilities: self.report.clone(),
-            probe_total: window.as_ref(),
             disks: &self.disks,
             recorder_cpu_pct: cx.recorder_cpu_pct,
             calibration: cx.calibration.clone(),
             stalls: Some(self.stalls()),
-        });
+        })?;
         if !self.all_finished() {
             profile.stages.app = Histogram::from_latency(&self.totals.app);
         }
@@ -566,6 +595,60 @@ impl Recorder {
         profile.runs = vec![run];
         Ok(profile)
     }
+
+    /// The profile of what was recorded, framed by `f`: the series, the statistics so far, the
+    /// probes' window and what attached. Its runs are left to the caller.
+    pub fn assemble_profile(&self, f: Framing<'_>) -> Result<Profile, String> {
+        let points = self
+            .series
+            .points()
+            .map_err(|e| format!("reading back the interval series: {e}"))?;
+        let stats = self.stats_so_far();
+        let window = self.window();
+        let series = &self.series;
+        Ok(assemble(ProfileInputs {
+            run: RunInfo {
+                tool_version: env!("CARGO_PKG_VERSION").into(),
+                command_line: std::env::args().collect(),
+                started_unix_ms: unix_ms(f.started),
+                ended_unix_ms: unix_ms(SystemTime::now()),
+                interval_s: series.point_interval().as_secs_f64(),
+                requested_interval_s: (series.coarsening() > 1).then_some(f.interval.as_secs_f64()),
+                max_intervals: (series.coarsening() > 1).then_some(series.max_points() as u64),
+                complete: f.complete,
+            },
+            host: f.host,
+            workload: f.workload,
+            target: f.target,
+            paced: f.paced,
+            stats: &stats,
+            intervals: points.into_iter().map(|p| p.interval).collect(),
+            capabilities: self.report.clone(),
+            probe_total: window.as_ref(),
+            disks: f.disks,
+            recorder_cpu_pct: f.recorder_cpu_pct,
+            calibration: f.calibration,
+            stalls: f.stalls,
+        }))
+    }
+}
+
+/// What a profile is framed by beyond what the recorder saw: the run's times, the host, what
+/// ran and on what (see [`Recorder::assemble_profile`]).
+#[derive(Debug)]
+pub struct Framing<'a> {
+    pub started: SystemTime,
+    /// The `--interval` asked for.
+    pub interval: Duration,
+    pub complete: bool,
+    pub host: Fingerprint,
+    pub workload: WorkloadInfo,
+    pub target: TargetInfo,
+    pub paced: bool,
+    pub disks: &'a TargetDisks,
+    pub recorder_cpu_pct: Option<f64>,
+    pub calibration: Option<Calibration>,
+    pub stalls: Option<Stalls>,
 }
 
 /// Milliseconds since the Unix epoch (0 for a clock before it).

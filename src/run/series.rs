@@ -14,7 +14,7 @@ use std::time::Duration;
 use virtgap_probes::hypervisor::Hypervisor;
 
 use serde::{Deserialize, Serialize};
-use virtgap_probes::model::{DevNum, ProbeSnapshot};
+use virtgap_probes::model::{BlockOp, BlockStage, DevNum, ProbeSnapshot};
 use virtgap_workloads::histogram::CompactHistogram;
 use virtgap_workloads::stats::IntervalSample;
 
@@ -92,6 +92,8 @@ pub struct IntervalSeries {
     stall_log: StallLog,
     /// The most points kept, set from the first point's size (see [`SERIES_JSON_BUDGET`]).
     max_points: Option<usize>,
+    /// No workload: each probe interval is a point of its own (see [`Self::probe_only`]).
+    probe_only: bool,
 }
 
 impl IntervalSeries {
@@ -120,7 +122,25 @@ impl IntervalSeries {
             waiting_samples: VecDeque::new(),
             stall_log: StallLog::watching(),
             max_points: None,
+            probe_only: false,
         }
+    }
+
+    /// The series of a run without a workload (attach mode): each probe interval is a point,
+    /// its block requests the point's I/Os and the followed processes' reads and writes (the
+    /// app probe's calls and requests) its latency. Request sizes are not measured: the bytes
+    /// stay 0. Merged points keep no percentiles (the kernel's histograms are not kept per
+    /// point).
+    pub fn probe_only(interval: Duration, hypervisor: Hypervisor) -> Self {
+        Self {
+            probe_only: true,
+            ..Self::new(interval, 0, None, true, hypervisor)
+        }
+    }
+
+    /// Whether each probe interval is a point of its own (see [`Self::probe_only`]).
+    pub fn is_probe_only(&self) -> bool {
+        self.probe_only
     }
 
     /// The points so far, read back from where they wait.
@@ -163,6 +183,46 @@ impl IntervalSeries {
     /// How many times longer each point is than the interval asked for (1: not coarsened).
     pub fn coarsening(&self) -> u64 {
         self.span
+    }
+
+    /// A probe interval of a probe-only series, ending `end_ns` after the probes attached.
+    pub fn add_probe_only(&mut self, end_ns: u64, snapshot: &ProbeSnapshot) {
+        let raw = self.probes_seen - *self.origin.get_or_insert(self.probes_seen);
+        self.probes_seen += 1;
+        let start_ns = end_ns.saturating_sub(snapshot.elapsed_ns);
+        let app = snapshot
+            .app
+            .as_ref()
+            .map(|a| crate::model::histogram::Histogram::from_kernel(&a.data_latency()))
+            .unwrap_or_default();
+        let probes = ProbeInterval::of(snapshot, None, self.hypervisor);
+        let interval = Interval {
+            index: raw,
+            start_s: start_ns as f64 / 1e9,
+            end_s: end_ns as f64 / 1e9,
+            read_ios: block_requests(snapshot, BlockOp::Read),
+            write_ios: block_requests(snapshot, BlockOp::Write),
+            read_bytes: 0,
+            write_bytes: 0,
+            lat_count: app.count,
+            lat_sum_ns: app.sum_ns,
+            lat_p50_ns: app.percentile_ns(50.0).map(|v| v as u64),
+            lat_p99_ns: app.percentile_ns(99.0).map(|v| v as u64),
+            stages: probes.stages,
+            cpus: probes.cpus,
+            probe_run_ns: probes.probe_run_ns,
+            msr_writes: probes.msr_writes,
+            oldest_in_flight_ns: None,
+            hypervisor: probes.hypervisor,
+        };
+        let point = SeriesPoint {
+            interval,
+            start_ns,
+            end_ns,
+            // Empty: a merged point's percentiles are left out rather than guessed.
+            lat: virtgap_workloads::LatencyHistogram::new().compact(),
+        };
+        self.place(raw, point);
     }
 
     /// A probe collector interval, in arrival order.
@@ -225,12 +285,17 @@ impl IntervalSeries {
     fn push(&mut self, sample: &IntervalSample, probe: Option<ProbeInterval>) {
         let origin = *self.origin.get_or_insert(sample.index);
         let raw = sample.index.saturating_sub(origin);
-        let mut point = SeriesPoint {
+        let point = SeriesPoint {
             interval: crate::run::assemble::interval(sample, probe),
             start_ns: sample.start_ns,
             end_ns: sample.end_ns,
             lat: sample.lat.compact(),
         };
+        self.place(raw, point);
+    }
+
+    /// Puts `point`, the `raw`-th interval since the series began, where it belongs.
+    fn place(&mut self, raw: u64, mut point: SeriesPoint) {
         let max_points = *self.max_points.get_or_insert_with(|| {
             // As the profile prints it, plus the deeper indentation inside its intervals array.
             let bytes = serde_json::to_vec_pretty(&point.interval).map_or(1, |v| v.len() * 5 / 4);
@@ -280,6 +345,13 @@ impl IntervalSeries {
         self.tail = merged;
         release_free_heap();
     }
+}
+
+/// The block requests of operation `op` the probes saw in `snap` (0 without the block probe).
+pub fn block_requests(snap: &ProbeSnapshot, op: BlockOp) -> u64 {
+    snap.block
+        .as_ref()
+        .map_or(0, |b| b.stage(None, BlockStage::Device, &[op]).count)
 }
 
 /// Points settled between two heap trims (about a minute at the default interval).
@@ -600,6 +672,53 @@ mod tests {
             assert_eq!((p.interval.read_ios, &p.lat), (ios, &lat));
         }
         assert_eq!(points[1].interval, s.points().unwrap()[1].interval);
+    }
+
+    /// A long attached run keeps a bounded series, contiguous, each point `span` probe
+    /// intervals long, with every probe interval's time and requests in it.
+    #[test]
+    fn a_long_probe_only_series_stays_bounded_and_contiguous() {
+        use virtgap_probes::model::{BlockSnapshot, BlockStageHist};
+        let mut s = IntervalSeries::probe_only(Duration::from_secs(1), Hypervisor::None);
+        let n = 5_000u64;
+        let mut hist = virtgap_probes::KernelHist::default();
+        hist.slots[10] = 1;
+        hist.count = 1;
+        hist.sum_ns = 1000;
+        let one = BlockStageHist {
+            dev: (254, 0),
+            hctx: 0,
+            op: BlockOp::Read,
+            stage: BlockStage::Device,
+            hist,
+        };
+        let interval = ProbeSnapshot {
+            elapsed_ns: SEC,
+            block: Some(BlockSnapshot {
+                stages: vec![one],
+                ..Default::default()
+            }),
+            ..ProbeSnapshot::default()
+        };
+        for k in 1..=n {
+            s.add_probe_only(k * SEC, &interval);
+        }
+        let kept: Vec<_> = s
+            .points()
+            .unwrap()
+            .into_iter()
+            .map(|p| p.interval)
+            .collect();
+        assert!(kept.len() <= MAX_POINTS, "{} kept", kept.len());
+        assert_eq!(s.coarsening(), 4);
+        assert_eq!(s.point_interval(), Duration::from_secs(4));
+        assert_eq!(kept[0].start_s, 0.0);
+        assert_eq!(kept.last().unwrap().end_s, n as f64);
+        assert_eq!(kept.iter().map(|i| i.read_ios).sum::<u64>(), n);
+        for (k, w) in kept.windows(2).enumerate() {
+            assert_eq!(w[0].end_s, w[1].start_s, "gap after interval {k}");
+            assert_eq!(w[1].index, k as u64 + 1);
+        }
     }
 
     #[test]

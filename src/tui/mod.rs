@@ -293,13 +293,7 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
     let (tx, rx) = mpsc::channel::<Input>();
     let (collector, report) =
         crate::run::session::start_collector(config, args.interval.0, &tx, &rx)?;
-    let mut recorder = Recorder::new(RecordPlan {
-        interval: args.interval.0,
-        ramp: Duration::ZERO,
-        disks: crate::model::host::TargetDisks::every_disk(std::path::Path::new("/")),
-        probed: true,
-        hypervisor: crate::run::host::this_hypervisor(),
-    });
+    let mut recorder = Recorder::attached(args.interval.0, crate::run::host::this_hypervisor());
     let label = args
         .attach
         .label
