@@ -67,9 +67,21 @@ pub fn probe_config(args: &ProbeChoice, interval: Duration) -> Result<Option<Pro
         block_stamps: args.block_stamps,
         // The run statistics cost every BPF program run on the host two clock reads: a
         // recording keeps them on for one interval in four after its first four.
-        run_stats_every: 4,
+        run_stats_every: run_stats_every(),
         ..ProbeConfig::new(families, Some(std::process::id()))
     }))
+}
+
+/// One interval in how many keeps the BPF run statistics on: 4, or `VIRTGAP_RUN_STATS_EVERY`
+/// (1 keeps them on throughout). Each switch flips a kernel static key, which rewrites kernel
+/// text at every BPF program's call site; the VM tier's emulator sometimes runs a vCPU on the
+/// stale text, so its guests switch once per run.
+fn run_stats_every() -> u32 {
+    std::env::var("VIRTGAP_RUN_STATS_EVERY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(4)
 }
 
 /// Starts the probe collector for `args` (None with `--no-probes`) and waits for it to attach,
