@@ -871,6 +871,17 @@ fn under_a_hypervisor() -> bool {
     })
 }
 
+/// The diff's hypervisor row of `metric`.
+fn hypervisor_row(d: &Value, metric: &str) -> Value {
+    d["hypervisor"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["metric"] == metric)
+        .unwrap_or_else(|| panic!("no hypervisor row {metric}: {}", d["hypervisor"]))
+        .clone()
+}
+
 /// QD-1 reads pinned to the CPU that takes the disk's interrupt complete and wake their thread
 /// there; pinned to another CPU, every completion and wakeup crosses CPUs by IPI — on a KVM
 /// guest an x2APIC ICR write that exits. The diff's hypervisor block must name IPIs.
@@ -904,15 +915,7 @@ fn a_workload_away_from_its_irq_cpu_moves_the_hypervisors_ipis() {
     ];
     let judge = |d: &Value, _: &[PathBuf], _: &[PathBuf]| {
         let mut look = Look::new();
-        let hv = |metric: &str| {
-            d["hypervisor"]["rows"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|r| r["metric"] == metric)
-                .unwrap_or_else(|| panic!("no hypervisor row {metric}: {}", d["hypervisor"]))
-                .clone()
-        };
+        let hv = |metric: &str| hypervisor_row(d, metric);
         let ipi = hv("ipi_per_io");
         let ipi_effect = ipi["effect"].as_f64().unwrap_or(0.0);
         let significant = ipi["verdict"] == "significant";
@@ -1051,15 +1054,7 @@ fn timer_programmings_injected_beside_the_workload_move_the_timer_row_by_their_r
     let sleeps_per_s = std::cell::RefCell::new(Vec::<f64>::new());
     let judge = |d: &Value, _: &[PathBuf], b: &[PathBuf]| {
         let mut look = Look::new();
-        let hv = |metric: &str| {
-            d["hypervisor"]["rows"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|r| r["metric"] == metric)
-                .unwrap_or_else(|| panic!("no hypervisor row {metric}: {}", d["hypervisor"]))
-                .clone()
-        };
+        let hv = |metric: &str| hypervisor_row(d, metric);
         let rates = sleeps_per_s.borrow();
         let injected = rates.iter().sum::<f64>() / rates.len() as f64 / mean_iops(b);
         let timer = hv("timer_per_io");
