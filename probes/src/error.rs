@@ -17,6 +17,7 @@ pub enum Absent {
     Nvme,
     #[error("not a KVM host (no kvm module)")]
     KvmHost,
+    /// Profiles recorded before metal timed its native callers say this of the pv-paths family.
     #[error("no hypervisor: nothing to measure")]
     Hypervisor,
     /// A run that follows every process (`serve --all`) has no threads of its own to watch wake.

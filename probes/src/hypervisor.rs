@@ -3,8 +3,10 @@
 //! send an IPI, end an interrupt, wait for an event, halt, wait on or kick a lock holder, flush
 //! another CPU's TLB — but each hypervisor (and each kernel version) does it by another path: an
 //! MSR write that traps, a hypercall behind a kernel function, or nothing a guest can see.
-//! Metal has no hypervisor at all: every mechanism there is "no hypervisor", which is neither
-//! "not measured" nor 0.
+//! Metal has no hypervisor at all: nothing there is the hypervisor's, which is neither "not
+//! measured" nor 0. Metal still times the generic callers a guest's paths may be timed at
+//! (`clockevents_program_event`, the halt), so that the native work inside a guest's timed path
+//! can be told from the hypervisor's part of it by comparing the two hosts.
 
 use serde::{Deserialize, Serialize};
 
@@ -370,6 +372,19 @@ const HYPERV: &[Path] = &[
     sampled(OtherHypercall, "hv_do_hypercall and the hypercall page"),
 ];
 
+/// Metal's native work at the generic callers a guest's timed path may be timed at: a Xen
+/// guest's timer path is timed at `clockevents_program_event` where `xen_vcpuop_set_next_event`
+/// has no ftrace site, and every guest's halt at the native halt. Timed on metal, the same
+/// function's time there is the native part a diff subtracts; none of it is the hypervisor's.
+const NATIVE: &[Path] = &[
+    timed(
+        Timer,
+        &["clockevents_program_event"],
+        "clockevents_program_event (the native timer programming, for comparison)",
+    ),
+    HALT,
+];
+
 /// A hypervisor this table does not know in detail: the APIC traps every x86 hypervisor has.
 const GENERIC: &[Path] = &[APIC_TIMER, APIC_TIMER_COUNT, APIC_ICR, HALT];
 
@@ -460,11 +475,11 @@ pub fn sampled_mechanism(hypervisor: Hypervisor, symbol: &str) -> Option<Mechani
     })
 }
 
-/// How `hypervisor` serves each mechanism, as virtgap measures it (empty on metal: no
-/// hypervisor to measure).
+/// How `hypervisor` serves each mechanism, as virtgap measures it; on metal, the native work
+/// at the generic callers guests' paths share (see `NATIVE`).
 pub fn paths(hypervisor: Hypervisor) -> &'static [Path] {
     match hypervisor {
-        Hypervisor::None => &[],
+        Hypervisor::None => NATIVE,
         Hypervisor::Kvm => KVM,
         Hypervisor::Xen => XEN,
         Hypervisor::HyperV => HYPERV,
@@ -625,8 +640,26 @@ mod tests {
     }
 
     #[test]
-    fn metal_has_no_hypervisor_paths_and_every_guest_has_the_apic_traps() {
-        assert!(paths(Hypervisor::None).is_empty());
+    fn metal_times_only_the_generic_callers_and_every_guest_has_the_apic_traps() {
+        // Metal's paths are native work at functions a guest's table also times, nothing else:
+        // no MSR exits, no sampled interface.
+        for p in paths(Hypervisor::None) {
+            let Measure::Timed(names) = p.measure else {
+                panic!("metal measures {p:?}");
+            };
+            assert!(
+                [Hypervisor::Xen, Hypervisor::Kvm]
+                    .iter()
+                    .any(|hv| paths(*hv)
+                        .iter()
+                        .any(|g| matches!(g.measure, Measure::Timed(n) if n.contains(&names[0])))),
+                "{names:?} is timed by no guest's table"
+            );
+        }
+        assert!(!is_interface_symbol(
+            Hypervisor::None,
+            "clockevents_program_event"
+        ));
         for hv in [
             Hypervisor::Kvm,
             Hypervisor::Xen,

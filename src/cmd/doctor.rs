@@ -327,7 +327,9 @@ fn write_hypervisor_paths(out: &mut impl Write, h: &HypervisorPaths) -> std::io:
             "\nhypervisor paths:\n  no hypervisor: nothing to measure"
         );
     }
-    let whose = if h.checked_as {
+    let whose = if h.hypervisor == Hypervisor::None.name() {
+        "no hypervisor: the native callers guests' paths are timed at, for comparison".to_string()
+    } else if h.checked_as {
         format!("{}'s table, checked on this kernel", h.hypervisor)
     } else {
         format!("{}, this host's", h.hypervisor)
@@ -1018,15 +1020,20 @@ mod tests {
     }
 
     #[test]
-    fn metal_has_one_line_and_a_missing_probe_says_so() {
+    fn metal_lists_its_native_callers_and_a_missing_probe_says_so() {
         let h = hypervisor_paths(Hypervisor::None, false, &CapabilityReport::default(), None);
-        assert!(h.paths.is_empty());
         let mut text = Vec::new();
         write_hypervisor_paths(&mut text, &h).unwrap();
-        assert_eq!(
-            String::from_utf8(text).unwrap(),
-            "\nhypervisor paths:\n  no hypervisor: nothing to measure\n"
+        let text = String::from_utf8(text).unwrap();
+        assert!(
+            text.contains("hypervisor paths (no hypervisor: the native callers"),
+            "{text}"
         );
+        assert!(
+            text.contains("timer") && text.contains("timed at clockevents_program_event"),
+            "{text}"
+        );
+        assert!(!text.contains("msr"), "{text}");
         // Another hypervisor's table checked where its probes did not load.
         let h = hypervisor_paths(Hypervisor::HyperV, true, &CapabilityReport::default(), None);
         assert!(h.checked_as);

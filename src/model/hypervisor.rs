@@ -2,8 +2,9 @@
 //! programming, IPIs, interrupt delivery, upcalls, halts, PV spinlocks, TLB flushes, other
 //! hypercalls) how often the guest asked for it and, where a hypercall wrapper is timed, how long
 //! it took — each path saying how it was measured — and the CPU time the sampler found in the
-//! hypervisor interface. On metal the section says "no hypervisor": no row is 0 there, and none
-//! is "not measured".
+//! hypervisor interface. On metal nothing is the hypervisor's (no row is 0 there, and none is
+//! "not measured"); the section holds the native work metal does at the generic callers a
+//! guest's paths are timed at, which a diff subtracts where both hosts timed the same function.
 
 use std::collections::BTreeMap;
 
@@ -19,7 +20,8 @@ pub struct HypervisorSection {
     pub hypervisor: Hypervisor,
     /// Seconds the probes watched: the denominator of every rate below.
     pub seconds: f64,
-    /// Each mechanism of this hypervisor's table, in the table's order (none on metal).
+    /// Each mechanism of this hypervisor's table, in the table's order (on metal, the native
+    /// callers timed for comparison).
     pub mechanisms: Vec<MechanismFigure>,
     /// CPU time spent in the hypervisor interface, from the sampler (None: not sampled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +108,23 @@ impl HypervisorSection {
         self.hypervisor != Hypervisor::None
     }
 
+    /// The functions `m`'s time was measured at here (its measured timed paths), sorted: two
+    /// hosts' times of a mechanism are the same work only where these are the same.
+    pub fn timed_functions(&self, m: Mechanism) -> Vec<&str> {
+        let mut out: Vec<&str> = self
+            .mechanism(m)
+            .into_iter()
+            .flat_map(|f| &f.paths)
+            .filter(|p| p.state == PathState::Measured)
+            .filter_map(|p| match &p.how {
+                PathMeasure::Timed { symbol } => symbol.as_deref(),
+                _ => None,
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
     /// The mechanisms this host's hypervisor does not offer at all: every path of theirs is
     /// "not offered" (a CPUID bit clear), so the guest never uses them.
     pub fn not_offered(&self) -> Vec<Mechanism> {
@@ -126,7 +145,8 @@ impl HypervisorSection {
 /// sampled CPU time, over the run's probe window (see `RunRecord::probe_seconds`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RunHypervisor {
-    /// None on metal.
+    /// The host's hypervisor (`none` on metal, whose figures are its native callers'); None:
+    /// not measured (and on metal in profiles older than the native figures).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<String>")]
     pub hypervisor: Option<Hypervisor>,
@@ -144,9 +164,6 @@ pub struct RunHypervisor {
 impl RunHypervisor {
     /// The run's figures from its section.
     pub fn of(section: &HypervisorSection) -> Self {
-        if !section.is_guest() {
-            return Self::default();
-        }
         let mut r = Self {
             hypervisor: Some(section.hypervisor),
             cpu_ns: section.cpu.as_ref().map(|c| c.ns),
@@ -183,7 +200,7 @@ impl RunHypervisor {
         }
     }
 
-    /// Calls of `m` over the window (None: not measured, or metal).
+    /// Calls of `m` over the window (None: not measured).
     pub fn count(&self, m: Mechanism) -> Option<u64> {
         self.counts.get(m.name()).copied()
     }

@@ -343,18 +343,23 @@ impl SummaryRows {
     }
 
     /// The hypervisor's mechanisms and CPU time, per second and per I/O (of `ios`). Metal has
-    /// no hypervisor rows at all (host.csv says `hypervisor,none`), never zeros.
+    /// no hypervisor rows at all (host.csv says `hypervisor,none`), never zeros: its native
+    /// work at the callers guests' paths share is `native_*`.
     fn hypervisor(&mut self, h: &HypervisorSection, ios: f64) {
+        let prefix = if h.is_guest() { "hv" } else { "native" };
         for m in &h.mechanisms {
             let name = m.mechanism.name();
             self.row(
-                format!("hv_{name}_per_s"),
+                format!("{prefix}_{name}_per_s"),
                 m.count.map(|n| n as f64 / h.seconds),
             );
             if ios > 0.0 {
-                self.row(format!("hv_{name}_per_io"), m.count.map(|n| n as f64 / ios));
                 self.row(
-                    format!("hv_{name}_time_ns_per_io"),
+                    format!("{prefix}_{name}_per_io"),
+                    m.count.map(|n| n as f64 / ios),
+                );
+                self.row(
+                    format!("{prefix}_{name}_time_ns_per_io"),
                     m.time_ns.map(|t| t / ios),
                 );
             }

@@ -771,7 +771,21 @@ pub(crate) fn hypervisor_heading(d: &ProfileDiff) -> String {
         return format!("hypervisor ({kinds}): {why}");
     }
     let idle = if d.above_idle { " above idle" } else { "" };
-    format!("hypervisor ({kinds}; per I/O{idle}, judged as one family):")
+    match (h.a, h.b) {
+        (Some(Hypervisor::None), Some(Hypervisor::None)) => format!(
+            "hypervisor (none on either host; the native work guests' paths are compared with, \
+             per I/O{idle}, judged as one family):"
+        ),
+        (Some(Hypervisor::None), Some(_)) | (Some(_), Some(Hypervisor::None))
+            if h.rows.iter().any(|r| r.a.is_some() && r.b.is_some()) =>
+        {
+            format!(
+                "hypervisor ({kinds}; per I/O{idle}, judged as one family; a row with both \
+                 figures has metal's native work at the same function as its baseline):"
+            )
+        }
+        _ => format!("hypervisor ({kinds}; per I/O{idle}, judged as one family):"),
+    }
 }
 
 pub(crate) fn verdict_sentence(d: &ProfileDiff) -> String {

@@ -1,6 +1,6 @@
 //! The hypervisor section of a run's summary: per mechanism, how often per I/O and per second,
 //! the time of its timed paths, and how each path was measured; the sampled CPU time in the
-//! hypervisor interface. On metal, one line: no hypervisor, nothing to measure.
+//! hypervisor interface. On metal: no hypervisor, and the native work timed for comparison.
 
 use std::io::{self, Write};
 
@@ -12,17 +12,27 @@ use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
 /// The section, for a run of `ios` I/Os.
 pub fn write(out: &mut impl Write, h: &HypervisorSection, ios: f64) -> io::Result<()> {
     let name = hypervisor_words(Some(h.hypervisor));
-    if !h.is_guest() {
+    let native = !h.is_guest();
+    if native && h.mechanisms.iter().all(|m| m.count.is_none()) {
         return writeln!(
             out,
             "  hypervisor: none (bare metal): nothing between the guest and the device to measure"
         );
     }
-    writeln!(
-        out,
-        "  hypervisor: {name}, its mechanisms over {:.1} s of probes (each path: how it was measured)",
-        h.seconds
-    )?;
+    if native {
+        writeln!(
+            out,
+            "  hypervisor: none (bare metal); native work at the functions guests' paths are timed at, \
+             for comparison, over {:.1} s of probes",
+            h.seconds
+        )?;
+    } else {
+        writeln!(
+            out,
+            "  hypervisor: {name}, its mechanisms over {:.1} s of probes (each path: how it was measured)",
+            h.seconds
+        )?;
+    }
     writeln!(
         out,
         "    {:<22} {:>9} {:>9} {:>11}  paths",
@@ -57,6 +67,8 @@ pub fn write(out: &mut impl Write, h: &HypervisorSection, ios: f64) -> io::Resul
             )
         }
         Some(_) => Ok(()),
+        // Metal has no hypervisor interface to sample.
+        None if native => Ok(()),
         None => writeln!(out, "    hypervisor interface CPU time: not sampled"),
     }
 }

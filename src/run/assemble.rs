@@ -194,16 +194,14 @@ pub struct ProbeInterval {
 impl ProbeInterval {
     /// One probe interval on a host running on `hypervisor`.
     pub fn of(probes: &ProbeSnapshot, devs: Option<&[DevNum]>, hypervisor: Hypervisor) -> Self {
-        let hypervisor = (hypervisor != Hypervisor::None).then(|| {
-            let section = crate::run::hypervisor::section(
-                hypervisor,
-                probes.elapsed_ns as f64 / 1e9,
-                virtualization(probes).as_ref(),
-                None,
-                None,
-            );
-            RunHypervisor::of(&section)
-        });
+        let section = crate::run::hypervisor::section(
+            hypervisor,
+            probes.elapsed_ns as f64 / 1e9,
+            virtualization(probes).as_ref(),
+            None,
+            None,
+        );
+        let hypervisor = Some(RunHypervisor::of(&section));
         Self {
             hypervisor,
             stages: stage_samples(probes, devs),

@@ -404,11 +404,28 @@ mod tests {
     }
 
     #[test]
-    fn metal_says_no_hypervisor_whatever_the_probes_saw() {
-        let s = section(Hypervisor::None, 10.0, Some(&virt(10.0)), None, None);
+    fn metal_keeps_only_its_native_callers_whatever_the_probes_saw() {
+        let mut v = virt(10.0);
+        let s = section(Hypervisor::None, 10.0, Some(&v), None, None);
         assert!(!s.is_guest());
-        assert!(s.mechanisms.is_empty());
+        // A Xen path's figure is no native caller's: nothing counted, no sampled CPU time.
+        assert!(s.mechanisms.iter().all(|m| m.count.is_none()), "{s:?}");
         assert_eq!(s.cpu, None);
+        v.pv_paths = Some(vec![PvPathFigure {
+            symbol: "clockevents_program_event".into(),
+            count: 3000,
+            mean_ns: Some(400.0),
+            p99_ns: None,
+        }]);
+        let s = section(Hypervisor::None, 10.0, Some(&v), None, None);
+        let timer = s.mechanism(Mechanism::Timer).unwrap();
+        assert_eq!(timer.count, Some(3000));
+        assert_eq!(timer.time_ns, Some(1.2e6));
+        assert_eq!(
+            s.timed_functions(Mechanism::Timer),
+            ["clockevents_program_event"]
+        );
+        assert_eq!(s.mechanism(Mechanism::Ipi), None);
     }
 
     #[test]

@@ -17,8 +17,8 @@ use super::{
 };
 use crate::attach::{AttachKind, AttachOutcome};
 use crate::bpf;
-use crate::error::{Absent, BpfError, Unavailable};
-use crate::hypervisor::{timed_paths, Hypervisor};
+use crate::error::{BpfError, Unavailable};
+use crate::hypervisor::timed_paths;
 use crate::model::ProbeSnapshot;
 use crate::report::{Family, FamilyReport, ABSENT_ON_THIS_KERNEL};
 
@@ -378,16 +378,14 @@ fn handler_frames(stack: &MapHandle) -> Result<(PvSkel, [libbpf_rs::Link; 2]), S
     })
 }
 
-/// Times the host hypervisor's timed paths this kernel has: each path under the first of its
+/// Times the host hypervisor's timed paths this kernel has (on metal, the native callers a
+/// guest's paths share): each path under the first of its
 /// functions that attaches (fentry/fexit where the kernel allows it, else a kprobe). Reports
 /// every path of the table: how it attached, absent on this kernel, or exactly why it could
 /// not. Its objects live in leaked slots (see `leaked_object_slot`), not `slots`.
 fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj> {
     let unavailable = |why: Unavailable| FamilyReport::unavailable(Family::PvPaths, why);
     let hv = cx.hypervisor;
-    if hv == Hypervisor::None {
-        return Err(unavailable(Unavailable::NothingToWatch(Absent::Hypervisor)));
-    }
     if cx.symbols.is_empty() {
         return Err(unavailable(Unavailable::Other(
             "kallsyms is empty or its addresses hidden: which paths this kernel has is unknown"
@@ -496,7 +494,7 @@ impl LoadedFamily for PvTimer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hypervisor::{self, Measure};
+    use crate::hypervisor::{self, Hypervisor, Measure};
     use crate::virt::Symbols;
 
     /// Excerpts of Debian's kernels' /proc/kallsyms (the VM tier's; every Debian kernel carries
@@ -632,8 +630,12 @@ mod tests {
     }
 
     #[test]
-    fn every_timed_path_is_planned_once_and_metal_plans_none() {
-        assert!(timed_paths(Hypervisor::None, |_| true).is_empty());
+    fn every_timed_path_is_planned_once_and_metal_plans_the_native_callers() {
+        let native: Vec<_> = timed_paths(Hypervisor::None, |_| true)
+            .into_iter()
+            .map(|p| p.names[0])
+            .collect();
+        assert_eq!(native, ["clockevents_program_event", "pv_native_safe_halt"]);
         for hv in Hypervisor::ALL {
             let timed = hypervisor::paths(hv)
                 .iter()

@@ -5,7 +5,7 @@ use super::{BreakdownPart, Hosts, MetricId};
 use crate::analysis::tail::TAIL_PERCENTILES;
 use virtgap_probes::hypervisor::Mechanism;
 
-use crate::model::hypervisor::RunHypervisor;
+use crate::model::hypervisor::{HypervisorSection, RunHypervisor};
 use crate::model::interval::{CpuLoad, Interval};
 use crate::model::profile::{IdleBaseline, Profile, RunRecord};
 use crate::model::stages::{Stage, StageBreakdown};
@@ -312,6 +312,32 @@ impl Side {
         }
     }
 
+    /// Keeps of metal's native figures only those of `mechanisms` (the ones timed at the same
+    /// functions as the guest's), and their sum as its hypervisor time: the rest are not the
+    /// same work as anything the guest timed, so they are not compared.
+    fn keep_native(&mut self, mechanisms: &[Mechanism]) {
+        for f in self.runs.iter_mut().chain(self.batches.iter_mut()) {
+            f.hypervisor.retain(|(metric, _)| match metric {
+                MetricId::MechanismPerIo(m) | MetricId::MechanismTimePerIo(m) => {
+                    mechanisms.contains(m)
+                }
+                _ => false,
+            });
+            let time: Vec<f64> = f
+                .hypervisor
+                .iter()
+                .filter_map(|(metric, v)| match metric {
+                    MetricId::MechanismTimePerIo(m) if *m != Mechanism::Halt => Some(*v),
+                    _ => None,
+                })
+                .collect();
+            if !time.is_empty() {
+                let total = time.iter().sum();
+                f.hypervisor.push((MetricId::HypervisorTimePerIo, total));
+            }
+        }
+    }
+
     /// The host's value of a metric: the mean over its runs that measured it (a figure no
     /// real run gives — infinite, from a damaged file — counts as not measured).
     pub fn point(&self, metric: MetricId) -> Option<f64> {
@@ -367,6 +393,15 @@ impl Replicates {
             a.fold_completion();
             b.fold_completion();
         }
+        // Metal against a guest: metal's native work is compared only where the guest's path
+        // was timed at the same functions (a Xen timer timed at clockevents_program_event).
+        if let (Some(sa), Some(sb)) = (&a_side[0].hypervisor, &b_side[0].hypervisor) {
+            if !sa.is_guest() && sb.is_guest() {
+                a.keep_native(&same_functions(sa, sb));
+            } else if sa.is_guest() && !sb.is_guest() {
+                b.keep_native(&same_functions(sb, sa));
+            }
+        }
         Self {
             a,
             b,
@@ -374,6 +409,17 @@ impl Replicates {
             folded,
         }
     }
+}
+
+/// The mechanisms metal timed at exactly the functions the guest timed them at.
+fn same_functions(metal: &HypervisorSection, guest: &HypervisorSection) -> Vec<Mechanism> {
+    Mechanism::ALL
+        .into_iter()
+        .filter(|&m| {
+            let native = metal.timed_functions(m);
+            !native.is_empty() && native == guest.timed_functions(m)
+        })
+        .collect()
 }
 
 /// A run's full intervals in ⌊√n⌋ batches (at least two) of consecutive ones, sized as evenly

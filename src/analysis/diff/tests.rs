@@ -909,6 +909,113 @@ fn against_metal_the_hypervisors_time_is_a_share_of_the_gap_with_an_interval() {
     assert_ne!(all.verdict, Verdict::Significant, "{all:?}");
 }
 
+/// `p`'s section says `m` was timed at `symbol` (the diff compares metal's native time of a
+/// mechanism only where the guest timed it at the same function).
+fn timed_at(p: &mut Profile, m: Mechanism, symbol: &str) {
+    use crate::model::hypervisor::{MechanismFigure, PathFigure, PathMeasure, PathState};
+    let path = PathFigure {
+        what: symbol.into(),
+        how: PathMeasure::Timed {
+            symbol: Some(symbol.into()),
+        },
+        count: Some(1),
+        time_ns: Some(1.0),
+        state: PathState::Measured,
+    };
+    p.hypervisor
+        .as_mut()
+        .unwrap()
+        .mechanisms
+        .push(MechanismFigure {
+            mechanism: m,
+            count: Some(1),
+            time_ns: Some(1.0),
+            paths: vec![path],
+        });
+}
+
+/// Metal that timed `uses` natively, as its pv-paths probe does at the generic callers.
+fn metal_with_native(uses: &[(Mechanism, f64, f64)], app_ns: f64) -> Profile {
+    let mut p = on_hypervisor_at(Hv::Xen, uses, 0.0, app_ns);
+    p.host.hypervisor = Hv::None.name().into();
+    p.hypervisor.as_mut().unwrap().hypervisor = Hv::None;
+    for r in &mut p.runs {
+        for hv in r
+            .hypervisor
+            .iter_mut()
+            .chain(r.idle.as_mut().and_then(|i| i.hypervisor.as_mut()))
+        {
+            hv.hypervisor = Some(Hv::None);
+            hv.cpu_ns = None;
+        }
+    }
+    p
+}
+
+/// A Xen guest whose timer path is timed at clockevents_program_event, against metal that
+/// timed the same function: the timer rows compare both hosts' figures (the guest's excess over
+/// the native work, with a Welch interval), the hypervisor's time is the sum of those excesses
+/// and of what metal has none of; where the guest timed another function, metal's native time
+/// is not the same work and the row is the guest's figure against none.
+#[test]
+fn against_metal_that_timed_the_same_function_the_native_work_is_subtracted() {
+    let native = [(Mechanism::Timer, 2.0, 1_500.0)];
+    let xen = [
+        (Mechanism::Timer, 2.0, 4_000.0),
+        (Mechanism::Upcall, 1.0, 2_000.0),
+    ];
+    let mut metal = metal_with_native(&native, 300_000.0);
+    timed_at(&mut metal, Mechanism::Timer, "clockevents_program_event");
+    let mut guest = on_hypervisor_at(Hv::Xen, &xen, 4_100.0, 330_000.0);
+    timed_at(&mut guest, Mechanism::Timer, "clockevents_program_event");
+    timed_at(&mut guest, Mechanism::Upcall, "xen_evtchn_do_upcall");
+    let d = diff(&metal, &guest);
+    let near = |x: f64, want: f64| (x - want).abs() < want * 0.05;
+    let time = d
+        .row(MetricId::MechanismTimePerIo(Mechanism::Timer))
+        .unwrap();
+    assert!(near(time.a.unwrap(), 3_000.0), "{time:?}");
+    assert!(near(time.b.unwrap(), 8_000.0), "{time:?}");
+    assert_eq!(time.verdict, Verdict::Significant, "{time:?}");
+    let (lo, hi) = (time.ci_low.unwrap(), time.ci_high.unwrap());
+    assert!(
+        lo < time.delta.unwrap() && time.delta.unwrap() < hi,
+        "{time:?}"
+    );
+    let count = d.row(MetricId::MechanismPerIo(Mechanism::Timer)).unwrap();
+    assert_ne!(count.verdict, Verdict::NoHypervisor, "{count:?}");
+    assert_ne!(count.verdict, Verdict::Significant, "{count:?}");
+    let upcall = d
+        .row(MetricId::MechanismTimePerIo(Mechanism::Upcall))
+        .unwrap();
+    assert_eq!(upcall.verdict, Verdict::NoHypervisor, "{upcall:?}");
+    let all = d.row(MetricId::HypervisorTimePerIo).unwrap();
+    assert!(near(all.a.unwrap(), 3_000.0), "{all:?}");
+    assert!(near(all.delta.unwrap(), 7_000.0), "{all:?}");
+    let share = all.share.unwrap();
+    assert!((0.15..0.3).contains(&share), "{all:?}");
+    // The guest's timer timed where metal timed nothing like it: not the same work.
+    let mut elsewhere = on_hypervisor_at(Hv::Xen, &xen, 4_100.0, 330_000.0);
+    timed_at(
+        &mut elsewhere,
+        Mechanism::Timer,
+        "xen_vcpuop_set_next_event",
+    );
+    let d = diff(&metal, &elsewhere);
+    for r in &d.hypervisor.rows {
+        assert_eq!(r.verdict, Verdict::NoHypervisor, "{:?}", r.metric);
+        assert_eq!(r.a, None, "{:?}", r.metric);
+    }
+    // Metal against itself: its native rows are compared, and nothing moved.
+    let same = diff(&metal, &metal);
+    assert!(!same.hypervisor.rows.is_empty());
+    assert!(same
+        .hypervisor
+        .rows
+        .iter()
+        .all(|r| r.verdict != Verdict::Significant && r.verdict != Verdict::NoHypervisor));
+}
+
 /// On one hypervisor, IPIs that tripled per I/O are the mechanism that moved; the timer, the
 /// same on both, is equivalent; and the same host against itself moves nothing.
 #[test]
