@@ -139,7 +139,8 @@ pub struct TuiArgs {
     #[arg(long, value_name = "FILE")]
     pub baseline: Option<PathBuf>,
 
-    /// Where `s` saves a profile [default: virtgap-<workload>-<time>.json]
+    /// Where `s` saves a profile [default: virtgap-<workload>-<time>.json; attached:
+    /// virtgap-attached-<time>.json]
     #[arg(long, value_name = "FILE")]
     pub save: Option<PathBuf>,
 

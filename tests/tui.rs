@@ -362,8 +362,8 @@ fn a_profile_saved_from_the_tui_has_the_fields_of_a_recorded_one() {
 }
 
 /// Attached to a running process (`virtgap --pid`): no workload runs, the view shows the
-/// process's block requests, stays up marked finished once it exits, and `q` exits 0 with
-/// every probe detached.
+/// process's block requests, stays up marked finished once it exits, `s` saves what it saw as
+/// `record --pid` would, and `q` exits 0 with every probe detached.
 #[test]
 fn the_tui_attached_to_a_pid_shows_its_requests_and_its_end() {
     // SAFETY: geteuid has no preconditions.
@@ -393,10 +393,12 @@ fn the_tui_attached_to_a_pid_shows_its_requests_and_its_end() {
         .unwrap();
     let exit_file = dir.path().join("exit-status");
     let session = format!("vg-tui-attached-{}", std::process::id());
+    let saved = dir.path().join("attached.json");
     let cmd = format!(
-        "{} --pid {} --probes block,irq,app; echo $? > {}",
+        "{} --pid {} --probes block,irq,app --save {}; echo $? > {}",
         env!("CARGO_BIN_EXE_virtgap"),
         dd.id(),
+        saved.display(),
         exit_file.display()
     );
     start_session(&session, &cmd);
@@ -421,10 +423,38 @@ fn the_tui_attached_to_a_pid_shows_its_requests_and_its_end() {
         .find(|l| l.contains("│device "))
         .unwrap_or_default()
         .to_string();
+    tmux(&["send-keys", "-t", &session, "s"]);
+    let after_save = wait_for(&session, "saved profile", Duration::from_secs(20));
     tmux(&["send-keys", "-t", &session, "q"]);
     let status = exit_status(&exit_file);
     kill();
     assert!(end.contains("every followed process has exited"), "{end}");
+    assert!(after_save.contains("saved profile"), "{after_save}");
+    // The saved profile is an attached run's, as `record --pid` writes it: dd's pid and
+    // command, its 2,048 direct reads as block requests, complete since dd exited.
+    let profile: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&saved).expect("the saved profile")).unwrap();
+    let attached = &profile["attached"];
+    assert_eq!(attached["kind"], "pid", "{attached}");
+    assert!(
+        attached["pids"]
+            .as_array()
+            .is_some_and(|p| p.iter().any(|p| p.as_u64() == Some(u64::from(dd.id())))),
+        "{attached}"
+    );
+    assert!(
+        attached["commands"].to_string().contains("dd if="),
+        "{attached}"
+    );
+    let reads = attached["io"]["read_requests"].as_u64().unwrap_or(0);
+    assert!((2_048..2_200).contains(&reads), "{reads} reads: {attached}");
+    assert_eq!(attached["end"], "processes_exited", "{attached}");
+    assert_eq!(profile["runs"].as_array().map(Vec::len), Some(1));
+    assert!(
+        profile["stages"]["device"]["count"].as_u64().unwrap_or(0) >= 2_048,
+        "{}",
+        profile["stages"]["device"]
+    );
     assert!(
         end.contains("mean block request of the attached processes"),
         "{end}"

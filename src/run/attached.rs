@@ -72,14 +72,15 @@ impl AttachPlan {
 }
 
 /// The processes followed so far and their command lines, bounded.
-#[derive(Debug, Default)]
-struct Seen {
+#[derive(Clone, Debug, Default)]
+pub struct Seen {
     pids: BTreeSet<u32>,
     commands: Vec<String>,
 }
 
 impl Seen {
-    fn add(&mut self, pids: &[u32]) {
+    /// Notes `pids` (a snapshot's followed processes) and their command lines.
+    pub fn add(&mut self, pids: &[u32]) {
         for &pid in pids {
             if self.pids.len() >= Attached::MAX_PIDS || !self.pids.insert(pid) {
                 continue;
@@ -345,8 +346,8 @@ fn tail_autopsy(
 
 /// The profile of an attached run: the recorder's, framed by what was attached, with the
 /// app probe's latency as its app stage and the attached section in place of a workload's
-/// results.
-fn attached_profile(
+/// results. The live view saves its own the same way.
+pub fn attached_profile(
     plan: &AttachPlan,
     recorder: &Recorder,
     (host, started): (Fingerprint, SystemTime),

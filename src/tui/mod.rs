@@ -139,7 +139,13 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     let input_stop = Arc::new(AtomicBool::new(false));
     let input = spawn_input(tx, Arc::clone(&input_stop))?;
     let mut terminal = ratatui::init();
-    let result = event_loop(&mut terminal, &mut app.app, &rx, stop, Some(&session));
+    let result = event_loop(
+        &mut terminal,
+        &mut app.app,
+        &rx,
+        stop,
+        Mode::Workload(&session),
+    );
     ratatui::restore();
 
     stop.store(true, Ordering::Relaxed);
@@ -252,8 +258,7 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
         .overrides
         .workload_flag()
         .or(given(args.workload != spec::DEFAULT_PRESET, "--workload"))
-        .or(args.target.given())
-        .or(given(args.save.is_some(), "--save"));
+        .or(args.target.given());
     if let Some(flag) = workload_flag {
         anyhow::bail!("{flag} is for a built-in workload, and --pid, --cgroup, --comm and --all show processes already running: drop one or the other");
     }
@@ -314,8 +319,23 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
     app.on_probe_report(report);
     let input_stop = Arc::new(AtomicBool::new(false));
     let input = spawn_input(tx, Arc::clone(&input_stop))?;
+    let mut saves = AttachedSave {
+        plan: &plan,
+        args,
+        started: std::time::SystemTime::now(),
+        seen: crate::run::attached::Seen::default(),
+    };
+    if let Some(target) = &plan.target {
+        saves.seen.add(&target.current(std::path::Path::new("/")));
+    }
     let mut terminal = ratatui::init();
-    let result = event_loop(&mut terminal, &mut app, &rx, &signals.stop, None);
+    let result = event_loop(
+        &mut terminal,
+        &mut app,
+        &rx,
+        &signals.stop,
+        Mode::Attached(&mut saves),
+    );
     ratatui::restore();
     input_stop.store(true, Ordering::Relaxed);
     collector.stop();
@@ -355,8 +375,12 @@ fn event_loop(
     app: &mut App,
     rx: &mpsc::Receiver<Input>,
     stop: &AtomicBool,
-    session: Option<&Session<'_>>,
+    mut mode: Mode<'_, '_>,
 ) -> Result<()> {
+    let session = match &mode {
+        Mode::Workload(s) => Some(*s),
+        Mode::Attached(_) => None,
+    };
     let started = Instant::now();
     let mut redraw = true;
     let mut next_tick = Instant::now();
@@ -405,20 +429,25 @@ fn event_loop(
         match input {
             Input::Terminal(TermEvent::Key(key)) => {
                 redraw = true;
-                match (app.handle_key(key), session) {
+                match (app.handle_key(key), &mode) {
                     (Action::Quit, _) => return Ok(()),
-                    (Action::Save, Some(session)) => save(app, session),
-                    (Action::Save, None) => {
-                        app.message = Some(
-                            "an attached view is not saved: record it with `virtgap record --pid/--cgroup/--comm/--all -o FILE`".into(),
-                        );
-                    }
+                    (Action::Save, Mode::Workload(session)) => save(app, session),
+                    (Action::Save, Mode::Attached(saves)) => save_attached(app, saves),
                     (Action::None, _) => {}
                 }
             }
             Input::Terminal(TermEvent::Resize(..)) => redraw = true,
             Input::Terminal(_) => {}
             Input::Pipeline(ev) => {
+                if let (
+                    Mode::Attached(saves),
+                    Event::Probe(ProbeEvent::Snapshot { cumulative, .. }),
+                ) = (&mut mode, &ev)
+                {
+                    if let Some(pids) = &cumulative.followed {
+                        saves.seen.add(pids);
+                    }
+                }
                 let was_running = app.state == RunState::Running;
                 redraw |= app.on_event(ev, started.elapsed());
                 if let Some(session) =
@@ -429,6 +458,77 @@ fn event_loop(
                 }
             }
         }
+    }
+}
+
+/// What the event loop runs: a workload's session, or an attached view and what it needs to
+/// save itself.
+enum Mode<'s, 'a> {
+    Workload(&'s Session<'a>),
+    Attached(&'s mut AttachedSave<'a>),
+}
+
+/// What an attached view keeps to save itself as `record --pid/--cgroup/--comm/--all` would:
+/// what it attached to, since when, and the processes it has followed.
+struct AttachedSave<'a> {
+    plan: &'a crate::run::attached::AttachPlan,
+    args: &'a TuiArgs,
+    started: std::time::SystemTime,
+    seen: crate::run::attached::Seen,
+}
+
+/// Saves what the attached view has seen so far, in the `record --pid -o` format (incomplete
+/// while the processes still run).
+fn save_attached(app: &mut App, saves: &AttachedSave<'_>) {
+    use crate::model::attached::AttachEnd;
+    let end = if app.state == RunState::Running {
+        AttachEnd::Interrupted
+    } else {
+        AttachEnd::ProcessesExited
+    };
+    let host = crate::model::host::Fingerprint {
+        label: saves.plan.label.clone(),
+        ..app.host.clone()
+    };
+    let args = saves.args;
+    let path = args.save.clone().unwrap_or_else(|| {
+        let stamp = unix_ms(std::time::SystemTime::now()) / 1000;
+        std::path::PathBuf::from(format!("virtgap-attached-{stamp}.json"))
+    });
+    let result = crate::run::attached::attached_profile(
+        saves.plan,
+        &app.recorder,
+        (host, saves.started),
+        saves.seen.clone(),
+        end,
+    )
+    .map_err(anyhow::Error::msg)
+    .and_then(|profile| Ok(serde_json::to_vec_pretty(&profile)?))
+    .and_then(|bytes| {
+        // An explicit --save is consent to replace that file.
+        let outputs = crate::run::output::tui_save(
+            &args.workload,
+            None,
+            args.baseline.as_deref(),
+            &path,
+            args.save.is_some(),
+        )?;
+        Ok(outputs.write("--save", &path, &bytes)?)
+    });
+    app.message = Some(saved_message(result, &path));
+}
+
+/// "saved profile PATH", or why not.
+fn saved_message(result: Result<()>, path: &std::path::Path) -> String {
+    match result {
+        Ok(()) => format!(
+            "saved profile {}",
+            virtgap_workloads::units::printable(&path.display().to_string())
+        ),
+        Err(e) => format!(
+            "save failed: {}",
+            virtgap_workloads::units::printable(&format!("{e:#}"))
+        ),
     }
 }
 
@@ -488,16 +588,7 @@ fn save(app: &mut App, session: &Session<'_>) {
             let outputs = save_outputs(args, &path, args.save.is_some())?;
             Ok(outputs.write("--save", &path, &bytes)?)
         });
-    app.message = Some(match result {
-        Ok(()) => format!(
-            "saved profile {}",
-            virtgap_workloads::units::printable(&path.display().to_string())
-        ),
-        Err(e) => format!(
-            "save failed: {}",
-            virtgap_workloads::units::printable(&format!("{e:#}"))
-        ),
-    });
+    app.message = Some(saved_message(result, &path));
 }
 
 /// What has run so far as a profile, in the `record --output` format (one run, incomplete
