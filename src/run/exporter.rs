@@ -1130,6 +1130,52 @@ mod tests {
         }
     }
 
+    /// The dashboard keeps apart what a VM-vs-metal reading must not pool: every quantile is
+    /// per host or per platform, block stages are reads only (flushes and writes apart), the
+    /// waterfall is one panel per host, host_info joins survive a relabel that doubles it, a
+    /// CPU with one of the IRQ counters is not dropped by a join, and idle halts are not
+    /// hypervisor time.
+    #[test]
+    fn the_dashboard_keeps_hosts_platforms_and_ops_apart() {
+        let dashboard: serde_json::Value =
+            serde_json::from_str(include_str!("../../grafana/virtgap-dashboard.json")).unwrap();
+        let panels = dashboard["panels"].as_array().unwrap();
+        for p in panels {
+            let title = p["title"].as_str().unwrap();
+            for t in p["targets"].as_array().unwrap() {
+                let q = t["expr"].as_str().unwrap();
+                if let Some(at) = q.find("histogram_quantile(") {
+                    let by = &q[at..q[at..].find(')').map_or(q.len(), |e| at + e)];
+                    assert!(
+                        by.contains("instance") || by.contains("platform"),
+                        "{title}: a quantile pooled over hosts: {q}"
+                    );
+                }
+                if q.contains("virtgap_block_stage_seconds") {
+                    assert!(q.contains("op=\"read\""), "{title}: ops blended: {q}");
+                }
+                if q.contains("virtgap_host_info") && !q.starts_with("label_values") {
+                    assert!(
+                        q.contains("max by (instance, platform) (virtgap_host_info)"),
+                        "{title}: a host_info join a relabel can double: {q}"
+                    );
+                }
+                assert!(
+                    !q.contains(" + on ("),
+                    "{title}: a join drops what one side lacks: {q}"
+                );
+                if q.contains("virtgap_hypervisor_mechanism_seconds_total") {
+                    assert!(q.contains("mechanism!=\"halt\""), "{title}: {q}");
+                }
+            }
+        }
+        let waterfall = panels
+            .iter()
+            .find(|p| p["title"].as_str().unwrap().contains("waterfall"))
+            .unwrap();
+        assert_eq!(waterfall["repeat"], "instance", "{waterfall}");
+    }
+
     /// The Grafana dashboard's queries name only series `serve` exports.
     #[test]
     fn the_dashboard_queries_only_metrics_serve_exports() {
