@@ -95,6 +95,11 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value = "fine", value_name = "fine|coarse")]
     pub buckets: Buckets,
 
+    /// Export only this disk's block series, by its name in /sys/block, e.g. nvme0n1
+    /// (repeatable) [default: every disk]
+    #[arg(long = "device", value_name = "NAME")]
+    pub devices: Vec<String>,
+
     #[command(flatten)]
     pub attach: AttachArgs,
 

@@ -108,6 +108,59 @@ fn wait_for(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// Debian's Prometheus scraping every second the `jobs` given (`scrape_configs` entries, as
+/// YAML), its TSDB in `dir`: the process (killed when dropped) and its port, once it is ready.
+fn start_prometheus(dir: &std::path::Path, jobs: &str) -> (KillOnDrop, u16) {
+    let port = free_port();
+    let config = dir.join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!("global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n{jobs}"),
+    )
+    .unwrap();
+    let prometheus = Command::new("prometheus")
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.join("tsdb").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let prometheus = KillOnDrop(prometheus);
+    wait_for("prometheus ready", Duration::from_secs(60), || {
+        get(port, "/-/ready", "*/*").is_ok_and(|(s, _)| s.contains("200"))
+    });
+    (prometheus, port)
+}
+
+/// The Grafana dashboard's queries, by panel title, as Grafana would send them with every
+/// host selected (or `instance`, where given) and a 20 s rate interval.
+fn dashboard_queries(instance: &str) -> Vec<(String, String)> {
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/grafana/virtgap-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "20s")
+                .replace("$instance", instance);
+            out.push((panel["title"].as_str().unwrap().to_string(), expr));
+        }
+    }
+    out
+}
+
 /// fio reads at 1000 IOPS for 12 s, held until `serve` (and a `record` beside it) follow its
 /// pid; Prometheus scrapes `serve` every second. Then Prometheus's own queries give: the
 /// device stage's request rate = fio's IOPS (±3%), the device stage's p99 from the buckets =
@@ -178,31 +231,10 @@ fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
         String::from_utf8_lossy(&checked.stderr)
     );
 
-    let prom_port = free_port();
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
-             scrape_configs:\n  - job_name: virtgap\n    static_configs:\n      - targets: ['{listen}']\n"
-        ),
-    )
-    .unwrap();
-    let prometheus = Command::new("prometheus")
-        .arg(format!("--config.file={}", config.display()))
-        .arg(format!(
-            "--storage.tsdb.path={}",
-            dir.path().join("tsdb").display()
-        ))
-        .arg(format!("--web.listen-address=127.0.0.1:{prom_port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let _prometheus = KillOnDrop(prometheus);
-    wait_for("prometheus ready", Duration::from_secs(60), || {
-        get(prom_port, "/-/ready", "*/*").is_ok_and(|(s, _)| s.contains("200"))
-    });
+    let (_prometheus, prom_port) = start_prometheus(
+        dir.path(),
+        &format!("  - job_name: virtgap\n    static_configs:\n      - targets: ['{listen}']\n"),
+    );
     wait_for("a first scrape", Duration::from_secs(30), || {
         !query(prom_port, "up{job=\"virtgap\"} == 1", None).is_empty()
     });
@@ -283,29 +315,13 @@ fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
 
     // Every query of the Grafana dashboard runs on this Prometheus; those of the signals this
     // run had (block stages, requests, IRQs) return series.
-    let dashboard: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/grafana/virtgap-dashboard.json"
-        ))
-        .unwrap(),
-    )
-    .unwrap();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            let expr = target["expr"]
-                .as_str()
-                .unwrap()
-                .replace("$__rate_interval", "20s")
-                .replace("$instance", ".*");
-            let series = query(prom_port, &expr, None);
-            let title = panel["title"].as_str().unwrap();
-            if ["waterfall", "Block requests", "IRQ", "Stage p99"]
-                .iter()
-                .any(|t| title.contains(t))
-            {
-                assert!(!series.is_empty(), "{title}: no series for {expr}");
-            }
+    for (title, expr) in dashboard_queries(".*") {
+        let series = query(prom_port, &expr, None);
+        if ["waterfall", "Block requests", "IRQ", "Stage p99"]
+            .iter()
+            .any(|t| title.contains(t))
+        {
+            assert!(!series.is_empty(), "{title}: no series for {expr}");
         }
     }
 
@@ -321,6 +337,151 @@ fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(status.success(), "serve exited {status}");
+}
+
+/// Two hosts on one dashboard, as a fleet has them: two `serve`s follow the same fio run, and
+/// Prometheus relabels the second's host_info as a metal host (its `platform` rewritten and a
+/// label added, as a fleet's relabelling does). The dashboard's platform panels give each
+/// platform its own series, never one blended line; its waterfall, repeated per host, has each
+/// host's stages; and the two platforms' read tails, of the same I/Os, agree.
+#[test]
+fn a_vm_and_a_metal_host_stay_apart_on_the_dashboard() {
+    if !root_allowed("two hosts on the dashboard") {
+        return;
+    }
+    let found = which("prometheus")
+        .zip(which("fio"))
+        .ok_or("prometheus or fio is not installed; apt-get install prometheus fio");
+    if !virtgap_testkit::require("two hosts on the dashboard", found.as_ref().map(|_| ())) {
+        return;
+    }
+    let _serial = serial();
+    let dir = common::scratch("vg-serve-");
+    let file = data_file(dir.path(), "fio.dat", 4096);
+    let mut fio = held(&format!(
+        "exec fio --name=fleet --filename={} --rw=randread --bs=4k --direct=1 \
+         --ioengine=psync --rate_iops=1000 --runtime=8 --time_based --output-format=json",
+        file.display()
+    ));
+    let pid = fio.id().to_string();
+    let vm = free_port();
+    let metal = std::iter::repeat_with(free_port)
+        .find(|p| *p != vm)
+        .unwrap();
+    let mut serving = Vec::new();
+    for port in [vm, metal] {
+        let mut cmd = vg();
+        cmd.args([
+            "serve",
+            "--pid",
+            &pid,
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--probes",
+            "block",
+        ]);
+        let (serve, err) = started(cmd, "serving http://");
+        serving.push((KillOnDrop(serve), err));
+    }
+    let relabel = "    metric_relabel_configs:\n\
+         \x20     - source_labels: [__name__]\n        regex: virtgap_host_info\n\
+         \x20       target_label: platform\n        replacement: metal-test\n\
+         \x20     - source_labels: [__name__]\n        regex: virtgap_host_info\n\
+         \x20       target_label: rack\n        replacement: r1\n";
+    let jobs = format!(
+        "  - job_name: vm\n    static_configs:\n      - targets: ['127.0.0.1:{vm}']\n\
+         \x20 - job_name: metal\n    static_configs:\n      - targets: ['127.0.0.1:{metal}']\n\
+         {relabel}"
+    );
+    let (_prometheus, prom_port) = start_prometheus(dir.path(), &jobs);
+    wait_for("both hosts scraped", Duration::from_secs(30), || {
+        query(prom_port, "up == 1", None).len() == 2
+    });
+    fio.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    assert!(fio.wait_with_output().unwrap().status.success());
+    // Three more scrapes after fio's last I/O.
+    std::thread::sleep(Duration::from_secs(4));
+
+    let info = query(prom_port, "virtgap_host_info{job=\"vm\"}", None);
+    let vm_platform = info[0]["metric"]["platform"].as_str().unwrap().to_string();
+    assert_ne!(vm_platform, "metal-test");
+    let label =
+        |s: &serde_json::Value, key: &str| s["metric"][key].as_str().unwrap_or("").to_string();
+    let value = |s: &serde_json::Value| s["value"][1].as_str().unwrap().parse::<f64>().unwrap();
+    let queries = dashboard_queries(".*");
+    let by_title = |part: &str| -> Vec<&String> {
+        queries
+            .iter()
+            .filter(|(t, _)| t.contains(part))
+            .map(|(_, q)| q)
+            .collect()
+    };
+    // Each platform on its own series, stage by stage.
+    for expr in by_title("by platform") {
+        let series = query(prom_port, expr, None);
+        let platforms: std::collections::BTreeSet<String> =
+            series.iter().map(|s| label(s, "platform")).collect();
+        assert_eq!(
+            platforms,
+            [vm_platform.clone(), "metal-test".to_string()].into(),
+            "{expr}: {series:?}"
+        );
+        let device: Vec<f64> = series
+            .iter()
+            .filter(|s| label(s, "stage") == "device")
+            .map(value)
+            .collect();
+        assert_eq!(device.len(), 2, "{expr}: {series:?}");
+        // The same I/Os seen by both: their figures agree.
+        let ratio = device[0] / device[1];
+        assert!((0.75..1.34).contains(&ratio), "{expr}: {device:?}");
+    }
+    // The waterfall, repeated per host: each host's own stages.
+    let waterfall = queries
+        .iter()
+        .find(|(t, _)| t.contains("waterfall"))
+        .map(|(_, q)| q.clone())
+        .unwrap();
+    let instances: std::collections::BTreeSet<String> = query(prom_port, &waterfall, None)
+        .iter()
+        .map(|s| label(s, "instance"))
+        .collect();
+    assert_eq!(instances.len(), 2, "{instances:?}");
+    for instance in &instances {
+        let one = dashboard_queries(instance)
+            .into_iter()
+            .find(|(t, _)| t.contains("waterfall"))
+            .unwrap()
+            .1;
+        let series = query(prom_port, &one, None);
+        assert!(
+            !series.is_empty() && series.iter().all(|s| &label(s, "instance") == instance),
+            "{one}: {series:?}"
+        );
+    }
+}
+
+/// A `--device` that is no disk of this host is refused in one line before any probe loads
+/// (it would otherwise export nothing for it, silently).
+#[test]
+fn a_device_that_is_no_disk_is_refused_in_one_line() {
+    let out = vg()
+        .args([
+            "serve",
+            "--device",
+            "nosuchdisk0",
+            "--listen",
+            &format!("127.0.0.1:{}", free_port()),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--device nosuchdisk0: no such disk on this host"),
+        "{err}"
+    );
 }
 
 /// A port already taken is refused in one line before any probe loads.

@@ -42,11 +42,39 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         series: crate::run::exporter::SeriesOptions {
             per_queue: args.per_queue,
             coarse_buckets: args.buckets == crate::cli::Buckets::Coarse,
+            devices: checked_devices(&args.devices)?,
         },
     };
     serve(&plan, &signals.stop, !args.quiet)?;
     // A signal is how a server is meant to stop: that is success.
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `--device` names, each a disk of this host (a typo would export nothing for it, silently).
+fn checked_devices(names: &[String]) -> Result<Vec<String>> {
+    for name in names {
+        let known = !name.is_empty()
+            && !name.contains('/')
+            && std::path::Path::new("/sys/block").join(name).exists();
+        if !known {
+            anyhow::bail!(
+                "--device {}: no such disk on this host; name one of /sys/block (e.g. {})",
+                virtgap_workloads::units::printable(name),
+                some_disk().unwrap_or_else(|| "nvme0n1".into())
+            );
+        }
+    }
+    Ok(names.to_vec())
+}
+
+/// A disk of this host, for the example in an error.
+fn some_disk() -> Option<String> {
+    std::fs::read_dir("/sys/block")
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.starts_with("loop") && !n.starts_with("ram"))
+        .min()
 }
 
 /// What to serve and what to follow (for `--duration` or until a signal).
@@ -67,7 +95,7 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
     let (collector, report) = start_collector(config, attach.interval, &tx, &rx)?;
     drop(tx);
     endpoint.follow(ExporterContext {
-        series: plan.series,
+        series: plan.series.clone(),
         ..ExporterContext::this_host(
             attach.label.as_deref().unwrap_or_default(),
             &described,

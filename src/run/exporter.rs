@@ -101,12 +101,22 @@ pub struct ExporterContext {
 }
 
 /// What sets the page's series count: the block stages' `queue` label (off by default: no
-/// dashboard query uses it, and it multiplies the largest family by five) and the buckets.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// dashboard query uses it, and it multiplies the largest family by five), the buckets, and
+/// which disks are exported.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SeriesOptions {
     pub per_queue: bool,
     /// One bucket per power of two instead of four.
     pub coarse_buckets: bool,
+    /// The disks whose block series are exported, by name ("nvme0n1"); empty: every disk.
+    pub devices: Vec<String>,
+}
+
+impl SeriesOptions {
+    /// Whether disk `device`'s block series are on the page.
+    fn exports(&self, device: &str) -> bool {
+        self.devices.is_empty() || self.devices.iter().any(|d| d == device)
+    }
 }
 
 impl ExporterContext {
@@ -356,6 +366,9 @@ impl Exporter {
         let mut requests: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
         for s in &b.stages {
             let device = self.device(s.dev);
+            if !self.cx.series.exports(&device) {
+                continue;
+            }
             let queue = if !self.cx.series.per_queue {
                 String::new()
             } else if self.queues.named(&s.dev, &s.hctx, MAX_QUEUES_PER_DEVICE) {
@@ -403,11 +416,12 @@ impl Exporter {
                 .map(|((device, op), &n)| count(labels(&[("device", device), ("op", op)]), n))
                 .collect(),
         ));
-        let devices: Vec<(String, i64)> = b
+        let mut devices: Vec<(String, i64)> = b
             .devices
             .iter()
             .map(|d| (self.device(d.dev), d.inflight.max(0)))
             .collect();
+        devices.retain(|(device, _)| self.cx.series.exports(device));
         out.push(family(
             "virtgap_block_inflight_requests",
             "Requests issued to each device and not yet completed",
@@ -1059,6 +1073,22 @@ mod tests {
                 ..Default::default()
             }),
             3 * 3 * (26 + 1 + 2)
+        );
+        // --device: only the disks named.
+        let name = crate::run::pipeline::device_name((259, 0));
+        assert_eq!(
+            series(SeriesOptions {
+                devices: vec![name],
+                ..Default::default()
+            }),
+            default
+        );
+        assert_eq!(
+            series(SeriesOptions {
+                devices: vec!["another-disk".into()],
+                ..Default::default()
+            }),
+            0
         );
     }
 

@@ -140,7 +140,7 @@ fn figure(phase: Phase, stats: &RunStats) -> f64 {
 /// The target, opened and made ready once for every phase in `phases` (a write phase among
 /// them opens it for writing): one open, one lock and one fill for the whole search, rather than
 /// one per phase. None: a signal stopped the fill.
-pub fn prepare_target(
+fn prepare_target(
     plan: &IotunePlan,
     phases: &[Phase],
     signals: &StopSignals,
@@ -196,7 +196,7 @@ pub fn prepare_target(
 
 /// Runs one phase on the prepared target: the search, then the measurement at its peak. None:
 /// a signal stopped it.
-pub fn run_phase(
+fn run_phase(
     phase: Phase,
     plan: &IotunePlan,
     prepared: &Prepared,

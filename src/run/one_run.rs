@@ -144,21 +144,14 @@ fn new_recorder(
     settings: &RunSettings,
     metrics: Option<&SharedEndpoint>,
 ) -> Recorder {
-    let mut recorder = Recorder::new(RecordPlan {
+    let plan = RecordPlan {
         interval: settings.interval,
         ramp: spec.ramp.0,
         disks: prepared.disks.clone(),
         probed: !settings.probes.no_probes,
         hypervisor: crate::run::host::this_hypervisor(),
-    });
-    if let Some(endpoint) = metrics {
-        recorder.serve_metrics(
-            Arc::clone(endpoint),
-            &spec.name,
-            crate::run::recorder::OWN_WORKLOAD,
-        );
-    }
-    recorder
+    };
+    Recorder::of_workload(plan, &spec.name, metrics)
 }
 
 /// Attaches the run's probes, their report to `recorder`; what could not attach is said when

@@ -248,6 +248,16 @@ impl Recorder {
         self.metrics = Some((endpoint, label.to_string(), attached.to_string()));
     }
 
+    /// The recorder of a built-in workload run on this host (`record` and the live view
+    /// alike), publishing to `metrics` (when there is an endpoint) under the workload's name.
+    pub fn of_workload(plan: RecordPlan, workload: &str, metrics: Option<&SharedEndpoint>) -> Self {
+        let mut recorder = Self::new(plan);
+        if let Some(endpoint) = metrics {
+            recorder.serve_metrics(Arc::clone(endpoint), workload, OWN_WORKLOAD);
+        }
+        recorder
+    }
+
     /// The recorder of a run without a workload (attach mode): the probes follow processes
     /// already running, every disk is watched, and each probe interval is a point of the
     /// series (see [`IntervalSeries::probe_only`]) whose block requests count as its I/Os.

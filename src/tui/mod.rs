@@ -195,20 +195,14 @@ fn start(
         rx,
     )?;
     let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
-    let mut recorder = Recorder::new(RecordPlan {
+    let plan = RecordPlan {
         interval: args.interval.0,
         ramp: spec.ramp.0,
         disks: prepared.disks.clone(),
         probed: probes.is_some(),
         hypervisor: crate::run::host::this_hypervisor(),
-    });
-    if let Some(endpoint) = metrics {
-        recorder.serve_metrics(
-            Arc::clone(endpoint),
-            &spec.name,
-            crate::run::recorder::OWN_WORKLOAD,
-        );
-    }
+    };
+    let recorder = Recorder::of_workload(plan, &spec.name, metrics);
     let mut app = App::new(host, workload, recorder);
     app.baseline = baseline;
     app.kv = spec.kv.as_ref().map(|kv| {
