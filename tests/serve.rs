@@ -342,8 +342,8 @@ fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
 /// Two hosts on one dashboard, as a fleet has them: two `serve`s follow the same fio run, and
 /// Prometheus relabels the second's host_info as a metal host (its `platform` rewritten and a
 /// label added, as a fleet's relabelling does). The dashboard's platform panels give each
-/// platform its own series, never one blended line; its waterfall, repeated per host, has each
-/// host's stages; and the two platforms' read tails, of the same I/Os, agree.
+/// platform its own series, never one blended line, and the two platforms' means of the same
+/// I/Os agree; its waterfall, repeated per host, has each host's own stages.
 #[test]
 fn a_vm_and_a_metal_host_stay_apart_on_the_dashboard() {
     if !root_allowed("two hosts on the dashboard") {
@@ -432,9 +432,13 @@ fn a_vm_and_a_metal_host_stay_apart_on_the_dashboard() {
             .map(value)
             .collect();
         assert_eq!(device.len(), 2, "{expr}: {series:?}");
-        // The same I/Os seen by both: their figures agree.
-        let ratio = device[0] / device[1];
-        assert!((0.75..1.34).contains(&ratio), "{expr}: {device:?}");
+        // The same I/Os seen by both: their means agree. (Not their tails: a stage's series is
+        // born at the first scrape after its first request, already counting, and rate()
+        // extrapolates it by where that scrape fell, which moves a tail of a few requests.)
+        if !expr.contains("histogram_quantile") {
+            let ratio = device[0] / device[1];
+            assert!((0.9..1.1).contains(&ratio), "{expr}: {device:?}");
+        }
     }
     // The waterfall, repeated per host: each host's own stages.
     let waterfall = queries
