@@ -289,7 +289,10 @@ fn bad_attach_targets_are_refused_in_one_line() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("the live view needs a terminal"), "{stderr}");
+    assert!(
+        stderr.contains("the live view needs a terminal"),
+        "{stderr}"
+    );
     assert!(!std::path::Path::new("x.json").exists());
 }
 
