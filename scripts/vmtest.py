@@ -767,7 +767,11 @@ def check_kernel_stamps(c, results, release):
     whose plug caches one clock reading for a batch), our own kept with a note elsewhere; and
     both sources on the same 2000 reads: the same requests, and each stage within 1% of a
     request's time apart once the order of the two sessions' programs on a shared tracepoint is
-    taken out (the second's clock reads come later by the first's programs' run time)."""
+    taken out (the second's clock reads come later by the first's programs' run time). That
+    correction is an estimate, from the programs' mean run times, which under the emulator vary
+    call by call: what is left after it may be as large as the correction itself (2 µs of a
+    2.6 µs correction was seen on 5.10), so that much more is allowed. A stamp at the wrong
+    boundary moves a stage by a whole stage, more than both together."""
     exact = kernel_version(release) < (6, 9)
     profile = read_json(results, "kstamps.json")
     if profile:
@@ -793,7 +797,7 @@ def check_kernel_stamps(c, results, release):
         if not c.check(a is not None and b is not None, f"stamps: {stage} measured by both"):
             continue
         off = b - a - lag[stage]
-        c.check(abs(off) <= 0.01 * whole,
+        c.check(abs(off) <= 0.01 * whole + abs(lag[stage]),
                 f"stamps: {stage} {b:.0f} ns (kernel) vs {a:.0f} ns (own), {lag[stage]:+.0f} ns of it the "
                 f"programs' order: {off:+.0f} ns apart, {abs(off) / whole:.2%} of a request's {whole:.0f} ns")
 
