@@ -108,6 +108,30 @@ fn wait_for(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) {
     }
 }
 
+/// Whether `what` can run here: root, and Debian's prometheus, promtool and fio (in CI their
+/// absence fails loudly; elsewhere the test skips, saying why).
+fn prometheus_and_fio(what: &str) -> bool {
+    if !root_allowed(what) {
+        return false;
+    }
+    let found = which("prometheus")
+        .zip(which("promtool"))
+        .zip(which("fio"))
+        .ok_or("prometheus, promtool or fio is not installed; apt-get install prometheus fio");
+    virtgap_testkit::require(what, found.as_ref().map(|_| ()))
+}
+
+/// fio reading 4 KiB direct at 1000 IOPS for `seconds` from a file in `dir`, held until a line
+/// on its stdin (so probes follow its pid before its first read); JSON on its stdout.
+fn paced_fio(dir: &std::path::Path, name: &str, seconds: u32) -> Child {
+    let file = data_file(dir, "fio.dat", 4096);
+    held(&format!(
+        "exec fio --name={name} --filename={} --rw=randread --bs=4k --direct=1 \
+         --ioengine=psync --rate_iops=1000 --runtime={seconds} --time_based --output-format=json",
+        file.display()
+    ))
+}
+
 /// Debian's Prometheus scraping every second the `jobs` given (`scrape_configs` entries, as
 /// YAML), its TSDB in `dir`: the process (killed when dropped) and its port, once it is ready.
 fn start_prometheus(dir: &std::path::Path, jobs: &str) -> (KillOnDrop, u16) {
@@ -168,24 +192,12 @@ fn dashboard_queries(instance: &str) -> Vec<(String, String)> {
 /// with a scrape; SIGTERM ends `serve` with status 0.
 #[test]
 fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
-    if !root_allowed("the Prometheus scrape") {
-        return;
-    }
-    let found = which("prometheus")
-        .zip(which("promtool"))
-        .zip(which("fio"))
-        .ok_or("prometheus, promtool or fio is not installed; apt-get install prometheus fio");
-    if !virtgap_testkit::require("the Prometheus scrape", found.as_ref().map(|_| ())) {
+    if !prometheus_and_fio("the Prometheus scrape") {
         return;
     }
     let _serial = serial();
     let dir = common::scratch("vg-serve-");
-    let file = data_file(dir.path(), "fio.dat", 4096);
-    let mut fio = held(&format!(
-        "exec fio --name=scraped --filename={} --rw=randread --bs=4k --direct=1 \
-         --ioengine=psync --rate_iops=1000 --runtime=12 --time_based --output-format=json",
-        file.display()
-    ));
+    let mut fio = paced_fio(dir.path(), "scraped", 12);
     let pid = fio.id().to_string();
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -346,23 +358,12 @@ fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
 /// figures agree; its waterfall, repeated per host, has each host's own stages.
 #[test]
 fn a_vm_and_a_metal_host_stay_apart_on_the_dashboard() {
-    if !root_allowed("two hosts on the dashboard") {
-        return;
-    }
-    let found = which("prometheus")
-        .zip(which("fio"))
-        .ok_or("prometheus or fio is not installed; apt-get install prometheus fio");
-    if !virtgap_testkit::require("two hosts on the dashboard", found.as_ref().map(|_| ())) {
+    if !prometheus_and_fio("two hosts on the dashboard") {
         return;
     }
     let _serial = serial();
     let dir = common::scratch("vg-serve-");
-    let file = data_file(dir.path(), "fio.dat", 4096);
-    let mut fio = held(&format!(
-        "exec fio --name=fleet --filename={} --rw=randread --bs=4k --direct=1 \
-         --ioengine=psync --rate_iops=1000 --runtime=8 --time_based --output-format=json",
-        file.display()
-    ));
+    let mut fio = paced_fio(dir.path(), "fleet", 8);
     let pid = fio.id().to_string();
     let vm = free_port();
     let metal = std::iter::repeat_with(free_port)

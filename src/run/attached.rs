@@ -79,6 +79,16 @@ pub struct Seen {
 }
 
 impl Seen {
+    /// The processes `plan` names, as they are now (none for every process: they are noted as
+    /// the snapshots list them).
+    pub fn at_start(plan: &AttachPlan) -> Self {
+        let mut seen = Self::default();
+        if let Some(target) = &plan.target {
+            seen.add(&target.current(std::path::Path::new("/")));
+        }
+        seen
+    }
+
     /// Notes `pids` (a snapshot's followed processes) and their command lines.
     pub fn add(&mut self, pids: &[u32]) {
         for &pid in pids {
@@ -172,15 +182,10 @@ pub fn record(
     // The command lines of what is followed now, read before the line that says the probes are
     // attached: a process held until then may do its I/O and exit at once.
     let mut following = Following {
-        seen: Seen::default(),
+        seen: Seen::at_start(plan),
         thresholds,
         progress: None,
     };
-    if let Some(target) = &plan.target {
-        following
-            .seen
-            .add(&target.current(std::path::Path::new("/")));
-    }
     if verbose {
         say!("probes attached: measuring {}", plan.describe());
     }

@@ -394,13 +394,18 @@ mod tests {
                 sampled_seconds: Some(seconds / 2.0),
             }),
             kvm_host: None,
-            pv_paths: Some(vec![PvPathFigure {
-                symbol: "xen_send_IPI_one".into(),
-                count: 2000,
-                mean_ns: Some(1500.0),
-                p99_ns: None,
-            }]),
+            pv_paths: timed("xen_send_IPI_one", 2000, 1500.0),
         }
+    }
+
+    /// The pv-paths probe's figures of one function timed `count` times, `mean_ns` each.
+    fn timed(symbol: &str, count: u64, mean_ns: f64) -> Option<Vec<PvPathFigure>> {
+        Some(vec![PvPathFigure {
+            symbol: symbol.into(),
+            count,
+            mean_ns: Some(mean_ns),
+            p99_ns: None,
+        }])
     }
 
     #[test]
@@ -411,12 +416,7 @@ mod tests {
         // A Xen path's figure is no native caller's: nothing counted, no sampled CPU time.
         assert!(s.mechanisms.iter().all(|m| m.count.is_none()), "{s:?}");
         assert_eq!(s.cpu, None);
-        v.pv_paths = Some(vec![PvPathFigure {
-            symbol: "clockevents_program_event".into(),
-            count: 3000,
-            mean_ns: Some(400.0),
-            p99_ns: None,
-        }]);
+        v.pv_paths = timed("clockevents_program_event", 3000, 400.0);
         let s = section(Hypervisor::None, 10.0, Some(&v), None, None);
         let timer = s.mechanism(Mechanism::Timer).unwrap();
         assert_eq!(timer.count, Some(3000));
@@ -486,12 +486,7 @@ mod tests {
             }],
         };
         let mut v = virt(10.0);
-        v.pv_paths = Some(vec![PvPathFigure {
-            symbol: "kvm_guest_apic_eoi_write".into(),
-            count: 300,
-            mean_ns: Some(100.0),
-            p99_ns: None,
-        }]);
+        v.pv_paths = timed("kvm_guest_apic_eoi_write", 300, 100.0);
         let s = section(Hypervisor::Kvm, 10.0, Some(&v), None, Some(&pv_eoi_only));
         let ipi = s.mechanism(Mechanism::Ipi).unwrap();
         let hypercalls: Vec<&PathFigure> = ipi
@@ -530,14 +525,9 @@ mod tests {
         // 20 samples at 100 Hz over 5 s sampled, scaled to 10 s: 0.4 s.
         assert_eq!(notify.time_ns, Some(4e8));
         assert_eq!(notify.count, None);
-        let mut timed = virt(10.0);
-        timed.pv_paths = Some(vec![PvPathFigure {
-            symbol: "vp_notify".into(),
-            count: 1000,
-            mean_ns: Some(4000.0),
-            p99_ns: None,
-        }]);
-        let s = section(Hypervisor::Kvm, 10.0, Some(&timed), None, None);
+        let mut notify_timed = virt(10.0);
+        notify_timed.pv_paths = timed("vp_notify", 1000, 4000.0);
+        let s = section(Hypervisor::Kvm, 10.0, Some(&notify_timed), None, None);
         let notify = s.mechanism(Mechanism::DeviceNotify).unwrap();
         assert_eq!((notify.count, notify.time_ns), (Some(1000), Some(4e6)));
     }

@@ -317,11 +317,8 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
         plan: &plan,
         args,
         started: std::time::SystemTime::now(),
-        seen: crate::run::attached::Seen::default(),
+        seen: crate::run::attached::Seen::at_start(&plan),
     };
-    if let Some(target) = &plan.target {
-        saves.seen.add(&target.current(std::path::Path::new("/")));
-    }
     let mut terminal = ratatui::init();
     let result = event_loop(
         &mut terminal,
@@ -484,32 +481,34 @@ fn save_attached(app: &mut App, saves: &AttachedSave<'_>) {
         label: saves.plan.label.clone(),
         ..app.host.clone()
     };
-    let args = saves.args;
-    let path = args.save.clone().unwrap_or_else(|| {
-        let stamp = unix_ms(std::time::SystemTime::now()) / 1000;
-        std::path::PathBuf::from(format!("virtgap-attached-{stamp}.json"))
-    });
-    let result = crate::run::attached::attached_profile(
+    let profile = crate::run::attached::attached_profile(
         saves.plan,
         &app.recorder,
         (host, saves.started),
         saves.seen.clone(),
         end,
-    )
-    .map_err(anyhow::Error::msg)
-    .and_then(|profile| Ok(serde_json::to_vec_pretty(&profile)?))
-    .and_then(|bytes| {
-        // An explicit --save is consent to replace that file.
-        let outputs = crate::run::output::tui_save(
-            &args.workload,
-            None,
-            args.baseline.as_deref(),
-            &path,
-            args.save.is_some(),
-        )?;
-        Ok(outputs.write("--save", &path, &bytes)?)
+    );
+    app.message = Some(match profile {
+        Ok(profile) => write_saved(saves.args, "attached", &profile),
+        Err(e) => format!("save failed: {e}"),
     });
-    app.message = Some(saved_message(result, &path));
+}
+
+/// Writes `profile` where `s` saves (`--save`, else `virtgap-<stem>-<time>.json` here) and
+/// says where, or why not.
+fn write_saved(args: &TuiArgs, stem: &str, profile: &crate::model::profile::Profile) -> String {
+    let path = args.save.clone().unwrap_or_else(|| {
+        let stamp = unix_ms(std::time::SystemTime::now()) / 1000;
+        std::path::PathBuf::from(format!("virtgap-{stem}-{stamp}.json"))
+    });
+    let result = serde_json::to_vec_pretty(profile)
+        .map_err(anyhow::Error::from)
+        .and_then(|bytes| {
+            // Checked again as it is now; an explicit --save is consent to replace that file.
+            let outputs = save_outputs(args, &path, args.save.is_some())?;
+            Ok(outputs.write("--save", &path, &bytes)?)
+        });
+    saved_message(result, &path)
 }
 
 /// "saved profile PATH", or why not.
@@ -570,19 +569,7 @@ fn save(app: &mut App, session: &Session<'_>) {
             return;
         }
     };
-    let args = session.args;
-    let path = args.save.clone().unwrap_or_else(|| {
-        let stamp = unix_ms(std::time::SystemTime::now()) / 1000;
-        std::path::PathBuf::from(format!("virtgap-{}-{stamp}.json", session.spec.name))
-    });
-    let result = serde_json::to_vec_pretty(&profile)
-        .map_err(anyhow::Error::from)
-        .and_then(|bytes| {
-            // Checked again as it is now; an explicit --save is consent to replace that file.
-            let outputs = save_outputs(args, &path, args.save.is_some())?;
-            Ok(outputs.write("--save", &path, &bytes)?)
-        });
-    app.message = Some(saved_message(result, &path));
+    app.message = Some(write_saved(session.args, &session.spec.name, &profile));
 }
 
 /// What has run so far as a profile, in the `record --output` format (one run, incomplete

@@ -229,9 +229,6 @@ fn hypervisor_figures(
         Some(_) => None,
     };
     let mut out = Vec::new();
-    // Every mechanism's time but a halt's (time halted is not work done for the guest): summed
-    // as they are, below-idle ones too, so that noise around zero cancels rather than adds.
-    let mut paths_ns: Option<f64> = None;
     for m in Mechanism::ALL {
         if let Some(n) = hv.count(m) {
             let v = above_idle(n as f64, &|i| i.count(m).map(|c| c as f64));
@@ -239,18 +236,30 @@ fn hypervisor_figures(
         }
         if let Some(t) = hv.time_ns(m) {
             let v = above_idle(t, &|i| i.time_ns(m));
-            if m != Mechanism::Halt {
-                paths_ns = v.map(|v| paths_ns.unwrap_or(0.0) + v).or(paths_ns);
-            }
             out.extend(v.map(|v| (MetricId::MechanismTimePerIo(m), v)));
         }
     }
-    out.extend(paths_ns.map(|v| (MetricId::HypervisorTimePerIo, v)));
+    if let Some(total) = paths_time(&out) {
+        out.push((MetricId::HypervisorTimePerIo, total));
+    }
     if let Some(cpu) = hv.cpu_ns {
         let v = above_idle(cpu, &|i| i.cpu_ns);
         out.extend(v.map(|v| (MetricId::HypervisorCpuPerIo, v)));
     }
     out
+}
+
+/// All hypervisor paths' time: every mechanism's time among `figures` but a halt's (time
+/// halted is not work done for the guest), summed as they are, below-idle ones too, so that
+/// noise around zero cancels rather than adds. None when no mechanism was timed.
+fn paths_time(figures: &[(MetricId, f64)]) -> Option<f64> {
+    figures
+        .iter()
+        .filter_map(|(metric, v)| match metric {
+            MetricId::MechanismTimePerIo(m) if *m != Mechanism::Halt => Some(*v),
+            _ => None,
+        })
+        .reduce(|a, b| a + b)
 }
 
 /// One host's replicates: its runs, and batches of consecutive intervals within each run.
@@ -323,16 +332,7 @@ impl Side {
                 }
                 _ => false,
             });
-            let time: Vec<f64> = f
-                .hypervisor
-                .iter()
-                .filter_map(|(metric, v)| match metric {
-                    MetricId::MechanismTimePerIo(m) if *m != Mechanism::Halt => Some(*v),
-                    _ => None,
-                })
-                .collect();
-            if !time.is_empty() {
-                let total = time.iter().sum();
+            if let Some(total) = paths_time(&f.hypervisor) {
                 f.hypervisor.push((MetricId::HypervisorTimePerIo, total));
             }
         }
