@@ -27,6 +27,8 @@ pub struct StampedStages {
     pub program_ns_per_read: Option<f64>,
     /// Each program that ran: its name, runs per read and mean time per run (ns).
     pub programs: Vec<(String, f64, f64)>,
+    /// Runs the kernel skipped because the program was already running on that CPU.
+    pub missed_runs: u64,
 }
 
 /// Both sources on the same reads.
@@ -167,6 +169,7 @@ fn stages(delta: &ProbeSnapshot, reads: u64) -> StampedStages {
                 )
             })
             .collect(),
+        missed_runs: delta.programs.iter().map(|p| p.missed).sum(),
     }
 }
 

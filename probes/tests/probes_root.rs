@@ -332,6 +332,25 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
     std::fs::create_dir(&dd_dir).unwrap();
     let dd_file = data_file(&dd_dir, 2048);
     let disk = devnum(&disk_sysfs(dir.path()));
+    // fio's job reads its file alone; its processes also page in fio's binary and libraries
+    // when the page cache dropped them (a loaded CI host does): those requests are fio's too,
+    // but not its job's, so the job's are told apart by sector.
+    let Some(fio_map) = virtgap_testkit::ready(
+        "the attach-mode fio check's file map",
+        virtgap_workloads::extents::ExtentMap::of_file(
+            &std::fs::File::open(&fio_file).unwrap(),
+            32768 * 4096,
+        ),
+    ) else {
+        return;
+    };
+    let in_fio_file = |r: &SlowRequest| {
+        r.dev == fio_map.disk
+            && fio_map
+                .extents
+                .iter()
+                .any(|&(_, first, len)| (first..first + len / 512).contains(&r.sector))
+    };
     for engine in ["psync", "libaio", "io_uring"] {
         // One untraced read first: fio's program and the engine's library are then cached, so
         // what fio reads under the probes is its job's reads alone (a first run also faults
@@ -415,21 +434,33 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
             .stage(Some(&[disk]), BlockStage::Device, &[BlockOp::Read])
             .count;
         let wakeups = after.wakeups.unwrap().since(&before.wakeups.unwrap());
+        // Every request was sent (threshold 0): those in fio's file are its job's reads.
+        let requests = session.drain_slow_requests();
+        let sent_reads = requests
+            .iter()
+            .filter(|r| r.dev == fio_map.disk && r.op == BlockOp::Read)
+            .count() as u64;
+        let job_reads = requests.iter().filter(|r| in_fio_file(r)).count() as u64;
+        let dropped = block.slow_dropped;
         eprintln!(
-            "{engine}: fio read {fio_reads} blocks, the probes counted {counted} (a dd read \
-             2048 meanwhile); {} wakeups of fio's threads",
+            "{engine}: fio read {fio_reads} blocks, the probes counted {counted} reads of \
+             fio's (a dd read 2048 meanwhile), {job_reads} of them in its file ({sent_reads} \
+             sent, {dropped} dropped); {} wakeups of fio's threads",
             wakeups.latency.count
         );
         assert!(fio_reads >= 2000, "{engine}: fio read {fio_reads}");
-        // Within 5% (usually exact). Runs here have counted 2000-2065 for 2048 psync and
-        // io_uring reads, and libaio's 1925-2249 with the CPUs contended. An excess is fio's
-        // own: a `record --all` beside it counts the same excess over fio's and dd's I/Os, so
-        // those are requests fio's processes really sent (reads issued again), not another
-        // process's; a shortfall is not explained yet. The bound is loose, the figures printed.
+        // Not one of dd's: every read counted was sent, so the counted reads are the sent ones.
+        assert!(
+            sent_reads <= counted && counted <= sent_reads + dropped,
+            "{engine}: {counted} counted, {sent_reads} sent, {dropped} dropped"
+        );
+        // The job's reads: within 5% (usually exact); libaio's adjacent random reads merge
+        // now and then, and a dropped request may have been one of the job's.
         let tolerance = if engine == "libaio" { 10 } else { 5 };
         assert!(
-            counted.abs_diff(fio_reads) * 100 <= fio_reads * tolerance,
-            "{engine}: counted {counted} reads, fio reports {fio_reads}"
+            job_reads * 100 <= fio_reads * (100 + tolerance)
+                && (job_reads + dropped) * 100 >= fio_reads * (100 - tolerance),
+            "{engine}: {job_reads} reads counted in fio's file, fio reports {fio_reads}"
         );
         if engine == "psync" {
             assert!(
@@ -455,7 +486,6 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
             .into_iter()
             .filter(|c| c.via == via && c.op == AppOp::Read)
             .collect();
-        let requests = session.drain_slow_requests();
         let joined = calls
             .iter()
             .filter(|c| {
@@ -509,18 +539,13 @@ fn attached_to_fio_each_engines_reads_are_counted_and_a_dd_beside_it_is_not() {
                 let app_mean = reads.mean_ns().unwrap();
                 let ratio = app_mean / fio_clat;
                 assert!(ratio < 1.3, "{engine}: app/fio mean {ratio:.2}");
-                let request_mean: f64 = [
-                    BlockStage::Queue,
-                    BlockStage::Device,
-                    BlockStage::Completion,
-                ]
-                .into_iter()
-                .filter_map(|stage| {
-                    block
-                        .stage(Some(&[disk]), stage, &[BlockOp::Read])
-                        .mean_ns()
-                })
-                .sum();
+                // The job's requests (in fio's file), start to completion.
+                let request_mean = requests
+                    .iter()
+                    .filter(|r| in_fio_file(r))
+                    .map(|r| (r.complete_ns - r.start_ns) as f64)
+                    .sum::<f64>()
+                    / job_reads.max(1) as f64;
                 eprintln!(
                     "{engine}: app/fio mean {ratio:.2}; app mean {app_mean:.0} ns, the block \
                      requests' {request_mean:.0} ns"
@@ -1719,11 +1744,24 @@ fn the_kernels_request_stamps_and_ours_measure_the_same_requests() {
         Err(e) => panic!("{e:#}"),
     };
     eprintln!("{c:?}");
+    // The same requests: both sessions count alike. Against the reads the bound is looser: a
+    // CI run on 6.18 once saw both sessions count 974 of 1000 reads, each with 1000 issues but
+    // 975 interrupt entries and 974 completion runs in the window (the cause is not known; the
+    // runs the kernel skipped are printed now). The block family's count of a process's reads
+    // has its own test.
+    assert!(
+        c.own.requests.abs_diff(c.kernel.requests) <= READS / 100,
+        "own stamps measured {} requests, the kernel's {}",
+        c.own.requests,
+        c.kernel.requests
+    );
     for (name, side) in [("own", &c.own), ("kernel", &c.kernel)] {
         assert!(
-            side.requests.abs_diff(READS) <= READS / 100,
-            "{name} stamps measured {} requests for {READS} reads",
-            side.requests
+            side.requests + side.missed_runs >= READS * 95 / 100
+                && side.requests <= READS * 101 / 100,
+            "{name} stamps measured {} requests for {READS} reads ({} runs missed)",
+            side.requests,
+            side.missed_runs
         );
     }
     let whole = |s: &virtgap_probes::stamps_check::StampedStages| {
