@@ -250,6 +250,14 @@ fn prometheus_scrapes_serve_and_its_queries_agree_with_fio_and_record() {
     wait_for("a first scrape", Duration::from_secs(30), || {
         !query(prom_port, "up{job=\"virtgap\"} == 1", None).is_empty()
     });
+    // Before fio's first read its disk's series are scraped at zero, so `rate()` over the
+    // first seconds counts the first requests (a series born with them would start there).
+    let unread = "virtgap_block_stage_seconds_count{stage=\"device\",op=\"read\"}";
+    let zero = query(prom_port, unread, None);
+    assert!(
+        !zero.is_empty() && zero.iter().all(|s| s["value"][1] == "0"),
+        "{unread} before fio read: {zero:?}"
+    );
 
     let fio_start = now();
     fio.stdin.take().unwrap().write_all(b"go\n").unwrap();

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use virtgap_probes::hist::{slot_bounds, KernelHist};
 use virtgap_probes::hypervisor::Hypervisor;
-use virtgap_probes::model::{BlockStage, DevNum};
+use virtgap_probes::model::{BlockOp, BlockStage, DevNum};
 use virtgap_probes::{CapabilityReport, ProbeSnapshot};
 
 use crate::model::host::Fingerprint;
@@ -98,6 +98,10 @@ pub struct ExporterContext {
     /// What the probes follow, in words ("every process", "pid 1234 and children").
     pub attached: String,
     pub report: CapabilityReport,
+    /// The host's request-based disks when the probes attached, and whether each has a
+    /// volatile write cache (so takes flushes): their block series start at zero on the
+    /// first page, so `rate()` over a series' first scrapes counts its first requests.
+    pub disks: Vec<(String, bool)>,
 }
 
 /// What sets the page's series count: the block stages' `queue` label (off by default: no
@@ -128,8 +132,35 @@ impl ExporterContext {
             label: label.to_string(),
             attached: attached.to_string(),
             report: report.clone(),
+            disks: request_disks(std::path::Path::new("/sys/block")),
         }
     }
+}
+
+/// The disks under `sys_block` that take requests (blk-mq: an `mq` directory; bio-based
+/// device-mapper and md have none) and have a size (an unbound loop device has none), each with
+/// whether its write cache is volatile.
+fn request_disks(sys_block: &std::path::Path) -> Vec<(String, bool)> {
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let mut disks: Vec<(String, bool)> = std::fs::read_dir(sys_block)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("mq").is_dir())
+        .filter(|e| {
+            read(e.path().join("size"))
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0)
+                > 0
+        })
+        .map(|e| {
+            let write_back = read(e.path().join("queue/write_cache")).trim() == "write back";
+            (e.file_name().to_string_lossy().into_owned(), write_back)
+        })
+        .collect();
+    disks.sort();
+    disks
 }
 
 /// Builds the families from each snapshot, keeping label assignments across snapshots.
@@ -364,6 +395,32 @@ impl Exporter {
         let mut stages: BTreeMap<(String, String, &'static str, BlockStage), KernelHist> =
             BTreeMap::new();
         let mut requests: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
+        // The known disks' series exist from the first page, at zero. Per queue, which queues
+        // a disk's requests will use is not known in advance: those are born with their first.
+        if !self.cx.series.per_queue {
+            for (device, write_back) in &self.cx.disks {
+                if !self.cx.series.exports(device) {
+                    continue;
+                }
+                let ops: &[BlockOp] = if *write_back {
+                    &[BlockOp::Read, BlockOp::Write, BlockOp::Flush]
+                } else {
+                    &[BlockOp::Read, BlockOp::Write]
+                };
+                for &op in ops {
+                    for stage in [
+                        BlockStage::Queue,
+                        BlockStage::Device,
+                        BlockStage::Completion,
+                    ] {
+                        stages
+                            .entry((device.clone(), String::new(), op.name(), stage))
+                            .or_default();
+                    }
+                    requests.entry((device.clone(), op.name())).or_default();
+                }
+            }
+        }
         for s in &b.stages {
             let device = self.device(s.dev);
             if !self.cx.series.exports(&device) {
@@ -868,6 +925,7 @@ mod tests {
             label: String::new(),
             attached: "every process".into(),
             report,
+            disks: Vec::new(),
         })
     }
 
@@ -1013,7 +1071,7 @@ mod tests {
     /// five queue labels; coarse buckets divide them by about four.
     #[test]
     fn a_disks_block_series_stay_bounded_by_default() {
-        use virtgap_probes::model::{BlockOp, BlockSnapshot, BlockStageHist};
+        use virtgap_probes::model::{BlockSnapshot, BlockStageHist};
         let mut hist = KernelHist::default();
         hist.slots[40] = 3;
         hist.count = 3;
@@ -1090,6 +1148,91 @@ mod tests {
             }),
             0
         );
+    }
+
+    /// A disk known at attach has its series at zero on the first page, before its first
+    /// request: Prometheus' `rate()` then counts that request, where a series born with it
+    /// would start from its value. Unbound loop devices and bio-based disks have none.
+    #[test]
+    fn known_disks_series_start_at_zero() {
+        let sys = tempfile::tempdir().unwrap();
+        let disk = |name: &str, mq: bool, size: &str, cache: &str| {
+            let base = sys.path().join(name);
+            std::fs::create_dir_all(base.join("queue")).unwrap();
+            if mq {
+                std::fs::create_dir_all(base.join("mq/0")).unwrap();
+            }
+            std::fs::write(base.join("size"), size).unwrap();
+            std::fs::write(base.join("queue/write_cache"), cache).unwrap();
+        };
+        disk("vda", true, "2048\n", "write back\n");
+        disk("nvme0n1", true, "2048\n", "write through\n");
+        disk("loop0", true, "0\n", "write through\n");
+        disk("dm-0", false, "2048\n", "write through\n");
+        let disks = request_disks(sys.path());
+        assert_eq!(
+            disks,
+            vec![("nvme0n1".to_string(), false), ("vda".to_string(), true)]
+        );
+        let snapshot = ProbeSnapshot {
+            block: Some(Default::default()),
+            ..Default::default()
+        };
+        let page = |series: SeriesOptions| {
+            let mut exporter = fixture_exporter(CapabilityReport::default(), series);
+            exporter.cx.disks = disks.clone();
+            let families = exporter.families(&snapshot);
+            let of = |name: &str| {
+                families
+                    .iter()
+                    .find(|f| f.name == name)
+                    .unwrap()
+                    .samples
+                    .iter()
+                    .map(|s| {
+                        let label = |k: &str| {
+                            s.labels
+                                .iter()
+                                .find(|(key, _)| key == k)
+                                .map_or(String::new(), |(_, v)| v.clone())
+                        };
+                        let zero = match &s.value {
+                            SampleValue::Histogram { count, sum, .. } => *count == 0 && *sum == 0.0,
+                            SampleValue::Number(x) => *x == 0.0,
+                            SampleValue::Count(n) => *n == 0,
+                        };
+                        assert!(zero, "{name}: {:?}", s.labels);
+                        format!("{} {} {}", label("device"), label("op"), label("stage"))
+                    })
+                    .collect::<Vec<_>>()
+            };
+            (of("virtgap_block_stage"), of("virtgap_block_requests"))
+        };
+        let (stages, requests) = page(SeriesOptions::default());
+        // nvme0n1 (no volatile cache): read and write; vda: flush too; three stages each.
+        assert_eq!(stages.len(), (2 + 3) * 3, "{stages:?}");
+        assert!(stages.contains(&"vda flush device".to_string()));
+        assert!(!stages.iter().any(|s| s.starts_with("nvme0n1 flush")));
+        assert_eq!(
+            requests,
+            [
+                "nvme0n1 read ",
+                "nvme0n1 write ",
+                "vda flush ",
+                "vda read ",
+                "vda write "
+            ]
+        );
+        let (stages, _) = page(SeriesOptions {
+            devices: vec!["vda".into()],
+            ..Default::default()
+        });
+        assert_eq!(stages.len(), 3 * 3);
+        let (stages, requests) = page(SeriesOptions {
+            per_queue: true,
+            ..Default::default()
+        });
+        assert!(stages.is_empty() && requests.is_empty());
     }
 
     /// The build, each family's state from a fixed set, the last update and the process's own
