@@ -1090,6 +1090,85 @@ def _(c):
         raise Defect(f"`workloads | head -0`: exit {r.rc}, stderr {r.errtext[:120]!r}")
 
 
+# diff --prometheus against a server that answers what no Prometheus would.
+
+def fake_prometheus(c, answer):
+    """A local HTTP server answering every query with `answer(query)` (bytes, or a str of
+    JSON); its base URL. Stopped with the case."""
+    import http.server
+    import urllib.parse
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query).get("query", [""])[0]
+            body = answer(query)
+            body = body.encode() if isinstance(body, str) else body
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    c.undo.append(server.shutdown)
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def vector(samples):
+    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": labels, "value": [1, value]} for labels, value in samples]}})
+
+
+@case("diff-prometheus-answers-garbage", "sweep")
+def _(c):
+    for what, answer in [("an HTML page", lambda q: "<html>not here</html>"),
+                         ("an empty body", lambda q: b""),
+                         ("a JSON error", lambda q: '{"status":"error","error":"boom"}'),
+                         ("a result that is no vector", lambda q: '{"status":"success","data":{"result":7}}')]:
+        url = fake_prometheus(c, answer)
+        r = c.vg("diff", "--prometheus", url, 'job="a"', 'job="b"', "--since", "10s", "--slice", "5s", timeout=30)
+        if r.timed_out or r.rc == 0 or panicked(r) or len(r.errtext.strip().splitlines()) != 1:
+            raise Defect(f"diff --prometheus against {what}: {r.says()}")
+
+
+@case("diff-prometheus-absurd-values", "sweep")
+def _(c):
+    host = {"__name__": "virtgap_host_info", "instance": "h:1", "job": "a", "hypervisor": "kvm"}
+    other = dict(host, instance="h:2", job="b")
+
+    calls = [0]
+
+    def answer(q):
+        if q.startswith("max_over_time"):
+            return vector([(host if 'job="a"' in q else other, "1")])
+        # Each boundary's counters larger than the last, so every slice has increases.
+        calls[0] += 1
+        grown = lambda v: v if v in ("NaN", "+Inf") else repr(float(v) * calls[0])
+        base = {"instance": "h:1", "device": "vda", "op": "read", "stage": "device"}
+        bucket = lambda le, v: (dict(base, __name__="virtgap_block_stage_seconds_bucket", le=le), grown(v))
+        return vector([
+            bucket("abc", "5"), bucket("-1", "3"), bucket("0", "2"), bucket("1e308", "NaN"),
+            bucket("+Inf", "1e300"), bucket("0.001", "-7"),
+            (dict(base, __name__="virtgap_block_stage_seconds_sum"), "+Inf"),
+            (dict(base, __name__="virtgap_block_stage_seconds_count"), grown("1e300")),
+            ({"__name__": "virtgap_block_requests_total", "op": "read"}, grown("1e300")),
+            ({"__name__": "virtgap_hypervisor_mechanism_events_total", "mechanism": "timer",
+              "how": "msr_write"}, grown("1e18")),
+            ({"__name__": "virtgap_hypervisor_mechanism_seconds_total", "mechanism": "timer"},
+             grown("1e300")),
+            ({"__name__": "virtgap_msr_counted_seconds_total"}, "0"),
+        ])
+
+    url = fake_prometheus(c, answer)
+    r = c.vg("diff", "--prometheus", url, 'job="a"', 'job="b"', "--since", "10s", "--slice", "5s", timeout=30)
+    if r.timed_out or panicked(r) or killed(r):
+        raise Defect(f"diff --prometheus with absurd counter values: {r.says()}")
+
+
 # Item 8: hangs on FIFOs.
 
 @case("diff-of-a-fifo", 8)

@@ -165,9 +165,12 @@ pub struct TuiArgs {
 #[derive(Debug, Args)]
 pub struct DiffArgs {
     /// Reference profile (e.g. the bare-metal host); a directory or a quoted glob
-    /// ('metal-*.json') names a group of hosts, whose runs pool as replicates
+    /// ('metal-*.json') names a group of hosts, whose runs pool as replicates. With
+    /// --prometheus: a label selector of virtgap_host_info naming the reference hosts
+    /// ('platform="metal"')
     pub a: PathBuf,
-    /// Profile to explain (e.g. the VM); a directory or a quoted glob as for A
+    /// Profile to explain (e.g. the VM); a directory or a quoted glob as for A. With
+    /// --prometheus: the selector of the hosts to explain ('platform="kvm"')
     pub b: PathBuf,
     /// Another profile of host A (repeatable; a directory or quoted glob too): its runs pool
     /// with A's as replicates
@@ -211,6 +214,41 @@ pub struct DiffArgs {
     /// nothing is significant (a difference is provisional): record --runs 5 to gate on it
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = FailOn::Never)]
     pub fail_on: FailOn,
+    /// Compare two groups of hosts as a Prometheus server holds them, scraped from `virtgap
+    /// serve`: A and B are then label selectors, and each instance's figures over each --slice
+    /// of the range are one replicate (http:// only)
+    #[arg(long, value_name = "URL", conflicts_with_all = ["with_a", "with_b"])]
+    pub prometheus: Option<String>,
+    /// With --prometheus: how long a range to compare, ending at --until [default: 1h]
+    #[arg(long, value_name = "DURATION", requires = "prometheus")]
+    pub since: Option<Span>,
+    /// With --prometheus: the range's end, in unix seconds or RFC 3339
+    /// (2026-12-06T15:00:00Z) [default: now]
+    #[arg(long, value_name = "TIME", requires = "prometheus", value_parser = parse_time)]
+    pub until: Option<f64>,
+    /// With --prometheus: each instance's figures over each slice this long are one replicate
+    /// [default: 10m, or the whole range when shorter]
+    #[arg(long, value_name = "DURATION", requires = "prometheus")]
+    pub slice: Option<Span>,
+}
+
+/// A point in time as unix seconds: "1796561310" (or with a fraction) or RFC 3339.
+fn parse_time(text: &str) -> Result<f64, String> {
+    let text = text.trim();
+    if let Ok(secs) = text.parse::<f64>() {
+        if secs.is_finite() && secs >= 0.0 {
+            return Ok(secs);
+        }
+    }
+    humantime::parse_rfc3339_weak(text)
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs_f64())
+        .ok_or_else(|| {
+            format!(
+                "{text:?} is not a time: give unix seconds or RFC 3339, e.g. 2026-12-06T15:00:00Z"
+            )
+        })
 }
 
 /// When `diff` exits non-zero on what it found, for a CI to gate on.

@@ -699,3 +699,137 @@ fn the_service_unit_serves_unprivileged_with_its_capabilities() {
         );
     }
 }
+
+/// `diff --prometheus`: two hosts' `serve`s scraped by one Prometheus, each following a fio
+/// that reads its own loop device over FUSE, one of which delays every read 2 ms. Read back
+/// from Prometheus, instance × 2 s slices as replicates, the device stage is significantly
+/// slower by the injected delay (its interval around it), and no other stage takes a share
+/// of it.
+#[test]
+fn a_fleet_diff_from_prometheus_finds_the_slower_disk() {
+    use common::slow_device::{slow_fuse::SlowDisk, SlowDevice};
+    if !prometheus_and_fio("the fleet diff from Prometheus") {
+        return;
+    }
+    let _serial = serial();
+    let dir = common::scratch("vg-fleet-");
+    const DELAY: Duration = Duration::from_millis(2);
+    let devices = SlowDevice::new(
+        &dir.path().join("mnt-fast"),
+        SlowDisk::delaying(Duration::ZERO),
+    )
+    .and_then(|fast| {
+        SlowDevice::new(&dir.path().join("mnt-slow"), SlowDisk::delaying(DELAY))
+            .map(|slow| (fast, slow))
+    });
+    let Some((fast, slow)) = virtgap_testkit::ready("the fleet diff's FUSE loop devices", devices)
+    else {
+        return;
+    };
+    let mut hosts = Vec::new();
+    let mut jobs = String::new();
+    for (job, device) in [("fast", &fast.loop_dev), ("slow", &slow.loop_dev)] {
+        let fio = held(&format!(
+            "exec fio --name={job} --filename={device} --rw=randread --bs=4k --direct=1 \
+             --ioengine=psync --rate_iops=150 --runtime=12 --time_based --output-format=json"
+        ));
+        let port = std::iter::repeat_with(free_port)
+            .find(|p| !jobs.contains(&format!(":{p}'")))
+            .unwrap();
+        let mut cmd = vg();
+        cmd.args([
+            "serve",
+            "--pid",
+            &fio.id().to_string(),
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--probes",
+            "block,app",
+        ]);
+        let (serve, err) = started(cmd, "serving http://");
+        jobs.push_str(&format!(
+            "  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+        ));
+        hosts.push((fio, KillOnDrop(serve), err));
+    }
+    let (_prometheus, prom_port) = start_prometheus(dir.path(), &jobs);
+    wait_for("both hosts scraped", Duration::from_secs(30), || {
+        query(prom_port, "up == 1", None).len() == 2
+    });
+    let went = now();
+    for (fio, ..) in &mut hosts {
+        fio.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    }
+    for (fio, ..) in hosts.iter_mut() {
+        assert!(fio.wait().unwrap().success());
+    }
+    // Two more scrapes after the last read.
+    std::thread::sleep(Duration::from_secs(3));
+    let until = now();
+    let args = [
+        "diff".to_string(),
+        "--prometheus".into(),
+        format!("http://127.0.0.1:{prom_port}"),
+        "job=\"fast\"".into(),
+        "job=\"slow\"".into(),
+        "--since".into(),
+        format!("{}s", (until - went).ceil() as u64 + 1),
+        "--until".into(),
+        format!("{until:.3}"),
+        "--slice".into(),
+        "2s".into(),
+        "--json".into(),
+    ];
+    let out = vg().args(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The report a person reads names each side's instance and the stage.
+    let text = vg().args(&args[..args.len() - 1]).output().unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    println!("{text}");
+    assert!(
+        text.contains("verdict: mean latency: B slower") && text.contains("is in device"),
+        "{text}"
+    );
+    let row = |metric: &str| {
+        d["waterfall"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|r| r["metric"] == metric)
+            .unwrap_or_else(|| panic!("no {metric} row: {d}"))
+            .clone()
+    };
+    let device = row("device_mean");
+    let injected = DELAY.as_nanos() as f64;
+    let (low, high) = (
+        device["ci_low"].as_f64().unwrap(),
+        device["ci_high"].as_f64().unwrap(),
+    );
+    println!("{stderr}device: {device}");
+    assert!(
+        d["runs_a"].as_u64().unwrap() >= 4 && d["runs_b"].as_u64().unwrap() >= 4,
+        "replicates: {} and {}",
+        d["runs_a"],
+        d["runs_b"]
+    );
+    assert_eq!(device["verdict"], "significant", "{device}");
+    // The interval holds the injected delay, and the estimate is within a fifth of it.
+    let grew = device["delta"].as_f64().unwrap();
+    assert!(
+        low <= 1.2 * injected
+            && high >= 0.8 * injected
+            && (grew - injected).abs() <= 0.2 * injected,
+        "device time grew by {grew:.0} [{low:.0}, {high:.0}] ns for an injected {injected:.0} ns"
+    );
+    // The other stages did not move by any share of the delay.
+    for metric in ["queue_mean", "completion_mean"] {
+        let r = row(metric);
+        let moved = r["delta"].as_f64().unwrap_or(0.0).abs();
+        assert!(
+            r["verdict"] != "significant" || moved < 0.1 * injected,
+            "{metric}: {r}"
+        );
+    }
+}

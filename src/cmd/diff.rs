@@ -64,6 +64,9 @@ fn side_paths(
 }
 
 pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
+    if let Some(url) = &args.prometheus {
+        return diff_prometheus(args, url);
+    }
     let a_paths = side_paths(&args.a, &args.with_a)?;
     let b_paths = side_paths(&args.b, &args.with_b)?;
     let outputs = claim_outputs(args, &a_paths, &b_paths)?;
@@ -77,6 +80,94 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     check_repeated_runs(&run_identities(&a_side), &run_identities(&b_side))?;
     say_what_is_compared(&a_side, &b_side);
     check_same_workload(args, &a_side, &b_side)?;
+    let options = diff::DiffOptions {
+        min_effect: args.min_effect,
+    };
+    let a_profiles: Vec<&profile::Profile> = a_side.iter().map(|(_, p)| p).collect();
+    let b_profiles: Vec<&profile::Profile> = b_side.iter().map(|(_, p)| p).collect();
+    let d = diff::diff_hosts(&a_profiles, &b_profiles, &options);
+    print_report(args, &d)?;
+    write_files(args, &outputs, (&a_profiles, &b_profiles), &d)?;
+    Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))
+}
+
+/// `diff --prometheus URL A B`: each side's instances (those whose `virtgap_host_info` matches
+/// its selector in the range) read back from Prometheus as profiles, each slice of the range a
+/// run, and judged as two groups of profile files are.
+fn diff_prometheus(args: &DiffArgs, url: &str) -> anyhow::Result<ExitCode> {
+    use crate::analysis::fleet;
+    use crate::run::prometheus::{self, Prometheus};
+    let server = Prometheus::new(url)?;
+    let selectors = [args.a.to_string_lossy(), args.b.to_string_lossy()];
+    for s in &selectors {
+        if s.trim().trim_matches(['{', '}']).trim().is_empty() {
+            anyhow::bail!("--prometheus: an empty label selector; give one per side, e.g. 'platform=\"metal\"' 'platform=\"kvm\"'");
+        }
+    }
+    let until = args.until.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64())
+    });
+    let since = args.since.map_or(3600.0, |s| s.0.as_secs_f64());
+    let slice = args
+        .slice
+        .map_or(600.0_f64.min(since), |s| s.0.as_secs_f64());
+    if since < 1.0 || slice < 1.0 {
+        anyhow::bail!(
+            "--since and --slice must each be at least 1s (a scrape apart, at the least)"
+        );
+    }
+    let bounds = fleet::boundaries(until - since, until, slice);
+    let outputs = claim_outputs(args, &[], &[])?;
+    let mut sides = Vec::new();
+    for (name, selector) in ["A", "B"].into_iter().zip(&selectors) {
+        let mut told = 0;
+        let hosts = prometheus::fleet_side(&server, selector, &bounds, &mut |done, total| {
+            // A fleet's range can take a while: a line per tenth of the queries.
+            if total >= 100 && done * 10 / total > told {
+                told = done * 10 / total;
+                say!("virtgap: host {name} ({selector}): {done}/{total} queries read");
+            }
+        })?;
+        say!(
+            "virtgap: host {name} ({selector}): {} instance(s), {} slice(s) of {}",
+            hosts.len(),
+            bounds.len() - 1,
+            humantime::format_duration(std::time::Duration::from_secs_f64(slice.min(since)))
+        );
+        sides.push(hosts);
+    }
+    prometheus::apart(&sides[0], &sides[1])?;
+    let mut profiles = Vec::new();
+    for (hosts, selector) in sides.iter().zip(&selectors) {
+        let source = fleet::FleetSource {
+            url: server.url(),
+            selector,
+        };
+        let side: Vec<(std::path::PathBuf, profile::Profile)> = hosts
+            .iter()
+            .filter_map(|h| {
+                let p = fleet::host_profile(h, source);
+                if p.is_none() {
+                    say!(
+                        "virtgap: {}: no block request in the range; left out",
+                        units::printable(&h.instance)
+                    );
+                }
+                Some((std::path::PathBuf::from(&h.instance), p?))
+            })
+            .collect();
+        if side.is_empty() {
+            anyhow::bail!(
+                "no instance matching {} completed a block request in the range; nothing to compare (widen --since, or check that serve ran there)",
+                prometheus::braced(selector)
+            );
+        }
+        profiles.push(side);
+    }
+    let (a_side, b_side) = (&profiles[0], &profiles[1]);
+    say_what_is_compared(a_side, b_side);
     let options = diff::DiffOptions {
         min_effect: args.min_effect,
     };

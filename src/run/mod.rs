@@ -3,8 +3,8 @@
 //! the probes attached before the workload (`session`), the one event channel (`pipeline`), the
 //! one recorder of its events (`recorder`: the interval series, the probes' window, the idle
 //! baseline, the tail autopsy's material) and the profile assembled from it (`assemble`), the
-//! signals that stop it, safe output files, calibration, and the micro-guest that drives
-//! host-side KVM probes.
+//! signals that stop it, safe output files, calibration, the micro-guest that drives
+//! host-side KVM probes, and a fleet's figures read back from Prometheus (`prometheus`).
 
 pub mod assemble;
 pub mod attached;
@@ -20,6 +20,7 @@ pub mod one_run;
 pub mod output;
 pub mod pipeline;
 pub mod prepare;
+pub mod prometheus;
 pub mod recorder;
 pub mod series;
 pub mod session;
