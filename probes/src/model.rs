@@ -544,7 +544,8 @@ pub struct MsrSnapshot {
     pub counts: Vec<MsrCount>,
     /// How long virtgap's sampler ran while these were counted, ns (0: it never ran). Its timer
     /// moves the host's own timer writes, so it pauses for part of every interval and the
-    /// host's figures are those counted in the pauses (`host_scale`).
+    /// host's figures are those counted in the pauses (`quiet_secs`), scaled to the window by
+    /// the profile model.
     #[serde(default)]
     pub sampler_ns: u64,
 }
@@ -573,17 +574,6 @@ impl MsrSnapshot {
         }
     }
 
-    /// Of `elapsed_ns`, the time no sampler ran: the host's writes counted then, times this
-    /// factor, estimate its writes over the whole window. 1 without a sampler; None when the
-    /// pauses were too short to count anything.
-    pub fn host_scale(&self, elapsed_ns: u64) -> Option<f64> {
-        if self.sampler_ns == 0 {
-            return Some(1.0);
-        }
-        let quiet = elapsed_ns.saturating_sub(self.sampler_ns);
-        (quiet >= MIN_QUIET_NS).then(|| elapsed_ns as f64 / quiet as f64)
-    }
-
     /// Seconds of `elapsed_ns` in which the host's writes were counted (no sampler running).
     pub fn quiet_secs(&self, elapsed_ns: u64) -> f64 {
         elapsed_ns.saturating_sub(self.sampler_ns) as f64 / 1e9
@@ -601,19 +591,6 @@ impl MsrSnapshot {
             .filter(|c| c.write && c.msr == msr)
             .map(|c| c.count)
             .sum()
-    }
-
-    /// The host's writes that exit to the hypervisor over `elapsed_ns`: those counted while the
-    /// sampler paused, scaled to the window (exact without a sampler). None: no pause to count.
-    pub fn exiting_writes(&self, elapsed_ns: u64) -> Option<u64> {
-        let counted: u64 = self
-            .counts
-            .iter()
-            .filter(|c| Self::is_hosts(c) && c.exits)
-            .map(|c| c.count)
-            .sum();
-        let scale = self.host_scale(elapsed_ns)?;
-        Some((counted as f64 * scale).round() as u64)
     }
 
     /// Writes of any kind in the wake of virtgap's own sampler.
@@ -1064,7 +1041,7 @@ mod tests {
     }
 
     #[test]
-    fn the_hosts_msr_writes_are_those_counted_in_the_samplers_pauses_scaled_to_the_window() {
+    fn the_hosts_msr_writes_are_counted_in_the_samplers_pauses_and_kept_apart() {
         let msr = MsrSnapshot {
             counts: vec![
                 msr_count(0x6e0, 100, false, false),
@@ -1074,15 +1051,10 @@ mod tests {
             // 750 ms of a 1 s window sampled: the 100 writes were counted in 250 ms.
             sampler_ns: 750_000_000,
         };
-        assert_eq!(msr.exiting_writes(1_000_000_000), Some(400));
+        assert_eq!(msr.quiet_secs(1_000_000_000), 0.25);
         assert_eq!(msr.sampler_writes(), 900);
-        // A window the sampler ran all through has no count of the host's.
-        assert_eq!(msr.exiting_writes(750_000_000), None);
-        let without_sampler = MsrSnapshot {
-            counts: vec![msr_count(0x6e0, 100, false, false)],
-            sampler_ns: 0,
-        };
-        assert_eq!(without_sampler.exiting_writes(1_000_000_000), Some(100));
+        // A window the sampler ran all through had no time to count the host's writes in.
+        assert_eq!(msr.quiet_secs(750_000_000), 0.0);
         // Deltas keep each kind of write apart.
         let later = MsrSnapshot {
             counts: vec![

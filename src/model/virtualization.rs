@@ -80,35 +80,53 @@ impl Virtualization {
         self.msr_quiet_seconds.unwrap_or(self.seconds)
     }
 
+    /// The host's own writes that `wanted` picks (none of virtgap's sampler's: see
+    /// [`MsrAccesses::is_hosts`]) over `seconds`, scaled from the time they were counted in:
+    /// the one scaling of the host's MSR writes, for rates, a window's count and the
+    /// hypervisor's MSR paths. None when not measured: no msr probe, or the sampler never paused
+    /// long enough.
+    pub fn host_writes(&self, wanted: impl Fn(&MsrAccesses) -> bool, seconds: f64) -> Option<f64> {
+        let (writes, counted) = self.counted_writes()?;
+        let n: u64 = writes
+            .iter()
+            .filter(|w| w.is_hosts() && wanted(w))
+            .map(|w| w.count)
+            .sum();
+        Some(n as f64 * seconds / counted)
+    }
+
+    /// The writes and the seconds they were counted in, when long enough to scale.
+    fn counted_writes(&self) -> Option<(&[MsrAccesses], f64)> {
+        let writes = self.msr_writes.as_ref()?;
+        let counted = self.msr_seconds();
+        (counted >= MIN_MSR_SECONDS).then_some((writes.as_slice(), counted))
+    }
+
     /// The host's MSR writes per second, by MSR over all CPUs, most written first (by MSR
     /// number among equals): the one computation of them for the summary, the TUI and the
-    /// diff. None when not measured: no msr probe, or the sampler never paused long enough.
+    /// diff. None when not measured (see [`Self::host_writes`]).
     pub fn msr_write_rates(&self, which: MsrWrites) -> Option<Vec<MsrRate>> {
-        let writes = self.msr_writes.as_ref()?;
-        let seconds = self.msr_seconds();
-        if seconds < MIN_MSR_SECONDS {
-            return None;
+        let exiting = which == MsrWrites::Exiting;
+        let mut names: BTreeMap<u32, &str> = BTreeMap::new();
+        for w in self.counted_writes()?.0 {
+            if w.is_hosts() && w.exits == exiting {
+                names.entry(w.msr).or_insert(&w.name);
+            }
         }
-        let mut by: BTreeMap<u32, (&str, u64)> = BTreeMap::new();
-        let wanted = |w: &&MsrAccesses| w.is_hosts() && w.exits == (which == MsrWrites::Exiting);
-        for w in writes.iter().filter(wanted) {
-            by.entry(w.msr).or_insert((&w.name, 0)).1 += w.count;
-        }
-        let mut rates: Vec<(u32, &str, u64)> = by
+        let mut rates = names
             .into_iter()
-            .map(|(msr, (name, n))| (msr, name, n))
-            .collect();
-        rates.sort_by_key(|&(msr, _, n)| (std::cmp::Reverse(n), msr));
-        Some(
-            rates
-                .into_iter()
-                .map(|(msr, name, n)| MsrRate {
+            .map(|(msr, name)| {
+                let per_s = self.host_writes(|w| w.msr == msr && w.exits == exiting, 1.0)?;
+                Some(MsrRate {
                     msr,
                     name: name.to_string(),
-                    per_s: n as f64 / seconds,
+                    per_s,
                 })
-                .collect(),
-        )
+            })
+            .collect::<Option<Vec<MsrRate>>>()?;
+        // Writes per second rank as their counts do (one denominator).
+        rates.sort_by(|a, b| b.per_s.total_cmp(&a.per_s).then(a.msr.cmp(&b.msr)));
+        Some(rates)
     }
 
     /// MSR writes per second of its running time that virtgap's own sampler interrupts caused
@@ -212,5 +230,59 @@ impl SampledCpu {
     /// Whether these samples stand for the CPU's time (`CpuSamples::represents`).
     pub fn represents(&self, frequency_hz: u64, secs: f64) -> bool {
         virtgap_probes::model::samples_represent(self.samples, frequency_hz, secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn writes(msr: u32, count: u64, by_sampler: bool, while_sampling: bool) -> MsrAccesses {
+        MsrAccesses {
+            cpu: 0,
+            msr,
+            name: "TSC_DEADLINE".into(),
+            count,
+            exits: true,
+            by_sampler,
+            while_sampling,
+        }
+    }
+
+    fn window(quiet: Option<f64>, counts: Vec<MsrAccesses>) -> Virtualization {
+        Virtualization {
+            seconds: 1.0,
+            msr_quiet_seconds: quiet,
+            msr_writes: Some(counts),
+            msr_reads: None,
+            sampler: None,
+            kvm_host: None,
+            pv_paths: None,
+        }
+    }
+
+    #[test]
+    fn the_hosts_writes_are_those_counted_in_the_samplers_pauses_scaled_to_the_window() {
+        // 250 ms of a 1 s window unsampled: its 100 writes stand for 400; the sampler's own
+        // and those made while it ran are not the host's.
+        let v = window(
+            Some(0.25),
+            vec![
+                writes(0x6e0, 100, false, false),
+                writes(0x6e0, 30, false, true),
+                writes(0x6e0, 900, true, false),
+            ],
+        );
+        assert_eq!(v.host_writes(|w| w.exits, v.seconds), Some(400.0));
+        assert_eq!(v.host_writes(|w| w.msr == 0x6e0, 0.5), Some(200.0));
+        let rates = v.msr_write_rates(MsrWrites::Exiting).unwrap();
+        assert_eq!((rates.len(), rates[0].per_s), (1, 400.0));
+        // No sampler: counted all through, exactly.
+        let exact = window(None, vec![writes(0x6e0, 100, false, false)]);
+        assert_eq!(exact.host_writes(|w| w.exits, exact.seconds), Some(100.0));
+        // A window the sampler ran all through: nothing to count in.
+        let sampled = window(Some(0.0), vec![writes(0x6e0, 100, false, true)]);
+        assert_eq!(sampled.host_writes(|w| w.exits, 1.0), None);
+        assert!(sampled.msr_write_rates(MsrWrites::Exiting).is_none());
     }
 }

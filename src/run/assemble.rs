@@ -194,13 +194,10 @@ pub struct ProbeInterval {
 impl ProbeInterval {
     /// One probe interval on a host running on `hypervisor`.
     pub fn of(probes: &ProbeSnapshot, devs: Option<&[DevNum]>, hypervisor: Hypervisor) -> Self {
-        let section = crate::run::hypervisor::section(
-            hypervisor,
-            probes.elapsed_ns as f64 / 1e9,
-            virtualization(probes).as_ref(),
-            None,
-            None,
-        );
+        let seconds = probes.elapsed_ns as f64 / 1e9;
+        let virt = virtualization(probes);
+        let section =
+            crate::run::hypervisor::section(hypervisor, seconds, virt.as_ref(), None, None);
         let hypervisor = Some(RunHypervisor::of(&section));
         Self {
             hypervisor,
@@ -208,10 +205,10 @@ impl ProbeInterval {
             cpus: cpu_loads(probes),
             // None where the run statistics were off for the whole interval.
             probe_run_ns: probes.program_run_ns_estimate(),
-            msr_writes: probes
-                .msr
+            msr_writes: virt
                 .as_ref()
-                .and_then(|m| m.exiting_writes(probes.elapsed_ns)),
+                .and_then(|v| v.host_writes(|w| w.exits, seconds))
+                .map(|n| n.round() as u64),
         }
     }
 }

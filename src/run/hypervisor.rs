@@ -146,24 +146,17 @@ fn path_figure(
     match path.measure {
         Measure::MsrWrite(msr) => {
             let how = PathMeasure::MsrWrite { msr };
-            let Some(writes) = virt.and_then(|v| v.msr_writes.as_ref().map(|w| (v, w))) else {
+            let Some(v) = virt.filter(|v| v.msr_writes.is_some()) else {
                 return unmeasured(how, not_measured(report, Family::Msr));
             };
-            let (v, writes) = writes;
-            let counted = v.msr_seconds();
-            if counted < crate::model::virtualization::MIN_MSR_SECONDS {
+            let Some(n) = v.host_writes(|w| w.msr == msr, seconds) else {
                 let why = "the sampler never paused long enough to count the host's writes";
                 return unmeasured(how, PathState::NotMeasured(why.into()));
-            }
-            let n: u64 = writes
-                .iter()
-                .filter(|w| w.msr == msr && w.is_hosts())
-                .map(|w| w.count)
-                .sum();
+            };
             PathFigure {
                 what: path.what.to_string(),
                 how,
-                count: Some((n as f64 * seconds / counted).round() as u64),
+                count: Some(n.round() as u64),
                 time_ns: None,
                 state: PathState::Measured,
             }
