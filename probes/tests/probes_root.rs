@@ -1322,8 +1322,13 @@ fn the_hosts_timer_writes_do_not_follow_the_samplers_rate() {
             .filter(|c| c.msr == 0x6e0 && virtgap_probes::model::MsrSnapshot::is_hosts(c))
             .map(|c| c.count)
             .sum();
-        let scale = msr.host_scale(window).expect("the sampler paused");
-        Some(counted as f64 * scale / (window as f64 / 1e9))
+        // Per second of the time they were counted in: the sampler's pauses.
+        let quiet = msr.quiet_secs(window);
+        assert!(
+            quiet * 1e9 >= virtgap_probes::model::MIN_QUIET_NS as f64,
+            "the sampler paused {quiet} s"
+        );
+        Some(counted as f64 / quiet)
     };
     // A known, steady timer load beside the idle host's own: a thread sleeping 500 µs at a
     // time programs the timer ~2,000 times a second. An idle host's own writes wander between
