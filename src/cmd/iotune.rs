@@ -63,7 +63,12 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
                 .join(" and ")
         );
     }
-    let result = run_phases(&plan, &phases, &signals, &args.target)?;
+    let shown = units::printable(&args.target.display().to_string()).into_owned();
+    let result = run_phases(&plan, &phases, &signals, &args.target, &mut |p| {
+        if plan.verbose {
+            say!("{}", iotune_report::progress_line(&shown, p));
+        }
+    })?;
     let interrupted = !result.complete;
     {
         let mut out = std::io::stdout().lock();
@@ -143,7 +148,6 @@ fn plan(args: &IotuneArgs, target: TargetOptions) -> IotunePlan {
         max_in_flight: args.max_in_flight,
         max_bytes_in_flight: bytes_in_flight_cap(mem_available().map(|b| b.bytes)),
         verbose: !args.quiet,
-        figure_text: iotune_report::figure,
     }
 }
 

@@ -59,7 +59,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     if args.listen.is_some() && args.probe.no_probes {
         bail!("--listen serves what the probes measure: drop --no-probes or --listen");
     }
-    let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
+    let metrics = crate::run::endpoint::listen(args.listen)?;
     let signals = StopSignals::install(true)?;
     let verbose = !args.quiet && !args.json;
     if verbose {
@@ -140,7 +140,7 @@ fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
             });
         say!("attaching to {}{count}, {until}", plan.describe());
     }
-    let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
+    let metrics = crate::run::endpoint::listen(args.listen)?;
     if verbose {
         if let Some(m) = &metrics {
             let addr = m.local_addr();

@@ -88,7 +88,7 @@ pub struct ServePlan {
 /// Binds the endpoint (so a taken port is refused before any probe loads), attaches the
 /// probes, and serves until `stop` or `--duration`.
 pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<()> {
-    let endpoint = MetricsEndpoint::bind(plan.listen, crate::render::metrics::pages)?;
+    let endpoint = MetricsEndpoint::bind(plan.listen)?;
     let (attach, described) = (&plan.attach, plan.attach.describe());
     let config = crate::run::attached::follow_config(attach)?;
     let (tx, rx) = mpsc::channel::<Event>();

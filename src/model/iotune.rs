@@ -138,6 +138,46 @@ impl IotuneProfile {
     }
 }
 
+/// What iotune tells as it goes, for the caller to word.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum IotuneProgress {
+    /// The target fits: the phases begin.
+    Started {
+        phases: usize,
+        workers: u32,
+        tolerance: f64,
+        runs: u32,
+        measure: std::time::Duration,
+    },
+    /// Phase `number` (from 1) of `of` begins.
+    Phase {
+        number: usize,
+        of: usize,
+        phase: Phase,
+    },
+    /// One step of the search measured `figure` (bytes/s or IOPS).
+    Step {
+        phase: Phase,
+        workers: u32,
+        qd: u32,
+        figure: f64,
+    },
+    /// The search found its peak; `runs` runs of `measure` follow there.
+    Peak {
+        phase: Phase,
+        workers: u32,
+        qd: u32,
+        runs: u32,
+        measure: std::time::Duration,
+    },
+    /// Measured run `number` (from 1) at the peak gave `figure`.
+    Run {
+        phase: Phase,
+        number: u32,
+        figure: f64,
+    },
+}
+
 /// An iotune result for tests: every phase on the minimal profile, `(phase, its measured runs'
 /// figures)`, at 2 workers x qd 32.
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! What `virtgap serve` exposes, as plain data: metric families with their samples, built from
 //! the probes' cumulative snapshot (`run::exporter`) and encoded for Prometheus
-//! (`render::metrics`).
+//! (`run::exposition`).
 
 /// How Prometheus reads a family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::analysis::diff::{HostEvidence, Verdict};
 use crate::analysis::iotune_diff::{FigureReplicates, IotuneDiff, PhaseDiff};
-use crate::model::iotune::{IotunePhase, IotuneProfile, Phase};
+use crate::model::iotune::{IotunePhase, IotuneProfile, IotuneProgress, Phase};
 use crate::render::diff_render::{
     busiest_irq_cpu, hypervisor_share, percent, verdict_sentence, verdict_text,
 };
@@ -19,6 +19,52 @@ pub fn figure(phase: Phase, value: f64) -> String {
         format!("{}/s", units::bytes(value.max(0.0) as u64))
     } else {
         format!("{} IOPS", units::count(value))
+    }
+}
+
+/// One line of iotune's progress on `target` (shown as given).
+pub fn progress_line(target: &str, p: IotuneProgress) -> String {
+    let plural = |n: u64| if n == 1 { "" } else { "s" };
+    match p {
+        IotuneProgress::Started {
+            phases,
+            workers,
+            tolerance,
+            runs,
+            measure,
+        } => format!(
+            "iotune on {target}: {phases} phase{}, {workers} workers, depth per worker doubling from 1 until it grows less than {}% twice, then {runs} run{} of {:.1} s at the peak",
+            plural(phases as u64),
+            tolerance * 100.0,
+            plural(u64::from(runs)),
+            measure.as_secs_f64()
+        ),
+        IotuneProgress::Phase { number, of, phase } => {
+            format!("phase {number} of {of}: {}", phase.key())
+        }
+        IotuneProgress::Step {
+            phase,
+            workers,
+            qd,
+            figure: f,
+        } => format!("  {}: {workers} workers x qd {qd}: {}", phase.key(), figure(phase, f)),
+        IotuneProgress::Peak {
+            phase,
+            workers,
+            qd,
+            runs,
+            measure,
+        } => format!(
+            "  {}: peak at {workers} workers x qd {qd}; measuring {runs} run{} of {:.0} s there",
+            phase.key(),
+            plural(u64::from(runs)),
+            measure.as_secs_f64()
+        ),
+        IotuneProgress::Run {
+            phase,
+            number,
+            figure: f,
+        } => format!("  {}: run {number}: {}", phase.key(), figure(phase, f)),
     }
 }
 
@@ -282,6 +328,52 @@ pub fn diff_json(d: &IotuneDiff) -> serde_json::Result<String> {
 mod tests {
     use super::*;
     use crate::model::iotune::fixture;
+
+    #[test]
+    fn each_progress_event_is_one_line_with_its_units() {
+        let phase = Phase::ALL[0];
+        let lines = [
+            IotuneProgress::Started {
+                phases: 4,
+                workers: 2,
+                tolerance: 0.05,
+                runs: 1,
+                measure: std::time::Duration::from_secs(10),
+            },
+            IotuneProgress::Phase {
+                number: 1,
+                of: 4,
+                phase,
+            },
+            IotuneProgress::Step {
+                phase,
+                workers: 2,
+                qd: 8,
+                figure: 1.5e9,
+            },
+            IotuneProgress::Peak {
+                phase,
+                workers: 2,
+                qd: 8,
+                runs: 3,
+                measure: std::time::Duration::from_secs(10),
+            },
+            IotuneProgress::Run {
+                phase,
+                number: 2,
+                figure: 1.5e9,
+            },
+        ]
+        .map(|p| progress_line("/dev/vdb", p));
+        assert!(
+            lines[0].starts_with("iotune on /dev/vdb: 4 phases, 2 workers")
+                && lines[0].contains("1 run of 10.0 s")
+        );
+        assert_eq!(lines[1], format!("phase 1 of 4: {}", phase.key()));
+        assert!(lines[2].ends_with(&figure(phase, 1.5e9)) && lines[2].contains("2 workers x qd 8"));
+        assert!(lines[3].contains("peak at 2 workers x qd 8; measuring 3 runs of 10 s"));
+        assert!(lines[4].contains("run 2: ") && lines.iter().all(|l| !l.contains('\n')));
+    }
 
     fn result(phases: &[(Phase, f64)]) -> IotuneProfile {
         let phases: Vec<(Phase, Vec<f64>)> = phases.iter().map(|&(p, f)| (p, vec![f])).collect();

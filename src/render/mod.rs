@@ -10,7 +10,6 @@ pub mod hypervisor_report;
 pub mod iotune_report;
 pub mod kv_report;
 pub mod latency_table;
-pub mod metrics;
 pub mod probe_report;
 pub mod report;
 pub mod stalls;

@@ -1,8 +1,7 @@
 //! The `/metrics` endpoint of `serve` (and of `record` and the TUI with `--listen`): the page is
 //! built once per probe interval from the probes' totals and scrapes only copy the latest one,
 //! so a scrape never waits for the probes and the probes never wait for a scrape, whatever the
-//! scrape rate. The encoder is handed in (the renderers' `metrics::pages`), so this module
-//! serves text it does not write.
+//! scrape rate. The pages are encoded by `exposition`, the exporter's wire format.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -20,9 +19,6 @@ use virtgap_probes::ProbeSnapshot;
 use crate::model::metrics::MetricFamily;
 use crate::run::exporter::{Exporter, ExporterContext};
 
-/// Encodes the families as (OpenMetrics, classic text format).
-pub type Encoder = fn(Vec<MetricFamily>) -> (String, String);
-
 /// The content type of the OpenMetrics page.
 const OPENMETRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The content type of the classic text format's page.
@@ -32,8 +28,8 @@ const CLASSIC_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 pub type SharedEndpoint = Arc<MetricsEndpoint>;
 
 /// `--listen ADDR` on `record` and the TUI: the endpoint, bound before anything runs.
-pub fn listen(addr: Option<SocketAddr>, encode: Encoder) -> Result<Option<SharedEndpoint>> {
-    addr.map(|a| MetricsEndpoint::bind(a, encode).map(Arc::new))
+pub fn listen(addr: Option<SocketAddr>) -> Result<Option<SharedEndpoint>> {
+    addr.map(|a| MetricsEndpoint::bind(a).map(Arc::new))
         .transpose()
 }
 
@@ -51,7 +47,6 @@ type Latest = Arc<RwLock<Arc<Pages>>>;
 #[derive(Debug)]
 pub struct MetricsEndpoint {
     latest: Latest,
-    encode: Encoder,
     /// Set once the probes attached; the one writer is the run's loop, so the lock is
     /// uncontended (scrapes read `latest`).
     exporter: Mutex<Option<Exporter>>,
@@ -66,7 +61,7 @@ pub struct MetricsEndpoint {
 impl MetricsEndpoint {
     /// Listens on `addr` (an error names the flag and a fix) and answers from now on: 503
     /// until [`Self::follow`] gives the first page.
-    pub fn bind(addr: SocketAddr, encode: Encoder) -> Result<Self> {
+    pub fn bind(addr: SocketAddr) -> Result<Self> {
         let listener = std::net::TcpListener::bind(addr).with_context(|| {
             format!(
                 "--listen {addr}: cannot listen there; pick a free port (e.g. --listen 127.0.0.1:9478)"
@@ -95,7 +90,6 @@ impl MetricsEndpoint {
         };
         Ok(Self {
             latest,
-            encode,
             exporter: Mutex::new(None),
             stop,
             waker,
@@ -128,7 +122,7 @@ impl MetricsEndpoint {
     }
 
     fn store(&self, families: Vec<MetricFamily>) {
-        let (openmetrics, classic) = (self.encode)(families);
+        let (openmetrics, classic) = crate::run::exposition::pages(families);
         let pages = Arc::new(Pages {
             openmetrics,
             classic,
@@ -445,10 +439,6 @@ impl Body {
 mod tests {
     use super::*;
 
-    fn one_page(_: Vec<MetricFamily>) -> (String, String) {
-        ("# EOF\n".into(), "page\n".into())
-    }
-
     /// GET /metrics on a fresh connection, answered within `within` or an error.
     fn scrape(addr: SocketAddr, within: Duration) -> std::io::Result<String> {
         let mut s = std::net::TcpStream::connect_timeout(&addr, within)?;
@@ -465,12 +455,21 @@ mod tests {
     /// far below the 5 s one stalled client used to cost each scrape behind it.
     #[test]
     fn idle_and_trickling_clients_do_not_hold_up_a_scrape_or_the_shutdown() {
-        let endpoint = MetricsEndpoint::bind("127.0.0.1:0".parse().unwrap(), one_page).unwrap();
+        let endpoint = MetricsEndpoint::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = endpoint.local_addr();
         assert_ne!(addr.port(), 0);
         let before = scrape(addr, Duration::from_secs(3)).unwrap();
         assert!(before.starts_with("HTTP/1.1 503"), "{before}");
-        endpoint.store(Vec::new());
+        endpoint.store(vec![MetricFamily {
+            name: "virtgap_page",
+            help: "A page",
+            unit: None,
+            kind: crate::model::metrics::MetricKind::Gauge,
+            samples: vec![crate::model::metrics::Sample {
+                labels: vec![],
+                value: crate::model::metrics::SampleValue::Number(1.0),
+            }],
+        }]);
         let mut idle: Vec<std::net::TcpStream> = (0..MAX_CONNECTIONS + 16)
             .map(|_| std::net::TcpStream::connect(addr).unwrap())
             .collect();
@@ -479,7 +478,7 @@ mod tests {
         }
         let answer = scrape(addr, Duration::from_secs(3)).expect("a scrape beside idle clients");
         assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
-        assert!(answer.ends_with("page\n"), "{answer}");
+        assert!(answer.ends_with("virtgap_page 1\n"), "{answer}");
         let started = Instant::now();
         drop(endpoint);
         assert!(

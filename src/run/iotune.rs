@@ -14,7 +14,7 @@ use virtgap_workloads::{LoadedSpec, WorkloadSpec};
 
 use crate::analysis::saturation::Saturation;
 use crate::model::host::Fingerprint;
-use crate::model::iotune::{IotunePhase, IotuneProfile, Phase, IOTUNE_VERSION};
+use crate::model::iotune::{IotunePhase, IotuneProfile, IotuneProgress, Phase, IOTUNE_VERSION};
 use crate::run::one_run::{add_run_stats, pool_profiles, record_one, OneRun, RunSettings};
 use crate::run::prepare::{prepare, Prepared, TargetOptions};
 use crate::run::recorder::unix_ms;
@@ -43,9 +43,6 @@ pub struct IotunePlan {
     pub max_in_flight: u32,
     pub max_bytes_in_flight: u64,
     pub verbose: bool,
-    /// A figure in words for the progress lines ("1.20 GiB/s"): the caller's renderer, as run/
-    /// words nothing itself.
-    pub figure_text: fn(Phase, f64) -> String,
 }
 
 /// The most bytes in flight a search tries, whatever `--max-in-flight` says (the workers'
@@ -201,6 +198,7 @@ fn run_phase(
     plan: &IotunePlan,
     prepared: &Prepared,
     first_measured: bool,
+    progress: &mut dyn FnMut(IotuneProgress),
 ) -> Result<Option<IotunePhase>> {
     let quiet = RunSettings {
         interval: plan.interval,
@@ -219,27 +217,22 @@ fn run_phase(
             return Ok(None);
         }
         let f = figure(phase, &one.stats);
-        if plan.verbose {
-            say!(
-                "  {}: {workers} workers x qd {qd}: {}",
-                phase.key(),
-                (plan.figure_text)(phase, f)
-            );
-        }
+        progress(IotuneProgress::Step {
+            phase,
+            workers,
+            qd,
+            figure: f,
+        });
         search.record(workers, qd, f);
     }
     let peak = search.peak().cloned().context("the search ran no step")?;
-    if plan.verbose {
-        say!(
-            "  {}: peak at {} workers x qd {}; measuring {} run{} of {:.0} s there",
-            phase.key(),
-            peak.workers,
-            peak.qd,
-            plan.runs,
-            if plan.runs == 1 { "" } else { "s" },
-            plan.measure.as_secs_f64()
-        );
-    }
+    progress(IotuneProgress::Peak {
+        phase,
+        workers: peak.workers,
+        qd: peak.qd,
+        runs: plan.runs,
+        measure: plan.measure,
+    });
     let (loaded, spec) = phase_spec(
         phase,
         plan,
@@ -262,13 +255,11 @@ fn run_phase(
         };
         let one = record_one(&spec, &loaded, prepared, &None, number, &settings, None)?;
         let f = figure(phase, &one.stats);
-        if plan.verbose {
-            say!(
-                "  {}: run {number}: {}",
-                phase.key(),
-                (plan.figure_text)(phase, f)
-            );
-        }
+        progress(IotuneProgress::Run {
+            phase,
+            number,
+            figure: f,
+        });
         figures.push(f);
         let interrupted = one.interrupted;
         runs.push(one);
@@ -301,32 +292,29 @@ pub fn run_phases(
     phases: &[Phase],
     signals: &StopSignals,
     target: &Path,
+    progress: &mut dyn FnMut(IotuneProgress),
 ) -> Result<IotuneProfile> {
-    let shown = units::printable(&target.display().to_string()).into_owned();
     let started = unix_ms(SystemTime::now());
     let mut done = Vec::new();
     let mut interrupted = false;
     match prepare_target(plan, phases, signals)? {
         None => interrupted = true,
         Some(prepared) => {
-            // Said once the target is known to fit, so a refusal is the only line.
-            if plan.verbose {
-                say!(
-                    "iotune on {shown}: {} phase{}, {} workers, depth per worker doubling from 1 until it grows less than {}% twice, then {} run{} of {:.1} s at the peak",
-                    phases.len(),
-                    if phases.len() == 1 { "" } else { "s" },
-                    plan.workers,
-                    plan.tolerance * 100.0,
-                    plan.runs,
-                    if plan.runs == 1 { "" } else { "s" },
-                    plan.measure.as_secs_f64()
-                );
-            }
+            // Told once the target is known to fit, so a refusal is the only line.
+            progress(IotuneProgress::Started {
+                phases: phases.len(),
+                workers: plan.workers,
+                tolerance: plan.tolerance,
+                runs: plan.runs,
+                measure: plan.measure,
+            });
             for (k, &phase) in phases.iter().enumerate() {
-                if plan.verbose {
-                    say!("phase {} of {}: {}", k + 1, phases.len(), phase.key());
-                }
-                match run_phase(phase, plan, &prepared, k == 0)? {
+                progress(IotuneProgress::Phase {
+                    number: k + 1,
+                    of: phases.len(),
+                    phase,
+                });
+                match run_phase(phase, plan, &prepared, k == 0, progress)? {
                     Some(p) => done.push(p),
                     None => {
                         interrupted = true;

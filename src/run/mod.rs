@@ -12,6 +12,7 @@ pub mod autopsy;
 pub mod calibrate;
 pub mod endpoint;
 pub mod exporter;
+pub mod exposition;
 pub mod host;
 pub mod hypervisor;
 pub mod iotune;

@@ -92,7 +92,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     if args.listen.is_some() && args.probe.no_probes {
         anyhow::bail!("--listen serves what the probes measure: drop --no-probes or --listen");
     }
-    let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
+    let metrics = crate::run::endpoint::listen(args.listen)?;
     let signals = crate::run::signals::StopSignals::install(true)?;
     let target_options = args.target.options();
     let size_explicit = args.overrides.size.is_some();
@@ -286,7 +286,7 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
         probes: args.probe.choice(),
     };
     let describe = plan.describe();
-    let metrics = crate::run::endpoint::listen(args.listen, crate::render::metrics::pages)?;
+    let metrics = crate::run::endpoint::listen(args.listen)?;
     let signals = crate::run::signals::StopSignals::install(true)?;
     let config = crate::run::attached::follow_config(&plan)?;
     let (tx, rx) = mpsc::channel::<Input>();

@@ -1,4 +1,4 @@
-//! The exporter's families for Prometheus: in the OpenMetrics text format by the
+//! The endpoint's wire format: the exporter's families for Prometheus in the OpenMetrics text format by the
 //! `prometheus-client` crate's encoder (what Prometheus asks for), and in the classic text
 //! format 0.0.4 (what `promtool check metrics`, curl and older scrapers read), which that crate
 //! does not write: there a counter's HELP and TYPE name it with its `_total`, and there is no
