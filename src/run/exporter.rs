@@ -395,32 +395,7 @@ impl Exporter {
         let mut stages: BTreeMap<(String, String, &'static str, BlockStage), KernelHist> =
             BTreeMap::new();
         let mut requests: BTreeMap<(String, &'static str), u64> = BTreeMap::new();
-        // The known disks' series exist from the first page, at zero. Per queue, which queues
-        // a disk's requests will use is not known in advance: those are born with their first.
-        if !self.cx.series.per_queue {
-            for (device, write_back) in &self.cx.disks {
-                if !self.cx.series.exports(device) {
-                    continue;
-                }
-                let ops: &[BlockOp] = if *write_back {
-                    &[BlockOp::Read, BlockOp::Write, BlockOp::Flush]
-                } else {
-                    &[BlockOp::Read, BlockOp::Write]
-                };
-                for &op in ops {
-                    for stage in [
-                        BlockStage::Queue,
-                        BlockStage::Device,
-                        BlockStage::Completion,
-                    ] {
-                        stages
-                            .entry((device.clone(), String::new(), op.name(), stage))
-                            .or_default();
-                    }
-                    requests.entry((device.clone(), op.name())).or_default();
-                }
-            }
-        }
+        self.known_disks_at_zero(&mut stages, &mut requests);
         for s in &b.stages {
             let device = self.device(s.dev);
             if !self.cx.series.exports(&device) {
@@ -527,6 +502,41 @@ impl Exporter {
             MetricKind::Counter,
             vec![count(vec![], cross)],
         ));
+    }
+
+    /// The known disks' block series, at zero until their first request: they exist from the
+    /// first page. Per queue, which queues a disk's requests will use is not known in advance:
+    /// those are born with their first request.
+    fn known_disks_at_zero(
+        &self,
+        stages: &mut BTreeMap<(String, String, &'static str, BlockStage), KernelHist>,
+        requests: &mut BTreeMap<(String, &'static str), u64>,
+    ) {
+        if self.cx.series.per_queue {
+            return;
+        }
+        for (device, write_back) in &self.cx.disks {
+            if !self.cx.series.exports(device) {
+                continue;
+            }
+            let ops: &[BlockOp] = if *write_back {
+                &[BlockOp::Read, BlockOp::Write, BlockOp::Flush]
+            } else {
+                &[BlockOp::Read, BlockOp::Write]
+            };
+            for &op in ops {
+                for stage in [
+                    BlockStage::Queue,
+                    BlockStage::Device,
+                    BlockStage::Completion,
+                ] {
+                    stages
+                        .entry((device.clone(), String::new(), op.name(), stage))
+                        .or_default();
+                }
+                requests.entry((device.clone(), op.name())).or_default();
+            }
+        }
     }
 
     fn app(&self, total: &ProbeSnapshot, out: &mut Vec<MetricFamily>) {
