@@ -605,3 +605,118 @@ pub(crate) mod tests {
         assert_eq!(a.focus_cpu(), 0, "a picked CPU stays picked");
     }
 }
+
+/// One probe snapshot read by the three outputs that turn it into figures (the profile's
+/// assembly, the live view and the exporter): each CPU's hard-IRQ and softirq time agrees in
+/// all three, on a Xen guest's snapshot whose timer and IPIs arrive as per-CPU IRQs (counted as
+/// vectors everywhere, their time left out of hard-IRQ time everywhere).
+#[cfg(test)]
+mod consistency {
+    use virtgap_probes::hist::KernelHist;
+    use virtgap_probes::model::{CpuEvents, HardIrq, IrqSnapshot};
+    use virtgap_probes::{CapabilityReport, ProbeSnapshot};
+
+    use crate::model::metrics::SampleValue;
+    use crate::run::exporter::{Exporter, ExporterContext};
+
+    fn xen_guest_second() -> ProbeSnapshot {
+        let irq = |cpu: u32, irq: u32, name: &str, count: u64, time_ns: u64| HardIrq {
+            cpu,
+            irq,
+            name: name.into(),
+            count,
+            time_ns,
+            duration: KernelHist::default(),
+        };
+        let soft = |cpu: u32, kind: &str, count: u64, time_ns: u64| CpuEvents {
+            cpu,
+            kind: kind.into(),
+            count,
+            time_ns,
+        };
+        ProbeSnapshot {
+            elapsed_ns: 1_000_000_000,
+            irq: Some(IrqSnapshot {
+                hardirqs: vec![
+                    irq(0, 40, "timer0", 1000, 5_000_000),
+                    irq(0, 41, "resched0", 200, 1_000_000),
+                    irq(0, 60, "blkif", 4000, 8_000_000),
+                    irq(1, 44, "timer1", 900, 4_000_000),
+                    irq(1, 45, "callfunc1", 50, 300_000),
+                    irq(1, 61, "eth0", 300, 2_000_000),
+                ],
+                softirqs: vec![
+                    soft(0, "block", 4000, 6_000_000),
+                    soft(1, "net_rx", 300, 1_500_000),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_cpus_interrupt_time_is_the_same_in_the_profile_the_live_view_and_the_exporter() {
+        let snap = xen_guest_second();
+        // The profile's reading.
+        let profile: Vec<(u32, u64, u64)> = crate::run::assemble::cpu_loads(&snap)
+            .iter()
+            .map(|c| (c.cpu, c.hardirq_ns, c.softirq_ns))
+            .collect();
+        assert_eq!(
+            profile,
+            [(0, 8_000_000, 6_000_000), (1, 2_000_000, 1_500_000)]
+        );
+        // The live view's: percent of the interval's second.
+        let mut app = super::tests::app();
+        app.on_probe_snapshot(snap.clone(), snap.clone());
+        let live: Vec<(u32, u64, u64)> = app
+            .irq_load()
+            .iter()
+            .map(|&(cpu, hard, soft)| {
+                (
+                    cpu,
+                    (hard * 1e7).round() as u64,
+                    (soft * 1e7).round() as u64,
+                )
+            })
+            .collect();
+        assert_eq!(live, profile);
+        // The exporter's: seconds per CPU, over every IRQ series of the CPU.
+        let mut exporter = Exporter::new(ExporterContext {
+            series: Default::default(),
+            host: app.host.clone(),
+            label: String::new(),
+            attached: "every process".into(),
+            report: CapabilityReport::default(),
+            disks: Vec::new(),
+        });
+        let families = exporter.families(&snap);
+        let per_cpu = |name: &str| -> Vec<(u32, u64)> {
+            let mut by = std::collections::BTreeMap::new();
+            for s in &families.iter().find(|f| f.name == name).unwrap().samples {
+                let cpu: u32 = s
+                    .labels
+                    .iter()
+                    .find(|(k, _)| k == "cpu")
+                    .unwrap()
+                    .1
+                    .parse()
+                    .unwrap();
+                let SampleValue::Number(x) = s.value else {
+                    panic!("{name}: not seconds")
+                };
+                *by.entry(cpu).or_insert(0.0) += x;
+            }
+            by.into_iter()
+                .map(|(cpu, x): (u32, f64)| (cpu, (x * 1e9).round() as u64))
+                .collect()
+        };
+        let exported: Vec<(u32, u64, u64)> = per_cpu("virtgap_hardirq")
+            .into_iter()
+            .zip(per_cpu("virtgap_softirq"))
+            .map(|((cpu, hard), (_, soft))| (cpu, hard, soft))
+            .collect();
+        assert_eq!(exported, profile);
+    }
+}
