@@ -95,11 +95,6 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value = "fine", value_name = "fine|coarse")]
     pub buckets: Buckets,
 
-    /// Export only this disk's block series, by its name in /sys/block, e.g. nvme0n1
-    /// (repeatable) [default: every disk]
-    #[arg(long = "device", value_name = "NAME")]
-    pub devices: Vec<String>,
-
     #[command(flatten)]
     pub attach: AttachArgs,
 
@@ -495,9 +490,44 @@ pub struct AttachArgs {
     /// clients"): shown on its side of every report, diff, chart and page
     #[arg(long, value_name = "TEXT")]
     pub label: Option<String>,
+
+    /// Count only this disk's requests, by its name in /sys/block, e.g. nvme0n1 (repeatable):
+    /// the database's disk, not the root disk its processes page their programs in from
+    /// [default: every disk]
+    #[arg(long = "device", value_name = "NAME")]
+    pub devices: Vec<String>,
 }
 
 impl AttachArgs {
+    /// What to attach to, checked: the processes named are in this pid namespace and each
+    /// `--device` is a disk of this host. With how many processes the target holds now (None:
+    /// every process).
+    pub fn plan(
+        &self,
+        interval: std::time::Duration,
+        duration: Option<std::time::Duration>,
+        probes: crate::run::session::ProbeChoice,
+    ) -> anyhow::Result<(crate::run::attached::AttachPlan, Option<usize>)> {
+        let root = std::path::Path::new("/");
+        let target = self.target();
+        let mut processes = None;
+        if let Some(t) = &target {
+            virtgap_probes::follow::check_pid_namespace(root)?;
+            processes = Some(t.resolve(root)?.len());
+        }
+        let disks = crate::model::host::TargetDisks::named(root, &self.devices)
+            .map_err(anyhow::Error::msg)?;
+        let plan = crate::run::attached::AttachPlan {
+            target,
+            label: self.label.clone(),
+            interval,
+            duration,
+            probes,
+            disks,
+        };
+        Ok((plan, processes))
+    }
+
     /// Whether a target to attach to was named.
     pub fn any(&self) -> bool {
         !self.pid.is_empty() || self.cgroup.is_some() || self.comm.is_some() || self.all

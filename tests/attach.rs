@@ -263,6 +263,10 @@ fn bad_attach_targets_are_refused_in_one_line() {
             "--target is for a built-in workload",
         ),
         (&["--pid", "1", "--no-probes"], "drop --no-probes"),
+        (
+            &["--pid", "1", "--device", "nosuchdisk0"],
+            "--device nosuchdisk0: no such disk on this host",
+        ),
     ];
     // record, the live view (with or without its subcommand's name), and serve (which takes
     // no workload flags at all) refuse alike.
@@ -280,6 +284,20 @@ fn bad_attach_targets_are_refused_in_one_line() {
             assert_eq!(stderr.lines().count(), 1, "{what:?}: {stderr}");
             assert!(out.stdout.is_empty(), "{what:?}");
         }
+    }
+    // --device picks an attached run's disks; a built-in workload's is its target's.
+    for command in [&["record"][..], &["tui"], &[]] {
+        let out = vg()
+            .args(command)
+            .args(["--device", "vda"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{command:?} --device vda");
+        assert!(
+            stderr.contains("--device picks the disks of processes") && stderr.lines().count() == 1,
+            "{command:?}: {stderr}"
+        );
     }
     // The attached view saves what it saw: --save passes the flag checks (and, without a
     // terminal, stops at the next one).

@@ -704,8 +704,10 @@ fn the_service_unit_serves_unprivileged_with_its_capabilities() {
 /// that reads its own loop device over FUSE, one of which delays every read 2 ms. Read back
 /// from Prometheus, instance × 2 s slices as replicates, the device stage is significantly
 /// slower by the injected delay (its interval around it), and no other stage takes a share
-/// of it. Each `serve` exports its loop device's series only (`--device`): fio's own page-ins
-/// from the root disk, which a loaded host's page cache makes many, are not the disk compared.
+/// of it; a diff of the two profiles `record --pid` made of the same I/Os says the same. Each
+/// `serve` and `record` counts its loop device's requests only (`--device`): fio's own
+/// page-ins from the root disk, which a loaded host's page cache makes many, are not the disk
+/// compared.
 #[test]
 fn a_fleet_diff_from_prometheus_finds_the_slower_disk() {
     use common::slow_device::{slow_fuse::SlowDisk, SlowDevice};
@@ -753,7 +755,19 @@ fn a_fleet_diff_from_prometheus_finds_the_slower_disk() {
         jobs.push_str(&format!(
             "  - job_name: {job}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
         ));
-        hosts.push((fio, KillOnDrop(serve), err));
+        // The same I/Os recorded into a profile, for the file diff.
+        let mut cmd = vg();
+        cmd.args([
+            "record",
+            "--pid",
+            &fio.id().to_string(),
+            "--probes",
+            "block,app",
+        ])
+        .args(["--device", device.trim_start_matches("/dev/"), "-o"])
+        .arg(dir.path().join(format!("{job}.json")));
+        let (record, record_err) = started(cmd, "probes attached");
+        hosts.push((fio, KillOnDrop(serve), err, (record, record_err)));
     }
     let (_prometheus, prom_port) = start_prometheus(dir.path(), &jobs);
     wait_for("both hosts scraped", Duration::from_secs(30), || {
@@ -763,8 +777,21 @@ fn a_fleet_diff_from_prometheus_finds_the_slower_disk() {
     for (fio, ..) in &mut hosts {
         fio.stdin.take().unwrap().write_all(b"go\n").unwrap();
     }
-    for (fio, ..) in hosts.iter_mut() {
+    let mut fio_reads = Vec::new();
+    for (fio, _, _, (record, record_err)) in hosts.iter_mut() {
+        let mut text = String::new();
+        fio.stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut text)
+            .unwrap();
         assert!(fio.wait().unwrap().success());
+        let report: serde_json::Value =
+            serde_json::from_str(&text[text.find('{').unwrap()..]).unwrap();
+        fio_reads.push(report["jobs"][0]["read"]["total_ios"].as_u64().unwrap());
+        let mut said = String::new();
+        record_err.read_to_string(&mut said).unwrap();
+        assert!(record.wait().unwrap().success(), "record --pid: {said}");
     }
     // Two more scrapes after the last read.
     std::thread::sleep(Duration::from_secs(3));
@@ -837,4 +864,39 @@ fn a_fleet_diff_from_prometheus_finds_the_slower_disk() {
     }
     // The verdict names the device stage.
     assert_eq!(d["verdict"], device["label"], "the stage the verdict names");
+    // Only the loop device's requests are in each profile: fio's reads.
+    for (job, reads) in ["fast", "slow"].into_iter().zip(fio_reads) {
+        let p = virtgap::model::file::load(&dir.path().join(format!("{job}.json"))).unwrap();
+        let device = p.stages.device.as_ref().expect("a device stage");
+        assert_eq!(device.count, reads, "{job}: the loop device's requests");
+    }
+    // The file diff of the same I/Os: the same stage named, the same growth within a tenth.
+    let files = vg()
+        .arg("diff")
+        .args(["fast.json", "slow.json"].map(|f| dir.path().join(f)))
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        files.status.success(),
+        "{}",
+        String::from_utf8_lossy(&files.stderr)
+    );
+    let f: serde_json::Value = serde_json::from_slice(&files.stdout).unwrap();
+    let file_device = f["waterfall"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["metric"] == "device_mean")
+        .unwrap();
+    let from_files = file_device["delta"].as_f64().unwrap();
+    println!("the profiles' diff: device {file_device}");
+    assert_eq!(
+        f["verdict"], device["label"],
+        "the stage the file diff names"
+    );
+    assert!(
+        (grew - from_files).abs() <= 0.1 * from_files,
+        "device grew {grew:.0} ns by Prometheus, {from_files:.0} ns by the profiles"
+    );
 }

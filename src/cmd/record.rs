@@ -47,6 +47,9 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     if args.attach.any() {
         return record_attached(args);
     }
+    if !args.attach.devices.is_empty() {
+        bail!("--device picks the disks of processes --pid, --cgroup, --comm or --all name; a built-in workload measures the disk its --target is on");
+    }
     let loaded = spec::load(&args.workload)?;
     let mut spec = loaded.spec.clone();
     let overrides = args.overrides.to_overrides();
@@ -100,7 +103,6 @@ fn workload_flag(args: &RecordArgs) -> Option<&'static str> {
 
 /// `record --pid/--cgroup/--comm/--all`: the probes on processes already running, no workload.
 fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
-    use virtgap_probes::follow;
     let a = &args.attach;
     if let Some(flag) = workload_flag(args) {
         bail!("{flag} is for a built-in workload, and --pid, --cgroup, --comm and --all measure processes already running: drop one or the other");
@@ -111,24 +113,15 @@ fn record_attached(args: &RecordArgs) -> Result<ExitCode> {
         );
     }
     crate::cli::check_interval(&args.interval)?;
-    let target = a.target();
-    let root = std::path::Path::new("/");
-    let mut processes = None;
-    if let Some(t) = &target {
-        follow::check_pid_namespace(root)?;
-        processes = Some(t.resolve(root)?.len());
-    }
+    let (plan, processes) = a.plan(
+        args.interval.0,
+        args.overrides.duration.as_ref().map(|d| d.value.0),
+        args.probe.choice(),
+    )?;
     let mut outputs = crate::run::output::Outputs::new(args.force, "pass --force to overwrite it");
     profile_outputs(args, &mut outputs)?;
     let signals = StopSignals::install(true)?;
     let verbose = !args.quiet && !args.json;
-    let plan = crate::run::attached::AttachPlan {
-        target,
-        label: a.label.clone(),
-        interval: args.interval.0,
-        duration: args.overrides.duration.as_ref().map(|d| d.value.0),
-        probes: args.probe.choice(),
-    };
     if verbose {
         let count = processes.map_or(String::new(), |n| {
             format!(" ({n} process{} now)", if n == 1 { "" } else { "es" })

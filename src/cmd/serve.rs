@@ -23,58 +23,24 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         bail!("serve exports what the probes measure: drop --no-probes");
     }
     crate::cli::check_interval(&args.interval)?;
-    let target = args.attach.target();
-    if let Some(t) = &target {
-        let root = std::path::Path::new("/");
-        virtgap_probes::follow::check_pid_namespace(root)?;
-        t.resolve(root)?;
-    }
+    let (attach, _) = args.attach.plan(
+        args.interval.0,
+        args.duration.as_ref().map(|d| d.value.0),
+        args.probe.choice(),
+    )?;
     let signals = StopSignals::install(true)?;
     let plan = ServePlan {
         listen: args.listen,
-        attach: AttachPlan {
-            target,
-            label: args.attach.label.clone(),
-            interval: args.interval.0,
-            duration: args.duration.as_ref().map(|d| d.value.0),
-            probes: args.probe.choice(),
-        },
+        attach,
         series: crate::run::exporter::SeriesOptions {
             per_queue: args.per_queue,
             coarse_buckets: args.buckets == crate::cli::Buckets::Coarse,
-            devices: checked_devices(&args.devices)?,
+            devices: args.attach.devices.clone(),
         },
     };
     serve(&plan, &signals.stop, !args.quiet)?;
     // A signal is how a server is meant to stop: that is success.
     Ok(ExitCode::SUCCESS)
-}
-
-/// The `--device` names, each a disk of this host (a typo would export nothing for it, silently).
-fn checked_devices(names: &[String]) -> Result<Vec<String>> {
-    for name in names {
-        let known = !name.is_empty()
-            && !name.contains('/')
-            && std::path::Path::new("/sys/block").join(name).exists();
-        if !known {
-            anyhow::bail!(
-                "--device {}: no such disk on this host; name one of /sys/block (e.g. {})",
-                virtgap_workloads::units::printable(name),
-                some_disk().unwrap_or_else(|| "nvme0n1".into())
-            );
-        }
-    }
-    Ok(names.to_vec())
-}
-
-/// A disk of this host, for the example in an error.
-fn some_disk() -> Option<String> {
-    std::fs::read_dir("/sys/block")
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.starts_with("loop") && !n.starts_with("ram"))
-        .min()
 }
 
 /// What to serve and what to follow (for `--duration` or until a signal).

@@ -16,12 +16,12 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result};
 use virtgap_probes::follow::AttachTarget;
-use virtgap_probes::model::BlockOp;
+use virtgap_probes::model::{BlockOp, DevNum};
 use virtgap_probes::{ProbeEvent, ProbeSnapshot};
 
 use crate::model::attached::{AppLatency, AttachEnd, AttachKind, Attached, AttachedIo};
 use crate::model::histogram::Histogram;
-use crate::model::host::Fingerprint;
+use crate::model::host::{Fingerprint, TargetDisks};
 use crate::model::profile::{Profile, RunRecord, TargetInfo, WorkloadInfo};
 use crate::run::endpoint::SharedEndpoint;
 use crate::run::pipeline::Event;
@@ -39,6 +39,8 @@ pub struct AttachPlan {
     /// None: until Ctrl-C or the processes are gone.
     pub duration: Option<Duration>,
     pub probes: ProbeChoice,
+    /// The disks whose requests count (`--device`; None: every disk).
+    pub disks: Option<TargetDisks>,
 }
 
 impl AttachPlan {
@@ -173,7 +175,11 @@ pub fn record(
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
     drop(tx);
-    let mut recorder = Recorder::attached(plan.interval, crate::run::host::this_hypervisor());
+    let mut recorder = Recorder::attached(
+        plan.interval,
+        crate::run::host::this_hypervisor(),
+        plan.disks.clone(),
+    );
     if let Some(endpoint) = metrics {
         let label = plan.label.as_deref().unwrap_or_default();
         recorder.serve_metrics(Arc::clone(endpoint), label, &plan.describe());
@@ -265,10 +271,11 @@ impl Following {
             self.seen.add(pids);
         }
         if let Some(since) = self.progress {
+            let devs = plan.disks.as_ref().and_then(TargetDisks::devs);
             draw_progress(
                 since.elapsed(),
                 plan.duration,
-                &interval,
+                (&interval, devs.as_deref()),
                 followed.as_deref(),
             );
         }
@@ -362,12 +369,13 @@ pub fn attached_profile(
     // Cumulative totals: the window is the whole time attached.
     let window = recorder.window();
     let window = window.as_ref();
-    let count = |op| window.map_or(0, |w| block_requests(w, op));
+    let devs = recorder.series().devs();
+    let count = |op| window.map_or(0, |w| block_requests(w, op, devs));
     let io = AttachedIo {
         read_requests: count(BlockOp::Read),
         write_requests: count(BlockOp::Write),
         flushes: count(BlockOp::Flush),
-        mean_in_flight: window.and_then(mean_in_flight),
+        mean_in_flight: window.and_then(|w| mean_in_flight(w, devs)),
     };
     // The disks the processes' I/O reached: their stages are the profile's.
     let mut disks = recorder.disks().clone();
@@ -467,7 +475,7 @@ fn app_latency(app: &virtgap_probes::model::AppSnapshot) -> Vec<AppLatency> {
 
 /// Reads and writes in the block layer at once, on average over `snap`'s window: the time
 /// each spent there (queue + device + completion) summed over all of them, over the window.
-fn mean_in_flight(snap: &ProbeSnapshot) -> Option<f64> {
+fn mean_in_flight(snap: &ProbeSnapshot, devs: Option<&[DevNum]>) -> Option<f64> {
     use virtgap_probes::model::BlockStage;
     let block = snap.block.as_ref()?;
     if snap.elapsed_ns == 0 {
@@ -481,7 +489,7 @@ fn mean_in_flight(snap: &ProbeSnapshot) -> Option<f64> {
     .into_iter()
     .map(|stage| {
         block
-            .stage(None, stage, &[BlockOp::Read, BlockOp::Write])
+            .stage(devs, stage, &[BlockOp::Read, BlockOp::Write])
             .sum_ns
     })
     .sum();
@@ -499,7 +507,7 @@ fn serde_name(v: &impl serde::Serialize) -> String {
 fn draw_progress(
     elapsed: Duration,
     planned: Option<Duration>,
-    interval: &ProbeSnapshot,
+    (interval, devs): (&ProbeSnapshot, Option<&[DevNum]>),
     followed: Option<&[u32]>,
 ) {
     use virtgap_workloads::units;
@@ -510,7 +518,7 @@ fn draw_progress(
         line.push_str(&format!(" {} processes", pids.len()));
     }
     if interval.block.is_some() && secs > 0.0 {
-        let n = |op| block_requests(interval, op) as f64 / secs;
+        let n = |op| block_requests(interval, op, devs) as f64 / secs;
         line.push_str(&format!(
             ", {} reads/s, {} writes/s",
             units::count(n(BlockOp::Read)),

@@ -275,6 +275,48 @@ impl TargetDisks {
         }
     }
 
+    /// The disks `names` name (each a name in `root`/sys/block; a stacked one stands for the
+    /// disks under it), for `--device`: None when no name is given. An error names the first
+    /// that is no disk of this host, in one line.
+    pub fn named(root: &Path, names: &[String]) -> Result<Option<Self>, String> {
+        let mut leaves: Vec<Disk> = Vec::new();
+        let mut top = None;
+        for name in names {
+            let dev = (!name.is_empty() && !name.contains('/'))
+                .then(|| read(root, &format!("sys/block/{name}/dev")))
+                .flatten()
+                .and_then(|d| {
+                    let (major, minor) = d.split_once(':')?;
+                    Some((major.parse().ok()?, minor.parse().ok()?))
+                });
+            let Some(dev) = dev else {
+                let example = Self::every_disk(root)
+                    .leaves
+                    .into_iter()
+                    .map(|d| d.name)
+                    .find(|n| !n.starts_with("loop") && !n.starts_with("ram"))
+                    .unwrap_or_else(|| "nvme0n1".into());
+                return Err(format!(
+                    "--device {}: no such disk on this host; name one of /sys/block (e.g. {example})",
+                    virtgap_workloads::units::printable(name)
+                ));
+            };
+            let disks = Self::resolve(root, dev);
+            top = top.or(disks.top);
+            leaves.extend(disks.leaves);
+        }
+        if names.is_empty() {
+            return Ok(None);
+        }
+        leaves.sort_by(|a, b| a.name.cmp(&b.name));
+        leaves.dedup();
+        Ok(Some(Self {
+            top: if names.len() == 1 { top } else { None },
+            leaves,
+            note: None,
+        }))
+    }
+
     /// Resolves device number `dev` (a file's st_dev or a block device's st_rdev) under `root`.
     pub fn resolve(root: &Path, (major, minor): (u32, u32)) -> Self {
         let Some(name) = fs::canonicalize(root.join(format!("sys/dev/block/{major}:{minor}")))
@@ -464,6 +506,33 @@ mod tests {
         dev("zram0", None, "252:0", false);
         dev("vda", None, "254:0", true);
         root
+    }
+
+    #[test]
+    fn device_names_give_their_request_based_disks_and_a_stranger_is_refused() {
+        let root = stacked_sysfs();
+        let names = |t: &TargetDisks| t.leaves.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+        assert_eq!(TargetDisks::named(root.path(), &[]), Ok(None));
+        let one = TargetDisks::named(root.path(), &["vda".into()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (one.top.clone().unwrap().name, names(&one)),
+            ("vda".into(), vec!["vda".into()])
+        );
+        // md0 stands for the NVMe disks under it.
+        let two = TargetDisks::named(root.path(), &["md0".into(), "vda".into()])
+            .unwrap()
+            .unwrap();
+        assert_eq!(names(&two), ["nvme0n1", "nvme1n1", "vda"]);
+        assert_eq!(two.devs(), Some(vec![(259, 0), (259, 2), (254, 0)]));
+        for bad in ["sdz", "", "../vda", "nvme0n1/queue"] {
+            let e = TargetDisks::named(root.path(), &[bad.into()]).unwrap_err();
+            assert!(
+                e.contains("no such disk on this host") && !e.contains('\n'),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

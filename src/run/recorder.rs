@@ -259,17 +259,23 @@ impl Recorder {
     }
 
     /// The recorder of a run without a workload (attach mode): the probes follow processes
-    /// already running, every disk is watched, and each probe interval is a point of the
-    /// series (see [`IntervalSeries::probe_only`]) whose block requests count as its I/Os.
-    pub fn attached(interval: Duration, hypervisor: Hypervisor) -> Self {
+    /// already running, every disk is watched (or those `--device` named: `named`), and each
+    /// probe interval is a point of the series (see [`IntervalSeries::probe_only`]) whose block
+    /// requests count as its I/Os.
+    pub fn attached(
+        interval: Duration,
+        hypervisor: Hypervisor,
+        named: Option<TargetDisks>,
+    ) -> Self {
+        let counted = named.as_ref().and_then(TargetDisks::devs);
         let mut recorder = Self::new(RecordPlan {
             interval,
             ramp: Duration::ZERO,
-            disks: TargetDisks::every_disk(std::path::Path::new("/")),
+            disks: named.unwrap_or_else(|| TargetDisks::every_disk(std::path::Path::new("/"))),
             probed: true,
             hypervisor,
         });
-        recorder.series = IntervalSeries::probe_only(interval, hypervisor);
+        recorder.series = IntervalSeries::probe_only(interval, hypervisor, counted);
         recorder
     }
 
@@ -340,8 +346,12 @@ impl Recorder {
                     self.series.add_probe_only(cumulative.elapsed_ns, &interval);
                     // No workload: the I/Os are the block requests over the window.
                     let since = |op| {
-                        let base = self.base.as_ref().map_or(0, |b| block_requests(b, op));
-                        block_requests(&cumulative, op).saturating_sub(base)
+                        let devs = self.series.devs();
+                        let base = self
+                            .base
+                            .as_ref()
+                            .map_or(0, |b| block_requests(b, op, devs));
+                        block_requests(&cumulative, op, devs).saturating_sub(base)
                     };
                     self.totals.read_ios = since(BlockOp::Read);
                     self.totals.write_ios = since(BlockOp::Write);

@@ -130,12 +130,21 @@ impl IntervalSeries {
     /// its block requests the point's I/Os and the followed processes' reads and writes (the
     /// app probe's calls and requests) its latency. Request sizes are not measured: the bytes
     /// stay 0. Merged points keep no percentiles (the kernel's histograms are not kept per
-    /// point).
-    pub fn probe_only(interval: Duration, hypervisor: Hypervisor) -> Self {
+    /// point). `devs`: the disks whose requests count (None: every disk).
+    pub fn probe_only(
+        interval: Duration,
+        hypervisor: Hypervisor,
+        devs: Option<Vec<DevNum>>,
+    ) -> Self {
         Self {
             probe_only: true,
-            ..Self::new(interval, 0, None, true, hypervisor)
+            ..Self::new(interval, 0, devs, true, hypervisor)
         }
+    }
+
+    /// The disks whose requests the series counts (None: every disk).
+    pub fn devs(&self) -> Option<&[DevNum]> {
+        self.devs.as_deref()
     }
 
     /// Whether each probe interval is a point of its own (see [`Self::probe_only`]).
@@ -195,13 +204,13 @@ impl IntervalSeries {
             .as_ref()
             .map(|a| crate::model::histogram::Histogram::from_kernel(&a.data_latency()))
             .unwrap_or_default();
-        let probes = ProbeInterval::of(snapshot, None, self.hypervisor);
+        let probes = ProbeInterval::of(snapshot, self.devs.as_deref(), self.hypervisor);
         let interval = Interval {
             index: raw,
             start_s: start_ns as f64 / 1e9,
             end_s: end_ns as f64 / 1e9,
-            read_ios: block_requests(snapshot, BlockOp::Read),
-            write_ios: block_requests(snapshot, BlockOp::Write),
+            read_ios: block_requests(snapshot, BlockOp::Read, self.devs.as_deref()),
+            write_ios: block_requests(snapshot, BlockOp::Write, self.devs.as_deref()),
             read_bytes: 0,
             write_bytes: 0,
             lat_count: app.count,
@@ -348,10 +357,10 @@ impl IntervalSeries {
 }
 
 /// The block requests of operation `op` the probes saw in `snap` (0 without the block probe).
-pub fn block_requests(snap: &ProbeSnapshot, op: BlockOp) -> u64 {
+pub fn block_requests(snap: &ProbeSnapshot, op: BlockOp, devs: Option<&[DevNum]>) -> u64 {
     snap.block
         .as_ref()
-        .map_or(0, |b| b.stage(None, BlockStage::Device, &[op]).count)
+        .map_or(0, |b| b.stage(devs, BlockStage::Device, &[op]).count)
 }
 
 /// Points settled between two heap trims (about a minute at the default interval).
@@ -679,7 +688,7 @@ mod tests {
     #[test]
     fn a_long_probe_only_series_stays_bounded_and_contiguous() {
         use virtgap_probes::model::{BlockSnapshot, BlockStageHist};
-        let mut s = IntervalSeries::probe_only(Duration::from_secs(1), Hypervisor::None);
+        let mut s = IntervalSeries::probe_only(Duration::from_secs(1), Hypervisor::None, None);
         let n = 5_000u64;
         let mut hist = virtgap_probes::KernelHist::default();
         hist.slots[10] = 1;

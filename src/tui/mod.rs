@@ -68,6 +68,9 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     if args.attach.any() {
         return run_attached(args);
     }
+    if !args.attach.devices.is_empty() {
+        anyhow::bail!("--device picks the disks of processes --pid, --cgroup, --comm or --all name; a built-in workload measures the disk its --target is on");
+    }
     let loaded = spec::load(&args.workload)?;
     let mut spec = loaded.spec.clone();
     let mut overrides = args.overrides.to_overrides();
@@ -266,25 +269,15 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
         Some(path) => Some(crate::model::file::load(path)?),
         None => None,
     };
-    let target = args.attach.target();
-    if let Some(t) = &target {
-        let root = std::path::Path::new("/");
-        virtgap_probes::follow::check_pid_namespace(root)?;
-        t.resolve(root)?;
-    }
+    let (plan, _) = args
+        .attach
+        .plan(args.interval.0, None, args.probe.choice())?;
     use std::io::IsTerminal;
     if !std::io::stdout().is_terminal() || !std::io::stdin().is_terminal() {
         anyhow::bail!(
             "the live view needs a terminal (stdin and stdout are not both one); for a headless run use `virtgap record --pid/--cgroup/--comm/--all`"
         );
     }
-    let plan = crate::run::attached::AttachPlan {
-        target,
-        label: args.attach.label.clone(),
-        interval: args.interval.0,
-        duration: None,
-        probes: args.probe.choice(),
-    };
     let describe = plan.describe();
     let metrics = crate::run::endpoint::listen(args.listen)?;
     let signals = crate::run::signals::StopSignals::install(true)?;
@@ -292,7 +285,11 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
     let (tx, rx) = mpsc::channel::<Input>();
     let (collector, report) =
         crate::run::session::start_collector(config, args.interval.0, &tx, &rx)?;
-    let mut recorder = Recorder::attached(args.interval.0, crate::run::host::this_hypervisor());
+    let mut recorder = Recorder::attached(
+        args.interval.0,
+        crate::run::host::this_hypervisor(),
+        plan.disks.clone(),
+    );
     let label = args
         .attach
         .label
