@@ -508,24 +508,12 @@ impl AttachArgs {
         duration: Option<std::time::Duration>,
         probes: crate::run::session::ProbeChoice,
     ) -> anyhow::Result<(crate::run::attached::AttachPlan, Option<usize>)> {
-        let root = std::path::Path::new("/");
-        let target = self.target();
-        let mut processes = None;
-        if let Some(t) = &target {
-            virtgap_probes::follow::check_pid_namespace(root)?;
-            processes = Some(t.resolve(root)?.len());
-        }
-        let disks = crate::model::host::TargetDisks::named(root, &self.devices)
-            .map_err(anyhow::Error::msg)?;
-        let plan = crate::run::attached::AttachPlan {
-            target,
-            label: self.label.clone(),
+        crate::run::attached::AttachPlan::checked(
+            (self.target(), self.label.clone(), &self.devices),
             interval,
             duration,
             probes,
-            disks,
-        };
-        Ok((plan, processes))
+        )
     }
 
     /// Whether a target to attach to was named.

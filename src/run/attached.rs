@@ -44,6 +44,33 @@ pub struct AttachPlan {
 }
 
 impl AttachPlan {
+    /// The plan for `target` (None: every process), `label` and the `--device` names, checked:
+    /// the processes named are in this pid namespace and each name is a disk of this host. With
+    /// how many processes the target holds now (None: every process).
+    pub fn checked(
+        (target, label, devices): (Option<AttachTarget>, Option<String>, &[String]),
+        interval: Duration,
+        duration: Option<Duration>,
+        probes: ProbeChoice,
+    ) -> Result<(Self, Option<usize>)> {
+        let root = std::path::Path::new("/");
+        let mut processes = None;
+        if let Some(t) = &target {
+            virtgap_probes::follow::check_pid_namespace(root)?;
+            processes = Some(t.resolve(root)?.len());
+        }
+        let disks = TargetDisks::named(root, devices).map_err(anyhow::Error::msg)?;
+        let plan = Self {
+            target,
+            label,
+            interval,
+            duration,
+            probes,
+            disks,
+        };
+        Ok((plan, processes))
+    }
+
     fn kind(&self) -> AttachKind {
         match &self.target {
             None => AttachKind::All,
