@@ -505,32 +505,31 @@ fn a_second_ctrl_c_says_the_partial_profile_is_dropped() {
     }
     let dir = scratch();
     let out = dir.path().join("partial.json");
-    let child = StdCommand::new(env!("CARGO_BIN_EXE_virtgap"))
-        .args([
-            "record",
-            "--engine",
-            "null",
-            "--size",
-            "4MiB",
-            "--duration",
-            "60s",
-        ])
-        .args(["--quiet", "--probes", "block,irq,wakeup,msr", "--dir"])
-        .arg(dir.path())
-        .args(["-o", out.to_str().unwrap()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
+    let mut cmd = StdCommand::new(env!("CARGO_BIN_EXE_virtgap"));
+    cmd.args([
+        "record",
+        "--engine",
+        "null",
+        "--size",
+        "4MiB",
+        "--duration",
+        "60s",
+    ])
+    .args(["--probes", "block,irq,wakeup,msr", "--dir"])
+    .arg(dir.path())
+    .args(["-o", out.to_str().unwrap()]);
+    // The signals once the workload runs: before the probes attached there is nothing to
+    // detach, and a loaded host may take longer than any fixed wait to attach them.
+    let (mut child, mut rest) = common::started(cmd, "running ");
     for _ in 0..2 {
         // SAFETY: plain kill(2) on our own child.
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
         std::thread::sleep(Duration::from_millis(20));
     }
-    let res = child.wait_with_output().unwrap();
-    let stderr = String::from_utf8_lossy(&res.stderr);
-    assert_eq!(res.status.code(), Some(130), "{stderr}");
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut rest, &mut stderr).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{stderr}");
     assert!(
         stderr.contains("second signal") && stderr.contains("not written"),
         "{stderr}"
