@@ -516,6 +516,14 @@ impl AttachArgs {
         )
     }
 
+    /// Refuses `--device` for a built-in workload (no target named), whose disk is its target's.
+    pub fn check_no_devices(&self) -> anyhow::Result<()> {
+        if !self.devices.is_empty() {
+            anyhow::bail!("--device picks the disks of processes --pid, --cgroup, --comm or --all name; a built-in workload measures the disk its --target is on");
+        }
+        Ok(())
+    }
+
     /// Whether a target to attach to was named.
     pub fn any(&self) -> bool {
         !self.pid.is_empty() || self.cgroup.is_some() || self.comm.is_some() || self.all

@@ -61,7 +61,7 @@ type SeriesKey = Vec<(String, String)>;
 /// Each series' increase from one boundary to the next (a restart counts from zero; a series
 /// not yet there started at zero; one gone since counts nothing).
 fn increases(start: &[PromSample], end: &[PromSample]) -> Vec<PromSample> {
-    let key = |s: &PromSample| -> Vec<(String, String)> {
+    let key = |s: &PromSample| -> SeriesKey {
         s.labels
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -70,7 +70,7 @@ fn increases(start: &[PromSample], end: &[PromSample]) -> Vec<PromSample> {
     // A counter is finite and not negative; anything else (a broken or hostile source) is
     // left out rather than carried into the figures.
     let counter = |s: &&PromSample| s.value.is_finite() && s.value >= 0.0;
-    let before: BTreeMap<Vec<(String, String)>, f64> = start
+    let before: BTreeMap<SeriesKey, f64> = start
         .iter()
         .filter(counter)
         .map(|s| (key(s), s.value))
@@ -332,10 +332,7 @@ pub fn host_profile(host: &FleetHost, source: FleetSource<'_>) -> Option<Profile
     let mut stages = first.stages.clone();
     for r in &runs[1..] {
         stages.app.merge(&r.stages.app);
-        Histogram::merge_into(&mut stages.queue, r.stages.queue.as_ref());
-        Histogram::merge_into(&mut stages.device, r.stages.device.as_ref());
-        Histogram::merge_into(&mut stages.completion, r.stages.completion.as_ref());
-        Histogram::merge_into(&mut stages.wakeup, r.stages.wakeup.as_ref());
+        stages.merge_probed(&r.stages);
     }
     let measured_s: f64 = runs.iter().map(|r| r.measured_s).sum();
     let direction = |ios: u64| DirectionResult {

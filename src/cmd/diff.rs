@@ -80,6 +80,19 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     check_repeated_runs(&run_identities(&a_side), &run_identities(&b_side))?;
     say_what_is_compared(&a_side, &b_side);
     check_same_workload(args, &a_side, &b_side)?;
+    judge_and_report(args, &outputs, (&a_side, &b_side))
+}
+
+/// A profile and where it came from (its file, or the Prometheus instance).
+type Named = (std::path::PathBuf, profile::Profile);
+
+/// The two sides judged, the report printed and the files `--csv`, `--svg` and `--html` asked
+/// for written; the exit status `--fail-on` asks for.
+fn judge_and_report(
+    args: &DiffArgs,
+    outputs: &output::Outputs,
+    (a_side, b_side): (&[Named], &[Named]),
+) -> anyhow::Result<ExitCode> {
     let options = diff::DiffOptions {
         min_effect: args.min_effect,
     };
@@ -87,7 +100,7 @@ pub fn run(args: &DiffArgs) -> anyhow::Result<ExitCode> {
     let b_profiles: Vec<&profile::Profile> = b_side.iter().map(|(_, p)| p).collect();
     let d = diff::diff_hosts(&a_profiles, &b_profiles, &options);
     print_report(args, &d)?;
-    write_files(args, &outputs, (&a_profiles, &b_profiles), &d)?;
+    write_files(args, outputs, (&a_profiles, &b_profiles), &d)?;
     Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))
 }
 
@@ -168,15 +181,7 @@ fn diff_prometheus(args: &DiffArgs, url: &str) -> anyhow::Result<ExitCode> {
     }
     let (a_side, b_side) = (&profiles[0], &profiles[1]);
     say_what_is_compared(a_side, b_side);
-    let options = diff::DiffOptions {
-        min_effect: args.min_effect,
-    };
-    let a_profiles: Vec<&profile::Profile> = a_side.iter().map(|(_, p)| p).collect();
-    let b_profiles: Vec<&profile::Profile> = b_side.iter().map(|(_, p)| p).collect();
-    let d = diff::diff_hosts(&a_profiles, &b_profiles, &options);
-    print_report(args, &d)?;
-    write_files(args, &outputs, (&a_profiles, &b_profiles), &d)?;
-    Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))
+    judge_and_report(args, &outputs, (a_side, b_side))
 }
 
 /// The files `--csv`, `--svg` and `--html` will write, claimed before anything is read: none

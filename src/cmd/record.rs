@@ -47,9 +47,7 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     if args.attach.any() {
         return record_attached(args);
     }
-    if !args.attach.devices.is_empty() {
-        bail!("--device picks the disks of processes --pid, --cgroup, --comm or --all name; a built-in workload measures the disk its --target is on");
-    }
+    args.attach.check_no_devices()?;
     let loaded = spec::load(&args.workload)?;
     let mut spec = loaded.spec.clone();
     let overrides = args.overrides.to_overrides();

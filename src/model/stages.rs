@@ -67,6 +67,22 @@ pub struct Stages {
     pub flush: Option<Histogram>,
 }
 
+impl Stages {
+    /// Adds `other`'s probed stages (all but `app`, which each caller pools its own way) into
+    /// these: several runs' or slices' stages as one.
+    pub fn merge_probed(&mut self, other: &Stages) {
+        for (mine, theirs) in [
+            (&mut self.queue, &other.queue),
+            (&mut self.device, &other.device),
+            (&mut self.completion, &other.completion),
+            (&mut self.wakeup, &other.wakeup),
+            (&mut self.flush, &other.flush),
+        ] {
+            Histogram::merge_into(mine, theirs.as_ref());
+        }
+    }
+}
+
 /// Block requests per app I/O (see [`Stages::requests_per_io`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RequestsPerIo {

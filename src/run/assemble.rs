@@ -426,16 +426,7 @@ pub fn pool_runs(mut runs: Vec<(Profile, RunRecord)>, merged: &RunStats, paced: 
         pooled.complete &= p.complete;
         pooled.run.complete &= p.run.complete;
         pooled.run.ended_unix_ms = p.run.ended_unix_ms;
-        let mine = &mut pooled.stages;
-        for (m, t) in [
-            (&mut mine.queue, &p.stages.queue),
-            (&mut mine.device, &p.stages.device),
-            (&mut mine.completion, &p.stages.completion),
-            (&mut mine.wakeup, &p.stages.wakeup),
-            (&mut mine.flush, &p.stages.flush),
-        ] {
-            Histogram::merge_into(m, t.as_ref());
-        }
+        pooled.stages.merge_probed(&p.stages);
         let next_index = pooled.intervals.last().map_or(0, |i| i.index + 1);
         for (k, mut iv) in p.intervals.into_iter().enumerate() {
             iv.index = next_index + k as u64;

@@ -298,11 +298,10 @@ impl Following {
             self.seen.add(pids);
         }
         if let Some(since) = self.progress {
-            let devs = plan.disks.as_ref().and_then(TargetDisks::devs);
             draw_progress(
                 since.elapsed(),
                 plan.duration,
-                (&interval, devs.as_deref()),
+                (&interval, recorder.series().devs()),
                 followed.as_deref(),
             );
         }

@@ -132,35 +132,26 @@ impl ExporterContext {
             label: label.to_string(),
             attached: attached.to_string(),
             report: report.clone(),
-            disks: request_disks(std::path::Path::new("/sys/block")),
+            disks: request_disks(std::path::Path::new("/")),
         }
     }
 }
 
-/// The disks under `sys_block` that take requests (blk-mq: an `mq` directory; bio-based
-/// device-mapper and md have none) and have a size (an unbound loop device has none), each with
-/// whether its write cache is volatile.
-fn request_disks(sys_block: &std::path::Path) -> Vec<(String, bool)> {
-    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).unwrap_or_default();
-    let mut disks: Vec<(String, bool)> = std::fs::read_dir(sys_block)
+/// The request-based disks under `root` (those [`TargetDisks::every_disk`] lists) that have a
+/// size (an unbound loop device has none), each with whether its write cache is volatile.
+fn request_disks(root: &std::path::Path) -> Vec<(String, bool)> {
+    let read = |disk: &str, file: &str| {
+        std::fs::read_to_string(root.join("sys/block").join(disk).join(file)).unwrap_or_default()
+    };
+    crate::model::host::TargetDisks::every_disk(root)
+        .leaves
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| e.path().join("mq").is_dir())
-        .filter(|e| {
-            read(e.path().join("size"))
-                .trim()
-                .parse::<u64>()
-                .unwrap_or(0)
-                > 0
+        .filter(|d| read(&d.name, "size").trim().parse::<u64>().unwrap_or(0) > 0)
+        .map(|d| {
+            let write_back = read(&d.name, "queue/write_cache").trim() == "write back";
+            (d.name, write_back)
         })
-        .map(|e| {
-            let write_back = read(e.path().join("queue/write_cache")).trim() == "write back";
-            (e.file_name().to_string_lossy().into_owned(), write_back)
-        })
-        .collect();
-    disks.sort();
-    disks
+        .collect()
 }
 
 /// Builds the families from each snapshot, keeping label assignments across snapshots.
@@ -927,6 +918,14 @@ mod tests {
         assert!(s.named(&1, &9, 2));
     }
 
+    /// A sample's label `key` ("" when it has none).
+    fn label_of(s: &Sample, key: &str) -> String {
+        s.labels
+            .iter()
+            .find(|(k, _)| k == key)
+            .map_or(String::new(), |(_, v)| v.clone())
+    }
+
     /// An exporter of the fixture's host following every process, with `report` and `series`.
     fn fixture_exporter(report: CapabilityReport, series: SeriesOptions) -> Exporter {
         Exporter::new(ExporterContext {
@@ -1047,13 +1046,7 @@ mod tests {
                 .samples
                 .iter()
                 .map(|s| {
-                    let label = |k: &str| {
-                        s.labels
-                            .iter()
-                            .find(|(l, _)| l == k)
-                            .map(|(_, v)| v.clone())
-                            .unwrap_or_default()
-                    };
+                    let label = |k: &str| label_of(s, k);
                     let value = match s.value {
                         SampleValue::Count(n) => n as f64,
                         SampleValue::Number(x) => x,
@@ -1165,10 +1158,11 @@ mod tests {
     /// would start from its value. Unbound loop devices and bio-based disks have none.
     #[test]
     fn known_disks_series_start_at_zero() {
-        let sys = tempfile::tempdir().unwrap();
+        let root = tempfile::tempdir().unwrap();
         let disk = |name: &str, mq: bool, size: &str, cache: &str| {
-            let base = sys.path().join(name);
+            let base = root.path().join("sys/block").join(name);
             std::fs::create_dir_all(base.join("queue")).unwrap();
+            std::fs::write(base.join("dev"), "254:0\n").unwrap();
             if mq {
                 std::fs::create_dir_all(base.join("mq/0")).unwrap();
             }
@@ -1179,7 +1173,7 @@ mod tests {
         disk("nvme0n1", true, "2048\n", "write through\n");
         disk("loop0", true, "0\n", "write through\n");
         disk("dm-0", false, "2048\n", "write through\n");
-        let disks = request_disks(sys.path());
+        let disks = request_disks(root.path());
         assert_eq!(
             disks,
             vec![("nvme0n1".to_string(), false), ("vda".to_string(), true)]
@@ -1200,12 +1194,7 @@ mod tests {
                     .samples
                     .iter()
                     .map(|s| {
-                        let label = |k: &str| {
-                            s.labels
-                                .iter()
-                                .find(|(key, _)| key == k)
-                                .map_or(String::new(), |(_, v)| v.clone())
-                        };
+                        let label = |k: &str| label_of(s, k);
                         let zero = match &s.value {
                             SampleValue::Histogram { count, sum, .. } => *count == 0 && *sum == 0.0,
                             SampleValue::Number(x) => *x == 0.0,

@@ -68,9 +68,7 @@ pub fn run(args: &TuiArgs) -> Result<ExitCode> {
     if args.attach.any() {
         return run_attached(args);
     }
-    if !args.attach.devices.is_empty() {
-        anyhow::bail!("--device picks the disks of processes --pid, --cgroup, --comm or --all name; a built-in workload measures the disk its --target is on");
-    }
+    args.attach.check_no_devices()?;
     let loaded = spec::load(&args.workload)?;
     let mut spec = loaded.spec.clone();
     let mut overrides = args.overrides.to_overrides();
