@@ -17,9 +17,11 @@ PACKAGES=(clang libelf-dev zlib1g-dev pkg-config make gcc libc6-dev)
 # read under attach mode) and prometheus (Prometheus and promtool, which scrape and check
 # `virtgap serve`), chromium and a font (the HTML report's test loads `diff --html` in headless
 # Chromium), python3-yaml (PyYAML reads back iotune's io_properties.yaml as ScyllaDB's scripts
-# do), python3-pandas (the CSV docs' pandas example is run on a recording).
+# do), python3-pandas (the CSV docs' pandas example is run on a recording), bpftrace (the
+# overhead bench's yardstick).
 TEST_PACKAGES=(fio bpftool python3 tmux util-linux mount procps strace e2fsprogs postgresql
-               rocksdb-tools prometheus chromium fonts-dejavu-core python3-yaml python3-pandas)
+               rocksdb-tools prometheus chromium fonts-dejavu-core python3-yaml python3-pandas
+               bpftrace)
 # The VM tier (`vmtest`): QEMU, a static busybox, mdadm and dmsetup for the guest,
 # cpio/xz/zstd/kmod to pack it, dpkg-dev's tools to unpack kernels.
 VM_PACKAGES=(qemu-system-x86 busybox-static mdadm dmsetup cpio xz-utils zstd kmod

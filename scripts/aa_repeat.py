@@ -4,6 +4,9 @@
 next, falls on both), diff them, and count the rows called significant. Every difference found
 is a false positive: both sides are one host running one workload.
 
+With --defaults each side is one plain `virtgap record` (its default runs sharing its default
+duration, on a temp file in a scratch directory): the first diff a newcomer makes.
+
 Prints one line per repeat and a total: significant rows out of judged rows, and how many of
 the repeats had any.
 """
@@ -28,6 +31,9 @@ def main():
     ap.add_argument("--duration", default="4s")
     ap.add_argument("--workload", default="rand4k")
     ap.add_argument("--min-effect", default="5%")
+    ap.add_argument("--defaults", action="store_true",
+                    help="each side one `virtgap record` with its defaults (--runs, --duration, "
+                         "--workload, --min-effect ignored)")
     opts = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("aa_repeat: needs root (the probes)")
@@ -36,13 +42,22 @@ def main():
         args = ["-w", opts.workload, "--size", "256MiB", "--duration", opts.duration, "--dir", tmp]
         for rep in range(1, opts.repeats + 1):
             a, b = [], []
-            for k in range(opts.runs):
+            if opts.defaults:
+                # One plain record a side, the order swapped every other repeat.
+                sides = [("a", a), ("b", b)] if rep % 2 else [("b", b), ("a", a)]
+                for side, paths in sides:
+                    out = os.path.join(tmp, f"{side}.json")
+                    record(opts.virtgap, ["--dir", tmp], out)
+                    paths.append(out)
+            for k in range(0 if opts.defaults else opts.runs):
                 order = (("a", a), ("b", b)) if k % 2 == 0 else (("b", b), ("a", a))
                 for side, paths in order:
                     out = os.path.join(tmp, f"{side}{k}.json")
                     record(opts.virtgap, args, out)
                     paths.append(out)
-            cmd = [opts.virtgap, "diff", "--json", "--min-effect", opts.min_effect, a[0], b[0]]
+            cmd = [opts.virtgap, "diff", "--json", a[0], b[0]]
+            if not opts.defaults:
+                cmd += ["--min-effect", opts.min_effect]
             for p in a[1:]:
                 cmd += ["--with-a", p]
             for p in b[1:]:
@@ -63,7 +78,8 @@ def main():
             names = ", ".join(f'{r["metric"].strip()} {r["effect"] * 100:+.1f}%' for r in sig) or "none"
             hv = [r for r in d["hypervisor"]["rows"] if r["verdict"] == "significant"]
             total_hv_sig += len(hv)
-            print(f"repeat {rep}/{opts.repeats}: {len(judged)} rows judged, {eq} equivalent, "
+            print(f"repeat {rep}/{opts.repeats} ({d['runs_a']} + {d['runs_b']} runs): "
+                  f"{len(judged)} rows judged, {eq} equivalent, "
                   f"{len(sig)} significant ({names}), {provisional} provisional; "
                   f"app mean {d['waterfall'][0]['verdict']}; "
                   f"hypervisor rows significant: {len(hv)} of {len(d['hypervisor']['rows'])}",

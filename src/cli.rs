@@ -308,6 +308,10 @@ pub struct IotuneArgs {
     #[arg(long, default_value_t = 3, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
 
+    /// Name this host ("vm", "metal"): shown on its side of the summary and of every diff
+    #[arg(long, value_name = "TEXT")]
+    pub label: Option<String>,
+
     /// Length of each measured run
     #[arg(long, default_value = "5s", value_name = "DURATION")]
     pub duration: Span,
@@ -385,6 +389,28 @@ pub struct WorkloadsArgs {
     pub name: Option<String>,
 }
 
+/// Runs `record` makes when neither --runs nor --duration is given: the workload's measured
+/// time is shared among them, so a first diff has replicates for no more time (a diff of one
+/// run a side can only compare batches within a run, and between-run noise is larger here).
+pub const DEFAULT_RUNS: u32 = 3;
+
+impl RecordArgs {
+    /// The runs to record: --runs, else 3 sharing the workload's duration, else (--duration
+    /// given) 1.
+    pub fn runs(&self) -> u32 {
+        match (self.runs, &self.overrides.duration) {
+            (Some(n), _) => n,
+            (None, Some(_)) => 1,
+            (None, None) => DEFAULT_RUNS,
+        }
+    }
+
+    /// The runs share the workload's measured time (neither --runs nor --duration given).
+    pub fn runs_share_duration(&self) -> bool {
+        self.runs.is_none() && self.overrides.duration.is_none()
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct RecordArgs {
     /// Preset name (see `virtgap workloads`) or path to a workload .toml file
@@ -407,8 +433,10 @@ pub struct RecordArgs {
 
     /// Record N runs back to back, each on a freshly prepared target with its own ramp; the
     /// profile keeps every run, and `diff` compares runs (5 per host resolve gaps of ~5%)
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
-    pub runs: u32,
+    /// [default: 3 sharing the workload's duration, so a first diff has replicates; 1 when
+    /// --duration is given]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub runs: Option<u32>,
 
     /// Write the profile (a JSON document `virtgap diff` compares) to this file
     #[arg(short, long, value_name = "FILE")]
@@ -905,5 +933,22 @@ mod tests {
             panic!("not record");
         };
         assert_eq!(args.attach.pid, vec![1, 2]);
+    }
+
+    /// A plain `record` makes three runs sharing the workload's duration; --duration alone
+    /// means one run of it; --runs is taken as given.
+    #[test]
+    fn record_runs_three_unless_told() {
+        let record = |argv: &[&str]| {
+            let cli = Cli::try_parse_from(["virtgap", "record"].iter().chain(argv)).unwrap();
+            let Some(Command::Record(args)) = cli.command else {
+                panic!("not record");
+            };
+            (args.runs(), args.runs_share_duration())
+        };
+        assert_eq!(record(&[]), (3, true));
+        assert_eq!(record(&["-d", "10s"]), (1, false));
+        assert_eq!(record(&["--runs", "5"]), (5, false));
+        assert_eq!(record(&["--runs", "1", "-d", "10s"]), (1, false));
     }
 }

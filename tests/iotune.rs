@@ -37,7 +37,7 @@ fn four_figures_on_a_temp_file_with_the_yaml_scylla_reads() {
         .arg("--target")
         .arg(dir.path())
         .args(QUICK)
-        .args(["--size", "64MiB", "--runs", "2"])
+        .args(["--size", "64MiB", "--runs", "2", "--label", "metal"])
         .arg("-o")
         .arg(&result)
         .arg("--yaml")
@@ -50,6 +50,9 @@ fn four_figures_on_a_temp_file_with_the_yaml_scylla_reads() {
     assert!(ok, "{stderr}");
     eprintln!("{stdout}");
     let doc: Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    // The host's name, kept in the result and shown on its side of the summary.
+    assert_eq!(doc["host"]["label"], "metal");
+    assert!(stdout.contains("metal ("), "{stdout}");
     let phases = doc["phases"].as_array().unwrap();
     let keys: Vec<&str> = phases
         .iter()

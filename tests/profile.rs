@@ -652,6 +652,33 @@ fn labels_tell_the_two_sides_apart_in_every_report() {
             && text.lines().any(|l| l.starts_with("B: metal")),
         "{text}"
     );
+    // Under each side's host, its file and when it was recorded.
+    let today = {
+        let now = std::time::SystemTime::now();
+        humantime::format_rfc3339_seconds(now).to_string()[..10].to_string()
+    };
+    for (letter, file) in [("A", "a.json"), ("B", "b.json")] {
+        let from = text
+            .lines()
+            .skip_while(|l| !l.starts_with(&format!("{letter}: ")))
+            .nth(1)
+            .unwrap_or_default();
+        assert!(
+            from.trim_start()
+                .starts_with(&format!("from {file}, recorded {today} ")),
+            "{letter}'s source line: {from:?}\n{text}"
+        );
+    }
+    let csv = dir.path().join("d.csv");
+    diff_cmd(&a, &b).arg("--csv").arg(&csv).assert().success();
+    let mut rows = csv::Reader::from_path(&csv).unwrap();
+    let header = rows.headers().unwrap().clone();
+    let column = |name: &str| header.iter().position(|h| h == name).unwrap();
+    let (a_name, b_name) = (column("a_name"), column("b_name"));
+    for row in rows.records() {
+        let row = row.unwrap();
+        assert_eq!((&row[a_name], &row[b_name]), ("vm", "metal"), "{row:?}");
+    }
     let page = dir.path().join("d.html");
     diff_cmd(&a, &b).arg("--html").arg(&page).assert().success();
     let page = std::fs::read_to_string(&page).unwrap();
@@ -660,6 +687,42 @@ fn labels_tell_the_two_sides_apart_in_every_report() {
             page.matches(&format!(": {label}")).count() >= 2,
             "{label} on the page and in a legend"
         );
+    }
+}
+
+/// A plain `record` (no --runs, no --duration) makes three runs, each on a fresh target,
+/// sharing the workload's measured time: a workload file of 3 s gives three runs of 1 s.
+#[test]
+fn a_plain_record_makes_three_runs_sharing_the_workloads_duration() {
+    let dir = scratch();
+    let workload = dir.path().join("short.toml");
+    let preset = include_str!("../workloads/presets/rand4k.toml");
+    let mut edited = preset.to_string();
+    for (line, to) in [
+        ("engine = \"io_uring\"", "engine = \"null\""),
+        ("size = \"1GiB\"", "size = \"4MiB\""),
+        ("duration = \"60s\"", "duration = \"3s\""),
+    ] {
+        assert!(edited.contains(line), "the preset has {line}");
+        edited = edited.replacen(line, to, 1);
+    }
+    std::fs::write(&workload, edited).unwrap();
+    let out = dir.path().join("p.json");
+    vg().arg("record")
+        .arg("-w")
+        .arg(&workload)
+        .args(["--quiet", "--no-probes", "--dir"])
+        .arg(dir.path())
+        .arg("-o")
+        .arg(&out)
+        .assert()
+        .success();
+    let doc = validate(&out);
+    let runs = doc["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    for r in runs {
+        let measured = r["measured_s"].as_f64().unwrap();
+        assert!((0.9..1.5).contains(&measured), "a run of {measured} s: {r}");
     }
 }
 
@@ -755,7 +818,7 @@ fn diff_writes_markdown_csv_json_and_svg() {
     );
     let text = std::fs::read_to_string(&csv).unwrap();
     assert!(text.starts_with(
-        "metric,unit,a,b,delta,ci_low,ci_high,effect,effect_low,effect_high,confidence,share,verdict,runs_needed\n"
+        "metric,unit,a,b,delta,ci_low,ci_high,effect,effect_low,effect_high,confidence,share,verdict,runs_needed,a_name,b_name\n"
     ));
     for f in ["waterfall.svg", "percentiles.svg", "hypervisor.svg"] {
         let s = std::fs::read_to_string(svg.join(f)).unwrap();

@@ -1,7 +1,8 @@
 //! `diff --html`, opened in a real browser: headless Chromium, driven over the DevTools protocol
 //! on a pipe, loads the page from disk and must report no console error, no exception and no
 //! network request but the page itself; the DOM must hold every verdict row the text diff
-//! prints, and a screenshot is taken (kept at `target/tmp/diff-report.png`).
+//! prints, each side's label and file must be on screen in the header and every chart's legend,
+//! and a screenshot is taken (kept at `target/tmp/diff-report.png`).
 // Test progress, on the harness's stderr: eprintln! is fine here.
 #![allow(clippy::disallowed_macros)]
 
@@ -199,8 +200,8 @@ fn run_ok(cmd: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-/// Two runs of real 4 KiB random reads with the probes on, into `out`.
-fn record(dir: &Path, out: &Path) {
+/// Two runs of real 4 KiB random reads with the probes on, labelled `label`, into `out`.
+fn record(dir: &Path, out: &Path, label: &str) {
     run_ok(
         vg().args([
             "record",
@@ -210,6 +211,8 @@ fn record(dir: &Path, out: &Path) {
             "2s",
             "--runs",
             "2",
+            "--label",
+            label,
         ])
         .arg("--dir")
         .arg(dir)
@@ -232,6 +235,62 @@ fn text_rows(text: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Each side's label and file, as laid out by the browser: the header's two hosts and every
+/// chart's legend must show them, each on screen (a box of some size, not hidden, and within
+/// its chart), and the two sides must read differently.
+fn sides_are_named_where_they_are_seen(chromium: &mut Browser, s: Option<&str>) {
+    const SIDES: &str = r"(() => {
+        const seen = el => {
+            const r = el.getBoundingClientRect(), st = getComputedStyle(el);
+            return r.width > 0 && r.height > 0 && st.visibility === 'visible'
+                && st.display !== 'none' && parseFloat(st.opacity) > 0;
+        };
+        const within = (el, box) => {
+            const r = el.getBoundingClientRect(), b = box.getBoundingClientRect();
+            return r.left >= b.left - 1 && r.right <= b.right + 1
+                && r.top >= b.top - 1 && r.bottom <= b.bottom + 1;
+        };
+        const header = Array.from(document.querySelectorAll('dl.hosts dd')).slice(0, 2)
+            .map(dd => [dd.innerText, seen(dd)]);
+        const legends = Array.from(document.querySelectorAll('figure svg')).map(svg =>
+            Array.from(svg.querySelectorAll('text'))
+                .filter(t => /^[AB]: /.test(t.textContent))
+                .map(t => [t.textContent, seen(t) && within(t, svg)]));
+        return JSON.stringify({header, legends});
+    })()";
+    let reply = chromium.call(
+        s,
+        "Runtime.evaluate",
+        json!({"expression": SIDES, "returnByValue": true}),
+    );
+    let found: Value = serde_json::from_str(reply["result"]["value"].as_str().unwrap()).unwrap();
+    let shown = |v: &Value| -> Vec<(String, bool)> { serde_json::from_value(v.clone()).unwrap() };
+    let header = shown(&found["header"]);
+    assert_eq!(header.len(), 2, "the header names two hosts: {found}");
+    for ((text, seen), (label, file)) in header.iter().zip([("metal", "a.json"), ("vm", "b.json")])
+    {
+        assert!(*seen, "the header's side is not on screen: {text}");
+        assert!(
+            text.starts_with(&format!("{label} (")) && text.contains(file),
+            "the header's side lacks its label {label} or file {file}: {text}"
+        );
+    }
+    assert_ne!(header[0].0, header[1].0, "the two sides read alike");
+    let charts = found["legends"].as_array().unwrap();
+    assert!(charts.len() >= 2, "{found}");
+    for legend in charts {
+        let legend = shown(legend);
+        for prefix in ["A: metal (", "B: vm ("] {
+            assert!(
+                legend
+                    .iter()
+                    .any(|(t, seen)| t.starts_with(prefix) && *seen),
+                "a chart's legend lacks {prefix:?} on screen: {legend:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn the_html_report_loads_in_chromium_with_every_verdict_row_and_fetches_nothing() {
     if !root_allowed("the HTML report in Chromium (records with the probes)") {
@@ -246,8 +305,8 @@ fn the_html_report_loads_in_chromium_with_every_verdict_row_and_fetches_nothing(
     };
     let dir = common::scratch("vg-html-");
     let (a, b) = (dir.path().join("a.json"), dir.path().join("b.json"));
-    record(dir.path(), &a);
-    record(dir.path(), &b);
+    record(dir.path(), &a, "metal");
+    record(dir.path(), &b, "vm");
     let page = dir.path().join("report.html");
     let text = run_ok(vg().arg("diff").arg(&a).arg(&b).arg("--html").arg(&page));
     let expected = text_rows(&text);
@@ -330,6 +389,8 @@ fn the_html_report_loads_in_chromium_with_every_verdict_row_and_fetches_nothing(
         json!({"expression": "document.querySelectorAll('figure svg').length", "returnByValue": true}),
     );
     assert!(charts["result"]["value"].as_u64().unwrap() >= 2, "{charts}");
+
+    sides_are_named_where_they_are_seen(&mut chromium, s);
 
     let shot = chromium.call(
         s,

@@ -98,7 +98,20 @@ fn judge_and_report(
     };
     let a_profiles: Vec<&profile::Profile> = a_side.iter().map(|(_, p)| p).collect();
     let b_profiles: Vec<&profile::Profile> = b_side.iter().map(|(_, p)| p).collect();
-    let d = diff::diff_hosts(&a_profiles, &b_profiles, &options);
+    // Each side named by its files (or instances) as the reports show them: the name alone,
+    // not the directory a run's scratch space happened to be in.
+    let names = |side: &[Named]| -> Vec<String> {
+        side.iter()
+            .map(|(path, _)| {
+                path.file_name()
+                    .unwrap_or(path.as_os_str())
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect()
+    };
+    let d = diff::diff_hosts(&a_profiles, &b_profiles, &options)
+        .with_files(names(a_side), names(b_side));
     print_report(args, &d)?;
     write_files(args, outputs, (&a_profiles, &b_profiles), &d)?;
     Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))

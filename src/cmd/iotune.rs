@@ -64,11 +64,12 @@ pub fn run(args: &IotuneArgs) -> Result<ExitCode> {
         );
     }
     let shown = units::printable(&args.target.display().to_string()).into_owned();
-    let result = run_phases(&plan, &phases, &signals, &args.target, &mut |p| {
+    let mut result = run_phases(&plan, &phases, &signals, &args.target, &mut |p| {
         if plan.verbose {
             say!("{}", iotune_report::progress_line(&shown, p));
         }
     })?;
+    result.host.label.clone_from(&args.label);
     let interrupted = !result.complete;
     {
         let mut out = std::io::stdout().lock();

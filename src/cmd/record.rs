@@ -56,6 +56,10 @@ pub fn run(args: &RecordArgs) -> Result<ExitCode> {
     if args.fio_equivalent {
         return print_fio_equivalent(args, &spec, overrides.size.is_some());
     }
+    if args.runs_share_duration() {
+        // The default runs share the workload's measured time; each keeps its own ramp.
+        spec.duration = virtgap_workloads::values::Span(spec.duration.0 / args.runs());
+    }
     let outputs = check_outputs(args, &spec)?;
     if args.listen.is_some() && args.probe.no_probes {
         bail!("--listen serves what the probes measure: drop --no-probes or --listen");
@@ -93,7 +97,7 @@ fn workload_flag(args: &RecordArgs) -> Option<&'static str> {
         .or(given(args.workload != spec::DEFAULT_PRESET, "--workload"))
         .or(args.target.given())
         .or(given(args.verify, "--verify"))
-        .or(given(args.runs > 1, "--runs"))
+        .or(given(args.runs.is_some(), "--runs"))
         .or(given(args.calibrate, "--calibrate"))
         .or(given(args.act_log.is_some(), "--act-log"))
         .or(given(args.fio_equivalent, "--fio-equivalent"))
@@ -282,9 +286,10 @@ fn record_runs(
 ) -> Result<Option<Recorded>> {
     let mut calibration = None;
     let mut recorded: Option<Recorded> = None;
-    for number in 1..=args.runs {
-        if args.runs > 1 && verbose {
-            say!("run {number} of {}", args.runs);
+    let runs = args.runs();
+    for number in 1..=runs {
+        if runs > 1 && verbose {
+            say!("run {number} of {runs}");
         }
         let target = args.target.options();
         if let Some(all) = recorded.as_mut() {
@@ -320,7 +325,7 @@ fn record_runs(
             &settings,
             metrics,
         )?;
-        if args.runs > 1 && verbose {
+        if runs > 1 && verbose {
             say!("  {}", run_line(&one.profile.runs[0]));
         }
         let interrupted = one.interrupted;
@@ -419,7 +424,7 @@ fn print_summary(args: &RecordArgs, shown: &Profile, run_records: &[RunRecord]) 
         if let (Some(map), Some(tail)) = (doc.as_object_mut(), tail) {
             map.insert("tail_autopsy".into(), serde_json::to_value(tail)?);
         }
-        if args.runs > 1 {
+        if args.runs() > 1 {
             if let Some(map) = doc.as_object_mut() {
                 map.insert("runs".into(), serde_json::to_value(run_records)?);
             }
@@ -427,7 +432,7 @@ fn print_summary(args: &RecordArgs, shown: &Profile, run_records: &[RunRecord]) 
         serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
     } else {
-        if args.runs > 1 {
+        if args.runs() > 1 {
             writeln!(
                 out,
                 "(the summary below is the last run's; the runs follow it, and the profile keeps them all)\n"
@@ -439,7 +444,7 @@ fn print_summary(args: &RecordArgs, shown: &Profile, run_records: &[RunRecord]) 
         if let Some(tail) = tail {
             report::write_tail(&mut text, tail)?;
         }
-        if args.runs > 1 {
+        if args.runs() > 1 {
             report::write_runs(
                 &mut text,
                 run_records,

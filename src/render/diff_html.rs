@@ -13,8 +13,9 @@ use crate::analysis::diff::{Host, ProfileDiff, Row};
 use crate::model::profile::Profile;
 use crate::render::charts::{self, esc};
 use crate::render::diff_render::{
-    cell, confounder, evidence, hypervisor_heading, row_label, runs_line, share, signed,
-    spec_difference, tail_heading, tail_rows, verdict_sentence, verdict_text, warning, workload,
+    cell, confounder, evidence, hypervisor_heading, row_label, runs_line, share, side_words,
+    signed, spec_difference, tail_heading, tail_rows, verdict_sentence, verdict_text, warning,
+    workload,
 };
 use crate::render::hypervisor_report::mechanism_words;
 
@@ -109,8 +110,8 @@ fn header(s: &mut String, d: &ProfileDiff) {
     );
     let _ = writeln!(s, "<h1>virtgap diff</h1>\n<dl class=\"hosts\">");
     for (what, text) in [
-        ("A", d.host_a.describe()),
-        ("B", d.host_b.describe()),
+        ("A", side_words(d, Host::A)),
+        ("B", side_words(d, Host::B)),
         ("workload", workload(d)),
         ("runs", runs_line(d)),
     ] {

@@ -8,8 +8,8 @@ use serde::Serialize;
 
 use crate::analysis::diff::{
     Basis, BreakdownPart, BusiestIrqCpu, Confounder, Host, HostEvidence, HostTrait, Hosts,
-    MetricId, ProfileDiff, QueueStartSplit, Row, Scale, Setting, SpecDifference, SpecKey,
-    SpecValue, TailWaterfall, Unit, Verdict, Warning,
+    MetricId, ProfileDiff, QueueStartSplit, Row, Scale, Setting, SideSource, SpecDifference,
+    SpecKey, SpecValue, TailWaterfall, Unit, Verdict, Warning,
 };
 use crate::analysis::stats::CONFIDENCE;
 use crate::model::stages::Stage;
@@ -618,6 +618,73 @@ fn host(f: &crate::model::host::Fingerprint) -> String {
     units::one_line(&f.describe()).into_owned()
 }
 
+fn side(d: &ProfileDiff, which: Host) -> (&crate::model::host::Fingerprint, &SideSource) {
+    match which {
+        Host::A => (&d.host_a, &d.source_a),
+        Host::B => (&d.host_b, &d.source_b),
+    }
+}
+
+/// One side in words: its host's description (label and hostname first), then where its
+/// figures came from and when, e.g. "… · from vm.json, recorded 2026-12-06 18:50 to 18:53 UTC".
+pub(crate) fn side_words(d: &ProfileDiff, which: Host) -> String {
+    let (host, source) = side(d, which);
+    match source_words(source) {
+        Some(w) => format!("{} · {w}", host.describe()),
+        None => host.describe(),
+    }
+}
+
+/// A side's short name, for a column: its label, else its hostname, else its first file,
+/// else its letter.
+pub(crate) fn side_name(d: &ProfileDiff, which: Host) -> String {
+    let (host, source) = side(d, which);
+    host.label
+        .clone()
+        .or_else(|| host.hostname.clone())
+        .or_else(|| source.files.first().cloned())
+        .unwrap_or_else(|| host_letter(which).to_string())
+}
+
+/// Where a side's figures came from and when they were recorded, if anyone said.
+fn source_words(s: &SideSource) -> Option<String> {
+    let files = match s.files.as_slice() {
+        [] => None,
+        [one] => Some(format!("from {one}")),
+        [first, rest @ ..] => Some(format!(
+            "from {first} and {} more file{}",
+            rest.len(),
+            if rest.len() == 1 { "" } else { "s" }
+        )),
+    };
+    let when = s
+        .recorded_unix_ms
+        .map(|(from, to)| format!("recorded {}", span_words(from, to)));
+    match (files, when) {
+        (Some(f), Some(w)) => Some(format!("{f}, {w}")),
+        (f, w) => f.or(w),
+    }
+}
+
+/// A span of wall-clock time in UTC to the minute: "2026-12-06 18:50 to 18:53 UTC", the date
+/// repeated only when it changes.
+fn span_words(from_ms: u64, to_ms: u64) -> String {
+    let stamp = |ms: u64| {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+        // "2026-12-06T18:50:21Z": the date, then the hour and minute.
+        let text = humantime::format_rfc3339_seconds(t).to_string();
+        (text[..10].to_string(), text[11..16].to_string())
+    };
+    let ((day_a, time_a), (day_b, time_b)) = (stamp(from_ms), stamp(to_ms));
+    if day_a != day_b {
+        format!("{day_a} {time_a} to {day_b} {time_b} UTC")
+    } else if time_a != time_b {
+        format!("{day_a} {time_a} to {time_b} UTC")
+    } else {
+        format!("{day_a} {time_a} UTC")
+    }
+}
+
 /// Text from a profile placed in Markdown, shown as text: HTML's `<`, `>` and `&` as
 /// entities (many renderers let inline HTML through), a table's `|` and code's backtick
 /// escaped, and on one line.
@@ -643,8 +710,13 @@ fn md(text: &str) -> String {
 /// Plain text for a terminal, at most 100 columns wide.
 pub fn terminal(d: &ProfileDiff) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "A: {}", host(&d.host_a));
-    let _ = writeln!(s, "B: {}", host(&d.host_b));
+    for which in [Host::A, Host::B] {
+        let (h, source) = side(d, which);
+        let _ = writeln!(s, "{}: {}", host_letter(which), host(h));
+        if let Some(w) = source_words(source) {
+            let _ = writeln!(s, "   {}", units::one_line(&w));
+        }
+    }
     let _ = writeln!(s, "workload: {}", workload(d));
     let _ = writeln!(s, "{}", runs_line(d));
     for x in &d.spec_differences {
@@ -852,8 +924,8 @@ pub fn markdown(d: &ProfileDiff) -> String {
     let _ = writeln!(
         s,
         "- **A:** {}\n- **B:** {}\n- **workload:** {}\n- {}",
-        md(&d.host_a.describe()),
-        md(&d.host_b.describe()),
+        md(&side_words(d, Host::A)),
+        md(&side_words(d, Host::B)),
         md(&workload(d)),
         runs_line(d)
     );
@@ -940,7 +1012,8 @@ fn unit_key(unit: Unit) -> &'static str {
 }
 
 /// CSV: one row per metric: the hosts' values, the difference with its interval, the effect
-/// (B relative to A) with its interval, the share of the gap, the verdict.
+/// (B relative to A) with its interval, the share of the gap, the verdict, and each side's
+/// name (its label, hostname or file), so rows from several diffs can be pooled.
 pub fn csv(d: &ProfileDiff) -> String {
     let mut w = csv::Writer::from_writer(Vec::new());
     let num = |v: Option<f64>| {
@@ -969,8 +1042,11 @@ pub fn csv(d: &ProfileDiff) -> String {
         "share",
         "verdict",
         "runs_needed",
+        "a_name",
+        "b_name",
     ])
     .expect("writing to memory");
+    let names = (side_name(d, Host::A), side_name(d, Host::B));
     for r in d.rows() {
         w.write_record([
             &*row_label(d, r),
@@ -987,6 +1063,8 @@ pub fn csv(d: &ProfileDiff) -> String {
             &num(r.share),
             verdict_words(r.verdict),
             &r.runs_needed.map(|n| n.to_string()).unwrap_or_default(),
+            &names.0,
+            &names.1,
         ])
         .expect("writing to memory");
     }
@@ -1035,6 +1113,9 @@ struct JsonHypervisor<'a> {
 struct JsonDiff<'a> {
     host_a: String,
     host_b: String,
+    /// Where each side's figures came from and when they were recorded.
+    source_a: Option<String>,
+    source_b: Option<String>,
     workload: String,
     min_effect: f64,
     runs_a: usize,
@@ -1064,6 +1145,8 @@ pub fn json(d: &ProfileDiff) -> serde_json::Result<String> {
     let doc = JsonDiff {
         host_a: d.host_a.describe(),
         host_b: d.host_b.describe(),
+        source_a: source_words(&d.source_a),
+        source_b: source_words(&d.source_b),
         workload: workload(d),
         min_effect: d.min_effect,
         runs_a: d.runs_a,

@@ -370,6 +370,45 @@ pub struct ProfileDiff {
     pub verdict: Option<BreakdownPart>,
     /// The hypervisor's mechanisms and CPU time, per I/O above idle, judged as one family.
     pub hypervisor: HypervisorBlock,
+    /// Where each side's figures came from: its files and when its runs were recorded.
+    pub source_a: SideSource,
+    pub source_b: SideSource,
+}
+
+/// Where one side's figures came from, so two reports of one host, or two sides recorded on
+/// hosts alike, can be told apart.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SideSource {
+    /// The side's profiles as the caller named them (files, or Prometheus instances); empty
+    /// until the caller says.
+    pub files: Vec<String>,
+    /// The first run's start and the last run's end, Unix ms (None: no profile says).
+    pub recorded_unix_ms: Option<(u64, u64)>,
+}
+
+impl SideSource {
+    /// When a side's profiles were recorded, from their own run information.
+    fn recorded(side: &[&Profile]) -> Self {
+        let started = side
+            .iter()
+            .map(|p| p.run.started_unix_ms)
+            .filter(|&t| t > 0)
+            .min();
+        let ended = side.iter().map(|p| p.run.ended_unix_ms).max();
+        Self {
+            files: Vec::new(),
+            recorded_unix_ms: started.map(|s| (s, ended.unwrap_or(s).max(s))),
+        }
+    }
+}
+
+impl ProfileDiff {
+    /// The diff with each side's files named, as the caller read them.
+    pub fn with_files(mut self, a: Vec<String>, b: Vec<String>) -> Self {
+        self.source_a.files = a;
+        self.source_b.files = b;
+        self
+    }
 }
 
 /// The diff's hypervisor block.
@@ -500,6 +539,8 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         },
         verdict,
         hypervisor,
+        source_a: SideSource::recorded(a_side),
+        source_b: SideSource::recorded(b_side),
     }
 }
 

@@ -74,7 +74,10 @@ impl Svg {
                 self.body,
                 r#"<rect x="20" y="{y}" width="12" height="12" fill="{color}"/>"#
             );
-            for line in textwrap::wrap(name, chars) {
+            // Lines break at spaces only: a date's hyphens are not places to break.
+            let at_spaces =
+                textwrap::Options::new(chars).word_splitter(textwrap::WordSplitter::NoHyphenation);
+            for line in textwrap::wrap(name, at_spaces) {
                 self.text(38.0, y + 11.0, "", &line);
                 y += 16.0;
             }

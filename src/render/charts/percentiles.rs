@@ -5,11 +5,11 @@
 //! p99 and p99.9 is exactly the figure the diff's tail rows compare (on the log scale).
 
 use super::{Svg, COLOR_A, COLOR_B};
-use crate::analysis::diff::{MetricId, ProfileDiff};
+use crate::analysis::diff::{Host, MetricId, ProfileDiff};
 use crate::model::histogram::Histogram;
 use crate::model::profile::Profile;
 use crate::model::stages::Stage;
-use crate::render::diff_render::verdict_text;
+use crate::render::diff_render::{side_words, verdict_text};
 use std::fmt::Write as _;
 use virtgap_workloads::units;
 
@@ -418,11 +418,11 @@ pub fn diff_chart(a: &[&Profile], b: &[&Profile], d: &ProfileDiff) -> String {
     let legend = [
         (
             COLOR_A,
-            format!("A: {}{}", d.host_a.describe(), runs_words(a)),
+            format!("A: {}{}", side_words(d, Host::A), runs_words(a)),
         ),
         (
             COLOR_B,
-            format!("B: {}{}", d.host_b.describe(), runs_words(b)),
+            format!("B: {}{}", side_words(d, Host::B), runs_words(b)),
         ),
     ];
     let hosts = [

@@ -5,9 +5,13 @@
 //! each stage shows its own delta and verdict.
 
 use super::{Svg, COLOR_A, COLOR_B, PART_COLORS};
-use crate::analysis::diff::{BreakdownPart, MetricId, ProfileDiff, Row, TailWaterfall, Verdict};
+use crate::analysis::diff::{
+    BreakdownPart, Host, MetricId, ProfileDiff, Row, TailWaterfall, Verdict,
+};
 use crate::model::stages::Stage;
-use crate::render::diff_render::{hypervisor_heading, label, signed, value, verdict_text};
+use crate::render::diff_render::{
+    hypervisor_heading, label, side_words, signed, value, verdict_text,
+};
 use std::fmt::Write as _;
 use virtgap_probes::hypervisor::Hypervisor;
 use virtgap_workloads::units;
@@ -262,8 +266,8 @@ pub fn waterfall_chart(d: &ProfileDiff) -> String {
     let mut y = svg.heading(
         title,
         &[
-            (COLOR_A, format!("A: {}", d.host_a.describe())),
-            (COLOR_B, format!("B: {}", d.host_b.describe())),
+            (COLOR_A, format!("A: {}", side_words(d, Host::A))),
+            (COLOR_B, format!("B: {}", side_words(d, Host::B))),
         ],
     );
     // The stages' colours.
@@ -302,8 +306,8 @@ pub fn hypervisor_chart(d: &ProfileDiff) -> String {
     let mut y = svg.heading(
         title,
         &[
-            (COLOR_A, format!("A: {}", d.host_a.describe())),
-            (COLOR_B, format!("B: {}", d.host_b.describe())),
+            (COLOR_A, format!("A: {}", side_words(d, Host::A))),
+            (COLOR_B, format!("B: {}", side_words(d, Host::B))),
         ],
     );
     svg.text(20.0, y + 4.0, "", &hypervisor_heading(d));
