@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::analysis::diff::{
-    compare_replicates, diff_hosts, DiffOptions, MetricId, ProfileDiff, Row, Verdict,
+    compare_replicates, diff_hosts, DiffOptions, MetricId, ProfileDiff, Row, SideSource, Verdict,
 };
 use crate::model::host::Fingerprint;
 use crate::model::iotune::{IotunePhase, IotuneProfile, Phase};
@@ -60,9 +60,19 @@ pub struct IotuneDiff {
     pub results_b: usize,
     /// What the figures were judged over.
     pub replicates: FigureReplicates,
+    /// Where each side's results came from: their files and when they were measured.
+    pub source_a: SideSource,
+    pub source_b: SideSource,
 }
 
 impl IotuneDiff {
+    /// The diff with each side's files named, as the caller read them.
+    pub fn with_files(mut self, a: Vec<String>, b: Vec<String>) -> Self {
+        self.source_a.files = a;
+        self.source_b.files = b;
+        self
+    }
+
     /// Whether a figure of B is significantly lower (each is a throughput: lower is slower).
     pub fn b_slower(&self) -> bool {
         self.phases.iter().any(|p| {
@@ -161,7 +171,14 @@ pub fn diff(a: &[&IotuneProfile], b: &[&IotuneProfile], opts: &DiffOptions) -> I
         results_a: a.len(),
         results_b: b.len(),
         replicates,
+        source_a: recorded(a),
+        source_b: recorded(b),
     }
+}
+
+/// When a side's results were measured, from their own start and end.
+fn recorded(side: &[&IotuneProfile]) -> SideSource {
+    SideSource::recorded(side.iter().map(|r| (r.started_unix_ms, r.ended_unix_ms)))
 }
 
 #[cfg(test)]

@@ -98,23 +98,26 @@ fn judge_and_report(
     };
     let a_profiles: Vec<&profile::Profile> = a_side.iter().map(|(_, p)| p).collect();
     let b_profiles: Vec<&profile::Profile> = b_side.iter().map(|(_, p)| p).collect();
-    // Each side named by its files (or instances) as the reports show them: the name alone,
-    // not the directory a run's scratch space happened to be in.
-    let names = |side: &[Named]| -> Vec<String> {
-        side.iter()
-            .map(|(path, _)| {
-                path.file_name()
-                    .unwrap_or(path.as_os_str())
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect()
-    };
+    let paths = |side: &[Named]| side.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
     let d = diff::diff_hosts(&a_profiles, &b_profiles, &options)
-        .with_files(names(a_side), names(b_side));
+        .with_files(file_names(&paths(a_side)), file_names(&paths(b_side)));
     print_report(args, &d)?;
     write_files(args, outputs, (&a_profiles, &b_profiles), &d)?;
     Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))
+}
+
+/// Each side's files (or Prometheus instances) as the reports name them: the name alone, not
+/// the directory a run's scratch space happened to be in.
+fn file_names(paths: &[std::path::PathBuf]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| {
+            p.file_name()
+                .unwrap_or(p.as_os_str())
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect()
 }
 
 /// `diff --prometheus URL A B`: each side's instances (those whose `virtgap_host_info` matches
@@ -440,7 +443,8 @@ fn diff_iotune(
         min_effect: args.min_effect,
     };
     let (a, b): (Vec<_>, Vec<_>) = (a.iter().collect(), b.iter().collect());
-    let d = crate::analysis::iotune_diff::diff(&a, &b, &options);
+    let d = crate::analysis::iotune_diff::diff(&a, &b, &options)
+        .with_files(file_names(&a_paths), file_names(&b_paths));
     let mut out = std::io::stdout().lock();
     if args.json {
         writeln!(out, "{}", crate::render::iotune_report::diff_json(&d)?)?;

@@ -647,7 +647,7 @@ pub(crate) fn side_name(d: &ProfileDiff, which: Host) -> String {
 }
 
 /// Where a side's figures came from and when they were recorded, if anyone said.
-fn source_words(s: &SideSource) -> Option<String> {
+pub(crate) fn source_words(s: &SideSource) -> Option<String> {
     let files = match s.files.as_slice() {
         [] => None,
         [one] => Some(format!("from {one}")),

@@ -9,7 +9,7 @@ use crate::analysis::diff::{HostEvidence, Verdict};
 use crate::analysis::iotune_diff::{FigureReplicates, IotuneDiff, PhaseDiff};
 use crate::model::iotune::{IotunePhase, IotuneProfile, IotuneProgress, Phase};
 use crate::render::diff_render::{
-    busiest_irq_cpu, hypervisor_share, percent, verdict_sentence, verdict_text,
+    busiest_irq_cpu, hypervisor_share, percent, source_words, verdict_sentence, verdict_text,
 };
 use virtgap_workloads::units;
 
@@ -199,8 +199,15 @@ fn figure_verdict(p: &PhaseDiff, d: &IotuneDiff) -> String {
 /// Two hosts' iotune results as text.
 pub fn diff_text(d: &IotuneDiff) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "A: {} ({})", d.host_a.describe(), d.target_a);
-    let _ = writeln!(s, "B: {} ({})", d.host_b.describe(), d.target_b);
+    for (letter, host, target, source) in [
+        ("A", &d.host_a, &d.target_a, &d.source_a),
+        ("B", &d.host_b, &d.target_b, &d.source_b),
+    ] {
+        let _ = writeln!(s, "{letter}: {} ({target})", host.describe());
+        if let Some(w) = source_words(source) {
+            let _ = writeln!(s, "   {w}");
+        }
+    }
     for (host, phases) in [("A", &d.only_a), ("B", &d.only_b)] {
         if !phases.is_empty() {
             let _ = writeln!(
@@ -315,6 +322,8 @@ pub fn diff_json(d: &IotuneDiff) -> serde_json::Result<String> {
         "kind": "iotune",
         "target_a": d.target_a,
         "target_b": d.target_b,
+        "source_a": source_words(&d.source_a),
+        "source_b": source_words(&d.source_b),
         "phases": phases,
         "only_a": d.only_a,
         "only_b": d.only_b,

@@ -387,17 +387,15 @@ pub struct SideSource {
 }
 
 impl SideSource {
-    /// When a side's profiles were recorded, from their own run information.
-    fn recorded(side: &[&Profile]) -> Self {
-        let started = side
-            .iter()
-            .map(|p| p.run.started_unix_ms)
-            .filter(|&t| t > 0)
-            .min();
-        let ended = side.iter().map(|p| p.run.ended_unix_ms).max();
+    /// A side recorded over `spans`, each a profile's or result's (start, end) in Unix ms (a
+    /// start of 0: not known): from the earliest start to the latest end.
+    pub fn recorded(spans: impl IntoIterator<Item = (u64, u64)>) -> Self {
+        let known: Vec<(u64, u64)> = spans.into_iter().filter(|&(s, _)| s > 0).collect();
+        let started = known.iter().map(|&(s, _)| s).min();
+        let ended = known.iter().map(|&(s, e)| e.max(s)).max();
         Self {
             files: Vec::new(),
-            recorded_unix_ms: started.map(|s| (s, ended.unwrap_or(s).max(s))),
+            recorded_unix_ms: started.zip(ended),
         }
     }
 }
@@ -539,9 +537,17 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         },
         verdict,
         hypervisor,
-        source_a: SideSource::recorded(a_side),
-        source_b: SideSource::recorded(b_side),
+        source_a: recorded(a_side),
+        source_b: recorded(b_side),
     }
+}
+
+/// When a side's profiles were recorded, from their own run information.
+fn recorded(side: &[&Profile]) -> SideSource {
+    SideSource::recorded(
+        side.iter()
+            .map(|p| (p.run.started_unix_ms, p.run.ended_unix_ms)),
+    )
 }
 
 /// One metric compared over replicates given by the caller (one figure per replicate and host,
