@@ -98,9 +98,10 @@ fn judge_and_report(
     };
     let a_profiles: Vec<&profile::Profile> = a_side.iter().map(|(_, p)| p).collect();
     let b_profiles: Vec<&profile::Profile> = b_side.iter().map(|(_, p)| p).collect();
-    let paths = |side: &[Named]| side.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
-    let d = diff::diff_hosts(&a_profiles, &b_profiles, &options)
-        .with_files(file_names(&paths(a_side)), file_names(&paths(b_side)));
+    let d = diff::diff_hosts(&a_profiles, &b_profiles, &options).with_files(
+        file_names(a_side.iter().map(|(p, _)| p.as_path())),
+        file_names(b_side.iter().map(|(p, _)| p.as_path())),
+    );
     print_report(args, &d)?;
     write_files(args, outputs, (&a_profiles, &b_profiles), &d)?;
     Ok(exit_for(args.fail_on, (d.b_slower(), d.any_significant())))
@@ -108,9 +109,9 @@ fn judge_and_report(
 
 /// Each side's files (or Prometheus instances) as the reports name them: the name alone, not
 /// the directory a run's scratch space happened to be in.
-fn file_names(paths: &[std::path::PathBuf]) -> Vec<String> {
+fn file_names<'a>(paths: impl IntoIterator<Item = &'a std::path::Path>) -> Vec<String> {
     paths
-        .iter()
+        .into_iter()
         .map(|p| {
             p.file_name()
                 .unwrap_or(p.as_os_str())
@@ -443,8 +444,10 @@ fn diff_iotune(
         min_effect: args.min_effect,
     };
     let (a, b): (Vec<_>, Vec<_>) = (a.iter().collect(), b.iter().collect());
-    let d = crate::analysis::iotune_diff::diff(&a, &b, &options)
-        .with_files(file_names(&a_paths), file_names(&b_paths));
+    let d = crate::analysis::iotune_diff::diff(&a, &b, &options).with_files(
+        file_names(a_paths.iter().map(|p| p.as_path())),
+        file_names(b_paths.iter().map(|p| p.as_path())),
+    );
     let mut out = std::io::stdout().lock();
     if args.json {
         writeln!(out, "{}", crate::render::iotune_report::diff_json(&d)?)?;
