@@ -10,9 +10,12 @@
 //!
 //! An open look records more runs a side, as the diff itself advises, up to the plan's cap;
 //! at the cap the experiment reports "inconclusive under this machine's noise" with the
-//! host's steal and run-to-run spread, and passes. A wrong look is confirmed on more runs (all
-//! the runs so far pooled with `step` new ones a side) before it fails: a single false positive
-//! at the diff's stated 5% error rate per family of rows does not repeat, a real error does.
+//! host's steal and run-to-run spread, and passes. A wrong look is confirmed on `step` fresh runs a
+//! side, judged on their own, before it fails: it fails only when one of the same findings is
+//! wrong again there. A false positive at the diff's stated 5% error rate per family of rows
+//! repeats on independent runs at that rate or less; a real error repeats. (Pooling the fresh
+//! runs with the first ones would carry the first look's chance extreme into the confirmation.)
+//! A fresh look that is right passes; one that is open goes on with all the runs pooled.
 //!
 //! Every outcome is one line in the file `VIRTGAP_EXPERIMENT_LOG` names (`just
 //! attribution-check` prints them at the end), so a reader sees each experiment's outcome, its
@@ -28,8 +31,9 @@ use serde_json::Value;
 /// What one look at a diff found.
 #[derive(Debug, Default)]
 pub struct Look {
-    /// Findings the injection rules out.
-    wrong: Vec<String>,
+    /// Findings the injection rules out, each under a name that stays the same from look to
+    /// look (its figures change).
+    wrong: Vec<(String, String)>,
     /// Effects the injection must show that the diff does not (yet) call.
     open: Vec<String>,
 }
@@ -39,10 +43,15 @@ impl Look {
         Self::default()
     }
 
-    /// A wrong answer when `found`.
-    pub fn wrong_if(&mut self, found: bool, what: impl FnOnce() -> String) {
+    /// A wrong answer, named `finding`, when `found`.
+    pub fn wrong_if(
+        &mut self,
+        found: bool,
+        finding: impl Into<String>,
+        what: impl FnOnce() -> String,
+    ) {
         if found {
-            self.wrong.push(what());
+            self.wrong.push((finding.into(), what()));
         }
     }
 
@@ -59,9 +68,11 @@ impl Look {
         let r = row(d, metric);
         let effect = r["effect"].as_f64().unwrap_or(0.0);
         let significant = r["verdict"] == "significant";
-        self.wrong_if(significant && effect * direction < 0.0, || {
-            format!("{metric} moved the wrong way: {}", brief(r))
-        });
+        self.wrong_if(
+            significant && effect * direction < 0.0,
+            format!("{metric} way"),
+            || format!("{metric} moved the wrong way: {}", brief(r)),
+        );
         self.open_unless(significant && effect * direction > 0.0, || {
             format!("{metric}: {}", brief(r))
         });
@@ -73,7 +84,7 @@ impl Look {
     pub fn must_name_stage(&mut self, d: &Value, metric: &str, required: bool) {
         let expected = &row(d, metric)["label"];
         let named = &d["verdict"];
-        self.wrong_if(!named.is_null() && named != expected, || {
+        self.wrong_if(!named.is_null() && named != expected, "stage named", || {
             format!("the verdict names {named}, not {expected}")
         });
         self.open_unless(!required || !named.is_null(), || {
@@ -89,7 +100,7 @@ impl Look {
             let r = row(d, metric);
             let slower = r["verdict"] == "significant" && r["delta"].as_f64().unwrap_or(0.0) > 0.0;
             let share = r["share"].as_f64().unwrap_or(0.0);
-            self.wrong_if(slower && share >= limit, || {
+            self.wrong_if(slower && share >= limit, format!("{metric} share"), || {
                 format!(
                     "{metric} is significantly slower and takes {:.0}% of the gap: {}",
                     share * 100.0,
@@ -101,7 +112,7 @@ impl Look {
 
     fn call(self) -> Call {
         if !self.wrong.is_empty() {
-            Call::Wrong(self.wrong.join("; "))
+            Call::Wrong(self.wrong)
         } else if !self.open.is_empty() {
             Call::Open(self.open.join("; "))
         } else {
@@ -112,8 +123,18 @@ impl Look {
 
 enum Call {
     Right,
-    Wrong(String),
+    /// The wrong findings, each (name, words).
+    Wrong(Vec<(String, String)>),
     Open(String),
+}
+
+/// Wrong findings in words.
+fn words(findings: &[(String, String)]) -> String {
+    findings
+        .iter()
+        .map(|(_, what)| what.as_str())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// How many runs a side an experiment starts with, adds per look, and stops at.
@@ -188,14 +209,16 @@ pub struct Ended {
 
 impl Experiment<'_> {
     /// Records `plan.first` runs a side, interleaved, and looks; records `plan.step` more a
-    /// side while the look is open and the cap allows, or once to confirm a wrong look. Panics
-    /// on a wrong answer that holds on more runs.
+    /// side while the look is open and the cap allows. A wrong look is confirmed on `step`
+    /// fresh runs a side, judged alone: it fails when one of its findings is found wrong again
+    /// there. Panics on a wrong answer that holds.
     pub fn run(mut self) -> Ended {
         let started = Instant::now();
         let Plan { first, step, cap } = self.plan;
         let (mut a, mut b) = (Vec::new(), Vec::new());
         self.record(&mut a, &mut b, first);
-        let mut unconfirmed: Option<String> = None;
+        // A wrong finding that did not hold on fresh runs, in words.
+        let mut unheld: Option<String> = None;
         loop {
             let n = a.len().min(b.len());
             let d = (self.diff)(
@@ -205,20 +228,23 @@ impl Experiment<'_> {
             );
             let noise = (self.noise)(&a, &b);
             eprintln!("noise: {noise}");
-            let runs = format!(
-                "{} + {} runs, {:.0} s",
-                a.len(),
-                b.len(),
-                started.elapsed().as_secs_f64()
-            );
+            let runs = |a: &[PathBuf], b: &[PathBuf]| {
+                format!(
+                    "{} + {} runs, {:.0} s",
+                    a.len(),
+                    b.len(),
+                    started.elapsed().as_secs_f64()
+                )
+            };
+            let note = unheld.as_ref().map_or(String::new(), |w| {
+                format!(" (an earlier look's \"{w}\" did not hold on fresh runs)")
+            });
             match self.judge_look(&d, &a, &b) {
                 Call::Right => {
-                    let note = unconfirmed.map_or(String::new(), |w| {
-                        format!(" (an earlier look's \"{w}\" did not hold on more runs)")
-                    });
                     self.log(&format!(
-                        "PASS {} ({runs}): the right answer{note}; {noise}",
-                        self.name
+                        "PASS {} ({}): the right answer{note}; {noise}",
+                        self.name,
+                        runs(&a, &b)
                     ));
                     return Ended {
                         diff: d,
@@ -227,34 +253,88 @@ impl Experiment<'_> {
                         found: true,
                     };
                 }
-                Call::Wrong(why) if unconfirmed.is_some() => {
-                    self.log(&format!(
-                        "FAIL {} ({runs}): wrong answer, held on more runs: {why}; {noise}",
-                        self.name
-                    ));
-                    panic!(
-                        "{}: wrong answer at {n} + {n} runs, held on more runs: {why}",
-                        self.name
-                    );
-                }
-                Call::Wrong(why) => {
+                Call::Wrong(found) => {
                     eprintln!(
-                        "{}: wrong at {n} + {n} runs: {why}\n  confirming on {step} more runs a side",
-                        self.name
+                        "{}: wrong at {n} + {n} runs: {}\n  confirming on {step} fresh runs a side",
+                        self.name,
+                        words(&found)
                     );
-                    unconfirmed = Some(why);
+                    self.record(&mut a, &mut b, step);
+                    let (fresh_a, fresh_b) = (&a[a.len() - step..], &b[b.len() - step..]);
+                    let fresh = (self.diff)(
+                        &format!("{} — {step} + {step} fresh runs", self.name),
+                        fresh_a,
+                        fresh_b,
+                    );
+                    let again = match self.judge_look(&fresh, fresh_a, fresh_b) {
+                        Call::Right => {
+                            self.log(&format!(
+                                "PASS {} ({}): the right answer on fresh runs (the first look's \"{}\" did not hold); {}",
+                                self.name,
+                                runs(fresh_a, fresh_b),
+                                words(&found),
+                                (self.noise)(fresh_a, fresh_b)
+                            ));
+                            return Ended {
+                                diff: fresh,
+                                a: fresh_a.to_vec(),
+                                b: fresh_b.to_vec(),
+                                found: true,
+                            };
+                        }
+                        Call::Wrong(again) => Some(again),
+                        Call::Open(_) => None,
+                    };
+                    if let Some(again) = again {
+                        let held: Vec<_> = again
+                            .into_iter()
+                            .filter(|(name, _)| found.iter().any(|(first, _)| first == name))
+                            .collect();
+                        if !held.is_empty() {
+                            let noise = (self.noise)(fresh_a, fresh_b);
+                            let why = words(&held);
+                            self.log(&format!(
+                                "FAIL {} ({}): wrong answer, held on fresh runs: {why}; first: {}; {noise}",
+                                self.name,
+                                runs(fresh_a, fresh_b),
+                                words(&found)
+                            ));
+                            panic!(
+                                "{}: wrong answer at {n} + {n} runs, held on {step} + {step} fresh runs: {why}",
+                                self.name
+                            );
+                        }
+                    }
+                    unheld = Some(words(&found));
+                    // The pooled runs are looked at again only while the cap allows more.
+                    if a.len().min(b.len()) > cap {
+                        self.log(&format!(
+                            "INCONCLUSIVE {} ({}): \"{}\" did not hold on fresh runs; {}",
+                            self.name,
+                            runs(&a, &b),
+                            words(&found),
+                            (self.noise)(&a, &b)
+                        ));
+                        return Ended {
+                            diff: d,
+                            a,
+                            b,
+                            found: false,
+                        };
+                    }
                 }
                 Call::Open(why) if n + step <= cap => {
                     eprintln!(
                         "{}: open at {n} + {n} runs: {why}\n  {step} more runs a side",
                         self.name
                     );
-                    unconfirmed = None;
+                    self.record(&mut a, &mut b, step);
                 }
                 Call::Open(why) => {
                     self.log(&format!(
-                        "INCONCLUSIVE {} ({runs}): {why}; inconclusive under this machine's noise: {noise}",
-                        self.name
+                        "INCONCLUSIVE {} ({}): {why}{note}; inconclusive under this machine's noise: {noise}",
+                        self.name,
+                        runs(&a, &b)
                     ));
                     return Ended {
                         diff: d,
@@ -264,7 +344,6 @@ impl Experiment<'_> {
                     };
                 }
             }
-            self.record(&mut a, &mut b, step);
         }
     }
 
@@ -350,4 +429,106 @@ pub fn spread(xs: &[f64]) -> String {
     let mean = xs.iter().sum::<f64>() / n;
     let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
     format!("{:.1}%", var.sqrt() / mean * 100.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs an experiment whose looks are scripted by `judge` (given the runs' file numbers),
+    /// recording nothing: how it ends, or the panic's words.
+    fn scripted(plan: Plan, judge: &JudgeFn) -> Result<Ended, String> {
+        let dir = std::env::temp_dir();
+        let diff = |_: &str, _: &[PathBuf], _: &[PathBuf]| Value::Null;
+        let noise = |_: &[PathBuf], _: &[PathBuf]| "no noise".to_string();
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            Experiment {
+                name: "scripted",
+                plan,
+                dir: &dir,
+                record_a: &mut |_| {},
+                record_b: &mut |_, _| {},
+                diff: &diff,
+                judge,
+                noise: &noise,
+            }
+            .run()
+        }))
+        .map_err(|e| e.downcast_ref::<String>().cloned().unwrap_or_default())
+    }
+
+    /// The numbers of the runs a look was given ("a3.json" → 3).
+    fn numbers(runs: &[PathBuf]) -> Vec<usize> {
+        runs.iter()
+            .map(|p| {
+                let name = p.file_stem().unwrap().to_str().unwrap();
+                name[1..].parse().unwrap()
+            })
+            .collect()
+    }
+
+    const PLAN: Plan = Plan {
+        first: 5,
+        step: 5,
+        cap: 5,
+    };
+
+    #[test]
+    fn a_wrong_finding_that_does_not_repeat_on_fresh_runs_passes() {
+        let judge = |_: &Value, a: &[PathBuf], _: &[PathBuf]| {
+            let mut look = Look::new();
+            // The first five runs hold a chance extreme; the fresh five do not.
+            look.wrong_if(numbers(a).contains(&0), "row x", || "x moved".into());
+            look
+        };
+        let ended = scripted(PLAN, &judge).unwrap();
+        assert!(ended.found);
+        assert_eq!(
+            numbers(&ended.a),
+            vec![5, 6, 7, 8, 9],
+            "judged on the fresh runs"
+        );
+    }
+
+    #[test]
+    fn a_wrong_finding_that_repeats_on_fresh_runs_fails() {
+        let judge = |_: &Value, _: &[PathBuf], _: &[PathBuf]| {
+            let mut look = Look::new();
+            look.wrong_if(true, "row x", || "x moved".into());
+            look
+        };
+        let why = scripted(PLAN, &judge).unwrap_err();
+        assert!(why.contains("held on 5 + 5 fresh runs: x moved"), "{why}");
+    }
+
+    #[test]
+    fn another_finding_on_the_fresh_runs_is_not_the_first_one_holding() {
+        let judge = |_: &Value, a: &[PathBuf], _: &[PathBuf]| {
+            let mut look = Look::new();
+            let first = numbers(a).contains(&0);
+            look.wrong_if(first, "row x", || "x moved".into());
+            look.wrong_if(!first, "row y", || "y moved".into());
+            look
+        };
+        let ended = scripted(PLAN, &judge).unwrap();
+        assert!(!ended.found, "at the cap with neither finding confirmed");
+        assert_eq!(ended.a.len(), 10);
+    }
+
+    #[test]
+    fn an_open_look_records_more_runs_up_to_the_cap() {
+        let plan = Plan {
+            first: 3,
+            step: 3,
+            cap: 6,
+        };
+        let judge = |_: &Value, a: &[PathBuf], _: &[PathBuf]| {
+            let mut look = Look::new();
+            look.open_unless(a.len() >= 9, || "not yet".into());
+            look
+        };
+        let ended = scripted(plan, &judge).unwrap();
+        assert!(!ended.found);
+        assert_eq!(ended.a.len(), 6);
+    }
 }
