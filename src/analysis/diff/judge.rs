@@ -112,20 +112,27 @@ pub(super) fn judge(
     if ![d, hw, low, high].iter().all(|x| x.is_finite()) {
         return no_interval;
     }
-    let excludes_zero = d - hw > 0.0 || d + hw < 0.0;
-    let verdict = if excludes_zero && d.abs() >= bound {
+    // Significant only when the whole interval lies beyond the smallest effect (a minimal-effect
+    // test): an interval that excludes no change but reaches into ±bound has not shown a
+    // difference that matters. Two sessions of one shared host drift by a few % (its minute of
+    // the machine), and "excludes zero with an estimate past 5%" called that drift in A/A pairs.
+    let beyond = d - hw > bound || d + hw < -bound;
+    let verdict = if beyond {
         Verdict::Significant
     } else if d - hw > -bound && d + hw < bound {
         Verdict::Equivalent
     } else {
         Verdict::Inconclusive
     };
-    // Runs per host for an 80% chance of telling the stated effect from none, from the
-    // pooled per-run spread; only runs say how runs vary.
+    // Runs per host for an 80% chance of an interval wholly on one side of the smallest
+    // effect, from the pooled per-run spread (only runs say how runs vary) and the estimate's
+    // distance from ±bound (at least a quarter of the bound: an estimate sitting on the bound
+    // is resolved by any drift of it).
     let runs_needed = (verdict == Verdict::Inconclusive && basis == Basis::Runs).then(|| {
         let have = ma.n.max(mb.n) as u32;
         let pooled_sd = ((ma.sd * ma.sd + mb.sd * mb.sd) / 2.0).sqrt();
-        runs_to_resolve(pooled_sd, bound, confidence).max(have + 1)
+        let distance = (d.abs() - bound).abs().max(bound / 4.0);
+        runs_to_resolve(pooled_sd, distance, confidence).max(have + 1)
     });
     Judgement {
         effect: from_scale(d),
