@@ -13,8 +13,8 @@
 //! interval over runs. With one run on a side, between-run noise is unknown: replicates are
 //! then batches of consecutive intervals (batch means, so autocorrelated intervals do not pose
 //! as independent ones) and the verdicts say they are within-run only. A row is a difference
-//! only when its interval excludes no change *and* its estimate reaches the user's smallest
-//! effect of interest (`--min-effect`); it is equivalent when the whole interval lies inside
+//! only when its whole interval lies beyond the user's smallest effect of interest
+//! (`--min-effect`) on one side; it is equivalent when the whole interval lies inside
 //! ±that effect; otherwise inconclusive, with the runs per host that would resolve it. Every
 //! rule is symmetric: swapping A and B mirrors each row.
 //!
@@ -73,7 +73,7 @@ pub enum Unit {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
-    /// The interval excludes no change and the estimate reaches the smallest effect.
+    /// The whole interval lies beyond the smallest effect, on one side.
     Significant,
     /// The whole interval lies within ±the smallest effect.
     Equivalent,
@@ -86,15 +86,16 @@ pub enum Verdict {
     /// One host has no hypervisor (metal): there is nothing to compare it with, and the other
     /// host's figure is all of the difference.
     NoHypervisor,
-    /// The interval excludes no change, but its replicates are batches within single runs:
+    /// The whole interval lies beyond the smallest effect, but its replicates are batches
+    /// within single runs:
     /// a host-wide figure drifts between runs more than batches show, so it holds for these
     /// runs only.
     WithinRuns,
 }
 
 impl Verdict {
-    /// The interval excludes no change and the effect is of interest: for good, or, from one
-    /// run a side, for these runs only.
+    /// The whole interval lies beyond the smallest effect: for good, or, from one run a side,
+    /// for these runs only.
     pub fn found_a_difference(self) -> bool {
         matches!(self, Self::Significant | Self::WithinRuns)
     }
