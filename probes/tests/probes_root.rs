@@ -16,6 +16,7 @@ use std::time::Instant;
 use virtgap_probes::follow::AttachTarget;
 use virtgap_probes::model::{AppOp, AppVia, BlockOp, BlockStage, SlowRequest};
 use virtgap_probes::{Family, ProbeConfig, ProbeSession, ProbeStorage};
+use virtgap_testkit::proc_stat::cpu_ticks;
 
 /// These tests measure the machine: run them one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -1530,7 +1531,7 @@ fn the_sampler_sees_a_busy_user_loop_and_an_idle_cpu() {
         return;
     }
     let busy_cpu = cpus - 1;
-    let stat_before = cpu_times();
+    let stat_before = cpu_ticks();
     let before = session.snapshot();
     let spinner = std::thread::spawn(move || {
         // SAFETY: plain affinity call for this thread with a set built on the stack.
@@ -1550,7 +1551,7 @@ fn the_sampler_sees_a_busy_user_loop_and_an_idle_cpu() {
     });
     spinner.join().unwrap();
     let after = session.snapshot();
-    let stat_after = cpu_times();
+    let stat_after = cpu_ticks();
     let s = after.sampler.unwrap().since(&before.sampler.unwrap());
     let busy = s
         .cpus
@@ -1566,7 +1567,8 @@ fn the_sampler_sees_a_busy_user_loop_and_an_idle_cpu() {
         / total as f64;
     // The spinner's CPU is user time, the spinner's or whatever shares the CPU with it: the
     // sampler's user share is the kernel's accounting of that CPU over the same window.
-    let kernel_user = stat_share(&stat_before, &stat_after, busy_cpu as u32, 0);
+    let cpu = busy_cpu as u32;
+    let kernel_user = stat_after[&cpu].share_since(&stat_before[&cpu], |t| t.user);
     eprintln!(
         "busy cpu{busy_cpu}: {total} samples, {:.1}% user by the sampler, {:.1}% by /proc/stat; top {:?}",
         user * 100.0,
@@ -1594,7 +1596,7 @@ fn the_sampler_sees_a_busy_user_loop_and_an_idle_cpu() {
             // Whatever else runs there (on a shared machine the other CPU may be anything but
             // idle), the sampler's idle share is the kernel's own accounting of that CPU's
             // idle time over the same window.
-            let kernel = stat_share(&stat_before, &stat_after, idle.cpu, 1);
+            let kernel = stat_after[&idle.cpu].share_since(&stat_before[&idle.cpu], |t| t.idle);
             eprintln!(
                 "other cpu{}: {:.1}% idle by the sampler, {:.1}% by /proc/stat; top {:?}",
                 idle.cpu,
@@ -1610,34 +1612,6 @@ fn the_sampler_sees_a_busy_user_loop_and_an_idle_cpu() {
             );
         }
     }
-}
-
-/// Each CPU's /proc/stat times in clock ticks: cpu number -> [user + nice, idle + iowait, all].
-fn cpu_times() -> std::collections::BTreeMap<u32, [u64; 3]> {
-    std::fs::read_to_string("/proc/stat")
-        .unwrap()
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let cpu: u32 = f.next()?.strip_prefix("cpu")?.parse().ok()?;
-            let v: Vec<u64> = f.filter_map(|x| x.parse().ok()).collect();
-            let user = v.first()? + v.get(1)?;
-            let idle = v.get(3)? + v.get(4).copied().unwrap_or(0);
-            Some((cpu, [user, idle, v.iter().take(8).sum()]))
-        })
-        .collect()
-}
-
-/// The share of `cpu`'s time between two `cpu_times` readings that the kernel counted as
-/// user (`field` 0) or idle (1).
-fn stat_share(
-    before: &std::collections::BTreeMap<u32, [u64; 3]>,
-    after: &std::collections::BTreeMap<u32, [u64; 3]>,
-    cpu: u32,
-    field: usize,
-) -> f64 {
-    let (b, a) = (before[&cpu], after[&cpu]);
-    (a[field] - b[field]) as f64 / (a[2] - b[2]).max(1) as f64
 }
 
 /// Known values fed through the BPF histogram helper on this kernel land in the slots whose

@@ -12,6 +12,7 @@ use std::io::Write;
 
 pub mod block;
 pub mod chart;
+pub mod proc_stat;
 
 /// Whether this is a CI run (`CI` set, as `.ci/run` and most CI services do).
 pub fn in_ci() -> bool {

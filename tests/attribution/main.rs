@@ -39,6 +39,7 @@ use common::root_allowed;
 use common::slow_device::{slow_fuse, SlowDevice};
 use sequential::{brief, profile_noise, row, spread, Experiment, Look, Plan};
 use virtgap_testkit::block::{BlkioGroup, MemoryLoop, PartitionedLoop};
+use virtgap_testkit::proc_stat::cpu_ticks;
 
 fn scratch() -> tempfile::TempDir {
     common::scratch("vg-attr-")
@@ -461,28 +462,13 @@ fn irq_cpu(path: &Path) -> Option<u32> {
 /// Each CPU's share of `window` spent running anything (idle, I/O wait and steal excluded),
 /// from /proc/stat, while this test sleeps: what else the machine is running.
 fn cpu_busy(window: Duration) -> Vec<(u32, f64)> {
-    let sample = || -> Vec<(u32, u64, u64)> {
-        std::fs::read_to_string("/proc/stat")
-            .unwrap()
-            .lines()
-            .filter_map(|l| {
-                let mut fields = l.split_whitespace();
-                let cpu: u32 = fields.next()?.strip_prefix("cpu")?.parse().ok()?;
-                let ticks: Vec<u64> = fields.filter_map(|f| f.parse().ok()).collect();
-                // user nice system idle iowait irq softirq steal ...
-                let idle = ticks.get(3)? + ticks.get(4)? + ticks.get(7).unwrap_or(&0);
-                Some((cpu, ticks.iter().take(8).sum::<u64>(), idle))
-            })
-            .collect()
-    };
-    let before = sample();
+    let before = cpu_ticks();
     std::thread::sleep(window);
-    sample()
+    cpu_ticks()
         .into_iter()
-        .filter_map(|(cpu, total, idle)| {
-            let &(_, t0, i0) = before.iter().find(|b| b.0 == cpu)?;
-            let all = total.saturating_sub(t0).max(1) as f64;
-            Some((cpu, 1.0 - idle.saturating_sub(i0) as f64 / all))
+        .filter_map(|(cpu, now)| {
+            let earlier = before.get(&cpu)?;
+            Some((cpu, 1.0 - now.share_since(earlier, |t| t.idle + t.steal)))
         })
         .collect()
 }

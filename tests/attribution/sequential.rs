@@ -196,11 +196,9 @@ pub struct Experiment<'a> {
     pub noise: &'a NoiseFn<'a>,
 }
 
-/// How an experiment ended (a wrong answer panics instead).
+/// How an experiment ended (a wrong answer panics instead): the runs of its last look.
 #[derive(Debug)]
 pub struct Ended {
-    /// The last look's diff.
-    pub diff: Value,
     pub a: Vec<PathBuf>,
     pub b: Vec<PathBuf>,
     /// True when the injected effect was found; false when it stayed inconclusive at the cap.
@@ -241,17 +239,12 @@ impl Experiment<'_> {
             });
             match self.judge_look(&d, &a, &b) {
                 Call::Right => {
-                    self.log(&format!(
+                    let line = format!(
                         "PASS {} ({}): the right answer{note}; {noise}",
                         self.name,
                         runs(&a, &b)
-                    ));
-                    return Ended {
-                        diff: d,
-                        a,
-                        b,
-                        found: true,
-                    };
+                    );
+                    return self.end(&line, a, b, true);
                 }
                 Call::Wrong(found) => {
                     eprintln!(
@@ -266,61 +259,50 @@ impl Experiment<'_> {
                         fresh_a,
                         fresh_b,
                     );
-                    let again = match self.judge_look(&fresh, fresh_a, fresh_b) {
+                    match self.judge_look(&fresh, fresh_a, fresh_b) {
                         Call::Right => {
-                            self.log(&format!(
+                            let line = format!(
                                 "PASS {} ({}): the right answer on fresh runs (the first look's \"{}\" did not hold); {}",
                                 self.name,
                                 runs(fresh_a, fresh_b),
                                 words(&found),
                                 (self.noise)(fresh_a, fresh_b)
-                            ));
-                            return Ended {
-                                diff: fresh,
-                                a: fresh_a.to_vec(),
-                                b: fresh_b.to_vec(),
-                                found: true,
-                            };
-                        }
-                        Call::Wrong(again) => Some(again),
-                        Call::Open(_) => None,
-                    };
-                    if let Some(again) = again {
-                        let held: Vec<_> = again
-                            .into_iter()
-                            .filter(|(name, _)| found.iter().any(|(first, _)| first == name))
-                            .collect();
-                        if !held.is_empty() {
-                            let noise = (self.noise)(fresh_a, fresh_b);
-                            let why = words(&held);
-                            self.log(&format!(
-                                "FAIL {} ({}): wrong answer, held on fresh runs: {why}; first: {}; {noise}",
-                                self.name,
-                                runs(fresh_a, fresh_b),
-                                words(&found)
-                            ));
-                            panic!(
-                                "{}: wrong answer at {n} + {n} runs, held on {step} + {step} fresh runs: {why}",
-                                self.name
                             );
+                            return self.end(&line, fresh_a, fresh_b, true);
                         }
+                        Call::Wrong(again) => {
+                            let held: Vec<_> = again
+                                .into_iter()
+                                .filter(|(name, _)| found.iter().any(|(first, _)| first == name))
+                                .collect();
+                            if !held.is_empty() {
+                                let why = words(&held);
+                                self.log(&format!(
+                                    "FAIL {} ({}): wrong answer, held on fresh runs: {why}; first: {}; {}",
+                                    self.name,
+                                    runs(fresh_a, fresh_b),
+                                    words(&found),
+                                    (self.noise)(fresh_a, fresh_b)
+                                ));
+                                panic!(
+                                    "{}: wrong answer at {n} + {n} runs, held on {step} + {step} fresh runs: {why}",
+                                    self.name
+                                );
+                            }
+                        }
+                        Call::Open(_) => {}
                     }
                     unheld = Some(words(&found));
                     // The pooled runs are looked at again only while the cap allows more.
                     if a.len().min(b.len()) > cap {
-                        self.log(&format!(
+                        let line = format!(
                             "INCONCLUSIVE {} ({}): \"{}\" did not hold on fresh runs; {}",
                             self.name,
                             runs(&a, &b),
                             words(&found),
                             (self.noise)(&a, &b)
-                        ));
-                        return Ended {
-                            diff: d,
-                            a,
-                            b,
-                            found: false,
-                        };
+                        );
+                        return self.end(&line, a, b, false);
                     }
                 }
                 Call::Open(why) if n + step <= cap => {
@@ -331,19 +313,30 @@ impl Experiment<'_> {
                     self.record(&mut a, &mut b, step);
                 }
                 Call::Open(why) => {
-                    self.log(&format!(
+                    let line = format!(
                         "INCONCLUSIVE {} ({}): {why}{note}; inconclusive under this machine's noise: {noise}",
                         self.name,
                         runs(&a, &b)
-                    ));
-                    return Ended {
-                        diff: d,
-                        a,
-                        b,
-                        found: false,
-                    };
+                    );
+                    return self.end(&line, a, b, false);
                 }
             }
+        }
+    }
+
+    /// Logs how the experiment ended, with the runs of its last look.
+    fn end(
+        &self,
+        line: &str,
+        a: impl Into<Vec<PathBuf>>,
+        b: impl Into<Vec<PathBuf>>,
+        found: bool,
+    ) -> Ended {
+        self.log(line);
+        Ended {
+            a: a.into(),
+            b: b.into(),
+            found,
         }
     }
 
