@@ -838,8 +838,10 @@ def check_tail(c, name, profile):
             f"{name}: kept {p99['ios']} of the {p99['expected_ios']} I/Os above p99")
     c.check(tail["requests_dropped"] == 0, f"{name}: {tail['requests_dropped']} slow requests dropped")
     # Under emulation most tails are the guest's own scheduling (software), whose requests are
-    # too short to be sent: some joined shows the join works on this kernel and device.
-    c.check(p99["joined"] >= 0.1 * p99["ios"] and "unjoinable" not in tail,
+    # too short to be sent, and how many are depends on the emulator's day (8% to 57% seen on
+    # one dm target): any joined shows the join works on this kernel and device, and a join
+    # broken by a wrong sector mapping joins none.
+    c.check(p99["joined"] >= 1 and "unjoinable" not in tail,
             f"{name}: {p99['joined']} of {p99['ios']} I/Os above p99 joined to their request")
 
 
