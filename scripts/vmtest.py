@@ -22,6 +22,7 @@ busybox-static, mdadm, dmsetup, cpio and apt; `./setup.sh vmtest` installs them.
 
 import argparse
 import bisect
+import csv
 import dataclasses
 import gzip
 import json
@@ -334,7 +335,7 @@ for hv in @HYPERVISORS@; do step hv-$hv /bin/virtgap doctor --hypervisor $hv --j
 echo 0 > /sys/devices/system/cpu/cpu2/online
 step offline /bin/virtgap doctor --json
 echo 1 > /sys/devices/system/cpu/cpu2/online
-step nvme $RECORD --target /dev/$NVME -o /out/nvme.json
+step nvme $RECORD --target /dev/$NVME -o /out/nvme.json --csv /out/nvme-csv
 # The paravirt timers at work, with the probes loaded as in a Xen guest: its timer path is
 # timed at clockevents_program_event, which every CPU calls from idle and from interrupts. By
 # fentry, then by kprobes (one object per function before 5.15, cookies since).
@@ -905,6 +906,25 @@ def check_nvme_queues(c, profile, device):
                 f"nvme: {irq['name']} handled on its CPU(s) {owners}: {counts}")
 
 
+def check_nvme_csv(c, results, device):
+    """histograms.csv holds each NVMe queue's commands under its queue id, as many as the
+    profile counts."""
+    path = os.path.join(results, "nvme-csv", "histograms.csv")
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+    except OSError as e:
+        c.check(False, f"nvme: histograms.csv: {e}")
+        return
+    in_csv = {}
+    for r in rows:
+        if r["stage"] == "nvme_command" and r["device"] == device["name"]:
+            in_csv[int(r["queue"])] = in_csv.get(int(r["queue"]), 0) + int(r["count"])
+    profile = {q["qid"]: q["count"] for q in device.get("nvme_queues", []) if q["count"] > 0}
+    c.check(profile and in_csv == profile,
+            f"nvme: histograms.csv's commands per queue id {in_csv} = the profile's {profile}")
+
+
 def cpu_list(text):
     """"0-2,5" -> [0, 1, 2, 5]"""
     cpus = []
@@ -1052,6 +1072,7 @@ def check_guest(c, console, results, virtgap):
     found = check_rand4k(c, results, "nvme", nvme, [names.get("nvme", "?")])
     if found and names.get("nvme") in found:
         check_nvme_queues(c, nvme, found[names["nvme"]])
+        check_nvme_csv(c, results, found[names["nvme"]])
     check_tail(c, "nvme", nvme)
     check_idle(c, "nvme", nvme, read_text(results, "uname").strip())
     check_throttle(c, read_json(results, "throttle.json"))

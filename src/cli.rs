@@ -85,8 +85,8 @@ pub struct ServeArgs {
     #[arg(short, long)]
     pub quiet: bool,
 
-    /// Label block stages by hardware queue too (up to 4 a device, the rest "other"): about
-    /// five times the series
+    /// Label block stages by hardware queue, and NVMe commands by queue id, too (up to 4 a
+    /// device, the rest "other"): about five times the series
     #[arg(long)]
     pub per_queue: bool,
 

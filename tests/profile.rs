@@ -220,7 +220,7 @@ fn every_csv_reads_back_with_its_declared_columns() {
 import csv, sys
 declared = {
     "intervals.csv": ["schema_version","host","label","interval","start_s","end_s","metric","cpu","device","stage","name","value"],
-    "histograms.csv": ["schema_version","host","label","run","device","op","stage","bucket_low_ns","bucket_high_ns","count"],
+    "histograms.csv": ["schema_version","host","label","run","device","op","queue","stage","bucket_low_ns","bucket_high_ns","count"],
     "summary.csv": ["schema_version","host","label","metric","value"],
     "host.csv": ["schema_version","host","label","key","value"],
     "runs.csv": ["schema_version","host","label","run","metric","value"],
@@ -233,7 +233,7 @@ for name, cols in declared.items():
     assert len(rows) > 1, f"{name} has no data rows"
     for r in rows[1:]:
         assert len(r) == len(cols), (name, r)
-        assert r[0] == "2", (name, "schema version", r)
+        assert r[0] == "3", (name, "schema version", r)
         assert (r[1], r[2]) == (hostname, "csv-test"), (name, "host and label", r)
 print("ok")
 "#;

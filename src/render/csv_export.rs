@@ -9,7 +9,7 @@ use crate::model::profile::Profile;
 use crate::model::stages::Stage;
 
 /// Version of the CSV layout; bump when columns or metric names change.
-pub const CSV_SCHEMA_VERSION: u32 = 2;
+pub const CSV_SCHEMA_VERSION: u32 = 3;
 
 pub const FILES: [&str; 5] = [
     "intervals.csv",
@@ -33,13 +33,14 @@ pub const INTERVAL_COLUMNS: [&str; 12] = [
     "name",
     "value",
 ];
-pub const HISTOGRAM_COLUMNS: [&str; 10] = [
+pub const HISTOGRAM_COLUMNS: [&str; 11] = [
     "schema_version",
     "host",
     "label",
     "run",
     "device",
     "op",
+    "queue",
     "stage",
     "bucket_low_ns",
     "bucket_high_ns",
@@ -236,16 +237,18 @@ impl IntervalRows<'_> {
 
 /// `histograms.csv`: one row per non-empty bucket of each stage histogram — of the profile's
 /// runs pooled (`run` "all"), of each run, and of each disk (`device`) by kind of request (`op`
-/// "read", "write", "flush"; "all" for the disk's requests together).
+/// "read", "write", "flush"; "all" for the disk's requests together) — and of each NVMe disk's
+/// commands per queue id (`stage` "nvme_command", `queue` the id, 0 the admin queue).
 pub fn histograms(p: &Profile) -> String {
     use crate::model::histogram::Histogram;
     let mut w = CsvFile::new(&HISTOGRAM_COLUMNS, p);
-    let mut rows = |run: &str, device: &str, op: &str, stage: &str, h: Option<&Histogram>| {
+    let mut rows = |[run, device, op, queue]: [&str; 4], stage: &str, h: Option<&Histogram>| {
         for [low, high, count] in h.map(|h| h.buckets.as_slice()).unwrap_or_default() {
             w.row([
                 run,
                 device,
                 op,
+                queue,
                 stage,
                 &low.to_string(),
                 &high.to_string(),
@@ -254,12 +257,12 @@ pub fn histograms(p: &Profile) -> String {
         }
     };
     for stage in Stage::ALL {
-        rows("all", "", "", stage.name(), p.stages.get(stage));
+        rows(["all", "", "", ""], stage.name(), p.stages.get(stage));
     }
     for r in &p.runs {
         let run = r.run.to_string();
         for stage in Stage::ALL {
-            rows(&run, "", "", stage.name(), r.stages.get(stage));
+            rows([&run, "", "", ""], stage.name(), r.stages.get(stage));
         }
     }
     for d in &p.devices {
@@ -271,8 +274,16 @@ pub fn histograms(p: &Profile) -> String {
                 (Stage::Device, &s.device),
                 (Stage::Completion, &s.completion),
             ] {
-                rows("all", &d.name, op, stage.name(), h.as_ref());
+                rows(["all", &d.name, op, ""], stage.name(), h.as_ref());
             }
+        }
+        for q in &d.nvme_queues {
+            let qid = q.qid.to_string();
+            rows(
+                ["all", &d.name, "all", &qid],
+                "nvme_command",
+                q.latency.as_ref(),
+            );
         }
     }
     w.finish()
@@ -793,8 +804,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// The per-run curves the diff judges, and each disk's by kind of request, can be rebuilt
-    /// from `histograms.csv`: every histogram's buckets add up to its count.
+    /// The per-run curves the diff judges, each disk's by kind of request, and an NVMe disk's
+    /// per queue id can be rebuilt from `histograms.csv`: every histogram's buckets add up to
+    /// its count.
     #[test]
     fn histograms_hold_each_run_and_each_disk_by_op() {
         use crate::model::devices::{DeviceProfile, DeviceStages, OpStages};
@@ -811,6 +823,11 @@ pub(crate) mod tests {
             device: p.stages.device.clone(),
             completion: None,
         };
+        let nvme = |qid| crate::model::devices::NvmeQueueLatency {
+            qid,
+            latency: p.stages.device.clone(),
+            ..Default::default()
+        };
         p.devices = vec![DeviceProfile {
             name: "vda".into(),
             stages: stages.clone(),
@@ -818,9 +835,20 @@ pub(crate) mod tests {
                 op: "read".into(),
                 stages,
             }],
+            nvme_queues: vec![nvme(1), nvme(2)],
             ..Default::default()
         }];
         let text = histograms(&p);
+        // Each NVMe queue's commands, under its id.
+        for qid in ["1", "2"] {
+            let commands: u64 = csv::Reader::from_reader(text.as_bytes())
+                .records()
+                .map(|r| r.unwrap())
+                .filter(|r| &r[7] == "nvme_command" && &r[6] == qid && &r[4] == "vda")
+                .map(|r| r[10].parse::<u64>().unwrap())
+                .sum();
+            assert_eq!(commands, p.stages.device.as_ref().unwrap().count, "q{qid}");
+        }
         let mut counts: std::collections::BTreeMap<(String, String, String, String), u64> =
             Default::default();
         for row in csv::Reader::from_reader(text.as_bytes()).records() {
@@ -829,9 +857,9 @@ pub(crate) mod tests {
                 row[3].to_string(),
                 row[4].to_string(),
                 row[5].to_string(),
-                row[6].to_string(),
+                row[7].to_string(),
             );
-            *counts.entry(key).or_default() += row[9].parse::<u64>().unwrap();
+            *counts.entry(key).or_default() += row[10].parse::<u64>().unwrap();
         }
         let device_count = p.stages.device.as_ref().unwrap().count;
         let key = |run: &str, dev: &str, op: &str, stage: &str| {

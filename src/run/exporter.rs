@@ -160,6 +160,8 @@ pub struct Exporter {
     cx: ExporterContext,
     bounds_ns: Vec<u64>,
     queues: StickyLabels<DevNum, u16>,
+    /// NVMe queue ids (with `per_queue`), labelled as the block stages' queues are.
+    nvme_queues: StickyLabels<DevNum, u16>,
     irqs: StickyLabels<(), (u32, u32)>,
     devices: BTreeMap<DevNum, String>,
 }
@@ -233,6 +235,7 @@ impl Exporter {
         Self {
             bounds_ns: bucket_bounds_ns(cx.series.coarse_buckets),
             queues: StickyLabels::default(),
+            nvme_queues: StickyLabels::default(),
             irqs: StickyLabels::default(),
             devices: BTreeMap::new(),
             cx,
@@ -251,6 +254,7 @@ impl Exporter {
     pub fn families(&mut self, total: &ProbeSnapshot) -> Vec<MetricFamily> {
         let mut out = vec![self.host_info()];
         self.block(total, &mut out);
+        self.nvme(total, &mut out);
         self.app(total, &mut out);
         self.irq(total, &mut out);
         if let Some(w) = &total.wakeups {
@@ -492,6 +496,53 @@ impl Exporter {
             None,
             MetricKind::Counter,
             vec![count(vec![], cross)],
+        ));
+    }
+
+    /// NVMe command latency (setup to completion) per disk and operation, and per queue id
+    /// with `per_queue` (the first few of each disk; the rest "other", as the block stages'
+    /// queues). Queue id 0 is the admin queue.
+    fn nvme(&mut self, total: &ProbeSnapshot, out: &mut Vec<MetricFamily>) {
+        let Some(n) = &total.nvme else {
+            return;
+        };
+        let mut commands: BTreeMap<(String, String, &'static str), KernelHist> = BTreeMap::new();
+        for q in &n.queues {
+            let device = self.device(q.dev);
+            if !self.cx.series.exports(&device) {
+                continue;
+            }
+            let qid = if !self.cx.series.per_queue {
+                String::new()
+            } else if self
+                .nvme_queues
+                .named(&q.dev, &q.qid, MAX_QUEUES_PER_DEVICE)
+            {
+                q.qid.to_string()
+            } else {
+                "other".to_string()
+            };
+            commands
+                .entry((device, qid, q.op.name()))
+                .or_default()
+                .merge(&q.hist);
+        }
+        let per_queue = self.cx.series.per_queue;
+        out.push(family(
+            "virtgap_nvme_command",
+            "NVMe command latency, from the driver's setup of the command to its completion, by disk and operation (and queue id with --per-queue; 0 is the admin queue)",
+            Some(MetricUnit::Seconds),
+            MetricKind::Histogram,
+            commands
+                .iter()
+                .map(|((device, qid, op), h)| Sample {
+                    labels: labels(&[("device", device), ("qid", qid), ("op", op)])
+                        .into_iter()
+                        .filter(|(k, _)| k != "qid" || per_queue)
+                        .collect(),
+                    value: buckets(h, &self.bounds_ns),
+                })
+                .collect(),
         ));
     }
 
@@ -1151,6 +1202,79 @@ mod tests {
             }),
             0
         );
+    }
+
+    /// NVMe commands on one disk's admin queue and eight I/O queues: one histogram per
+    /// operation by default, the first four queue ids and "other" with `--per-queue`, none for
+    /// a disk `--device` leaves out; every command is counted once whichever the labels.
+    #[test]
+    fn nvme_commands_are_a_histogram_per_disk_and_op_and_per_queue_on_request() {
+        use virtgap_probes::model::{NvmeQueueHist, NvmeSnapshot};
+        let mut queues = Vec::new();
+        for qid in 0..9u16 {
+            for (op, n) in [(BlockOp::Read, 5), (BlockOp::Write, 2)] {
+                let mut hist = KernelHist::default();
+                hist.slots[40] = n;
+                hist.count = n;
+                hist.sum_ns = n * 20_000;
+                queues.push(NvmeQueueHist {
+                    dev: (259, 0),
+                    qid,
+                    op,
+                    hist,
+                });
+            }
+        }
+        let snapshot = ProbeSnapshot {
+            nvme: Some(NvmeSnapshot { queues, dropped: 0 }),
+            ..Default::default()
+        };
+        let samples = |options: SeriesOptions| -> Vec<(String, String, u64)> {
+            let mut exporter = fixture_exporter(CapabilityReport::default(), options);
+            let families = exporter.families(&snapshot);
+            let f = families
+                .iter()
+                .find(|f| f.name == "virtgap_nvme_command")
+                .expect("the NVMe family");
+            assert_eq!(f.unit, Some(MetricUnit::Seconds));
+            f.samples
+                .iter()
+                .map(|s| {
+                    let SampleValue::Histogram { count, .. } = &s.value else {
+                        panic!("not a histogram: {s:?}")
+                    };
+                    (label_of(s, "qid"), label_of(s, "op"), *count)
+                })
+                .collect()
+        };
+        assert_eq!(
+            samples(SeriesOptions::default()),
+            [
+                ("".into(), "read".into(), 45),
+                ("".into(), "write".into(), 18)
+            ]
+        );
+        let per_queue = samples(SeriesOptions {
+            per_queue: true,
+            ..Default::default()
+        });
+        let qids: std::collections::BTreeSet<&str> =
+            per_queue.iter().map(|(q, ..)| q.as_str()).collect();
+        assert_eq!(
+            qids.into_iter().collect::<Vec<_>>(),
+            ["0", "1", "2", "3", "other"]
+        );
+        let other_reads = per_queue
+            .iter()
+            .find(|(q, op, _)| q == "other" && op == "read")
+            .map(|s| s.2);
+        assert_eq!(other_reads, Some(5 * 5));
+        assert_eq!(per_queue.iter().map(|s| s.2).sum::<u64>(), 45 + 18);
+        assert!(samples(SeriesOptions {
+            devices: vec!["another-disk".into()],
+            ..Default::default()
+        })
+        .is_empty());
     }
 
     /// A disk known at attach has its series at zero on the first page, before its first

@@ -918,10 +918,64 @@ fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
             unavailable_reason(app, Family::Block)
         )));
     }
+    let dev = selected.and_then(|d| {
+        app.device_names
+            .iter()
+            .find(|(_, name)| **name == d.name)
+            .map(|(dev, _)| *dev)
+    });
+    let nvme = nvme_lines(app.shown().probes.as_ref(), dev);
+    let hist = if nvme.is_empty() {
+        hist
+    } else {
+        let height = (nvme.len() as u16 + 2).min(hist.height / 2);
+        let [hist, queues] =
+            Layout::vertical([Constraint::Min(4), Constraint::Length(height)]).areas(hist);
+        f.render_widget(
+            Paragraph::new(nvme).block(
+                Block::bordered().title(" NVMe command latency per queue (setup -> completion) "),
+            ),
+            queues,
+        );
+        hist
+    };
     f.render_widget(
         Paragraph::new(rows).block(Block::bordered().title(title)),
         hist,
     );
+}
+
+/// Disk `dev`'s NVMe commands since the start, a line per queue id (0: the admin queue), read
+/// as the profile reads them; none when the disk is no NVMe disk or the family did not run.
+fn nvme_lines(probes: Option<&ProbeSnapshot>, dev: Option<(u32, u32)>) -> Vec<Line<'static>> {
+    let (Some(nvme), Some(dev)) = (probes.and_then(|p| p.nvme.as_ref()), dev) else {
+        return Vec::new();
+    };
+    let mut by_qid: std::collections::BTreeMap<u16, virtgap_probes::hist::KernelHist> =
+        std::collections::BTreeMap::new();
+    for q in nvme.queues.iter().filter(|q| q.dev == dev) {
+        by_qid.entry(q.qid).or_default().merge(&q.hist);
+    }
+    let mut lines = vec![Line::from(format!(
+        "{:<6} {:>10} {:>10} {:>10} {:>10}",
+        "queue", "commands", "mean", "p50", "p99"
+    ))
+    .bold()];
+    for (qid, h) in by_qid.iter().filter(|(_, h)| h.count > 0) {
+        let h = Histogram::from_kernel(h);
+        lines.push(Line::from(format!(
+            "{:<6} {:>10} {:>10} {:>10} {:>10}",
+            format!("q{qid}"),
+            h.count,
+            lat(h.mean_ns()),
+            lat(h.percentile_ns(50.0)),
+            lat(h.percentile_ns(99.0))
+        )));
+    }
+    if lines.len() == 1 {
+        return Vec::new();
+    }
+    lines
 }
 
 fn render_help(f: &mut Frame<'_>, area: Rect) {
@@ -1296,6 +1350,63 @@ mod tests {
                 "{w}x{h}: bars {big} and {small}, expected {expected:.1}\n{screen}"
             );
         }
+    }
+
+    /// An NVMe disk's commands per queue id sit under its device-time histogram, each queue
+    /// with its count and the latencies the profile gives the same histogram.
+    #[test]
+    fn the_devices_view_shows_an_nvme_disks_commands_per_queue() {
+        use virtgap_probes::model::{NvmeQueueHist, NvmeSnapshot};
+        let mut app = fixture_app(false);
+        let mut snap = probe_snapshot(1);
+        let queue = |qid, op, values: &[(u64, u64)]| NvmeQueueHist {
+            dev: (254, 0),
+            qid,
+            op,
+            hist: hist(values),
+        };
+        snap.nvme = Some(NvmeSnapshot {
+            queues: vec![
+                queue(1, BlockOp::Read, &[(80_000, 600), (400_000, 10)]),
+                queue(1, BlockOp::Write, &[(20_000, 90)]),
+                queue(2, BlockOp::Read, &[(90_000, 210)]),
+                // Another disk's queue: not this one's.
+                NvmeQueueHist {
+                    dev: (259, 1),
+                    ..queue(3, BlockOp::Read, &[(1_000, 5)])
+                },
+            ],
+            dropped: 0,
+        });
+        app.on_probe_snapshot(snap.clone(), snap);
+        press(&mut app, KeyCode::Char('4'));
+        let screen = draw(&app, 160, 50);
+        assert!(
+            screen.contains("NVMe command latency per queue"),
+            "{screen}"
+        );
+        let line = |q: &str| {
+            screen
+                .lines()
+                .find(|l| {
+                    l.trim_start_matches(['"', '│'])
+                        .starts_with(&format!("{q} "))
+                })
+                .unwrap_or_else(|| panic!("no {q} line:\n{screen}"))
+                .to_string()
+        };
+        let mut q1 = hist(&[(80_000, 600), (400_000, 10)]);
+        q1.merge(&hist(&[(20_000, 90)]));
+        let q1 = Histogram::from_kernel(&q1);
+        for want in [
+            "700".to_string(),
+            units::latency(q1.mean_ns().unwrap()),
+            units::latency(q1.percentile_ns(99.0).unwrap()),
+        ] {
+            assert!(line("q1").contains(&want), "q1 without {want}:\n{screen}");
+        }
+        assert!(line("q2").contains(" 210 "), "{screen}");
+        assert!(!screen.contains("q3 "), "{screen}");
     }
 
     #[test]
