@@ -72,6 +72,15 @@ pub fn app_stage(stats: &RunStats) -> Histogram {
     Histogram::from_latency(&all)
 }
 
+/// An attached run's app stage from a probe snapshot: the followed processes' reads and
+/// writes, system calls and io_uring requests together (fsyncs apart); None when the app probe
+/// did not run.
+pub fn attached_app_stage(snap: &ProbeSnapshot) -> Option<Histogram> {
+    snap.app
+        .as_ref()
+        .map(|a| Histogram::from_kernel(&a.data_latency()))
+}
+
 fn load_of(cpus: &mut BTreeMap<u32, CpuLoad>, cpu: u32) -> &mut CpuLoad {
     cpus.entry(cpu).or_insert_with(|| CpuLoad {
         cpu,

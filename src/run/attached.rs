@@ -334,10 +334,8 @@ impl TailThresholds {
     /// half (as a workload's autopsy keeps them: a slow call whose request was shorter spent
     /// most of its time outside the block layer).
     fn follow(&self, total: &ProbeSnapshot) {
-        let Some(p99) = total
-            .app
-            .as_ref()
-            .and_then(|a| Histogram::from_kernel(&a.data_latency()).percentile_ns(99.0))
+        let Some(p99) =
+            crate::run::assemble::attached_app_stage(total).and_then(|h| h.percentile_ns(99.0))
         else {
             return;
         };
@@ -456,8 +454,8 @@ pub fn attached_profile(
     })?;
     // App latency: the read and write calls and requests are the app stage (fsyncs are apart).
     let app_kinds = window.and_then(|w| w.app.as_ref());
-    if let Some(app) = app_kinds {
-        profile.stages.app = Histogram::from_kernel(&app.data_latency());
+    if let Some(app) = window.and_then(crate::run::assemble::attached_app_stage) {
+        profile.stages.app = app;
     }
     // The processes' CPU time is not measured: none per I/O rather than 0.
     profile.results.cpu_ns_per_io = None;

@@ -199,11 +199,7 @@ impl IntervalSeries {
         let raw = self.probes_seen - *self.origin.get_or_insert(self.probes_seen);
         self.probes_seen += 1;
         let start_ns = end_ns.saturating_sub(snapshot.elapsed_ns);
-        let app = snapshot
-            .app
-            .as_ref()
-            .map(|a| crate::model::histogram::Histogram::from_kernel(&a.data_latency()))
-            .unwrap_or_default();
+        let app = crate::run::assemble::attached_app_stage(snapshot).unwrap_or_default();
         let probes = ProbeInterval::of(snapshot, self.devs.as_deref(), self.hypervisor);
         let interval = Interval {
             index: raw,

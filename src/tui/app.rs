@@ -246,12 +246,11 @@ impl App {
         }
         self.live.probes = self.recorder.window();
         if self.attached {
-            self.live.attached_app = self.live.probes.as_ref().and_then(|w| {
-                let a = w.app.as_ref()?;
-                Some(crate::model::histogram::Histogram::from_kernel(
-                    &a.data_latency(),
-                ))
-            });
+            self.live.attached_app = self
+                .live
+                .probes
+                .as_ref()
+                .and_then(crate::run::assemble::attached_app_stage);
         }
         self.live.probe_interval = Some(interval);
     }
@@ -278,9 +277,8 @@ impl App {
                 .map(|k| k.bytes)
                 .sum::<u64>()
         });
-        let p99 = app
-            .map(|a| crate::model::histogram::Histogram::from_kernel(&a.data_latency()))
-            .and_then(|h| h.percentile_ns(99.0));
+        let p99 =
+            crate::run::assemble::attached_app_stage(interval).and_then(|h| h.percentile_ns(99.0));
         let d = &mut self.live;
         d.elapsed = elapsed;
         d.points.push_back(Point {
