@@ -87,9 +87,11 @@ bench-serve MINUTES="10": build
     python3 scripts/soak_serve.py --virtgap target/release/virtgap --minutes {{MINUTES}}
 
 # Probe overhead: rand4k with no probes, all of ours, and bpftrace's biolatency; IOPS ratios, ns
-# per event and per I/O. DEVICE: `file` (on this disk) or `memory` (a loop device over /dev/shm)
-bench-overhead ROUNDS="5" RUNTIME="10" DEVICE="file": build
-    python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}} --device {{DEVICE}}
+# per event and per I/O, and the mean latency each adds per read. DEVICE: `file` (on this disk)
+# or `memory` (a loop device over /dev/shm); QD: reads in flight (`preset`, or 1 for the latency
+# a one-read-at-a-time database feels)
+bench-overhead ROUNDS="5" RUNTIME="10" DEVICE="file" QD="preset": build
+    python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}} --device {{DEVICE}} {{ if QD == "preset" { "" } else { "--qd " + QD } }}
 
 # `virtgap iotune`'s four figures against the best of a fio sweep (numjobs x iodepth) on the same
 # target, on a file on this disk and on a loop device over memory; ratios ours/fio (root)

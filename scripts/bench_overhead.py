@@ -7,7 +7,11 @@ virtgap's own cost per event and per I/O beside bpftrace's per I/O, and their ra
 
 Targets: a 1 GiB file on this machine's disk (`--device file`, the default), or a loop device
 over a file in /dev/shm (`--device memory`), which serves reads from memory at several times a
-virtio disk's rate, so a probe's cost per I/O weighs more in the IOPS ratio."""
+virtio disk's rate, so a probe's cost per I/O weighs more in the IOPS ratio.
+
+`--qd 1` measures what a latency-bound database feels instead: one read in flight, so each
+probe's time lands on the read's own path; the bench then also prints the mean latency each
+traced variant adds per read (its mean minus the untraced run's of the same round), in µs."""
 
 import argparse
 import contextlib
@@ -41,9 +45,11 @@ def ensure_tracefs():
         print("bench: mounted tracefs on /sys/kernel/tracing (bpftrace's tracepoints need it)")
 
 
-def record(virtgap, path, runtime, probes):
+def record(virtgap, path, runtime, probes, qd=None):
     cmd = [virtgap, "record", "-w", "rand4k", "--target", path, "--duration", f"{runtime}s",
            "--json", "--quiet"]
+    if qd is not None:
+        cmd += ["--qd", str(qd)]
     if not probes:
         cmd.append("--no-probes")
     out = subprocess.run(cmd, check=True, capture_output=True).stdout
@@ -110,7 +116,7 @@ def run_statistics():
             f.write(before)
 
 
-def with_bpftrace(virtgap, path, runtime, costs):
+def with_bpftrace(virtgap, path, runtime, costs, qd=None):
     """A run with bpftrace attached; appends (ns per event, ns per I/O) to `costs`."""
     with run_statistics():
         bt = subprocess.Popen(["bpftrace", "-e", BIOLATENCY], stdout=subprocess.PIPE,
@@ -134,7 +140,7 @@ def with_bpftrace(virtgap, path, runtime, costs):
             sys.exit("bench: bpftrace did not attach: " + "".join(said).strip())
         time.sleep(1)
         try:
-            doc = record(virtgap, path, runtime, probes=False)
+            doc = record(virtgap, path, runtime, probes=False, qd=qd)
             cost = bpftrace_costs(bt.pid)
             if cost:
                 runs, ns = cost
@@ -187,6 +193,9 @@ def main():
     ap.add_argument("--dir", default=None)
     ap.add_argument("--device", choices=["file", "memory"], default="file",
                     help="a file on this machine's disk, or a loop device over /dev/shm")
+    ap.add_argument("--qd", type=int, default=None,
+                    help="reads in flight (default: the rand4k preset's); 1 also prints the "
+                         "latency the probes add per read")
     args = ap.parse_args()
     if args.rounds < 5:
         sys.exit("bench: use at least 5 rounds")
@@ -216,13 +225,16 @@ def run(args):
 
 
 def rounds(args, path):
+    qd = args.qd
     variants = {
-        "none": lambda: record(args.virtgap, path, args.runtime, probes=False),
-        "virtgap": lambda: record(args.virtgap, path, args.runtime, probes=True),
-        "bpftrace": lambda: with_bpftrace(args.virtgap, path, args.runtime, bpftrace_ns),
+        "none": lambda: record(args.virtgap, path, args.runtime, probes=False, qd=qd),
+        "virtgap": lambda: record(args.virtgap, path, args.runtime, probes=True, qd=qd),
+        "bpftrace": lambda: with_bpftrace(args.virtgap, path, args.runtime, bpftrace_ns, qd=qd),
     }
     names = list(variants)
     iops = {n: [] for n in names}
+    # Each run's mean read latency, ns.
+    lat = {n: [] for n in names}
     per_event = {"block": [], "irq": [], "wakeup": [], "msr": [], "sampler": []}
     # Each family's CPU per I/O: where the all-probes figure goes (a family may run several
     # times per I/O, or on events the I/O causes: wakeups, softirqs, IPIs).
@@ -238,6 +250,7 @@ def rounds(args, path):
             doc = variants[n]()
             row[n] = doc["jobs"][0]["read"]["iops"]
             iops[n].append(row[n])
+            lat[n].append(doc["jobs"][0]["read"]["lat_ns"]["mean"])
             if n == "virtgap":
                 probes = doc["probes"]
                 progs = probes["programs"]
@@ -263,6 +276,13 @@ def rounds(args, path):
     print(f"median IOPS: " + ", ".join(f"{n} {med(iops[n]):.0f}" for n in names))
     print(f"IOPS ratio virtgap probes / none, median of rounds: {judged(ratios('virtgap'), 0.98)}")
     print(f"IOPS ratio bpftrace biolatency / none, median of rounds: {judged(ratios('bpftrace'), 0.98)}")
+    # What each traced variant adds to a read's mean latency, paired by round as the ratios are.
+    added = lambda n: [(t - u) / 1e3 for t, u in zip(lat[n], lat["none"])]
+    for n, what in [("virtgap", "virtgap probes"), ("bpftrace", "bpftrace biolatency")]:
+        iv = median_interval(added(n))
+        span = f", {iv[2]:.0%} interval [{iv[0]:+.2f}, {iv[1]:+.2f}]" if iv else ""
+        print(f"mean read latency added by {what}: median {med(added(n)):+.2f} µs{span} "
+              f"(untraced mean {med(lat['none']) / 1e3:.1f} µs)")
     for fam, values in per_event.items():
         if values:
             print(f"virtgap {fam} programs: median {med(values):.0f} ns per event, "
