@@ -399,6 +399,9 @@ impl Recorder {
                     }
                 };
                 self.collect_slow_ios();
+                if self.all_finished() {
+                    self.series.workload_ended();
+                }
                 Update::WorkerFinished { failed }
             }
         }

@@ -94,6 +94,9 @@ pub struct IntervalSeries {
     max_points: Option<usize>,
     /// No workload: each probe interval is a point of its own (see [`Self::probe_only`]).
     probe_only: bool,
+    /// Every worker finished: no workload interval will come, and what probe intervals still
+    /// come are folded into the last point (see [`Self::fold_trailing`]).
+    workload_ended: bool,
 }
 
 impl IntervalSeries {
@@ -123,6 +126,7 @@ impl IntervalSeries {
             stall_log: StallLog::watching(),
             max_points: None,
             probe_only: false,
+            workload_ended: false,
         }
     }
 
@@ -255,9 +259,17 @@ impl IntervalSeries {
         self.join_waiting();
     }
 
+    /// Every worker finished: the workload intervals are all in, and probe intervals after
+    /// them are folded into the last point.
+    pub fn workload_ended(&mut self) {
+        self.workload_ended = true;
+        self.join_waiting();
+    }
+
     /// The run is over: what still waits for a probe interval is kept without one.
     pub fn finish(&mut self) {
         self.probes_expected = false;
+        self.workload_ended = true;
         self.join_waiting();
     }
 
@@ -284,6 +296,26 @@ impl IntervalSeries {
             };
             let sample = self.waiting_samples.pop_front().expect("front exists");
             self.push(&sample, probe);
+        }
+        if self.workload_ended {
+            while let Some((_, probe)) = self.waiting_probes.pop_front() {
+                self.fold_trailing(&probe);
+            }
+        }
+    }
+
+    /// A probe interval after the workload's last interval: the requests it saw complete are
+    /// the workload's last ones (the probes' intervals end a little after the workload's), so
+    /// their stage counts and times join the last point, and the points' stages add up to the
+    /// run's. The host-wide figures of the time after the workload are no point's.
+    fn fold_trailing(&mut self, probe: &ProbeInterval) {
+        let Some(last) = self.tail.as_mut() else {
+            return;
+        };
+        for (stage, sample) in &probe.stages {
+            let into = last.interval.stages.entry(stage.clone()).or_default();
+            into.count += sample.count;
+            into.sum_ns += sample.sum_ns;
         }
     }
 
@@ -522,6 +554,59 @@ mod tests {
             stats_on_ns: SEC,
             ..Default::default()
         }
+    }
+
+    /// The workload's last requests complete in a probe interval after its last interval:
+    /// once every worker finished, their stage counts join the last point, so the points add
+    /// up to the run's; that interval's other figures are no point's.
+    #[test]
+    fn requests_seen_after_the_workloads_last_interval_count_in_its_last_point() {
+        use virtgap_probes::model::{BlockOp, BlockSnapshot, BlockStage, BlockStageHist};
+        let with_requests = |ordinal, n| {
+            let mut hist = virtgap_probes::KernelHist::default();
+            for _ in 0..n {
+                hist.record(50_000);
+            }
+            ProbeSnapshot {
+                block: Some(BlockSnapshot {
+                    stages: vec![BlockStageHist {
+                        dev: (254, 0),
+                        hctx: 0,
+                        op: BlockOp::Read,
+                        stage: BlockStage::Device,
+                        hist,
+                    }],
+                    ..Default::default()
+                }),
+                ..probe(ordinal)
+            }
+        };
+        let mut s = IntervalSeries::new(Duration::from_secs(1), 0, None, true, Hypervisor::None);
+        s.add_sample(sample(0, 10));
+        s.add_sample(sample(1, 10));
+        s.add_probe(&with_requests(0, 10));
+        s.add_probe(&with_requests(1, 10));
+        // Before the workload ended, a probe interval ahead of the samples waits for its own.
+        s.add_probe(&with_requests(2, 3));
+        let device = |s: &IntervalSeries| -> Vec<u64> {
+            s.points()
+                .unwrap()
+                .iter()
+                .map(|p| {
+                    p.interval
+                        .stage(crate::model::stages::Stage::Device)
+                        .map_or(0, |d| d.count)
+                })
+                .collect()
+        };
+        assert_eq!(device(&s), [10, 10]);
+        s.workload_ended();
+        assert_eq!(device(&s), [10, 13]);
+        // Later intervals (the live view stays up) fold in too; no point is added.
+        s.add_probe(&with_requests(3, 0));
+        s.finish();
+        assert_eq!(device(&s), [10, 13]);
+        assert_eq!(s.points().unwrap()[1].interval.probe_run_ns, Some(1001));
     }
 
     #[test]
