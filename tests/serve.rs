@@ -3,12 +3,12 @@
 //! I/Os; and the scrape itself checked by `promtool check metrics`.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
-use common::{data_file, held, root_allowed, started, which};
+use common::{data_file, free_port, get, held, root_allowed, started, which};
 
 /// One probed run at a time: the other's workload would load the disk and CPUs the checked
 /// rates and percentiles come from.
@@ -20,34 +20,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 fn vg() -> Command {
     Command::new(env!("CARGO_BIN_EXE_virtgap"))
-}
-
-/// A port free on the loopback now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// GET `path` from 127.0.0.1:`port` with `accept`: (status line, body). HTTP/1.0, so the
-/// server closes the connection after the body.
-fn get(port: u16, path: &str, accept: &str) -> std::io::Result<(String, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: {accept}\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Ok((
-        head.lines().next().unwrap_or("").to_string(),
-        body.to_string(),
-    ))
 }
 
 /// A query string value, percent-encoded.

@@ -7,6 +7,11 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use virtgap::model::stages::Stage;
+use virtgap_workloads::units;
+
+mod common;
+
 /// One virtgap at a time: a test checks that no program of ours stays loaded after its run.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -470,4 +475,171 @@ fn the_tui_attached_to_a_pid_shows_its_requests_and_its_end() {
         loaded.is_empty(),
         "programs still loaded after quit: {loaded:?}"
     );
+}
+
+/// The value of each sample of `family` on a Prometheus text page whose labels include all
+/// of `want` (`name="value"` pairs), summed.
+fn page_sum(page: &str, family: &str, want: &[(&str, &str)]) -> f64 {
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name_labels, value) = l.rsplit_once(' ')?;
+            let (name, labels) = name_labels.split_once('{').unwrap_or((name_labels, "}"));
+            (name == family
+                && want
+                    .iter()
+                    .all(|(k, v)| labels.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
+        })
+        .sum()
+}
+
+/// One finished run read every way a user reads it: the live view's stage table, the page
+/// its `--listen` endpoint serves, the profile `s` saves, that profile's CSV files
+/// (summary.csv and intervals.csv) and the summary `record` would print of it. Each block
+/// stage's request count is the same number everywhere (the scrape's over the profile's
+/// disks, the intervals' summed), its total time agrees to the page's rounding, and the screen
+/// prints what the profile's own histogram gives for its mean and percentiles. The workload is
+/// over and the probes follow its threads, so nothing moves these figures between the reads.
+#[test]
+fn a_finished_run_reads_the_same_on_screen_on_the_scrape_in_its_profile_and_its_csv() {
+    if !common::root_allowed("one run's figures read every way") {
+        return;
+    }
+    let Some((_serial, dir)) = tmux_test("vg-tui-same-") else {
+        return;
+    };
+    let (saved, exit_file) = (dir.path().join("tui.json"), dir.path().join("exit-status"));
+    let port = common::free_port();
+    let session = format!("vg-tui-same-{}", std::process::id());
+    start_session(
+        &session,
+        &format!(
+            "{} --size 16MiB --duration 3s --ramp 0 --dir {} --listen 127.0.0.1:{port} --save {}; echo $? > {}",
+            env!("CARGO_BIN_EXE_virtgap"),
+            dir.path().display(),
+            saved.display(),
+            exit_file.display()
+        ),
+    );
+    let kill = || tmux(&["kill-session", "-t", &session]);
+    let finished = wait_for(&session, "run finished · q quit", Duration::from_secs(60));
+    assert!(
+        finished.contains("run finished"),
+        "never finished:\n{finished}"
+    );
+    // The snapshot after the workload's last completion: two more probe intervals.
+    std::thread::sleep(Duration::from_millis(2500));
+    let screen = tmux(&["capture-pane", "-p", "-t", &session]);
+    let (status, page) = common::get(port, "/metrics", "text/plain").unwrap();
+    assert!(status.contains("200"), "{status}");
+    tmux(&["send-keys", "-t", &session, "s"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !saved.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The screen again after the save: the figures did not move meanwhile.
+    let after = tmux(&["capture-pane", "-p", "-t", &session]);
+    tmux(&["send-keys", "-t", &session, "q"]);
+    let status = exit_status(&exit_file);
+    kill();
+    assert_eq!(status.trim(), "0", "the TUI exited with {status:?}");
+
+    let profile = virtgap::model::file::load(&saved).unwrap();
+    let disks = &profile.target.stage_devices;
+    assert!(
+        !disks.is_empty(),
+        "the profile names no disk for its stages"
+    );
+    let summary_csv = virtgap::render::csv_export::summary(&profile);
+    let csv_value = |metric: &str| -> Option<f64> {
+        summary_csv.lines().find_map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            (cells.get(3) == Some(&metric))
+                .then(|| cells.get(4)?.parse().ok())
+                .flatten()
+        })
+    };
+    let mut printed = Vec::new();
+    virtgap::render::summary::write(&mut printed, &profile).unwrap();
+    let printed = String::from_utf8(printed).unwrap();
+    let row_of = |screen: &str, name: &str| -> Vec<String> {
+        let line = screen
+            .lines()
+            .find(|l| l.trim_start_matches('│').starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} row on the screen:\n{screen}"));
+        let cells = line.trim_start_matches('│')[name.len()..].trim_end_matches('│');
+        // "1.9 µs     1.5 µs ...": a number and its unit per cell.
+        let words: Vec<&str> = cells.split_whitespace().collect();
+        words.chunks(2).map(|c| c.join(" ")).collect()
+    };
+    for (stage, row) in [
+        (Stage::Queue, "block queue"),
+        (Stage::Device, "device"),
+        (Stage::Completion, "completion"),
+    ] {
+        let name = stage.name();
+        let h = profile
+            .stages
+            .get(stage)
+            .unwrap_or_else(|| panic!("no {name} stage in the profile"));
+        assert!(h.count > 0, "{name}: no requests");
+        // The scrape: the profile's disks, every operation.
+        let (mut count, mut seconds) = (0.0, 0.0);
+        for disk in disks {
+            let labels = [("device", disk.as_str()), ("stage", name)];
+            count += page_sum(&page, "virtgap_block_stage_seconds_count", &labels);
+            seconds += page_sum(&page, "virtgap_block_stage_seconds_sum", &labels);
+        }
+        let intervals: u64 = profile
+            .intervals
+            .iter()
+            .filter_map(|i| i.stage(stage))
+            .map(|s| s.count)
+            .sum();
+        let in_csv = csv_value(&format!("{name}_count"));
+        println!(
+            "{name}: profile {} requests, scrape {count}, intervals {intervals}, summary.csv {in_csv:?}; \
+             {:.6} s in the profile, {seconds:.6} s scraped",
+            h.count,
+            h.sum_ns / 1e9
+        );
+        assert_eq!(count, h.count as f64, "{name}: the scrape's count");
+        assert_eq!(intervals, h.count, "{name}: the intervals' counts summed");
+        assert_eq!(in_csv, Some(h.count as f64), "{name}: summary.csv's count");
+        assert!(
+            (seconds - h.sum_ns / 1e9).abs() <= 1e-6 * seconds.max(1e-3),
+            "{name}: {seconds} s scraped, {} s in the profile",
+            h.sum_ns / 1e9
+        );
+        let mean = h.mean_ns().unwrap();
+        let csv_mean = csv_value(&format!("{name}_mean_ns")).unwrap();
+        assert!(
+            (csv_mean - mean).abs() <= 1e-3 * mean,
+            "{name}: summary.csv's mean {csv_mean} vs {mean}"
+        );
+        // The screen prints the profile's own figures.
+        let want: Vec<String> = [
+            Some(mean),
+            h.percentile_ns(50.0),
+            h.percentile_ns(99.0),
+            h.percentile_ns(99.9),
+        ]
+        .into_iter()
+        .map(|v| units::latency(v.unwrap()))
+        .collect();
+        for shown in [&screen, &after] {
+            assert_eq!(
+                row_of(shown, row),
+                want,
+                "{name}: the live view's row\n{shown}"
+            );
+        }
+        assert!(
+            printed.contains(&units::latency(mean)),
+            "{name}: the summary does not print the mean {}:\n{printed}",
+            units::latency(mean)
+        );
+    }
 }
