@@ -893,3 +893,118 @@ fn a_fleet_diff_from_prometheus_finds_the_slower_disk() {
         "device grew {grew:.0} ns by Prometheus, {from_files:.0} ns by the profiles"
     );
 }
+
+/// The sample names on a classic-format page whose values may only grow: each counter's, and
+/// each histogram's buckets, sum and count (from the page's `# TYPE` lines).
+fn growing_series(page: &str) -> std::collections::BTreeMap<String, f64> {
+    let mut growing = std::collections::BTreeSet::new();
+    for line in page.lines() {
+        let Some(rest) = line.strip_prefix("# TYPE ") else {
+            continue;
+        };
+        let mut words = rest.split_whitespace();
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        let suffixes: &[&str] = match kind {
+            "counter" => &["", "_total"],
+            "histogram" => &["_bucket", "_sum", "_count"],
+            _ => &[],
+        };
+        growing.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+    }
+    page.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let name = series.split('{').next()?;
+            growing
+                .contains(name)
+                .then(|| Some((series.to_string(), value.parse().ok()?)))
+                .flatten()
+        })
+        .collect()
+}
+
+/// Prometheus reads a counter that goes down as a restart. Sixty scrapes of `serve --all` with
+/// every probe, the page rebuilt every 100 ms, over an idle stretch (the sampler's pauses, in
+/// which MSR writes are counted, vary with the host's activity) and a busy one (direct reads of
+/// a file): no counter or histogram series ever goes down from one scrape to the next.
+#[test]
+fn no_counter_or_histogram_series_goes_down_across_sixty_scrapes() {
+    if !root_allowed("the counters across scrapes") {
+        return;
+    }
+    let _serial = serial();
+    let dir = common::scratch("vg-counters-");
+    let data = data_file(dir.path(), "data", 4096);
+    let port = free_port();
+    let mut cmd = vg();
+    cmd.args([
+        "serve",
+        "--all",
+        "--interval",
+        "100ms",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let (serve, _err) = started(cmd, "serving http://");
+    let _serve = KillOnDrop(serve);
+    let mut reads = None;
+    let mut last: Option<std::collections::BTreeMap<String, f64>> = None;
+    let (mut pages, mut compared) = (0, 0);
+    while pages < 60 {
+        // Reads from the 20th scrape to the 40th, idle around them.
+        if pages == 20 {
+            reads = Some(KillOnDrop(
+                Command::new("sh")
+                    .arg("-c")
+                    .arg(format!(
+                        "while :; do dd if={} of=/dev/null bs=4k iflag=direct status=none; done",
+                        data.display()
+                    ))
+                    .spawn()
+                    .unwrap(),
+            ));
+        }
+        if pages == 40 {
+            reads = None;
+        }
+        std::thread::sleep(Duration::from_millis(150));
+        let Ok((status, page)) = get(port, "/metrics", "text/plain") else {
+            continue;
+        };
+        if !status.contains("200") {
+            continue;
+        }
+        pages += 1;
+        let now = growing_series(&page);
+        if let Some(before) = &last {
+            for (series, value) in &now {
+                if let Some(was) = before.get(series) {
+                    compared += 1;
+                    assert!(
+                        *value >= *was,
+                        "{series} went down from {was} to {value} (scrape {pages})"
+                    );
+                }
+            }
+        }
+        last = Some(now);
+    }
+    drop(reads);
+    let last = last.unwrap();
+    println!("{compared} comparisons of {} growing series", last.len());
+    // The families a scrape must hold for the test to mean anything.
+    for family in [
+        "virtgap_block_stage_seconds_count",
+        "virtgap_hardirq_seconds_total",
+        "process_cpu_seconds_total",
+    ] {
+        assert!(
+            last.keys().any(|s| s.starts_with(family)),
+            "no {family} series among {:?}",
+            last.keys().take(20).collect::<Vec<_>>()
+        );
+    }
+}
