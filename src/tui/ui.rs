@@ -918,13 +918,14 @@ fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
             unavailable_reason(app, Family::Block)
         )));
     }
-    let dev = selected.and_then(|d| {
-        app.device_names
-            .iter()
-            .find(|(_, name)| **name == d.name)
-            .map(|(dev, _)| *dev)
+    // The selected disk as the profile reads it (a disk under the target).
+    let profile = app.shown().probes.as_ref().and_then(|p| {
+        let name = &selected?.name;
+        crate::run::assemble::device_profiles(p, app.disks())
+            .into_iter()
+            .find(|d| &d.name == name)
     });
-    let nvme = nvme_lines(app.shown().probes.as_ref(), dev);
+    let nvme = nvme_lines(profile.as_ref());
     let hist = if nvme.is_empty() {
         hist
     } else {
@@ -945,24 +946,23 @@ fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
     );
 }
 
-/// Disk `dev`'s NVMe commands since the start, a line per queue id (0: the admin queue), read
-/// as the profile reads them; none when the disk is no NVMe disk or the family did not run.
-fn nvme_lines(probes: Option<&ProbeSnapshot>, dev: Option<(u32, u32)>) -> Vec<Line<'static>> {
-    let (Some(nvme), Some(dev)) = (probes.and_then(|p| p.nvme.as_ref()), dev) else {
+/// A disk's NVMe commands since the start, a line per queue id (0: the admin queue), from its
+/// profile; none when it is no NVMe disk or the family did not run.
+fn nvme_lines(disk: Option<&crate::model::devices::DeviceProfile>) -> Vec<Line<'static>> {
+    let queues: Vec<(u16, &Histogram)> = disk
+        .iter()
+        .flat_map(|d| &d.nvme_queues)
+        .filter_map(|q| Some((q.qid, q.latency.as_ref().filter(|h| h.count > 0)?)))
+        .collect();
+    if queues.is_empty() {
         return Vec::new();
-    };
-    let mut by_qid: std::collections::BTreeMap<u16, virtgap_probes::hist::KernelHist> =
-        std::collections::BTreeMap::new();
-    for q in nvme.queues.iter().filter(|q| q.dev == dev) {
-        by_qid.entry(q.qid).or_default().merge(&q.hist);
     }
     let mut lines = vec![Line::from(format!(
         "{:<6} {:>10} {:>10} {:>10} {:>10}",
         "queue", "commands", "mean", "p50", "p99"
     ))
     .bold()];
-    for (qid, h) in by_qid.iter().filter(|(_, h)| h.count > 0) {
-        let h = Histogram::from_kernel(h);
+    for (qid, h) in queues {
         lines.push(Line::from(format!(
             "{:<6} {:>10} {:>10} {:>10} {:>10}",
             format!("q{qid}"),
@@ -971,9 +971,6 @@ fn nvme_lines(probes: Option<&ProbeSnapshot>, dev: Option<(u32, u32)>) -> Vec<Li
             lat(h.percentile_ns(50.0)),
             lat(h.percentile_ns(99.0))
         )));
-    }
-    if lines.len() == 1 {
-        return Vec::new();
     }
     lines
 }
