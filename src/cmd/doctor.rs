@@ -704,7 +704,7 @@ pub fn run(args: &DoctorArgs) -> Result<ExitCode> {
     if let Some(path) = &args.compare_stamps {
         return compare_stamps(path, args.reads, args.json);
     }
-    let host = Fingerprint::this_host();
+    let host = crate::run::host::this_host();
     let mut storage = ProbeStorage::default();
     // Another hypervisor's table: only the probes that measure its paths.
     let (hypervisor, families) = match &args.hypervisor {

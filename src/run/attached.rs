@@ -59,7 +59,7 @@ impl AttachPlan {
             virtgap_probes::follow::check_pid_namespace(root)?;
             processes = Some(t.resolve(root)?.len());
         }
-        let disks = TargetDisks::named(root, devices).map_err(anyhow::Error::msg)?;
+        let disks = crate::run::host::named_disks(root, devices).map_err(anyhow::Error::msg)?;
         let plan = Self {
             target,
             label,
@@ -235,7 +235,7 @@ pub fn record(
     }
     let host = Fingerprint {
         label: plan.label.clone(),
-        ..Fingerprint::this_host()
+        ..crate::run::host::this_host()
     };
     let profile = attached_profile(plan, &recorder, (host, started), following.seen, end)
         .map_err(anyhow::Error::msg)?;

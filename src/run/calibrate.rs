@@ -236,7 +236,7 @@ mod tests {
             "a real syscall costs more than the vDSO"
         );
         #[cfg(target_arch = "x86_64")]
-        if crate::model::host::Cpuid::read().hypervisor_bit {
+        if crate::run::host::cpuid().hypervisor_bit {
             let cpuid = c.figures.iter().find(|f| f.name == "cpuid").unwrap();
             assert!(
                 cpuid.median_ns > 1_000.0,

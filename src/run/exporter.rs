@@ -128,7 +128,7 @@ impl ExporterContext {
     pub fn this_host(label: &str, attached: &str, report: &CapabilityReport) -> Self {
         Self {
             series: SeriesOptions::default(),
-            host: Fingerprint::this_host(),
+            host: crate::run::host::this_host(),
             label: label.to_string(),
             attached: attached.to_string(),
             report: report.clone(),
@@ -137,13 +137,13 @@ impl ExporterContext {
     }
 }
 
-/// The request-based disks under `root` (those [`TargetDisks::every_disk`] lists) that have a
+/// The request-based disks under `root` (those [`crate::run::host::every_disk`] lists) that have a
 /// size (an unbound loop device has none), each with whether its write cache is volatile.
 fn request_disks(root: &std::path::Path) -> Vec<(String, bool)> {
     let read = |disk: &str, file: &str| {
         std::fs::read_to_string(root.join("sys/block").join(disk).join(file)).unwrap_or_default()
     };
-    crate::model::host::TargetDisks::every_disk(root)
+    crate::run::host::every_disk(root)
         .leaves
         .into_iter()
         .filter(|d| read(&d.name, "size").trim().parse::<u64>().unwrap_or(0) > 0)

@@ -10,20 +10,18 @@ use crate::model::host::{
     BlockDeviceInfo, Cpuid, Disk, Dmi, Fingerprint, HwQueue, QueueIrq, TargetDisks,
 };
 
-impl Cpuid {
-    /// Reads the running CPU.
-    pub fn read() -> Self {
-        let evidence = virtgap_probes::virt::detect_hypervisor(Path::new("/"));
-        Self {
-            hypervisor_bit: evidence.hypervisor_bit,
-            signature: evidence
-                .leaves
-                .iter()
-                .find(|l| l.leaf == 0x4000_0000)
-                .map(|l| l.signature.clone()),
-            leaves: evidence.leaves,
-            features: evidence.features,
-        }
+/// Reads the running CPU.
+pub fn cpuid() -> Cpuid {
+    let evidence = virtgap_probes::virt::detect_hypervisor(Path::new("/"));
+    Cpuid {
+        hypervisor_bit: evidence.hypervisor_bit,
+        signature: evidence
+            .leaves
+            .iter()
+            .find(|l| l.leaf == 0x4000_0000)
+            .map(|l| l.signature.clone()),
+        leaves: evidence.leaves,
+        features: evidence.features,
     }
 }
 
@@ -32,7 +30,7 @@ impl Cpuid {
 pub fn this_hypervisor() -> virtgap_probes::hypervisor::Hypervisor {
     let sys_type = read(Path::new("/"), "sys/hypervisor/type");
     virtgap_probes::hypervisor::Hypervisor::of_name(&hypervisor_of(
-        &Cpuid::read(),
+        &cpuid(),
         sys_type.as_deref().map(str::trim),
     ))
 }
@@ -180,183 +178,179 @@ fn block_devices(root: &Path, interrupts: &str) -> Vec<BlockDeviceInfo> {
         .collect()
 }
 
-impl Fingerprint {
-    /// Reads the host under `root` ("/" in production).
-    pub fn read(root: &Path, cpuid: Cpuid) -> Self {
-        let cpuinfo = read(root, "proc/cpuinfo").unwrap_or_default();
-        let cpu_model = cpuinfo.lines().find_map(|l| {
-            l.strip_prefix("model name")
-                .and_then(|r| r.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        });
-        let cpus = cpuinfo
-            .lines()
-            .filter(|l| l.starts_with("processor"))
-            .count() as u32;
-        let cpuid = Cpuid {
-            // /proc/cpuinfo's "hypervisor" flag is the same CPUID bit, readable from fixtures.
-            hypervisor_bit: cpuid.hypervisor_bit
-                || cpuinfo.lines().any(|l| {
-                    l.starts_with("flags") && l.split_whitespace().any(|f| f == "hypervisor")
-                }),
-            signature: cpuid.signature,
-            leaves: cpuid.leaves,
-            features: cpuid.features,
-        };
-        let dmi_dir = "sys/class/dmi/id";
-        let dmi = root.join(dmi_dir).is_dir().then(|| Dmi {
-            sys_vendor: read(root, &format!("{dmi_dir}/sys_vendor")),
-            product_name: read(root, &format!("{dmi_dir}/product_name")),
-            bios_vendor: read(root, &format!("{dmi_dir}/bios_vendor")),
-            bios_version: read(root, &format!("{dmi_dir}/bios_version")),
-        });
-        let sys_hypervisor_type = read(root, "sys/hypervisor/type");
-        let hypervisor = hypervisor_of(&cpuid, sys_hypervisor_type.as_deref());
-        let (platform, instance_type) = platform_of(&hypervisor, dmi.as_ref());
-        let cs = "sys/devices/system/clocksource/clocksource0";
-        let interrupts = read(root, "proc/interrupts").unwrap_or_default();
-        Self {
-            cpuid,
-            hypervisor,
-            platform,
-            instance_type,
-            dmi,
-            sys_hypervisor_type,
-            clocksource: read(root, &format!("{cs}/current_clocksource")),
-            available_clocksources: read(root, &format!("{cs}/available_clocksource"))
-                .map(|s| s.split_whitespace().map(str::to_string).collect())
-                .unwrap_or_default(),
-            clockevent: read(
-                root,
-                "sys/devices/system/clockevents/clockevent0/current_device",
-            ),
-            kernel: read(root, "proc/sys/kernel/osrelease"),
-            hostname: read(root, "proc/sys/kernel/hostname"),
-            label: None,
-            btf: root.join("sys/kernel/btf/vmlinux").exists(),
-            cpu_model,
-            cpus,
-            smt_active: read(root, "sys/devices/system/cpu/smt/active").map(|s| s == "1"),
-            block_devices: block_devices(root, &interrupts),
-        }
-    }
-
-    /// This host.
-    pub fn this_host() -> Self {
-        Self::read(&PathBuf::from("/"), Cpuid::read())
+/// Reads the host under `root` ("/" in production).
+pub fn fingerprint(root: &Path, cpuid: Cpuid) -> Fingerprint {
+    let cpuinfo = read(root, "proc/cpuinfo").unwrap_or_default();
+    let cpu_model = cpuinfo.lines().find_map(|l| {
+        l.strip_prefix("model name")
+            .and_then(|r| r.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    });
+    let cpus = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count() as u32;
+    let cpuid = Cpuid {
+        // /proc/cpuinfo's "hypervisor" flag is the same CPUID bit, readable from fixtures.
+        hypervisor_bit: cpuid.hypervisor_bit
+            || cpuinfo
+                .lines()
+                .any(|l| l.starts_with("flags") && l.split_whitespace().any(|f| f == "hypervisor")),
+        signature: cpuid.signature,
+        leaves: cpuid.leaves,
+        features: cpuid.features,
+    };
+    let dmi_dir = "sys/class/dmi/id";
+    let dmi = root.join(dmi_dir).is_dir().then(|| Dmi {
+        sys_vendor: read(root, &format!("{dmi_dir}/sys_vendor")),
+        product_name: read(root, &format!("{dmi_dir}/product_name")),
+        bios_vendor: read(root, &format!("{dmi_dir}/bios_vendor")),
+        bios_version: read(root, &format!("{dmi_dir}/bios_version")),
+    });
+    let sys_hypervisor_type = read(root, "sys/hypervisor/type");
+    let hypervisor = hypervisor_of(&cpuid, sys_hypervisor_type.as_deref());
+    let (platform, instance_type) = platform_of(&hypervisor, dmi.as_ref());
+    let cs = "sys/devices/system/clocksource/clocksource0";
+    let interrupts = read(root, "proc/interrupts").unwrap_or_default();
+    Fingerprint {
+        cpuid,
+        hypervisor,
+        platform,
+        instance_type,
+        dmi,
+        sys_hypervisor_type,
+        clocksource: read(root, &format!("{cs}/current_clocksource")),
+        available_clocksources: read(root, &format!("{cs}/available_clocksource"))
+            .map(|s| s.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default(),
+        clockevent: read(
+            root,
+            "sys/devices/system/clockevents/clockevent0/current_device",
+        ),
+        kernel: read(root, "proc/sys/kernel/osrelease"),
+        hostname: read(root, "proc/sys/kernel/hostname"),
+        label: None,
+        btf: root.join("sys/kernel/btf/vmlinux").exists(),
+        cpu_model,
+        cpus,
+        smt_active: read(root, "sys/devices/system/cpu/smt/active").map(|s| s == "1"),
+        block_devices: block_devices(root, &interrupts),
     }
 }
 
-impl TargetDisks {
-    /// Every request-based disk under `root`/sys/block (those with hardware queues, where the
-    /// block stages are measured): what an attached run's I/O may reach.
-    pub fn every_disk(root: &Path) -> Self {
-        let mut leaves: Vec<Disk> = fs::read_dir(root.join("sys/block"))
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .filter(|e| e.path().join("mq").is_dir())
-            .filter_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let dev = read(root, &format!("sys/block/{name}/dev"))?;
-                let (major, minor) = dev.split_once(':')?;
-                Some(Disk {
-                    name,
-                    major: major.parse().ok()?,
-                    minor: minor.parse().ok()?,
-                })
+/// This host.
+pub fn this_host() -> Fingerprint {
+    fingerprint(&PathBuf::from("/"), cpuid())
+}
+
+/// Every request-based disk under `root`/sys/block (those with hardware queues, where the
+/// block stages are measured): what an attached run's I/O may reach.
+pub fn every_disk(root: &Path) -> TargetDisks {
+    let mut leaves: Vec<Disk> = fs::read_dir(root.join("sys/block"))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter(|e| e.path().join("mq").is_dir())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let dev = read(root, &format!("sys/block/{name}/dev"))?;
+            let (major, minor) = dev.split_once(':')?;
+            Some(Disk {
+                name,
+                major: major.parse().ok()?,
+                minor: minor.parse().ok()?,
             })
-            .collect();
-        leaves.sort_by(|a, b| a.name.cmp(&b.name));
-        Self {
-            top: None,
-            leaves,
-            note: None,
-        }
+        })
+        .collect();
+    leaves.sort_by(|a, b| a.name.cmp(&b.name));
+    TargetDisks {
+        top: None,
+        leaves,
+        note: None,
     }
+}
 
-    /// The disks `names` name (each a name in `root`/sys/block; a stacked one stands for the
-    /// disks under it), for `--device`: None when no name is given. An error names the first
-    /// that is no disk of this host, in one line.
-    pub fn named(root: &Path, names: &[String]) -> Result<Option<Self>, String> {
-        let mut leaves: Vec<Disk> = Vec::new();
-        let mut top = None;
-        for name in names {
-            let dev = (!name.is_empty() && !name.contains('/'))
-                .then(|| read(root, &format!("sys/block/{name}/dev")))
-                .flatten()
-                .and_then(|d| {
-                    let (major, minor) = d.split_once(':')?;
-                    Some((major.parse().ok()?, minor.parse().ok()?))
-                });
-            let Some(dev) = dev else {
-                let example = Self::every_disk(root)
-                    .leaves
-                    .into_iter()
-                    .map(|d| d.name)
-                    .find(|n| !n.starts_with("loop") && !n.starts_with("ram"))
-                    .unwrap_or_else(|| "nvme0n1".into());
-                return Err(format!(
-                    "--device {}: no such disk on this host; name one of /sys/block (e.g. {example})",
-                    virtgap_workloads::units::printable(name)
-                ));
-            };
-            let disks = Self::resolve(root, dev);
-            top = top.or(disks.top);
-            leaves.extend(disks.leaves);
-        }
-        if names.is_empty() {
-            return Ok(None);
-        }
-        leaves.sort_by(|a, b| a.name.cmp(&b.name));
-        leaves.dedup();
-        Ok(Some(Self {
-            top: if names.len() == 1 { top } else { None },
-            leaves,
-            note: None,
-        }))
+/// The disks `names` name (each a name in `root`/sys/block; a stacked one stands for the
+/// disks under it), for `--device`: None when no name is given. An error names the first
+/// that is no disk of this host, in one line.
+pub fn named_disks(root: &Path, names: &[String]) -> Result<Option<TargetDisks>, String> {
+    let mut leaves: Vec<Disk> = Vec::new();
+    let mut top = None;
+    for name in names {
+        let dev = (!name.is_empty() && !name.contains('/'))
+            .then(|| read(root, &format!("sys/block/{name}/dev")))
+            .flatten()
+            .and_then(|d| {
+                let (major, minor) = d.split_once(':')?;
+                Some((major.parse().ok()?, minor.parse().ok()?))
+            });
+        let Some(dev) = dev else {
+            let example = every_disk(root)
+                .leaves
+                .into_iter()
+                .map(|d| d.name)
+                .find(|n| !n.starts_with("loop") && !n.starts_with("ram"))
+                .unwrap_or_else(|| "nvme0n1".into());
+            return Err(format!(
+                "--device {}: no such disk on this host; name one of /sys/block (e.g. {example})",
+                virtgap_workloads::units::printable(name)
+            ));
+        };
+        let disks = target_disks(root, dev);
+        top = top.or(disks.top);
+        leaves.extend(disks.leaves);
     }
+    if names.is_empty() {
+        return Ok(None);
+    }
+    leaves.sort_by(|a, b| a.name.cmp(&b.name));
+    leaves.dedup();
+    Ok(Some(TargetDisks {
+        top: if names.len() == 1 { top } else { None },
+        leaves,
+        note: None,
+    }))
+}
 
-    /// Resolves device number `dev` (a file's st_dev or a block device's st_rdev) under `root`.
-    pub fn resolve(root: &Path, (major, minor): (u32, u32)) -> Self {
-        let Some(name) = fs::canonicalize(root.join(format!("sys/dev/block/{major}:{minor}")))
-            .ok()
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-        else {
-            return Self {
-                note: Some(format!(
-                    "device {major}:{minor} is not a block device sysfs knows (a network or virtual filesystem?): block stages cannot be attributed to it"
-                )),
-                ..Self::default()
-            };
+/// Resolves device number `dev` (a file's st_dev or a block device's st_rdev) under `root`.
+pub fn target_disks(root: &Path, (major, minor): (u32, u32)) -> TargetDisks {
+    let Some(name) = fs::canonicalize(root.join(format!("sys/dev/block/{major}:{minor}")))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+    else {
+        return TargetDisks {
+            note: Some(format!(
+                "device {major}:{minor} is not a block device sysfs knows (a network or virtual filesystem?): block stages cannot be attributed to it"
+            )),
+            ..TargetDisks::default()
         };
-        let top_name = whole_disk(root, &name);
-        let top = disk(root, &top_name);
-        let mut leaves = Vec::new();
-        let mut bio_based = Vec::new();
-        collect_leaves(root, &top_name, 0, &mut leaves, &mut bio_based);
-        leaves.sort_by(|a, b| a.name.cmp(&b.name));
-        leaves.dedup();
-        let stacked = leaves.len() != 1 || leaves.first().map(|d| &d.name) != Some(&top_name);
-        let note = if !bio_based.is_empty() {
-            Some(format!(
-                "{} has no request queue (bio-based): its I/O has no block stages to measure",
-                bio_based.join(", ")
-            ))
-        } else if stacked && !leaves.is_empty() {
-            Some(format!(
-                "{top_name} is stacked: block stages are measured on {} and summed",
-                leaves
-                    .iter()
-                    .map(|d| d.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(" + ")
-            ))
-        } else {
-            None
-        };
-        Self { top, leaves, note }
-    }
+    };
+    let top_name = whole_disk(root, &name);
+    let top = disk(root, &top_name);
+    let mut leaves = Vec::new();
+    let mut bio_based = Vec::new();
+    collect_leaves(root, &top_name, 0, &mut leaves, &mut bio_based);
+    leaves.sort_by(|a, b| a.name.cmp(&b.name));
+    leaves.dedup();
+    let stacked = leaves.len() != 1 || leaves.first().map(|d| &d.name) != Some(&top_name);
+    let note = if !bio_based.is_empty() {
+        Some(format!(
+            "{} has no request queue (bio-based): its I/O has no block stages to measure",
+            bio_based.join(", ")
+        ))
+    } else if stacked && !leaves.is_empty() {
+        Some(format!(
+            "{top_name} is stacked: block stages are measured on {} and summed",
+            leaves
+                .iter()
+                .map(|d| d.name.as_str())
+                .collect::<Vec<_>>()
+                .join(" + ")
+        ))
+    } else {
+        None
+    };
+    TargetDisks { top, leaves, note }
 }
 
 /// The whole disk a block device name belongs to ("nvme0n1p2" -> "nvme0n1").
@@ -512,22 +506,20 @@ mod tests {
     fn device_names_give_their_request_based_disks_and_a_stranger_is_refused() {
         let root = stacked_sysfs();
         let names = |t: &TargetDisks| t.leaves.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
-        assert_eq!(TargetDisks::named(root.path(), &[]), Ok(None));
-        let one = TargetDisks::named(root.path(), &["vda".into()])
-            .unwrap()
-            .unwrap();
+        assert_eq!(named_disks(root.path(), &[]), Ok(None));
+        let one = named_disks(root.path(), &["vda".into()]).unwrap().unwrap();
         assert_eq!(
             (one.top.clone().unwrap().name, names(&one)),
             ("vda".into(), vec!["vda".into()])
         );
         // md0 stands for the NVMe disks under it.
-        let two = TargetDisks::named(root.path(), &["md0".into(), "vda".into()])
+        let two = named_disks(root.path(), &["md0".into(), "vda".into()])
             .unwrap()
             .unwrap();
         assert_eq!(names(&two), ["nvme0n1", "nvme1n1", "vda"]);
         assert_eq!(two.devs(), Some(vec![(259, 0), (259, 2), (254, 0)]));
         for bad in ["sdz", "", "../vda", "nvme0n1/queue"] {
-            let e = TargetDisks::named(root.path(), &[bad.into()]).unwrap_err();
+            let e = named_disks(root.path(), &[bad.into()]).unwrap_err();
             assert!(
                 e.contains("no such disk on this host") && !e.contains('\n'),
                 "{bad}: {e}"
@@ -540,36 +532,36 @@ mod tests {
         let root = stacked_sysfs();
         let names = |t: &TargetDisks| t.leaves.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
 
-        let md = TargetDisks::resolve(root.path(), (9, 0));
+        let md = target_disks(root.path(), (9, 0));
         assert_eq!(md.top.as_ref().unwrap().name, "md0");
         assert_eq!(names(&md), ["nvme0n1", "nvme1n1"]);
         assert_eq!(md.devs(), Some(vec![(259, 0), (259, 2)]));
         assert!(md.note.as_deref().unwrap().contains("nvme0n1 + nvme1n1"));
 
-        let multipath = TargetDisks::resolve(root.path(), (259, 4));
+        let multipath = target_disks(root.path(), (259, 4));
         assert_eq!(names(&multipath), ["nvme2c0n1", "nvme2c1n1"]);
 
         // A filesystem on a partition is measured on the partition's disk, no note.
-        let part = TargetDisks::resolve(root.path(), (259, 1));
+        let part = target_disks(root.path(), (259, 1));
         assert_eq!(part.top.as_ref().unwrap().name, "nvme0n1");
         assert_eq!(names(&part), ["nvme0n1"]);
         assert_eq!(part.note, None);
 
-        let plain = TargetDisks::resolve(root.path(), (254, 0));
+        let plain = target_disks(root.path(), (254, 0));
         assert_eq!(names(&plain), ["vda"]);
 
-        let zram = TargetDisks::resolve(root.path(), (252, 0));
+        let zram = target_disks(root.path(), (252, 0));
         assert!(zram.leaves.is_empty());
         assert!(zram.note.unwrap().contains("bio-based"));
 
-        let unknown = TargetDisks::resolve(root.path(), (0, 44));
+        let unknown = target_disks(root.path(), (0, 44));
         assert_eq!(unknown.devs(), None);
         assert!(unknown.note.unwrap().contains("not a block device"));
     }
 
     #[test]
     fn this_machine_is_a_kvm_microvm_with_one_virtio_queue_on_cpu1() {
-        let f = Fingerprint::read(&fixture("kvm-microvm"), cpuid(Some("KVMKVMKVM")));
+        let f = fingerprint(&fixture("kvm-microvm"), cpuid(Some("KVMKVMKVM")));
         assert_eq!(f.hypervisor, "kvm");
         assert_eq!(f.platform, "microvm");
         assert_eq!(f.cpus, 2);
@@ -608,14 +600,14 @@ mod tests {
             leaf(0x4000_0000, "Microsoft Hv"),
             leaf(0x4000_0100, "XenVMMXenVMM"),
         ]);
-        assert_eq!(Fingerprint::read(&root, xen).hypervisor, "xen");
+        assert_eq!(fingerprint(&root, xen).hypervisor, "xen");
         let kvm = with(vec![
             leaf(0x4000_0000, "Microsoft Hv"),
             leaf(0x4000_0100, "KVMKVMKVM"),
         ]);
-        assert_eq!(Fingerprint::read(&root, kvm).hypervisor, "kvm");
+        assert_eq!(fingerprint(&root, kvm).hypervisor, "kvm");
         let hyperv = with(vec![leaf(0x4000_0000, "Microsoft Hv")]);
-        let f = Fingerprint::read(&root, hyperv);
+        let f = fingerprint(&root, hyperv);
         assert_eq!(f.hypervisor, "hyperv");
         assert_eq!(
             f.cpuid.leaves.len(),
@@ -626,7 +618,7 @@ mod tests {
 
     #[test]
     fn recognises_an_i3_xen_guest_and_its_pirq_nvme_queues() {
-        let f = Fingerprint::read(&fixture("aws-xen-i3"), cpuid(Some("XenVMMXenVMM")));
+        let f = fingerprint(&fixture("aws-xen-i3"), cpuid(Some("XenVMMXenVMM")));
         assert_eq!(f.hypervisor, "xen");
         assert_eq!(f.platform, "aws-xen");
         assert_eq!(f.sys_hypervisor_type.as_deref(), Some("xen"));
@@ -652,7 +644,7 @@ mod tests {
 
     #[test]
     fn recognises_a_nitro_guest_with_its_instance_type() {
-        let f = Fingerprint::read(&fixture("aws-nitro-i4i"), cpuid(Some("KVMKVMKVM")));
+        let f = fingerprint(&fixture("aws-nitro-i4i"), cpuid(Some("KVMKVMKVM")));
         assert_eq!(f.platform, "aws-nitro");
         assert_eq!(f.instance_type.as_deref(), Some("i4i.32xlarge"));
         let nvme = f
@@ -675,7 +667,7 @@ mod tests {
 
     #[test]
     fn recognises_metal() {
-        let f = Fingerprint::read(&fixture("aws-metal-i3"), cpuid(None));
+        let f = fingerprint(&fixture("aws-metal-i3"), cpuid(None));
         assert_eq!(f.hypervisor, "none");
         assert_eq!(f.platform, "aws-metal");
         assert_eq!(f.instance_type.as_deref(), Some("i3.metal"));

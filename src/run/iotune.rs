@@ -13,7 +13,6 @@ use virtgap_workloads::values::{ByteSize, Span};
 use virtgap_workloads::{LoadedSpec, WorkloadSpec};
 
 use crate::analysis::saturation::Saturation;
-use crate::model::host::Fingerprint;
 use crate::model::iotune::{IotunePhase, IotuneProfile, IotuneProgress, Phase, IOTUNE_VERSION};
 use crate::run::one_run::{add_run_stats, pool_profiles, record_one, OneRun, RunSettings};
 use crate::run::prepare::{prepare, Prepared, TargetOptions};
@@ -331,7 +330,7 @@ pub fn run_phases(
         started_unix_ms: started,
         ended_unix_ms: unix_ms(SystemTime::now()),
         complete: !interrupted,
-        host: Fingerprint::this_host(),
+        host: crate::run::host::this_host(),
         target: target.display().to_string(),
         mountpoint: mountpoint_of(target),
         tolerance: plan.tolerance,

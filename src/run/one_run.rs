@@ -119,7 +119,7 @@ pub fn record_one(
         spec,
         loaded,
         target: &prepared.target,
-        host: crate::model::host::Fingerprint::this_host(),
+        host: crate::run::host::this_host(),
         interval: settings.interval,
         started,
         calibration: calibration.clone(),

@@ -243,7 +243,7 @@ fn target_disks(target: &virtgap_workloads::Target) -> TargetDisks {
     } else {
         meta.dev()
     };
-    TargetDisks::resolve(
+    crate::run::host::target_disks(
         std::path::Path::new("/"),
         (libc::major(dev), libc::minor(dev)),
     )

@@ -271,7 +271,7 @@ impl Recorder {
         let mut recorder = Self::new(RecordPlan {
             interval,
             ramp: Duration::ZERO,
-            disks: named.unwrap_or_else(|| TargetDisks::every_disk(std::path::Path::new("/"))),
+            disks: named.unwrap_or_else(|| crate::run::host::every_disk(std::path::Path::new("/"))),
             probed: true,
             hypervisor,
         });

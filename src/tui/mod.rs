@@ -185,7 +185,7 @@ fn start(
     tx: &mpsc::Sender<Input>,
     rx: &mpsc::Receiver<Input>,
 ) -> Result<Started> {
-    let host = crate::model::host::Fingerprint::this_host();
+    let host = crate::run::host::this_host();
     // The tail autopsy, as `record` keeps it.
     let slow_request_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let probes = crate::run::session::start_probes(
@@ -298,11 +298,7 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
     }
     let workload =
         virtgap_workloads::units::printable(&format!("attached to {label}")).into_owned();
-    let mut app = App::new(
-        crate::model::host::Fingerprint::this_host(),
-        workload,
-        recorder,
-    );
+    let mut app = App::new(crate::run::host::this_host(), workload, recorder);
     app.attached = true;
     app.baseline = baseline;
     app.on_probe_report(report);
