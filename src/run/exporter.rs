@@ -87,6 +87,23 @@ impl<G: Ord + Clone, K: Ord + Clone> StickyLabels<G, K> {
     }
 }
 
+/// A queue's label on a disk's series: none without `per_queue`, else its own for a disk's
+/// first few queues and "other" for the rest (kept for the life of the process).
+fn queue_label(
+    per_queue: bool,
+    named: &mut StickyLabels<DevNum, u16>,
+    dev: DevNum,
+    queue: u16,
+) -> String {
+    if !per_queue {
+        String::new()
+    } else if named.named(&dev, &queue, MAX_QUEUES_PER_DEVICE) {
+        queue.to_string()
+    } else {
+        "other".to_string()
+    }
+}
+
 /// What the exporter says of the host and the run besides the probes' figures.
 #[derive(Clone, Debug)]
 pub struct ExporterContext {
@@ -396,13 +413,7 @@ impl Exporter {
             if !self.cx.series.exports(&device) {
                 continue;
             }
-            let queue = if !self.cx.series.per_queue {
-                String::new()
-            } else if self.queues.named(&s.dev, &s.hctx, MAX_QUEUES_PER_DEVICE) {
-                s.hctx.to_string()
-            } else {
-                "other".to_string()
-            };
+            let queue = queue_label(self.cx.series.per_queue, &mut self.queues, s.dev, s.hctx);
             stages
                 .entry((device.clone(), queue, s.op.name(), s.stage))
                 .or_default()
@@ -512,16 +523,12 @@ impl Exporter {
             if !self.cx.series.exports(&device) {
                 continue;
             }
-            let qid = if !self.cx.series.per_queue {
-                String::new()
-            } else if self
-                .nvme_queues
-                .named(&q.dev, &q.qid, MAX_QUEUES_PER_DEVICE)
-            {
-                q.qid.to_string()
-            } else {
-                "other".to_string()
-            };
+            let qid = queue_label(
+                self.cx.series.per_queue,
+                &mut self.nvme_queues,
+                q.dev,
+                q.qid,
+            );
             commands
                 .entry((device, qid, q.op.name()))
                 .or_default()

@@ -819,8 +819,8 @@ fn sampled_cpu_lines(
     lines
 }
 
-fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
-    let [map, hist] = Layout::vertical([Constraint::Length(6), Constraint::Min(4)]).areas(area);
+/// One line per block device: its kind, scheduler and each hardware queue's IRQ and CPU.
+fn device_map_lines(app: &App) -> Vec<Line<'static>> {
     let devs = &app.host.block_devices;
     let mut lines = Vec::new();
     for (i, dev) in devs.iter().enumerate() {
@@ -855,6 +855,13 @@ fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
     if lines.is_empty() {
         lines.push(Line::from("no block devices found"));
     }
+    lines
+}
+
+fn render_devices(f: &mut Frame<'_>, app: &App, area: Rect) {
+    let [map, hist] = Layout::vertical([Constraint::Length(6), Constraint::Min(4)]).areas(area);
+    let devs = &app.host.block_devices;
+    let lines = device_map_lines(app);
     f.render_widget(
         Paragraph::new(lines)
             .wrap(Wrap { trim: false })
