@@ -3,18 +3,17 @@
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{mpsc, Arc};
-use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use virtgap_probes::ProbeEvent;
+use virtgap_probes::{ProbeEvent, ProbeSnapshot};
 
 use crate::cli::ServeArgs;
 use crate::run::attached::AttachPlan;
 use crate::run::endpoint::MetricsEndpoint;
-use crate::run::exporter::ExporterContext;
 use crate::run::pipeline::Event;
+use crate::run::recorder::{FollowUntil, Metrics, Recorder};
 use crate::run::session::start_collector;
 use crate::run::signals::StopSignals;
 
@@ -52,22 +51,28 @@ pub struct ServePlan {
 }
 
 /// Binds the endpoint (so a taken port is refused before any probe loads), attaches the
-/// probes, and serves until `stop` or `--duration`.
+/// probes, and serves until `stop` or `--duration`. The probes' events go through the one
+/// recorder of an attached run, which publishes each snapshot's totals to the endpoint; no
+/// profile is written.
 pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<()> {
-    let endpoint = MetricsEndpoint::bind(plan.listen)?;
+    let endpoint = Arc::new(MetricsEndpoint::bind(plan.listen)?);
     let (attach, described) = (&plan.attach, plan.attach.describe());
     let config = crate::run::attached::follow_config(attach)?;
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, attach.interval, &tx, &rx)?;
     drop(tx);
-    endpoint.follow(ExporterContext {
+    let mut recorder = Recorder::attached(
+        attach.interval,
+        crate::run::host::this_hypervisor(),
+        attach.disks.clone(),
+    );
+    recorder.serve_metrics(Metrics {
+        endpoint: Arc::clone(&endpoint),
+        label: attach.label.clone().unwrap_or_default(),
+        attached: described.clone(),
         series: plan.series.clone(),
-        ..ExporterContext::this_host(
-            attach.label.as_deref().unwrap_or_default(),
-            &described,
-            &report,
-        )
     });
+    recorder.on_event(Event::Probe(ProbeEvent::Attached(report)));
     if verbose {
         say!(
             "serving http://{}/metrics: probes attached, following {described}, updated every {}",
@@ -75,30 +80,20 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
             humantime::format_duration(attach.interval)
         );
     }
-    let started = Instant::now();
     let mut told_gone = false;
-    while !stop.load(Ordering::Relaxed) {
-        if attach.duration.is_some_and(|d| started.elapsed() >= d) {
-            break;
-        }
-        let event = match rx.recv_timeout(Duration::from_millis(100)) {
-            Ok(event) => event,
-            Err(mpsc::RecvTimeoutError::Timeout) => continue,
-            // The collector is gone: serving its last page as if current would hide that.
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                bail!("the probes' collector stopped; the metrics are no longer updated")
-            }
-        };
-        let Event::Probe(ProbeEvent::Snapshot { cumulative, .. }) = event else {
-            continue;
-        };
-        if verbose && !told_gone && cumulative.followed.as_ref().is_some_and(Vec::is_empty) {
+    let mut each = |_: &Recorder, _: &ProbeSnapshot, followed: Option<&[u32]>| {
+        if verbose && !told_gone && followed.is_some_and(<[u32]>::is_empty) {
             say!("every followed process has exited; serving their totals until stopped");
             told_gone = true;
         }
-        endpoint.publish(&cumulative);
-    }
+    };
+    let until = FollowUntil {
+        stop,
+        duration: attach.duration,
+        processes_gone: false,
+    };
+    let end = recorder.follow(&rx, until, &mut each);
     collector.stop();
     drop(endpoint);
-    Ok(())
+    end.map(drop)
 }

@@ -24,8 +24,9 @@ use crate::model::histogram::Histogram;
 use crate::model::host::{Fingerprint, TargetDisks};
 use crate::model::profile::{Profile, RunRecord, TargetInfo, WorkloadInfo};
 use crate::run::endpoint::SharedEndpoint;
+use crate::run::exporter::SeriesOptions;
 use crate::run::pipeline::Event;
-use crate::run::recorder::{Framing, Recorder, TailMaterial, Update};
+use crate::run::recorder::{FollowUntil, Framing, Metrics, Recorder, TailMaterial};
 use crate::run::series::block_requests;
 use crate::run::session::{probe_config, start_collector, ProbeChoice};
 
@@ -208,27 +209,53 @@ pub fn record(
         plan.disks.clone(),
     );
     if let Some(endpoint) = metrics {
-        let label = plan.label.as_deref().unwrap_or_default();
-        recorder.serve_metrics(Arc::clone(endpoint), label, &plan.describe());
+        recorder.serve_metrics(Metrics {
+            endpoint: Arc::clone(endpoint),
+            label: plan.label.clone().unwrap_or_default(),
+            attached: plan.describe(),
+            series: SeriesOptions::default(),
+        });
     }
     recorder.on_event(Event::Probe(ProbeEvent::Attached(report)));
     // The command lines of what is followed now, read before the line that says the probes are
     // attached: a process held until then may do its I/O and exit at once.
-    let mut following = Following {
-        seen: Seen::at_start(plan),
-        thresholds,
-        progress: None,
-    };
+    let mut seen = Seen::at_start(plan);
     if verbose {
         say!("probes attached: measuring {}", plan.describe());
     }
-    following.progress = progress.then(Instant::now);
-    let end = following.run(plan, stop, &rx, &mut recorder);
+    let since = Instant::now();
+    // Beside the recorder: the processes seen, the tail thresholds, the progress line.
+    let mut each = |recorder: &Recorder, interval: &ProbeSnapshot, followed: Option<&[u32]>| {
+        if let Some(total) = recorder.cumulative() {
+            thresholds.follow(total);
+        }
+        if let Some(pids) = followed {
+            seen.add(pids);
+        }
+        if progress {
+            draw_progress(
+                since.elapsed(),
+                plan.duration,
+                (interval, recorder.series().devs()),
+                followed,
+            );
+        }
+    };
+    let until = FollowUntil {
+        stop,
+        duration: plan.duration,
+        processes_gone: true,
+    };
+    let end = recorder.follow(&rx, until, &mut each);
     collector.stop();
+    let end = end?;
     // The collector's last snapshot, taken as it stopped, and the last slow records.
-    following.progress = None;
     for event in rx.try_iter() {
-        following.take(plan, &mut recorder, event);
+        recorder.take_followed(event, &mut |_, _, followed| {
+            if let Some(pids) = followed {
+                seen.add(pids);
+            }
+        });
     }
     if progress {
         crate::stderr::clear_progress();
@@ -237,76 +264,12 @@ pub fn record(
         label: plan.label.clone(),
         ..crate::run::host::this_host()
     };
-    let profile = attached_profile(plan, &recorder, (host, started), following.seen, end)
+    let profile = attached_profile(plan, &recorder, (host, started), seen, end)
         .map_err(anyhow::Error::msg)?;
     Ok(AttachedRun {
         profile,
         interrupted: end == AttachEnd::Interrupted,
     })
-}
-
-/// What an attached run keeps beside the recorder while it follows: the processes seen, the
-/// tail thresholds, and since when it draws its progress line (None: it does not).
-struct Following {
-    seen: Seen,
-    thresholds: TailThresholds,
-    progress: Option<Instant>,
-}
-
-impl Following {
-    /// Hands the events to `recorder` until `--duration`, `stop`, or the processes are gone.
-    fn run(
-        &mut self,
-        plan: &AttachPlan,
-        stop: &AtomicBool,
-        rx: &mpsc::Receiver<Event>,
-        recorder: &mut Recorder,
-    ) -> AttachEnd {
-        let run_start = Instant::now();
-        loop {
-            if stop.load(Ordering::Relaxed) {
-                return AttachEnd::Interrupted;
-            }
-            if plan.duration.is_some_and(|d| run_start.elapsed() >= d) {
-                return AttachEnd::Duration;
-            }
-            let Ok(event) = rx.recv_timeout(Duration::from_millis(100)) else {
-                continue;
-            };
-            if self.take(plan, recorder, event) == Some(true) {
-                return AttachEnd::ProcessesExited;
-            }
-        }
-    }
-
-    /// One event: the processes a snapshot lists are noted and the tail thresholds follow it
-    /// before the recorder takes it. Some(whether every followed process is gone) for a
-    /// snapshot.
-    fn take(&mut self, plan: &AttachPlan, recorder: &mut Recorder, event: Event) -> Option<bool> {
-        let followed = match &event {
-            Event::Probe(ProbeEvent::Snapshot { cumulative, .. }) => {
-                self.thresholds.follow(cumulative);
-                Some(cumulative.followed.clone())
-            }
-            _ => None,
-        };
-        let Update::ProbeInterval(interval) = recorder.on_event(event) else {
-            return None;
-        };
-        let followed = followed.flatten();
-        if let Some(pids) = &followed {
-            self.seen.add(pids);
-        }
-        if let Some(since) = self.progress {
-            draw_progress(
-                since.elapsed(),
-                plan.duration,
-                (&interval, recorder.series().devs()),
-                followed.as_deref(),
-            );
-        }
-        Some(followed.is_some_and(|p| p.is_empty()))
-    }
 }
 
 /// The thresholds the probes keep the attached tail autopsy's material at.

@@ -6,8 +6,9 @@
 //! mid-run profile is made of), and the tail autopsy's material — and the profile of all that.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant, SystemTime};
 
 use virtgap_probes::hypervisor::Hypervisor;
 use virtgap_probes::model::{BlockOp, DevNum, SlowCall, SlowRequest};
@@ -16,6 +17,7 @@ use virtgap_workloads::slow::{SlowIo, TailWatch};
 use virtgap_workloads::stats::{IntervalMerger, IntervalSample, RunStats};
 use virtgap_workloads::{LatencyHistogram, WorkloadError, WorkloadEvent};
 
+use crate::model::attached::AttachEnd;
 use crate::model::calibration::Calibration;
 use crate::model::histogram::Histogram;
 use crate::model::host::{Fingerprint, TargetDisks};
@@ -25,7 +27,7 @@ use crate::model::stalls::Stalls;
 use crate::model::tail::TailAutopsy;
 use crate::run::assemble::{assemble, ProbeInterval, ProfileInputs};
 use crate::run::endpoint::SharedEndpoint;
-use crate::run::exporter::ExporterContext;
+use crate::run::exporter::{ExporterContext, SeriesOptions};
 use crate::run::pipeline::{device_name, Event};
 use crate::run::series::{block_requests, IntervalSeries};
 
@@ -205,10 +207,35 @@ pub struct Recorder {
     totals: Totals,
     tail: TailMaterial,
     tail_watch: Option<Arc<TailWatch>>,
-    /// `--listen`: where the probes' totals are served as they arrive, with the label and what
-    /// the probes follow, in words.
-    metrics: Option<(SharedEndpoint, String, String)>,
+    /// `--listen` or `serve`: where the probes' totals are served as they arrive.
+    metrics: Option<Metrics>,
 }
+
+/// Where a recorder serves the probes' totals, and how: the label (the workload's name, or
+/// `--label`), what the probes follow in words, and which series the page carries.
+#[derive(Debug)]
+pub struct Metrics {
+    pub endpoint: SharedEndpoint,
+    pub label: String,
+    pub attached: String,
+    pub series: SeriesOptions,
+}
+
+/// Until when a run without a workload is followed (attach mode, `serve`).
+#[derive(Clone, Copy, Debug)]
+pub struct FollowUntil<'a> {
+    /// Set by Ctrl-C or a termination signal.
+    pub stop: &'a AtomicBool,
+    pub duration: Option<Duration>,
+    /// Whether the run ends when every followed process is gone (`serve` goes on serving
+    /// their totals).
+    pub processes_gone: bool,
+}
+
+/// What a run without a workload does with each probe interval beside recording it: the
+/// recorder after it took the interval, the interval, and the processes the probes follow
+/// (None: not following processes).
+pub type EachInterval<'f> = dyn FnMut(&Recorder, &ProbeSnapshot, Option<&[u32]>) + 'f;
 
 impl Recorder {
     pub fn new(plan: RecordPlan) -> Self {
@@ -242,10 +269,9 @@ impl Recorder {
         }
     }
 
-    /// Serves the probes' totals at `endpoint` as they arrive (`--listen`), with `label` (the
-    /// workload's name) and what the probes follow (`attached`, in words).
-    pub fn serve_metrics(&mut self, endpoint: SharedEndpoint, label: &str, attached: &str) {
-        self.metrics = Some((endpoint, label.to_string(), attached.to_string()));
+    /// Serves the probes' totals as they arrive (`--listen`, `serve`).
+    pub fn serve_metrics(&mut self, metrics: Metrics) {
+        self.metrics = Some(metrics);
     }
 
     /// The recorder of a built-in workload run on this host (`record` and the live view
@@ -253,7 +279,12 @@ impl Recorder {
     pub fn of_workload(plan: RecordPlan, workload: &str, metrics: Option<&SharedEndpoint>) -> Self {
         let mut recorder = Self::new(plan);
         if let Some(endpoint) = metrics {
-            recorder.serve_metrics(Arc::clone(endpoint), workload, OWN_WORKLOAD);
+            recorder.serve_metrics(Metrics {
+                endpoint: Arc::clone(endpoint),
+                label: workload.to_string(),
+                attached: OWN_WORKLOAD.to_string(),
+                series: SeriesOptions::default(),
+            });
         }
         recorder
     }
@@ -307,8 +338,11 @@ impl Recorder {
     fn on_probe(&mut self, event: ProbeEvent) -> Update {
         match event {
             ProbeEvent::Attached(report) => {
-                if let Some((endpoint, label, attached)) = &self.metrics {
-                    endpoint.follow(ExporterContext::this_host(label, attached, &report));
+                if let Some(m) = &self.metrics {
+                    m.endpoint.follow(ExporterContext {
+                        series: m.series.clone(),
+                        ..ExporterContext::this_host(&m.label, &m.attached, &report)
+                    });
                 }
                 self.report = Some(report);
                 Update::Report
@@ -326,8 +360,8 @@ impl Recorder {
                 cumulative,
                 interval,
             } => {
-                if let Some((endpoint, ..)) = &self.metrics {
-                    endpoint.publish(&cumulative);
+                if let Some(m) = &self.metrics {
+                    m.endpoint.publish(&cumulative);
                 }
                 for d in cumulative.block.iter().flat_map(|b| &b.devices) {
                     self.device_names
@@ -439,6 +473,50 @@ impl Recorder {
     pub fn finish(&mut self) {
         self.series.finish();
         self.collect_slow_ios();
+    }
+
+    /// The loop of a run without a workload (attach mode, `serve`): hands the collector's
+    /// events to the recorder until `until` says the run is over; `each` sees every probe
+    /// interval. An error when the collector is gone before that (its figures would stop
+    /// while the run seemed to go on).
+    pub fn follow(
+        &mut self,
+        rx: &mpsc::Receiver<Event>,
+        until: FollowUntil<'_>,
+        each: &mut EachInterval<'_>,
+    ) -> anyhow::Result<AttachEnd> {
+        let started = Instant::now();
+        loop {
+            if until.stop.load(Ordering::Relaxed) {
+                return Ok(AttachEnd::Interrupted);
+            }
+            if until.duration.is_some_and(|d| started.elapsed() >= d) {
+                return Ok(AttachEnd::Duration);
+            }
+            let event = match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(event) => event,
+                Err(mpsc::RecvTimeoutError::Timeout) => continue,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    anyhow::bail!(
+                        "the probes' collector stopped; its figures are no longer updated"
+                    )
+                }
+            };
+            if self.take_followed(event, each) == Some(true) && until.processes_gone {
+                return Ok(AttachEnd::ProcessesExited);
+            }
+        }
+    }
+
+    /// One event of a run without a workload (see [`Self::follow`]); for a probe interval,
+    /// Some(whether every followed process is gone).
+    pub fn take_followed(&mut self, event: Event, each: &mut EachInterval<'_>) -> Option<bool> {
+        let Update::ProbeInterval(interval) = self.on_event(event) else {
+            return None;
+        };
+        let followed = self.cumulative.as_ref().and_then(|c| c.followed.clone());
+        each(self, &interval, followed.as_deref());
+        Some(followed.is_some_and(|p| p.is_empty()))
     }
 
     /// Whether every worker of a started workload finished.
@@ -791,5 +869,57 @@ mod tests {
         // Slow I/Os a worker hands over later from before the cutoff are not taken back.
         a.add_ios(&[io(3)]);
         assert!(a.ios.iter().all(|io| io.start_ns >= middle));
+    }
+
+    fn followed_event(pids: &[u32]) -> Event {
+        let with_pids = |completed| ProbeSnapshot {
+            followed: Some(pids.to_vec()),
+            ..snapshot(completed)
+        };
+        Event::Probe(ProbeEvent::Snapshot {
+            cumulative: Box::new(with_pids(10)),
+            interval: Box::new(with_pids(10).since(&snapshot(0))),
+        })
+    }
+
+    /// The one loop of a run without a workload ends as attach mode and `serve` need: when
+    /// the processes are gone (attach mode only), when the collector is gone (an error), and
+    /// on a signal; every probe interval is seen with the processes it lists.
+    #[test]
+    fn following_ends_when_the_processes_or_the_collector_are_gone_or_on_a_signal() {
+        let stop = AtomicBool::new(false);
+        let until = |processes_gone| FollowUntil {
+            stop: &stop,
+            duration: Some(Duration::from_secs(60)),
+            processes_gone,
+        };
+        let follow = |events: Vec<Event>, until: FollowUntil<'_>| {
+            let (tx, rx) = mpsc::channel();
+            for e in events {
+                tx.send(e).unwrap();
+            }
+            drop(tx);
+            let mut seen = Vec::new();
+            let mut r = Recorder::attached(
+                Duration::from_secs(1),
+                Hypervisor::None,
+                Some(TargetDisks::plain("vda", 254, 0)),
+            );
+            let end = r.follow(&rx, until, &mut |_, _, pids| {
+                seen.push(pids.map(<[u32]>::to_vec))
+            });
+            (end.map_err(|e| e.to_string()), seen)
+        };
+        let (end, seen) = follow(vec![followed_event(&[7]), followed_event(&[])], until(true));
+        assert_eq!(end, Ok(AttachEnd::ProcessesExited));
+        assert_eq!(seen, vec![Some(vec![7]), Some(vec![])]);
+        // `serve` goes on with the processes gone, until the collector's channel closes.
+        let (end, seen) = follow(vec![followed_event(&[]), followed_event(&[])], until(false));
+        assert!(end.unwrap_err().contains("collector stopped"));
+        assert_eq!(seen.len(), 2);
+        stop.store(true, Ordering::Relaxed);
+        let (end, seen) = follow(vec![followed_event(&[7])], until(true));
+        assert_eq!(end, Ok(AttachEnd::Interrupted));
+        assert!(seen.is_empty(), "nothing is taken once stopped");
     }
 }
