@@ -58,14 +58,15 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
     let endpoint = Arc::new(MetricsEndpoint::bind(plan.listen)?);
     let (attach, described) = (&plan.attach, plan.attach.describe());
     let config = crate::run::attached::follow_config(attach)?;
-    let (tx, rx) = mpsc::channel::<Event>();
-    let (collector, report) = start_collector(config, attach.interval, &tx, &rx)?;
-    drop(tx);
+    // Before the probes: the recorder's own temporary file is not measured (`--all`).
     let mut recorder = Recorder::attached(
         attach.interval,
         crate::run::host::this_hypervisor(),
         attach.disks.clone(),
     );
+    let (tx, rx) = mpsc::channel::<Event>();
+    let (collector, report) = start_collector(config, attach.interval, &tx, &rx)?;
+    drop(tx);
     recorder.serve_metrics(Metrics {
         endpoint: Arc::clone(&endpoint),
         label: attach.label.clone().unwrap_or_default(),

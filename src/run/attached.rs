@@ -200,14 +200,15 @@ pub fn record(
         config.slow_request_ns = Some(Arc::clone(&thresholds.request_ns));
     }
     let started = SystemTime::now();
-    let (tx, rx) = mpsc::channel::<Event>();
-    let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
-    drop(tx);
+    // Before the probes: the recorder's own temporary file is not measured (`--all`).
     let mut recorder = Recorder::attached(
         plan.interval,
         crate::run::host::this_hypervisor(),
         plan.disks.clone(),
     );
+    let (tx, rx) = mpsc::channel::<Event>();
+    let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
+    drop(tx);
     if let Some(endpoint) = metrics {
         recorder.serve_metrics(Metrics {
             endpoint: Arc::clone(endpoint),

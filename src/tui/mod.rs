@@ -186,6 +186,16 @@ fn start(
     rx: &mpsc::Receiver<Input>,
 ) -> Result<Started> {
     let host = crate::run::host::this_host();
+    // The recorder (its interval series' temporary file included) before the probes: creating
+    // that file may read the filesystem's metadata, a block request of this process.
+    let plan = RecordPlan {
+        interval: args.interval.0,
+        ramp: spec.ramp.0,
+        disks: prepared.disks.clone(),
+        probed: !args.probe.no_probes,
+        hypervisor: crate::run::host::this_hypervisor(),
+    };
+    let recorder = Recorder::of_workload(plan, &spec.name, metrics);
     // The tail autopsy, as `record` keeps it.
     let slow_request_ns = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let probes = crate::run::session::start_probes(
@@ -196,14 +206,6 @@ fn start(
         rx,
     )?;
     let workload = virtgap_workloads::units::printable(&spec.describe()).into_owned();
-    let plan = RecordPlan {
-        interval: args.interval.0,
-        ramp: spec.ramp.0,
-        disks: prepared.disks.clone(),
-        probed: probes.is_some(),
-        hypervisor: crate::run::host::this_hypervisor(),
-    };
-    let recorder = Recorder::of_workload(plan, &spec.name, metrics);
     let mut app = App::new(host, workload, recorder);
     app.baseline = baseline;
     app.kv = spec.kv.as_ref().map(|kv| {
@@ -280,14 +282,15 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
     let metrics = crate::run::endpoint::listen(args.listen)?;
     let signals = crate::run::signals::StopSignals::install(true)?;
     let config = crate::run::attached::follow_config(&plan)?;
-    let (tx, rx) = mpsc::channel::<Input>();
-    let (collector, report) =
-        crate::run::session::start_collector(config, args.interval.0, &tx, &rx)?;
+    // Before the probes: the recorder's own temporary file is not measured (`--all`).
     let mut recorder = Recorder::attached(
         args.interval.0,
         crate::run::host::this_hypervisor(),
         plan.disks.clone(),
     );
+    let (tx, rx) = mpsc::channel::<Input>();
+    let (collector, report) =
+        crate::run::session::start_collector(config, args.interval.0, &tx, &rx)?;
     let label = args
         .attach
         .label
