@@ -925,6 +925,23 @@ def check_nvme_csv(c, results, device):
             f"nvme: histograms.csv's commands per queue id {in_csv} = the profile's {profile}")
 
 
+def check_nvme_diff(c, results, virtgap, device):
+    """The diff compares NVMe command latency per queue id: the profile against itself has a
+    row for each queue id it used, at the profile's mean."""
+    path = os.path.join(results, "nvme.json")
+    out = subprocess.run([virtgap, "diff", "--json", path, path], capture_output=True, text=True)
+    try:
+        rows = {r["metric"]: r for r in json.loads(out.stdout).get("nvme_queues", [])}
+    except ValueError:
+        return c.check(False, f"nvme diff: `virtgap diff --json` parses ({out.stderr.strip()[:200]})")
+    want = {f"nvme_q{q['qid']}_command_mean": q["sum_ns"] / q["count"]
+            for q in device.get("nvme_queues", []) if q["count"] > 0}
+    got = {k: r.get("a") for k, r in rows.items()}
+    c.check(want and set(got) == set(want)
+            and all(abs((got[k] or 0) - v) <= 1e-6 * v + 1 for k, v in want.items()),
+            f"nvme diff: rows per queue id {sorted(got)} at the profile's means ({sorted(want)})")
+
+
 def cpu_list(text):
     """"0-2,5" -> [0, 1, 2, 5]"""
     cpus = []
@@ -1073,6 +1090,7 @@ def check_guest(c, console, results, virtgap):
     if found and names.get("nvme") in found:
         check_nvme_queues(c, nvme, found[names["nvme"]])
         check_nvme_csv(c, results, found[names["nvme"]])
+        check_nvme_diff(c, results, virtgap, found[names["nvme"]])
     check_tail(c, "nvme", nvme)
     check_idle(c, "nvme", nvme, read_text(results, "uname").strip())
     check_throttle(c, read_json(results, "throttle.json"))

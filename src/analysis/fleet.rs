@@ -5,11 +5,12 @@
 //! `rate()`, which extrapolates); a counter that went down between two boundaries restarted,
 //! and counts from zero.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
 use virtgap_probes::CapabilityReport;
 
+use crate::model::devices::NvmeQueueRun;
 use crate::model::histogram::Histogram;
 use crate::model::host::Fingerprint;
 use crate::model::hypervisor::RunHypervisor;
@@ -172,6 +173,30 @@ fn counter(
     Some(it.map(|s| s.value).sum())
 }
 
+/// NVMe command latency per queue id, where the exporter labels its queues (`serve
+/// --per-queue`; a queue beyond its limit of labels, "other", is left out).
+fn nvme_queues(increases: &[PromSample]) -> Vec<NvmeQueueRun> {
+    const COUNT: &str = "virtgap_nvme_command_seconds_count";
+    let qids: BTreeSet<u16> = increases
+        .iter()
+        .filter(|s| s.label("__name__") == COUNT)
+        .filter_map(|s| s.label("qid").parse().ok())
+        .collect();
+    qids.into_iter()
+        .filter_map(|qid| {
+            let on_queue = |s: &PromSample| s.label("qid") == qid.to_string() && data_op(s);
+            let count = counter(increases, COUNT, &on_queue)?;
+            let sum_s = counter(increases, "virtgap_nvme_command_seconds_sum", &on_queue)?;
+            Some(NvmeQueueRun {
+                qid,
+                count: count.round() as u64,
+                sum_ns: (sum_s * 1e9).round() as u64,
+            })
+        })
+        .filter(|q| q.count > 0)
+        .collect()
+}
+
 /// The reads and writes (the profile's stages are its data I/O's; flushes are apart).
 fn data_op(s: &PromSample) -> bool {
     matches!(s.label("op"), "read" | "write")
@@ -233,6 +258,7 @@ fn slice_run(
         tail: None,
         idle: None,
         hypervisor: Some(mechanisms),
+        nvme_queues: nvme_queues(increases),
     }
 }
 
@@ -600,6 +626,54 @@ mod tests {
         assert_eq!(hv.counts["ipi"], 100);
         assert!((hv.times_ns["ipi"] - 2e6).abs() < 1e-3);
         assert!(!hv.times_ns.contains_key("timer"));
+    }
+
+    /// A fleet diff's runs have NVMe command latency per queue id where `serve --per-queue`
+    /// labelled the queues: reads and writes added up, flushes and "other" left out.
+    #[test]
+    fn nvme_queues_come_from_the_per_queue_command_series() {
+        let at = |reads: f64, read_s: f64, flushes: f64| {
+            let mut v = Vec::new();
+            for (qid, op, n, secs) in [
+                ("1", "read", reads, read_s),
+                ("1", "write", 10.0, 0.001),
+                ("1", "flush", flushes, flushes),
+                ("other", "read", 99.0, 9.0),
+            ] {
+                let name = |suffix| format!("virtgap_nvme_command_seconds_{suffix}");
+                let labels = |name: String| {
+                    [
+                        ("__name__", name.as_str()),
+                        ("device", "nvme0n1"),
+                        ("op", op),
+                        ("qid", qid),
+                    ]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into_iter()
+                    .collect()
+                };
+                v.push(PromSample {
+                    labels: labels(name("count")),
+                    value: n,
+                });
+                v.push(PromSample {
+                    labels: labels(name("sum")),
+                    value: secs,
+                });
+            }
+            v
+        };
+        let inc = increases(&at(100.0, 0.01, 1.0), &at(1_090.0, 0.109, 3.0));
+        let q = nvme_queues(&inc);
+        assert_eq!(q.len(), 1, "{q:?}");
+        assert_eq!((q[0].qid, q[0].count), (1, 990));
+        assert!((q[0].mean_ns().unwrap() - 100_000.0).abs() < 1.0, "{q:?}");
+        // Without --per-queue there is no qid label, and no queue.
+        assert!(nvme_queues(&[sample(
+            &[("__name__", "virtgap_nvme_command_seconds_count")],
+            5.0
+        )])
+        .is_empty());
     }
 
     #[test]

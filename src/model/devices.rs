@@ -60,3 +60,34 @@ pub struct NvmeQueueLatency {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latency: Option<Histogram>,
 }
+
+/// One run's NVMe commands on one queue id, over every NVMe disk under the target: what the
+/// diff compares queue by queue.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NvmeQueueRun {
+    pub qid: u16,
+    pub count: u64,
+    pub sum_ns: u64,
+}
+
+impl NvmeQueueRun {
+    /// The queues of `devices`' NVMe command latency, each queue id's disks added up, in queue
+    /// id order.
+    pub fn of_devices(devices: &[DeviceProfile]) -> Vec<Self> {
+        let mut by_qid = std::collections::BTreeMap::<u16, Self>::new();
+        for q in devices.iter().flat_map(|d| &d.nvme_queues) {
+            let run = by_qid.entry(q.qid).or_insert_with(|| Self {
+                qid: q.qid,
+                ..Self::default()
+            });
+            run.count += q.count;
+            run.sum_ns += q.sum_ns;
+        }
+        by_qid.into_values().filter(|q| q.count > 0).collect()
+    }
+
+    /// The mean command latency (None: no command).
+    pub fn mean_ns(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum_ns as f64 / self.count as f64)
+    }
+}

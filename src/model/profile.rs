@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use virtgap_probes::CapabilityReport;
 
 use crate::model::calibration::Calibration;
-use crate::model::devices::DeviceProfile;
+use crate::model::devices::{DeviceProfile, NvmeQueueRun};
 use crate::model::histogram::Histogram;
 use crate::model::host::Fingerprint;
 use crate::model::hypervisor::{HypervisorSection, RunHypervisor};
@@ -248,6 +248,10 @@ pub struct RunRecord {
     /// before they were kept; on metal, no hypervisor).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hypervisor: Option<RunHypervisor>,
+    /// NVMe command latency per queue id over the run (empty: no NVMe disk, or a profile from
+    /// before it was kept per run).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvme_queues: Vec<NvmeQueueRun>,
 }
 
 /// One interval of the host idle (as far as virtgap is concerned) just before the workload:
@@ -322,6 +326,7 @@ impl RunRecord {
             tail: None,
             idle: None,
             hypervisor: p.hypervisor.as_ref().map(RunHypervisor::of),
+            nvme_queues: NvmeQueueRun::of_devices(&p.devices),
         }
     }
 

@@ -15,7 +15,7 @@ use crate::render::charts::{self, esc};
 use crate::render::diff_render::{
     cell, confounder, evidence, hypervisor_heading, row_label, runs_line, share, side_words,
     signed, spec_difference, tail_heading, tail_rows, verdict_sentence, verdict_text, warning,
-    workload,
+    workload, NVME_HEADING,
 };
 use crate::render::hypervisor_report::mechanism_words;
 
@@ -89,6 +89,10 @@ pub fn page(a: &[&Profile], b: &[&Profile], d: &ProfileDiff) -> String {
     s.push_str("<h2>Throughput</h2>\n");
     rows_table(&mut s, d, &mut d.throughput.iter());
     hypervisor_section(&mut s, d);
+    if !d.nvme_queues.is_empty() {
+        let _ = writeln!(s, "<h2>NVMe queues</h2>\n<p>{}</p>", esc(NVME_HEADING));
+        rows_table(&mut s, d, &mut d.nvme_queues.iter());
+    }
     evidence_table(&mut s, d);
     let _ = writeln!(
         s,

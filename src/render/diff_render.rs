@@ -23,6 +23,10 @@ const NOT_MEASURED: &str = "not measured";
 /// per I/O above idle, under the hypervisor heading), so the figures line up.
 const LABEL_COLUMNS: usize = 44;
 
+/// The heading of the NVMe rows, where both hosts' runs used NVMe queues.
+pub(crate) const NVME_HEADING: &str =
+    "NVMe command latency per queue id (queues both hosts used, judged as one family):";
+
 /// A row's label (without its indent in the terminal's table). `above_idle`: the host-wide
 /// figures are above each host's idle activity.
 pub fn label(metric: MetricId, above_idle: bool) -> Cow<'static, str> {
@@ -55,6 +59,7 @@ pub fn label(metric: MetricId, above_idle: bool) -> Cow<'static, str> {
         MechanismTimePerIo(m) => return format!("{} time per I/O", mechanism_noun(m)).into(),
         HypervisorCpuPerIo => "hypervisor CPU time per I/O",
         HypervisorTimePerIo => "all hypervisor paths' time per I/O",
+        NvmeCommandMean(qid) => return format!("NVMe queue {qid} command (mean)").into(),
     };
     fixed.into()
 }
@@ -67,7 +72,7 @@ pub(crate) fn indent_of(metric: MetricId) -> usize {
         Stage(_) => 2,
         WakeupPerIo | HardirqPerIo | SoftirqPerIo | IpisPerIo | MsrExitsPerIo
         | EstMsrExitTimePerIo | FlushMean => 4,
-        AppMean | Iops | Tail { .. } | HypervisorTimePerIo => 0,
+        AppMean | Iops | Tail { .. } | HypervisorTimePerIo | NvmeCommandMean(_) => 0,
         MechanismPerIo(_) | MechanismTimePerIo(_) | HypervisorCpuPerIo => 2,
     }
 }
@@ -770,6 +775,12 @@ pub fn terminal(d: &ProfileDiff) -> String {
     if let Some(m) = d.hypervisor.moved {
         let _ = writeln!(s, "the mechanism that moved most: {}", mechanism_words(m));
     }
+    if !d.nvme_queues.is_empty() {
+        let _ = writeln!(s, "\n{NVME_HEADING}");
+        for r in &d.nvme_queues {
+            terminal_row(&mut s, r, d);
+        }
+    }
     let _ = writeln!(s, "\nevidence:");
     for e in evidence(d) {
         let _ = writeln!(s, "  {}:\n    A: {}\n    B: {}", e.item, e.a, e.b);
@@ -996,6 +1007,10 @@ pub fn markdown(d: &ProfileDiff) -> String {
             mechanism_words(m)
         );
     }
+    if !d.nvme_queues.is_empty() {
+        let _ = writeln!(s, "\n## NVMe queues\n\n{NVME_HEADING}\n");
+        table(&mut s, &mut d.nvme_queues.iter());
+    }
     let _ = writeln!(s, "\n## Evidence\n\n| | A | B |\n|---|---|---|");
     for e in evidence(d) {
         let _ = writeln!(s, "| {} | {} | {} |", e.item, e.a, e.b);
@@ -1132,6 +1147,9 @@ struct JsonDiff<'a> {
     tail_waterfalls: &'a [TailWaterfall],
     throughput: Vec<JsonRow<'a>>,
     hypervisor: JsonHypervisor<'a>,
+    /// NVMe command latency per queue id both hosts used (absent when none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    nvme_queues: Vec<JsonRow<'a>>,
     evidence: Vec<EvidenceLine>,
     /// The label of the stage with the largest significant share of the gap.
     verdict: Option<Cow<'static, str>>,
@@ -1181,6 +1199,7 @@ pub fn json(d: &ProfileDiff) -> serde_json::Result<String> {
             not_offered_a: &d.hypervisor.not_offered.0,
             not_offered_b: &d.hypervisor.not_offered.1,
         },
+        nvme_queues: d.nvme_queues.iter().map(labelled).collect(),
         evidence: evidence(d),
         verdict: d
             .verdict
@@ -1443,5 +1462,26 @@ mod tests {
             .as_str()
             .unwrap()
             .starts_with("one run on each host"));
+    }
+
+    /// The NVMe rows have their own heading and section, where both hosts used NVMe queues
+    /// only, in every report.
+    #[test]
+    fn nvme_queues_get_their_own_section_only_where_both_hosts_have_them() {
+        use crate::analysis::diff::tests::{noisy_runs, with_nvme};
+        let base = || noisy_runs(5, 400_000.0, 10_000.0, 0.02, 2e6);
+        let b = with_nvme(base(), &[(1, 80_000.0), (2, 240_000.0)]);
+        let d = diff(&with_nvme(base(), &[(2, 80_000.0)]), &b);
+        let text = terminal(&d);
+        assert!(text.contains(NVME_HEADING), "{text}");
+        assert!(text.contains("NVMe queue 2 command (mean)"));
+        assert!(!text.contains("NVMe queue 1"), "queue 1 is B's only");
+        assert!(markdown(&d).contains("## NVMe queues"));
+        assert!(csv(&d).contains("NVMe queue 2 command (mean),ns,80000,240000"));
+        let doc: serde_json::Value = serde_json::from_str(&json(&d).unwrap()).unwrap();
+        assert_eq!(doc["nvme_queues"][0]["metric"], "nvme_q2_command_mean");
+        let without = diff(&base(), &b);
+        assert!(!terminal(&without).contains("NVMe"));
+        assert!(!json(&without).unwrap().contains("nvme_queues"));
     }
 }

@@ -30,6 +30,8 @@ pub(super) struct Figures {
     pub tails: Vec<(Stage, f64, f64)>,
     /// The hypervisor rows' figures per I/O, above idle (intervals of older profiles keep none).
     pub hypervisor: Vec<(MetricId, f64)>,
+    /// (queue id, mean NVMe command latency in ns); runs only (intervals keep no NVMe figure).
+    pub nvme: Vec<(u16, f64)>,
 }
 
 impl Figures {
@@ -58,6 +60,7 @@ impl Figures {
                 .iter()
                 .find(|(m, _)| *m == metric)
                 .map(|(_, v)| *v),
+            MetricId::NvmeCommandMean(qid) => self.nvme.iter().find(|q| q.0 == qid).map(|q| q.1),
         }
     }
 
@@ -127,6 +130,11 @@ impl Figures {
                 .into_iter()
                 .filter_map(|(m, total)| Some((m, per_io(Some(total))?)))
                 .collect(),
+            nvme: r
+                .nvme_queues
+                .iter()
+                .filter_map(|q| Some((q.qid, q.mean_ns()?)))
+                .collect(),
         }
     }
 
@@ -195,6 +203,7 @@ impl Figures {
             }),
             flush: None,
             tails: Vec::new(),
+            nvme: Vec::new(),
             // Every interval's mechanisms added up (none when one lacks them), per I/O.
             hypervisor: ivs
                 .iter()
@@ -344,6 +353,14 @@ impl Side {
         let v: Vec<f64> = self.runs.iter().filter_map(|f| f.get(metric)).collect();
         let mean = v.iter().sum::<f64>() / v.len() as f64;
         (!v.is_empty() && mean.is_finite()).then_some(mean)
+    }
+
+    /// The NVMe queue ids its runs used.
+    pub fn nvme_qids(&self) -> std::collections::BTreeSet<u16> {
+        self.runs
+            .iter()
+            .flat_map(|f| f.nvme.iter().map(|q| q.0))
+            .collect()
     }
 
     /// The replicates' figures of `metric` on `basis` (the finite ones).

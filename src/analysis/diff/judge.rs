@@ -342,6 +342,23 @@ pub(super) fn tails(sides: (&Side, &Side), how: Judging) -> Vec<Row> {
     rows
 }
 
+/// The NVMe rows: each queue id both hosts' runs used, its mean command latency, the queues
+/// judged as one family. Queue ids pair up as the driver numbers them (hardware queue + 1):
+/// on two hosts they are the same CPUs' queues only when both map queues to CPUs alike, which
+/// the Devices view and each profile's queue map show.
+pub(super) fn nvme_queues(sides: (&Side, &Side), how: Judging) -> Vec<Row> {
+    let both: Vec<u16> = sides
+        .0
+        .nvme_qids()
+        .intersection(&sides.1.nvme_qids())
+        .copied()
+        .collect();
+    let family = how.in_family_of(both.len().max(1));
+    both.into_iter()
+        .map(|qid| compare(MetricId::NvmeCommandMean(qid), sides, family, None))
+        .collect()
+}
+
 /// Batches within one run show none of the between-run noise: from batches, a difference holds
 /// for these runs only (every row passes through here, in `compare`).
 fn within_runs_only(mut row: Row, basis: Basis) -> Row {

@@ -225,6 +225,9 @@ pub enum MetricId {
     /// part of the gap, an upper bound since the paths are timed host-wide, not on the I/O's
     /// own path.
     HypervisorTimePerIo,
+    /// Mean NVMe command latency (the driver's setup to completion) on one queue id, over the
+    /// NVMe disks under the target.
+    NvmeCommandMean(u16),
 }
 
 impl MetricId {
@@ -256,6 +259,7 @@ impl MetricId {
             Self::MechanismTimePerIo(m) => format!("{}_time_per_io", m.name()),
             Self::HypervisorCpuPerIo => "hypervisor_cpu_per_io".into(),
             Self::HypervisorTimePerIo => "hypervisor_time_per_io".into(),
+            Self::NvmeCommandMean(qid) => format!("nvme_q{qid}_command_mean"),
         }
     }
 }
@@ -371,6 +375,9 @@ pub struct ProfileDiff {
     pub verdict: Option<BreakdownPart>,
     /// The hypervisor's mechanisms and CPU time, per I/O above idle, judged as one family.
     pub hypervisor: HypervisorBlock,
+    /// NVMe command latency per queue id that both hosts' runs used, judged as one family
+    /// (empty: a side without NVMe, or profiles from before it was kept per run).
+    pub nvme_queues: Vec<Row>,
     /// Where each side's figures came from: its files and when its runs were recorded.
     pub source_a: SideSource,
     pub source_b: SideSource,
@@ -437,13 +444,15 @@ impl MetricId {
 }
 
 impl ProfileDiff {
-    /// Every compared row: the waterfall, throughput, the tails, then the hypervisor block.
+    /// Every compared row: the waterfall, throughput, the tails, the hypervisor block, then
+    /// the NVMe queues.
     pub fn rows(&self) -> impl Iterator<Item = &Row> {
         self.waterfall
             .rows()
             .chain(&self.throughput)
             .chain(&self.tails)
             .chain(&self.hypervisor.rows)
+            .chain(&self.nvme_queues)
     }
 
     /// The row of `metric`, wherever it is listed.
@@ -538,6 +547,7 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         },
         verdict,
         hypervisor,
+        nvme_queues: judge::nvme_queues(sides, how),
         source_a: recorded(a_side),
         source_b: recorded(b_side),
     }

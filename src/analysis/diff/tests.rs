@@ -173,7 +173,7 @@ fn with_runs(runs: &[(f64, f64, f64, f64)]) -> Profile {
 
 /// `n` runs around `app` (ns), IOPS around `iops`, spread ±`noise` (a fraction) in a fixed
 /// pattern.
-fn noisy_runs(n: usize, app: f64, iops: f64, noise: f64, tail: f64) -> Profile {
+pub(crate) fn noisy_runs(n: usize, app: f64, iops: f64, noise: f64, tail: f64) -> Profile {
     let pattern = [0.0, 1.0, -1.0, 0.5, -0.5, 0.8, -0.8, 0.2];
     with_runs(
         &(0..n)
@@ -470,6 +470,60 @@ fn an_eight_percent_gap_over_five_runs_is_significant_both_ways_round() {
             assert!(((1.0 + e) * (1.0 + f) - 1.0).abs() < 1e-9, "{:?}", x.metric);
         }
     }
+}
+
+/// `p`'s runs with NVMe queues: queue id -> mean command latency (ns), 1,000 commands each,
+/// spread ±2% across the runs.
+pub(crate) fn with_nvme(mut p: Profile, queues: &[(u16, f64)]) -> Profile {
+    let pattern = [0.0, 1.0, -1.0, 0.5, -0.5];
+    for (k, run) in p.runs.iter_mut().enumerate() {
+        run.nvme_queues = queues
+            .iter()
+            .map(|&(qid, mean)| crate::model::devices::NvmeQueueRun {
+                qid,
+                count: 1_000,
+                sum_ns: (mean * (1.0 + 0.02 * pattern[k % pattern.len()]) * 1_000.0) as u64,
+            })
+            .collect();
+    }
+    p
+}
+
+/// NVMe command latency is compared per queue id both hosts used, the queues as one family,
+/// over runs only (one run a side gives no interval), and it is no stage of the mean's gap.
+#[test]
+fn nvme_queues_both_hosts_used_are_judged_queue_by_queue() {
+    let base = || noisy_runs(5, 400_000.0, 10_000.0, 0.02, 2e6);
+    let a = with_nvme(base(), &[(1, 80_000.0), (2, 80_000.0), (3, 80_000.0)]);
+    let b = with_nvme(base(), &[(1, 80_000.0), (2, 240_000.0), (4, 80_000.0)]);
+    let d = diff(&a, &b);
+    let qids: Vec<_> = d.nvme_queues.iter().map(|r| r.metric).collect();
+    assert_eq!(
+        qids,
+        [MetricId::NvmeCommandMean(1), MetricId::NvmeCommandMean(2)],
+        "only the queues both used"
+    );
+    let (same, slower) = (&d.nvme_queues[0], &d.nvme_queues[1]);
+    assert_eq!(same.verdict, Verdict::Equivalent, "{same:?}");
+    assert_eq!(slower.verdict, Verdict::Significant, "{slower:?}");
+    assert!((slower.effect.unwrap() - 2.0).abs() < 0.05, "{slower:?}");
+    assert!(slower.confidence > CONFIDENCE, "judged as a family of two");
+    assert_eq!(slower.share, None);
+    assert_eq!(
+        d.verdict, None,
+        "the queues are evidence, not a stage of the mean"
+    );
+    // One run a side: a point each, no interval.
+    let one = |p: &Profile| {
+        let mut p = p.clone();
+        p.runs.truncate(1);
+        p
+    };
+    let d = diff(&one(&a), &one(&b));
+    assert_eq!(d.nvme_queues[1].verdict, Verdict::InsufficientData);
+    // A host without NVMe: no row.
+    let d = diff(&base(), &b);
+    assert!(d.nvme_queues.is_empty());
 }
 
 #[test]
