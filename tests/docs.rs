@@ -389,6 +389,72 @@ fn the_readme_is_short() {
     );
 }
 
+/// The layout table of docs/development.md names every source file of the app's layers (each
+/// `.rs` directly in `src/`'s directories but `mod.rs`), and every `.rs` file it names exists
+/// in its row's directory or below.
+#[test]
+fn the_layout_table_names_every_source_file_and_only_files_that_exist() {
+    let text = read(&root().join("docs/development.md"));
+    let section = text
+        .split("## Layout")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("docs/development.md has a Layout section");
+    let mut problems = Vec::new();
+    let mut rows = 0;
+    for line in section.lines() {
+        let Some(rest) = line.strip_prefix("| `") else {
+            continue;
+        };
+        let Some((dir, description)) = rest.split_once("` | ") else {
+            continue;
+        };
+        let path = root().join(dir);
+        if !path.is_dir() {
+            continue;
+        }
+        rows += 1;
+        let named: BTreeSet<&str> = description.split('`').skip(1).step_by(2).collect();
+        for name in named.iter().filter(|n| n.ends_with(".rs")) {
+            let found = files_under(&path).iter().any(|p| p.ends_with(name));
+            if !found {
+                problems.push(format!("{dir}: names {name}, which is not there"));
+            }
+        }
+        if dir.starts_with("src/") && dir != "src/" {
+            for entry in std::fs::read_dir(&path).unwrap() {
+                let file = entry.unwrap().file_name().to_string_lossy().into_owned();
+                if file.ends_with(".rs") && file != "mod.rs" && !named.contains(file.as_str()) {
+                    problems.push(format!("{dir}: {file} is not in the table"));
+                }
+            }
+        }
+    }
+    assert!(rows >= 10, "the layout table has only {rows} rows");
+    assert!(
+        problems.is_empty(),
+        "docs/development.md's layout table:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+/// Every file under `dir`.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = entry.path();
+            if p.is_dir() {
+                todo.push(p);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn the_scanners_read_markdown_as_github_does() {
     assert_eq!(

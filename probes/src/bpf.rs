@@ -2,6 +2,7 @@
 //! plain-data impls that let Rust copy map values into the generated ABI types.
 #![allow(
     clippy::all,
+    clippy::too_many_lines,
     missing_debug_implementations,
     unused_imports,
     non_camel_case_types

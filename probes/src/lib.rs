@@ -6,6 +6,10 @@
 //! - [`collector`]: the one thread that owns a session and sends snapshots every interval.
 //! - [`model`], [`hist`] and [`report`]: the plain data; [`error`]: what goes wrong, typed.
 
+// No function longer than clippy.toml's threshold outside tests (code lines, comments apart).
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod attach;
 mod bpf;
 pub mod collector;

@@ -4,6 +4,10 @@
 //!
 //! Everything here builds and runs without root and without BPF.
 
+// No function longer than clippy.toml's threshold outside tests (code lines, comments apart).
+#![warn(clippy::too_many_lines)]
+#![cfg_attr(test, allow(clippy::too_many_lines))]
+
 pub mod act;
 pub mod dir_stats;
 pub mod dm;
