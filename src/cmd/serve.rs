@@ -67,6 +67,7 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
     let (tx, rx) = mpsc::channel::<Event>();
     let (collector, report) = start_collector(config, attach.interval, &tx, &rx)?;
     drop(tx);
+    recorder.keep_no_series();
     recorder.serve_metrics(Metrics {
         endpoint: Arc::clone(&endpoint),
         label: attach.label.clone().unwrap_or_default(),

@@ -209,6 +209,9 @@ pub struct Recorder {
     tail_watch: Option<Arc<TailWatch>>,
     /// `--listen` or `serve`: where the probes' totals are served as they arrive.
     metrics: Option<Metrics>,
+    /// Whether probe intervals become points of the series (not for `serve`, which writes no
+    /// profile: see [`Self::keep_no_series`]).
+    keeps_series: bool,
 }
 
 /// Where a recorder serves the probes' totals, and how: the label (the workload's name, or
@@ -266,6 +269,7 @@ impl Recorder {
             tail: TailMaterial::default(),
             tail_watch: None,
             metrics: None,
+            keeps_series: true,
         }
     }
 
@@ -308,6 +312,13 @@ impl Recorder {
         });
         recorder.series = IntervalSeries::probe_only(interval, hypervisor, counted);
         recorder
+    }
+
+    /// A recorder whose run is never saved (`serve`): its probe intervals are not kept as a
+    /// series, so a server running for weeks writes no point to its temporary file — nothing
+    /// of the observer's own on the disks it measures (`--all`).
+    pub fn keep_no_series(&mut self) {
+        self.keeps_series = false;
     }
 
     /// The workload's `workers` reporting threads started.
@@ -377,7 +388,9 @@ impl Recorder {
                     }
                 }
                 if self.series.is_probe_only() {
-                    self.series.add_probe_only(cumulative.elapsed_ns, &interval);
+                    if self.keeps_series {
+                        self.series.add_probe_only(cumulative.elapsed_ns, &interval);
+                    }
                     // No workload: the I/Os are the block requests over the window.
                     let since = |op| {
                         let devs = self.series.devs();
@@ -917,6 +930,28 @@ mod tests {
         let (end, seen) = follow(vec![followed_event(&[]), followed_event(&[])], until(false));
         assert!(end.unwrap_err().contains("collector stopped"));
         assert_eq!(seen.len(), 2);
+        // `serve`'s recorder keeps the totals and no series.
+        let points = |keep: bool| {
+            let (tx, rx) = mpsc::channel();
+            for _ in 0..3 {
+                tx.send(followed_event(&[7])).unwrap();
+            }
+            drop(tx);
+            let mut r = Recorder::attached(
+                Duration::from_secs(1),
+                Hypervisor::None,
+                Some(TargetDisks::plain("vda", 254, 0)),
+            );
+            if !keep {
+                r.keep_no_series();
+            }
+            assert!(r.follow(&rx, until(false), &mut |_, _, _| {}).is_err());
+            r.finish();
+            assert!(r.cumulative().is_some(), "the totals are kept");
+            r.series().points().unwrap().len()
+        };
+        assert_eq!(points(false), 0, "serve keeps no point");
+        assert!(points(true) > 0, "attach mode keeps its points");
         stop.store(true, Ordering::Relaxed);
         let (end, seen) = follow(vec![followed_event(&[7])], until(true));
         assert_eq!(end, Ok(AttachEnd::Interrupted));
