@@ -184,7 +184,8 @@ fn nvme_queues(increases: &[PromSample]) -> Vec<NvmeQueueRun> {
         .collect();
     qids.into_iter()
         .filter_map(|qid| {
-            let on_queue = |s: &PromSample| s.label("qid") == qid.to_string() && data_op(s);
+            let label = qid.to_string();
+            let on_queue = |s: &PromSample| s.label("qid") == label && data_op(s);
             let count = counter(increases, COUNT, &on_queue)?;
             let sum_s = counter(increases, "virtgap_nvme_command_seconds_sum", &on_queue)?;
             Some(NvmeQueueRun {

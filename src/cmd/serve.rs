@@ -69,10 +69,12 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
     drop(tx);
     recorder.keep_no_series();
     recorder.serve_metrics(Metrics {
-        endpoint: Arc::clone(&endpoint),
-        label: attach.label.clone().unwrap_or_default(),
-        attached: described.clone(),
         series: plan.series.clone(),
+        ..Metrics::new(
+            &endpoint,
+            attach.label.as_deref().unwrap_or_default(),
+            &described,
+        )
     });
     recorder.on_event(Event::Probe(ProbeEvent::Attached(report)));
     if verbose {
@@ -96,6 +98,5 @@ pub fn serve(plan: &ServePlan, stop: &Arc<AtomicBool>, verbose: bool) -> Result<
     };
     let end = recorder.follow(&rx, until, &mut each);
     collector.stop();
-    drop(endpoint);
     end.map(drop)
 }

@@ -24,7 +24,6 @@ use crate::model::histogram::Histogram;
 use crate::model::host::{Fingerprint, TargetDisks};
 use crate::model::profile::{Profile, RunRecord, TargetInfo, WorkloadInfo};
 use crate::run::endpoint::SharedEndpoint;
-use crate::run::exporter::SeriesOptions;
 use crate::run::pipeline::Event;
 use crate::run::recorder::{FollowUntil, Framing, Metrics, Recorder, TailMaterial};
 use crate::run::series::block_requests;
@@ -210,12 +209,8 @@ pub fn record(
     let (collector, report) = start_collector(config, plan.interval, &tx, &rx)?;
     drop(tx);
     if let Some(endpoint) = metrics {
-        recorder.serve_metrics(Metrics {
-            endpoint: Arc::clone(endpoint),
-            label: plan.label.clone().unwrap_or_default(),
-            attached: plan.describe(),
-            series: SeriesOptions::default(),
-        });
+        let label = plan.label.as_deref().unwrap_or_default();
+        recorder.serve_metrics(Metrics::new(endpoint, label, &plan.describe()));
     }
     recorder.on_event(Event::Probe(ProbeEvent::Attached(report)));
     // The command lines of what is followed now, read before the line that says the probes are

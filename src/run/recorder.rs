@@ -224,6 +224,19 @@ pub struct Metrics {
     pub series: SeriesOptions,
 }
 
+impl Metrics {
+    /// Served at `endpoint` under `label`, following `attached` (in words), with the page's
+    /// default series.
+    pub fn new(endpoint: &SharedEndpoint, label: &str, attached: &str) -> Self {
+        Self {
+            endpoint: Arc::clone(endpoint),
+            label: label.to_string(),
+            attached: attached.to_string(),
+            series: SeriesOptions::default(),
+        }
+    }
+}
+
 /// Until when a run without a workload is followed (attach mode, `serve`).
 #[derive(Clone, Copy, Debug)]
 pub struct FollowUntil<'a> {
@@ -283,12 +296,7 @@ impl Recorder {
     pub fn of_workload(plan: RecordPlan, workload: &str, metrics: Option<&SharedEndpoint>) -> Self {
         let mut recorder = Self::new(plan);
         if let Some(endpoint) = metrics {
-            recorder.serve_metrics(Metrics {
-                endpoint: Arc::clone(endpoint),
-                label: workload.to_string(),
-                attached: OWN_WORKLOAD.to_string(),
-                series: SeriesOptions::default(),
-            });
+            recorder.serve_metrics(Metrics::new(endpoint, workload, OWN_WORKLOAD));
         }
         recorder
     }
@@ -527,9 +535,9 @@ impl Recorder {
         let Update::ProbeInterval(interval) = self.on_event(event) else {
             return None;
         };
-        let followed = self.cumulative.as_ref().and_then(|c| c.followed.clone());
-        each(self, &interval, followed.as_deref());
-        Some(followed.is_some_and(|p| p.is_empty()))
+        let followed = self.cumulative.as_ref().and_then(|c| c.followed.as_deref());
+        each(self, &interval, followed);
+        Some(followed.is_some_and(<[u32]>::is_empty))
     }
 
     /// Whether every worker of a started workload finished.

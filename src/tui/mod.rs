@@ -297,12 +297,9 @@ fn run_attached(args: &TuiArgs) -> Result<ExitCode> {
         .clone()
         .unwrap_or_else(|| describe.clone());
     if let Some(endpoint) = &metrics {
-        recorder.serve_metrics(crate::run::recorder::Metrics {
-            endpoint: Arc::clone(endpoint),
-            label: label.clone(),
-            attached: describe.clone(),
-            series: crate::run::exporter::SeriesOptions::default(),
-        });
+        recorder.serve_metrics(crate::run::recorder::Metrics::new(
+            endpoint, &label, &describe,
+        ));
     }
     let workload =
         virtgap_workloads::units::printable(&format!("attached to {label}")).into_owned();

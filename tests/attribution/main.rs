@@ -483,6 +483,19 @@ fn busy_cpus() -> Vec<String> {
         .collect()
 }
 
+/// What an experiment's name adds when other work kept the CPUs busy beforehand: those CPUs,
+/// and which of its findings is `not_judged` then ("" when the CPUs were idle).
+fn when_busy(busy: &[String], not_judged: &str) -> String {
+    if busy.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (before it: {}; {not_judged} is not judged)",
+            busy.join(", ")
+        )
+    }
+}
+
 /// The CPUs online, from sysfs ("0-1" -> [0, 1]).
 fn online_cpus() -> Vec<u32> {
     let cpus = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
@@ -631,14 +644,7 @@ fn a_completion_sent_to_another_cpu_shows_up_as_completion_not_device() {
     Experiment {
         name: &format!(
             "completion hop: workload on CPU {other}, disk IRQ on CPU {irq}, rq_affinity 1 vs 2{}",
-            if shared {
-                format!(
-                    " (before it: {}; the stage named is not judged)",
-                    busy.join(", ")
-                )
-            } else {
-                String::new()
-            }
+            when_busy(&busy, "the stage named")
         ),
         plan: Plan {
             first: 3,
@@ -918,14 +924,7 @@ fn a_slow_tail_is_found_in_the_p999_while_the_mean_barely_moves() {
     Experiment {
         name: &format!(
             "slow tail: one 4 KiB block in 500 delayed 3 ms, QD 1{}",
-            if busy.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    " (before it: {}; the tail waterfall's largest share is not judged)",
-                    busy.join(", ")
-                )
-            }
+            when_busy(&busy, "the tail waterfall's largest share")
         ),
         plan: Plan {
             first: 5,
