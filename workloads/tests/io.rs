@@ -614,12 +614,15 @@ fn kv_run_holds_its_rates(engine: EngineKind, per_s: u64) {
         assert!(kv.behind.is_none(), "{:?}", kv.behind);
     } else {
         // The host did not give the generator the CPU for this load (a busy machine: seen
-        // beside a CPU hog, client reads 11.6% short). Then what must hold is the run saying
-        // so: its verdict is "not delivered", never a PASS or FAIL of a lighter load.
+        // beside a CPU hog, client reads 11.6% short; another time the client held and the
+        // one large-block thread fell 6% behind). Then what must hold is the run saying so:
+        // its verdict is "not delivered", on whichever stream fell short, never a PASS or
+        // FAIL of a lighter load.
         let verdict = kv.verdict();
         eprintln!("the load was not delivered on this host; the run says: {verdict:?}");
         assert!(
-            matches!(verdict, KvVerdict::NotDelivered { client, .. } if client < 0.99),
+            matches!(verdict, KvVerdict::NotDelivered { client, large_blocks, ref behind }
+                if client < 0.99 || large_blocks < 0.99 || behind.is_some()),
             "rates short of the schedule, yet the verdict is {verdict:?}"
         );
     }
