@@ -13,6 +13,7 @@ the repeats had any.
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,9 @@ def main():
     ap.add_argument("--duration", default="4s")
     ap.add_argument("--workload", default="rand4k")
     ap.add_argument("--min-effect", default="5%")
+    ap.add_argument("--keep", metavar="DIR",
+                    help="copy the profiles and the diff of every repeat with a significant row "
+                         "into DIR/repeat-N/ (to read what moved, and why)")
     ap.add_argument("--defaults", action="store_true",
                     help="each side one `virtgap record` with its defaults (--runs, --duration, "
                          "--workload, --min-effect ignored)")
@@ -76,6 +80,13 @@ def main():
             repeats_with_any += bool(sig)
             eq = sum(r["verdict"] == "equivalent" for r in judged)
             names = ", ".join(f'{r["metric"].strip()} {r["effect"] * 100:+.1f}%' for r in sig) or "none"
+            if sig and opts.keep:
+                kept = os.path.join(opts.keep, f"repeat-{rep}")
+                os.makedirs(kept, exist_ok=True)
+                for p in a + b:
+                    shutil.copy(p, kept)
+                with open(os.path.join(kept, "diff.json"), "w") as f:
+                    json.dump(d, f, indent=1)
             hv = [r for r in d["hypervisor"]["rows"] if r["verdict"] == "significant"]
             total_hv_sig += len(hv)
             print(f"repeat {rep}/{opts.repeats} ({d['runs_a']} + {d['runs_b']} runs): "

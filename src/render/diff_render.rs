@@ -427,6 +427,7 @@ pub fn warning(w: &Warning) -> String {
                 Hosts::B => "host B",
             }
         ),
+        Warning::OneSession => "each host's runs were recorded in one session, back to back: a change in the machine between the two sessions (a neighbour's load, a background job) moves every run of one side alike and reads as a difference between the hosts; record each host again at another time (--with-a, --with-b) before trusting a difference near the noise".into(),
     }
 }
 

@@ -513,6 +513,10 @@ pub enum Warning {
     /// One run on these hosts: verdicts compare batches of intervals within runs and hold for
     /// these runs only.
     OneRun(Hosts),
+    /// Each host's runs come from one recording (back to back, in one stretch of the machine's
+    /// time): a change in the machine between the two sessions moves every run of one side
+    /// alike and is judged as a difference between the hosts.
+    OneSession,
 }
 
 /// The warnings on a comparison of `a_side` with `b_side`: per profile, then the stages'
@@ -542,6 +546,9 @@ pub(super) fn warnings(
     warnings.extend(queue_start_split(a_side, b_side).map(Warning::QueueStart));
     warnings.extend(request_unit_warning(a_side, b_side));
     warnings.extend(Hosts::of(runs.0 < 2, runs.1 < 2).map(Warning::OneRun));
+    if a_side.len() == 1 && b_side.len() == 1 && runs.0 >= 2 && runs.1 >= 2 {
+        warnings.push(Warning::OneSession);
+    }
     warnings
 }
 

@@ -427,6 +427,29 @@ fn one_run_per_host_says_between_run_noise_is_unknown() {
     assert_eq!(d.verdict, None);
 }
 
+/// Runs recorded back to back share their stretch of the machine's time: with one recording a
+/// side the diff says so; with a second recording of either host it does not.
+#[test]
+fn one_recording_per_host_is_named_one_session() {
+    let a = noisy_runs(3, 100_000.0, 10_000.0, 0.02, 300_000.0);
+    let b = noisy_runs(3, 100_000.0, 10_000.0, 0.02, 300_000.0);
+    assert!(diff(&a, &b).warnings.contains(&Warning::OneSession));
+    let again = noisy_runs(3, 100_000.0, 10_000.0, 0.02, 300_000.0);
+    let d = diff_hosts(&[&a, &again], &[&b], &DiffOptions::default());
+    assert!(
+        !d.warnings.contains(&Warning::OneSession),
+        "{:?}",
+        d.warnings
+    );
+    let single = synthetic(2_000.0, 300_000.0, 100_000.0, 20_000.0, 10);
+    let d = diff(&single, &single);
+    assert!(
+        !d.warnings.contains(&Warning::OneSession),
+        "one run: {:?}",
+        d.warnings
+    );
+}
+
 #[test]
 fn a_certain_difference_smaller_than_the_smallest_effect_is_equivalent() {
     // 0.5 µs on a 400 µs app latency with no jitter: a real difference, but not one of
