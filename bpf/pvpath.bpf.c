@@ -27,6 +27,26 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 const volatile __u32 symbol_index = 0;
 
 /*
+ * For a function whose calls serve two mechanisms, told apart by its second argument (Xen's
+ * xen_send_IPI_one sends a spinlock kick as an IPI on XEN_SPIN_UNLOCK_VECTOR: a lock
+ * mechanism, not an IPI): calls with that argument equal to `split_value` are timed under
+ * `split_index`. Bound to one symbol, like `symbol_index`; the *_split programs only.
+ */
+const volatile __u64 split_value = 0;
+const volatile __u32 split_index = 0;
+
+/* No index: no path's frame holds it. */
+#define NO_PATH 0xfffffffeu
+
+/*
+ * For a function that is also called from inside another timed path, where the call is that
+ * path's own work (Xen's notify_remote_via_irq is the device doorbell, and also what
+ * xen_send_IPI_one sends through): a call made directly inside a frame of either of these
+ * indexes is not timed apart. Bound to one symbol, like `symbol_index`.
+ */
+const volatile __u32 inside_of[2] = { NO_PATH, NO_PATH };
+
+/*
  * The calls in progress on each CPU, innermost last. These callbacks run from idle (pid 0 on
  * every CPU) and from hard-IRQ context nested in another call, so neither a thread id nor a
  * single slot per CPU can hold their start: a small stack per CPU does.
@@ -85,20 +105,27 @@ static __always_inline int push(struct vg_pv_stack *s, __u32 index)
 }
 
 /*
- * Pops `index`'s frame, the innermost one: its elapsed time is added to its parent's nested
- * time, and its own time (less what nested in it) returned in `own`. Frames above it are calls
- * whose return was missed: dropped with it. False when no frame is `index`'s (its entry was
- * not seen: attached mid-call, or the stack started afresh), the stack left as it is.
+ * Pops the innermost frame of `index` or `or_index` (the same but for a split function, whose
+ * return does not say which of its two it was), naming it in `popped`: its elapsed time is
+ * added to its parent's nested time, and its own time (less what nested in it) returned in
+ * `own`. Frames above it are calls whose return was missed: dropped with it. False when no
+ * frame is either's (its entry was not seen: attached mid-call, or the stack started afresh),
+ * the stack left as it is.
  */
-static __always_inline bool pop(struct vg_pv_stack *s, __u32 index, __u64 *own)
+static __always_inline bool pop(struct vg_pv_stack *s, __u32 index, __u32 or_index, __u64 *own,
+				__u32 *popped)
 {
-	__u32 depth = s->depth, d = VG_PV_DEPTH;
+	__u32 depth = s->depth, d = VG_PV_DEPTH, at;
 	struct vg_pv_frame *top;
 	__u64 elapsed;
 
 	for (__u32 k = 0; k < VG_PV_DEPTH; k++) {
-		if (k < depth && frame(s, depth - 1 - k)->index == index) {
+		if (k >= depth)
+			break;
+		at = frame(s, depth - 1 - k)->index;
+		if (at == index || at == or_index) {
 			d = depth - 1 - k;
+			*popped = at;
 			break;
 		}
 	}
@@ -123,20 +150,55 @@ static __always_inline int enter(__u32 index)
 	return push(s, index);
 }
 
-static __always_inline int leave(__u32 index)
+/*
+ * Starts a call of the one symbol this object is bound to, unless it is made directly inside a
+ * frame of `inside_of` (then its exit finds no frame of its own, and its time stays its
+ * caller's).
+ */
+static __always_inline int enter_bound(void)
 {
-	__u32 zero = 0;
+	struct vg_pv_stack *s;
+	__u32 top;
+
+	if (inside_of[0] == NO_PATH)
+		return enter(symbol_index);
+	s = this_cpus_stack();
+	if (!s)
+		return 0;
+	if (s->depth) {
+		top = frame(s, s->depth - 1)->index;
+		if (top == inside_of[0] || top == inside_of[1])
+			return 0;
+	}
+	return push(s, symbol_index);
+}
+
+/* Ends the innermost call of `index` or `or_index`, keeping its own time under its index. */
+static __always_inline int leave_either(__u32 index, __u32 or_index)
+{
+	__u32 zero = 0, popped = index;
 	struct vg_pv_stack *s = this_cpus_stack();
 	void *init = bpf_map_lookup_elem(&zero_hist, &zero);
 	struct vg_hist *h;
 	__u64 own;
 
-	if (!s || !init || !pop(s, index, &own))
+	if (!s || !init || !pop(s, index, or_index, &own, &popped))
 		return 0;
-	h = vg_lookup_or_init(&durations, &index, init);
+	h = vg_lookup_or_init(&durations, &popped, init);
 	if (h)
 		vg_hist_add(h, own, true);
 	return 0;
+}
+
+static __always_inline int leave(__u32 index)
+{
+	return leave_either(index, index);
+}
+
+/* The index a split function's call is timed under, by its second argument. */
+static __always_inline __u32 split_by(__u64 arg)
+{
+	return arg == split_value ? split_index : symbol_index;
 }
 
 /*
@@ -157,9 +219,10 @@ static __always_inline int handler_exit(void)
 {
 	struct vg_pv_stack *s = this_cpus_stack();
 	__u64 own;
+	__u32 popped;
 
 	if (s)
-		pop(s, VG_PV_HANDLER, &own);
+		pop(s, VG_PV_HANDLER, VG_PV_HANDLER, &own, &popped);
 	return 0;
 }
 
@@ -190,13 +253,44 @@ int BPF_PROG(pv_handler_exit_raw)
 SEC("fentry")
 int BPF_PROG(pv_fentry)
 {
-	return enter(symbol_index);
+	return enter_bound();
 }
 
 SEC("fexit")
 int BPF_PROG(pv_fexit)
 {
 	return leave(symbol_index);
+}
+
+/*
+ * A split function (see `split_value`) by fentry/fexit: its second argument says which index
+ * a call is timed under, at entry and again at return (fexit sees the arguments too).
+ */
+SEC("fentry")
+int BPF_PROG(pv_fentry_split)
+{
+	return enter(split_by(ctx[1]));
+}
+
+SEC("fexit")
+int BPF_PROG(pv_fexit_split)
+{
+	__u32 index = split_by(ctx[1]);
+
+	return leave_either(index, index);
+}
+
+/* A split function by kprobe: the return does not see the argument, so ends either index. */
+SEC("kprobe")
+int pv_kprobe_split(struct pt_regs *ctx)
+{
+	return enter(split_by(PT_REGS_PARM2(ctx)));
+}
+
+SEC("kretprobe")
+int pv_kretprobe_split(struct pt_regs *ctx)
+{
+	return leave_either(symbol_index, split_index);
 }
 
 SEC("kprobe")
@@ -214,7 +308,7 @@ int pv_kretprobe(struct pt_regs *ctx)
 SEC("kprobe")
 int pv_kprobe_one(struct pt_regs *ctx)
 {
-	return enter(symbol_index);
+	return enter_bound();
 }
 
 SEC("kretprobe")

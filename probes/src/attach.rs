@@ -208,6 +208,17 @@ impl KernelTracepoints {
         Some(found)
     }
 
+    /// The value of `enumerator` in vmlinux's `enum <name>`; None when BTF does not say.
+    pub fn enum_value(&self, name: &str, enumerator: &str) -> Option<i64> {
+        let btf = self.btf.as_ref()?;
+        let e = btf.type_by_name::<libbpf_rs::btf::types::Enum<'_>>(name)?;
+        let value = e
+            .iter()
+            .find(|m| m.name.is_some_and(|n| n == enumerator))
+            .map(|m| m.value);
+        value
+    }
+
     /// Whether `module` has BTF this kernel exposes (tp_btf programs on its tracepoints need it).
     pub fn has_module_btf(&self, module: &str) -> bool {
         self.modules.iter().any(|m| m.name == module)

@@ -80,7 +80,8 @@ pub enum Mechanism {
     /// Flushing other CPUs' TLBs by hypercall rather than IPIs.
     TlbFlush,
     /// Telling a paravirtual device there is work (the I/O doorbell): virtio's queue notify, a
-    /// write to the device's notify register that exits; Hyper-V's VMBus signal hypercall.
+    /// write to the device's notify register that exits; Xen's event-channel send to a
+    /// frontend's backend; Hyper-V's VMBus signal hypercall.
     DeviceNotify,
     /// Any other hypercall: seen only by the sampler, in the hypercall stubs and page.
     OtherHypercall,
@@ -180,6 +181,102 @@ const fn sampled_in(
     }
 }
 
+/// A timed function whose calls serve two mechanisms, told apart by its second argument: the
+/// calls with `value` are timed as a path of their own, named `symbol` among the timed
+/// functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ArgumentSplit {
+    /// The function, timed by its own path for every other argument.
+    pub function: &'static str,
+    /// The argument's value that marks the other path's calls.
+    pub value: SplitValue,
+    /// The other path's name, the only name in its `Measure::Timed`.
+    pub symbol: &'static str,
+}
+
+/// The argument's value that marks a split's calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitValue {
+    /// An enumerator of the kernel's, its value read from the kernel's BTF at load.
+    Enumerator {
+        enum_type: &'static str,
+        name: &'static str,
+    },
+    /// A constant the kernel defines by a macro (not in BTF), fixed on the architecture.
+    Constant { name: &'static str, value: u64 },
+}
+
+impl SplitValue {
+    /// Its name in the kernel's source.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Enumerator { name, .. } | Self::Constant { name, .. } => name,
+        }
+    }
+}
+
+/// Xen's PV spinlock kick is `xen_send_IPI_one(cpu, XEN_SPIN_UNLOCK_VECTOR)`: an event-channel
+/// send like an IPI's, but a lock mechanism, so those calls are timed apart from the IPIs.
+const XEN_KICK_SEND: ArgumentSplit = ArgumentSplit {
+    function: "xen_send_IPI_one",
+    value: SplitValue::Enumerator {
+        enum_type: "ipi_vector",
+        name: "XEN_SPIN_UNLOCK_VECTOR",
+    },
+    symbol: "xen_send_IPI_one:XEN_SPIN_UNLOCK_VECTOR",
+};
+
+/// Hyper-V's PV spinlock kick is `apic->send_IPI(cpu, X86_PLATFORM_IPI_VECTOR)`, which on
+/// Hyper-V is `hv_send_ipi` (the vector is 0xf7 in arch/x86/include/asm/irq_vectors.h).
+const HYPERV_KICK_SEND: ArgumentSplit = ArgumentSplit {
+    function: "hv_send_ipi",
+    value: SplitValue::Constant {
+        name: "X86_PLATFORM_IPI_VECTOR",
+        value: 0xf7,
+    },
+    symbol: "hv_send_ipi:X86_PLATFORM_IPI_VECTOR",
+};
+
+/// The timed functions of `hypervisor` whose calls are split by their argument.
+pub fn argument_splits(hypervisor: Hypervisor) -> &'static [ArgumentSplit] {
+    match hypervisor {
+        Hypervisor::Xen => &[XEN_KICK_SEND],
+        Hypervisor::HyperV => &[HYPERV_KICK_SEND],
+        _ => &[],
+    }
+}
+
+/// A timed function that other timed paths also call, where that call is their own work: a
+/// call of `function` made directly inside one of `callers` (or a split of theirs) is left in
+/// the caller's time, not timed apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CalledInside {
+    pub function: &'static str,
+    pub callers: &'static [&'static str],
+}
+
+/// `notify_remote_via_irq` is the Xen frontends' doorbell (blkfront's, netfront's kick to their
+/// backend), and also what `xen_send_IPI_one` sends an IPI through.
+const XEN_NOTIFY_IN_IPI: CalledInside = CalledInside {
+    function: "notify_remote_via_irq",
+    callers: &["xen_send_IPI_one"],
+};
+
+/// The timed functions of `hypervisor` that other timed paths call as their own work.
+pub fn called_inside(hypervisor: Hypervisor) -> &'static [CalledInside] {
+    match hypervisor {
+        Hypervisor::Xen => &[XEN_NOTIFY_IN_IPI],
+        _ => &[],
+    }
+}
+
+/// The split whose own path `symbol` names, if it names one.
+pub fn split_named(hypervisor: Hypervisor, symbol: &str) -> Option<&'static ArgumentSplit> {
+    argument_splits(hypervisor)
+        .iter()
+        .find(|s| s.symbol == symbol)
+}
+
 /// The MMIO and port accessors a device doorbell writes through: the sampler keeps the caller
 /// of a sample in one (at most `VG_NOTIFY_ACCESSORS` of them). virtio-pci's notify is an
 /// `iowrite16` (`iowrite32` with notification data); legacy virtio-pci writes a port through
@@ -247,7 +344,22 @@ const APIC_TIMER: Path = msr(Timer, 0x6e0, "IA32_TSC_DEADLINE write (lapic-deadl
 const APIC_TIMER_COUNT: Path = msr(Timer, 0x838, "x2APIC TMICT write (lapic)");
 const APIC_ICR: Path = msr(Ipi, 0x830, "x2APIC ICR write");
 
+/// The timer programming every kernel does, timed at its generic caller (the same function on
+/// metal: `NATIVE`), so that a guest's timer time has metal's native work to compare with.
+const TIMER_PROGRAMMING: Path = timed(
+    Timer,
+    &["clockevents_program_event"],
+    "timer programming, timed at clockevents_program_event (the TSC-deadline or TMICT write's exit inside it)",
+);
+
+/// Whether a timed function makes its mechanism's trapping MSR writes itself: where it is
+/// timed, those writes are its calls counted again.
+pub fn makes_its_msr_writes(function: &str) -> bool {
+    function == "clockevents_program_event"
+}
+
 const KVM: &[Path] = &[
+    TIMER_PROGRAMMING,
     APIC_TIMER,
     APIC_TIMER_COUNT,
     APIC_ICR,
@@ -290,7 +402,11 @@ const XEN: &[Path] = &[
     ),
     APIC_TIMER,
     APIC_TIMER_COUNT,
-    timed(Ipi, &["xen_send_IPI_one"], "EVTCHNOP_send"),
+    timed(
+        Ipi,
+        &["xen_send_IPI_one"],
+        "EVTCHNOP_send (but on the lock-kick vector: a spinlock kick)",
+    ),
     APIC_ICR,
     timed(
         InterruptDelivery,
@@ -311,12 +427,24 @@ const XEN: &[Path] = &[
     timed(
         SpinlockKick,
         &["xen_qlock_kick", "__pv_queued_spin_unlock_slowpath"],
-        "EVTCHNOP_send to the waiter (or its caller, the unlock slowpath)",
+        "the kick to the waiter (or its caller, the unlock slowpath), less its send",
+    ),
+    timed(
+        SpinlockKick,
+        &[XEN_KICK_SEND.symbol],
+        "EVTCHNOP_send on the lock-kick vector (xen_send_IPI_one's XEN_SPIN_UNLOCK_VECTOR calls)",
     ),
     timed(
         TlbFlush,
         &["xen_flush_tlb_multi", "xen_flush_tlb_others"],
         "MMUEXT_TLB_FLUSH_MULTI (PV guests only)",
+    ),
+    // After the IPI sender: its calls inside that sender's frames are the IPI's (see
+    // `XEN_NOTIFY_IN_IPI`).
+    timed(
+        DeviceNotify,
+        &[XEN_NOTIFY_IN_IPI.function],
+        "EVTCHNOP_send to a backend (blkfront's and netfront's kick), outside the IPI sender",
     ),
     sampled(
         OtherHypercall,
@@ -334,7 +462,11 @@ const HYPERV: &[Path] = &[
     ),
     APIC_TIMER,
     APIC_TIMER_COUNT,
-    timed(Ipi, &["hv_send_ipi"], "HVCALL_SEND_IPI (one CPU)"),
+    timed(
+        Ipi,
+        &["hv_send_ipi"],
+        "HVCALL_SEND_IPI (one CPU; but on the platform vector: a spinlock kick)",
+    ),
     timed(Ipi, &["hv_send_ipi_mask"], "HVCALL_SEND_IPI (a mask)"),
     timed(
         Ipi,
@@ -352,7 +484,16 @@ const HYPERV: &[Path] = &[
         &["hv_qlock_wait"],
         "HV_X64_MSR_GUEST_IDLE read",
     ),
-    timed(SpinlockKick, &["hv_qlock_kick"], "an IPI to the waiter"),
+    timed(
+        SpinlockKick,
+        &["hv_qlock_kick"],
+        "an IPI to the waiter, less its send",
+    ),
+    timed(
+        SpinlockKick,
+        &[HYPERV_KICK_SEND.symbol],
+        "HVCALL_SEND_IPI on the platform vector (hv_send_ipi's X86_PLATFORM_IPI_VECTOR calls)",
+    ),
     timed(
         TlbFlush,
         &["hyperv_flush_tlb_multi", "hyperv_flush_tlb_others"],
@@ -544,7 +685,10 @@ pub fn offer(hypervisor: Hypervisor, path: &Path) -> Option<Offer> {
         }
         (
             Hypervisor::HyperV,
-            "hv_send_ipi" | "hv_send_ipi_mask" | "hv_send_ipi_mask_allbutself",
+            "hv_send_ipi"
+            | "hv_send_ipi_mask"
+            | "hv_send_ipi_mask_allbutself"
+            | "hv_send_ipi:X86_PLATFORM_IPI_VECTOR",
         ) => Some(hyperv(4, 10, "HV_X64_CLUSTER_IPI_RECOMMENDED")),
         (Hypervisor::HyperV, "hyperv_flush_tlb_multi") => {
             Some(hyperv(4, 2, "HV_X64_REMOTE_TLB_FLUSH_RECOMMENDED"))
@@ -588,9 +732,16 @@ pub fn timed_paths(hypervisor: Hypervisor, has: impl Fn(&str) -> bool) -> Vec<Ti
     for p in paths(hypervisor) {
         if let Measure::Timed(names) = p.measure {
             if out.iter().all(|t| t.names != names) {
+                // A split's own path is present where its function is.
+                let function =
+                    |n: &'static str| split_named(hypervisor, n).map_or(n, |s| s.function);
                 out.push(TimedPath {
                     names,
-                    present: names.iter().copied().filter(|n| has(n)).collect(),
+                    present: names
+                        .iter()
+                        .copied()
+                        .filter(|&n| has(function(n)))
+                        .collect(),
                 });
             }
         }
@@ -674,6 +825,32 @@ mod tests {
             assert_eq!(mechanism_of_msr(hv, 0x830), Some(Mechanism::Ipi), "{hv:?}");
         }
         assert_eq!(mechanism_of_msr(Hypervisor::None, 0x6e0), None);
+    }
+
+    /// Xen's lock kicks go out through the IPI sender on their own vector: those calls are a
+    /// kick path of their own, present wherever the sender is.
+    #[test]
+    fn xen_lock_kicks_sent_as_ipis_are_a_kick_path() {
+        let split = argument_splits(Hypervisor::Xen)
+            .iter()
+            .find(|s| s.function == "xen_send_IPI_one")
+            .expect("the IPI sender is split");
+        assert_eq!(split.value.name(), "XEN_SPIN_UNLOCK_VECTOR");
+        assert_eq!(
+            mechanism_of_symbol(Hypervisor::Xen, split.symbol),
+            Some(Mechanism::SpinlockKick)
+        );
+        assert_eq!(split_named(Hypervisor::Xen, split.symbol), Some(split));
+        assert_eq!(split_named(Hypervisor::Kvm, split.symbol), None);
+        let present = |has: &dyn Fn(&str) -> bool| {
+            timed_paths(Hypervisor::Xen, has)
+                .into_iter()
+                .find(|p| p.names == [split.symbol])
+                .expect("the kick sends are a path")
+                .present
+        };
+        assert_eq!(present(&|s| s == "xen_send_IPI_one"), [split.symbol]);
+        assert!(present(&|_| false).is_empty());
     }
 
     #[test]

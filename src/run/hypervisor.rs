@@ -62,9 +62,31 @@ pub fn section(
             .paths
             .iter()
             .any(|p| matches!(p.how, PathMeasure::Timed { .. }) && p.state == PathState::Measured);
+        // A split's own calls (Xen's kick sends) are made inside another path of their
+        // mechanism (the kick): where that one is timed, their time adds and their calls are its.
+        let is_split = |p: &PathFigure| {
+            matches!(&p.how, PathMeasure::Timed { symbol: Some(s) }
+                if hypervisor::split_named(hypervisor, s).is_some())
+        };
+        let caller_timed = m.paths.iter().any(|p| {
+            matches!(p.how, PathMeasure::Timed { .. })
+                && p.state == PathState::Measured
+                && !is_split(p)
+        });
+        // A timer timed at its generic caller holds the MSR write it makes: those writes are
+        // its calls counted again.
+        let writes_inside = m.paths.iter().any(|p| {
+            p.state == PathState::Measured
+                && matches!(&p.how, PathMeasure::Timed { symbol: Some(s) }
+                    if hypervisor::makes_its_msr_writes(s))
+        });
         let (mut count, mut time) = (None, None);
         for p in &m.paths {
-            count = add(count, p.count.map(|n| n as f64));
+            let counted_again = (caller_timed && is_split(p))
+                || (writes_inside && matches!(p.how, PathMeasure::MsrWrite { .. }));
+            if !counted_again {
+                count = add(count, p.count.map(|n| n as f64));
+            }
             if !(timed && matches!(p.how, PathMeasure::SampledIn { .. })) {
                 time = add(time, p.time_ns);
             }
@@ -223,15 +245,23 @@ pub fn raw_counts(hypervisor: Hypervisor, virt: &Virtualization) -> Vec<RawPathC
                 });
             }
             Measure::Timed(names) => {
-                let timed = virt
-                    .pv_paths
-                    .as_ref()
-                    .and_then(|paths| paths.iter().find(|p| names.contains(&p.symbol.as_str())));
-                if let Some(p) = timed {
+                let timed_as = |names: &[&str]| {
+                    virt.pv_paths
+                        .as_ref()
+                        .and_then(|paths| paths.iter().find(|p| names.contains(&p.symbol.as_str())))
+                };
+                // A split's calls are its caller path's where that is timed too (as in
+                // `section`): its time adds, its calls do not.
+                let counted_by_caller = hypervisor::split_named(hypervisor, names[0]).is_some()
+                    && hypervisor::paths(hypervisor).iter().any(|q| {
+                        q.mechanism == path.mechanism
+                            && matches!(q.measure, Measure::Timed(n) if n != names && timed_as(n).is_some())
+                    });
+                if let Some(p) = timed_as(names) {
                     out.push(RawPathCount {
                         mechanism: path.mechanism,
                         how: "timed",
-                        count: p.count,
+                        count: if counted_by_caller { 0 } else { p.count },
                         time_ns: Some(p.mean_ns.unwrap_or(0.0) * p.count as f64),
                     });
                 }
@@ -419,6 +449,69 @@ mod tests {
             ["clockevents_program_event"]
         );
         assert_eq!(s.mechanism(Mechanism::Ipi), None);
+    }
+
+    /// Xen's lock kicks sent as IPIs on the kick vector are the kick mechanism's, not IPIs: their
+    /// time adds to the kick's (timed at its caller, less the send nested in it), their calls
+    /// do not (each send is one of the caller's calls), in the profile and the raw counters.
+    #[test]
+    fn a_lock_kick_sent_as_an_ipi_is_the_kicks_time_not_an_ipis() {
+        let mut v = virt(10.0);
+        let figure = |symbol: &str, count, mean_ns| PvPathFigure {
+            symbol: symbol.into(),
+            count,
+            mean_ns: Some(mean_ns),
+            p99_ns: None,
+        };
+        v.pv_paths = Some(vec![
+            figure("xen_send_IPI_one", 2000, 1500.0),
+            figure("__pv_queued_spin_unlock_slowpath", 40, 200.0),
+            figure("xen_send_IPI_one:XEN_SPIN_UNLOCK_VECTOR", 40, 1500.0),
+        ]);
+        let s = section(Hypervisor::Xen, 10.0, Some(&v), None, None);
+        let kick = s.mechanism(Mechanism::SpinlockKick).unwrap();
+        assert_eq!(kick.count, Some(40));
+        assert_eq!(kick.time_ns, Some(40.0 * 200.0 + 40.0 * 1500.0));
+        assert_eq!(s.mechanism(Mechanism::Ipi).unwrap().count, Some(2000));
+        let raw = raw_counts(Hypervisor::Xen, &v);
+        let kicks = raw
+            .iter()
+            .filter(|r| r.mechanism == Mechanism::SpinlockKick);
+        assert_eq!(kicks.clone().map(|r| r.count).sum::<u64>(), 40);
+        assert_eq!(
+            kicks.filter_map(|r| r.time_ns).sum::<f64>(),
+            40.0 * 200.0 + 40.0 * 1500.0
+        );
+        // Where the kick's caller was not timed, the sends are the kicks counted.
+        v.pv_paths = Some(vec![figure(
+            "xen_send_IPI_one:XEN_SPIN_UNLOCK_VECTOR",
+            40,
+            1500.0,
+        )]);
+        let s = section(Hypervisor::Xen, 10.0, Some(&v), None, None);
+        assert_eq!(
+            s.mechanism(Mechanism::SpinlockKick).unwrap().count,
+            Some(40)
+        );
+    }
+
+    /// A KVM guest's timer timed at its generic caller (as metal times it) holds the
+    /// TSC-deadline write it makes: the mechanism counts each programming once, its time is the
+    /// timed calls', and where the caller could not be timed the writes are the count.
+    #[test]
+    fn a_timer_timed_at_its_caller_counts_its_msr_writes_once() {
+        let mut v = virt(10.0);
+        v.pv_paths = timed("clockevents_program_event", 1000, 900.0);
+        let s = section(Hypervisor::Kvm, 10.0, Some(&v), None, None);
+        let timer = s.mechanism(Mechanism::Timer).unwrap();
+        assert_eq!(timer.count, Some(1000));
+        assert_eq!(timer.time_ns, Some(9e5));
+        v.pv_paths = Some(vec![]);
+        let s = section(Hypervisor::Kvm, 10.0, Some(&v), None, None);
+        let timer = s.mechanism(Mechanism::Timer).unwrap();
+        // 500 writes counted in the sampler's pauses (5 of 10 s): 1000 over the window.
+        assert_eq!(timer.count, Some(1000));
+        assert_eq!(timer.time_ns, None);
     }
 
     #[test]

@@ -18,7 +18,9 @@ use super::{
 use crate::attach::{AttachKind, AttachOutcome};
 use crate::bpf;
 use crate::error::{BpfError, Unavailable};
-use crate::hypervisor::timed_paths;
+use crate::hypervisor::{
+    argument_splits, called_inside, split_named, timed_paths, ArgumentSplit, SplitValue,
+};
 use crate::model::ProbeSnapshot;
 use crate::report::{Family, FamilyReport, ABSENT_ON_THIS_KERNEL};
 
@@ -47,15 +49,42 @@ enum Flavour {
     Handlers { btf: bool },
 }
 
+/// What a one-function object (fentry, or a kprobe without cookies) is bound to: its
+/// function's index, and how its calls divide.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Bound {
+    index: u32,
+    /// Calls with this second argument are another path's (see `ArgumentSplit`).
+    split: Option<Split>,
+    /// Calls made directly inside these paths' frames are theirs (see `CalledInside`).
+    inside_of: Option<[u32; 2]>,
+}
+
+impl Bound {
+    /// Only an object of its own can carry more than the index (a kprobe cookie is one
+    /// number).
+    fn plain(&self) -> bool {
+        self.split.is_none() && self.inside_of.is_none()
+    }
+}
+
+/// A split function's calls with `value` as their second argument are timed under `index`
+/// (see `ArgumentSplit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Split {
+    value: u64,
+    index: u32,
+}
+
 type PvSkel = bpf::pvpath::PvpathSkel<'static>;
 
-/// Opens and loads an object of `flavour`; `index` binds the one-function flavours to their
+/// Opens and loads an object of `flavour`; `bound` binds the one-function flavours to their
 /// function (`target`, for fentry, is set before load). With `stack`, the object's per-CPU
 /// stack of calls in progress is that map: every object times against one stack per CPU, so a
 /// path nested in another (or in an IRQ handler) is left out of the other's time.
 fn load_object(
     flavour: Flavour,
-    index: u32,
+    bound: Bound,
     target: Option<&str>,
     stack: Option<&MapHandle>,
 ) -> Result<PvSkel, BpfError> {
@@ -77,8 +106,19 @@ fn load_object(
     progs.pv_handler_exit_btf.set_autoload(btf);
     progs.pv_handler_entry_raw.set_autoload(raw);
     progs.pv_handler_exit_raw.set_autoload(raw);
-    progs.pv_fentry.set_autoload(flavour == Flavour::Fentry);
-    progs.pv_fexit.set_autoload(flavour == Flavour::Fentry);
+    let split = bound.split;
+    let fentry_split = flavour == Flavour::Fentry && split.is_some();
+    let kprobe_split = flavour == Flavour::KprobeOne && split.is_some();
+    progs
+        .pv_fentry
+        .set_autoload(flavour == Flavour::Fentry && !fentry_split);
+    progs
+        .pv_fexit
+        .set_autoload(flavour == Flavour::Fentry && !fentry_split);
+    progs.pv_fentry_split.set_autoload(fentry_split);
+    progs.pv_fexit_split.set_autoload(fentry_split);
+    progs.pv_kprobe_split.set_autoload(kprobe_split);
+    progs.pv_kretprobe_split.set_autoload(kprobe_split);
     progs
         .pv_kprobe
         .set_autoload(flavour == Flavour::KprobeCookies);
@@ -87,12 +127,17 @@ fn load_object(
         .set_autoload(flavour == Flavour::KprobeCookies);
     progs
         .pv_kprobe_one
-        .set_autoload(flavour == Flavour::KprobeOne);
+        .set_autoload(flavour == Flavour::KprobeOne && !kprobe_split);
     progs
         .pv_kretprobe_one
-        .set_autoload(flavour == Flavour::KprobeOne);
+        .set_autoload(flavour == Flavour::KprobeOne && !kprobe_split);
     if let Some(target) = target {
-        for prog in [&mut progs.pv_fentry, &mut progs.pv_fexit] {
+        let (entry, exit) = if fentry_split {
+            (&mut progs.pv_fentry_split, &mut progs.pv_fexit_split)
+        } else {
+            (&mut progs.pv_fentry, &mut progs.pv_fexit)
+        };
+        for prog in [entry, exit] {
             prog.set_attach_target(0, Some(target.to_string()))
                 .map_err(|source| BpfError::NoBtf {
                     symbol: target.to_string(),
@@ -102,10 +147,20 @@ fn load_object(
     }
     if flavour != Flavour::KprobeCookies {
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
-            ro.symbol_index = index;
+            ro.symbol_index = bound.index;
+            if let Some(split) = split {
+                ro.split_value = split.value;
+                ro.split_index = split.index;
+            }
+            if let Some(inside_of) = bound.inside_of {
+                ro.inside_of = inside_of;
+            }
         }
-        // Its one function's histogram is all it keeps.
-        let _ = open.maps.durations.set_max_entries(1);
+        // Its one function's histogram is all it keeps (a split function's, its two).
+        let _ = open
+            .maps
+            .durations
+            .set_max_entries(if split.is_some() { 2 } else { 1 });
     }
     open.load().map_err(|source| BpfError::Load {
         kind: None,
@@ -129,15 +184,19 @@ fn with_why(e: &BpfError, log: &str) -> String {
     }
 }
 
-/// fentry/fexit on `symbol`, recorded under `index`.
+/// fentry/fexit on `symbol`, as `bound` says.
 fn fentry(
     symbol: &str,
-    index: u32,
+    bound: Bound,
     stack: Option<&MapHandle>,
 ) -> Result<(PvSkel, Vec<libbpf_rs::Link>), BpfError> {
-    let skel = load_object(Flavour::Fentry, index, Some(symbol), stack)?;
-    let entry = skel.progs.pv_fentry.attach().map_err(BpfError::Attach)?;
-    let exit = skel.progs.pv_fexit.attach().map_err(BpfError::Attach)?;
+    let skel = load_object(Flavour::Fentry, bound, Some(symbol), stack)?;
+    let (entry, exit) = match bound.split {
+        Some(_) => (&skel.progs.pv_fentry_split, &skel.progs.pv_fexit_split),
+        None => (&skel.progs.pv_fentry, &skel.progs.pv_fexit),
+    };
+    let entry = entry.attach().map_err(BpfError::Attach)?;
+    let exit = exit.attach().map_err(BpfError::Attach)?;
     Ok((skel, vec![entry, exit]))
 }
 
@@ -271,13 +330,13 @@ impl Attacher {
         }
     }
 
-    /// Times `symbol` under `index`: how it attached, or why it could not.
-    fn attach(&mut self, symbol: &str, index: u32) -> Result<AttachKind, String> {
+    /// Times `symbol` as `bound` says: how it attached, or why it could not.
+    fn attach(&mut self, symbol: &str, bound: Bound) -> Result<AttachKind, String> {
         let (fentry_failed, no_ftrace_site) = if self.kprobes_only {
             (format!("left out ({KPROBES_ONLY_VAR} is set)"), false)
         } else {
             let stack = self.stack.as_ref();
-            let (fentry, log) = crate::libbpf_log::captured(|| fentry(symbol, index, stack));
+            let (fentry, log) = crate::libbpf_log::captured(|| fentry(symbol, bound, stack));
             match fentry {
                 Ok((skel, links)) => {
                     self.keep(skel);
@@ -295,14 +354,18 @@ impl Attacher {
         if let Some(why) = &self.no_kprobes {
             return Err(format!("fentry: {fentry_failed}; {why}"));
         }
-        let kprobe = if self.cookies_supported {
-            self.kprobe_with_cookie(symbol, index)
+        let kprobe = if self.cookies_supported && bound.plain() {
+            self.kprobe_with_cookie(symbol, bound.index)
         } else {
             let stack = self.stack.as_ref();
             explained(|| {
-                let skel = load_object(Flavour::KprobeOne, index, None, stack)?;
+                let skel = load_object(Flavour::KprobeOne, bound, None, stack)?;
                 let progs = &skel.progs;
-                let links = kprobe_pair(&progs.pv_kprobe_one, &progs.pv_kretprobe_one, symbol, 0)?;
+                let (entry, exit) = match bound.split {
+                    Some(_) => (&progs.pv_kprobe_split, &progs.pv_kretprobe_split),
+                    None => (&progs.pv_kprobe_one, &progs.pv_kretprobe_one),
+                };
+                let links = kprobe_pair(entry, exit, symbol, 0)?;
                 Ok((skel, links))
             })
             .map(|(skel, links)| {
@@ -328,8 +391,14 @@ impl Attacher {
 
     fn kprobe_with_cookie(&mut self, symbol: &str, index: u32) -> Result<(), String> {
         if self.cookie_object.is_none() {
-            let loaded =
-                explained(|| load_object(Flavour::KprobeCookies, 0, None, self.stack.as_ref()));
+            let loaded = explained(|| {
+                load_object(
+                    Flavour::KprobeCookies,
+                    Bound::default(),
+                    None,
+                    self.stack.as_ref(),
+                )
+            });
             self.cookie_object = Some(match loaded {
                 Ok(skel) => {
                     self.keep(skel);
@@ -356,12 +425,78 @@ impl Attacher {
     }
 }
 
+/// How `split`'s calls are told apart on this kernel: its enumerator's value from the kernel's
+/// BTF, the calls timed under `index`; else why they are not (they count as the function's).
+fn split_value(
+    kernel: &crate::attach::KernelTracepoints,
+    split: &ArgumentSplit,
+    index: u32,
+) -> Result<Split, String> {
+    let value = match split.value {
+        SplitValue::Constant { value, .. } => value,
+        SplitValue::Enumerator { enum_type, name } => kernel
+            .enum_value(enum_type, name)
+            // The argument as the program reads it: a 64-bit register or context slot, the
+            // enum zero-extended (every enumerator of these is small and positive).
+            .map(|v| v as u64)
+            .ok_or_else(|| {
+                format!(
+                    "the kernel's BTF has no {name} in enum {enum_type}: these calls count as {}'s",
+                    split.function
+                )
+            })?,
+    };
+    Ok(Split { value, index })
+}
+
+/// Where `symbol` is also called by other timed paths as their own work, the indexes of those
+/// callers' frames (and their splits') among those `timed` so far: its calls made directly
+/// inside them are left to them.
+fn inside_of(hv: crate::hypervisor::Hypervisor, symbol: &str, timed: &[&str]) -> Option<[u32; 2]> {
+    let called = called_inside(hv).iter().find(|c| c.function == symbol)?;
+    let mut frames = called.callers.iter().flat_map(|&caller| {
+        let split = argument_splits(hv)
+            .iter()
+            .find(|s| s.function == caller)
+            .map(|s| s.symbol);
+        [Some(caller), split]
+            .into_iter()
+            .flatten()
+            .filter_map(|name| timed.iter().position(|t| *t == name))
+    });
+    // Two frames at most (a caller and its split); none timed: nothing to leave to them.
+    let first = frames.next()? as u32;
+    Some([first, frames.next().map_or(first, |i| i as u32)])
+}
+
+/// A split's own path as the report lists it: attached as its function was, or why not.
+fn split_outcome(
+    split: &ArgumentSplit,
+    splits: &[(&'static str, Result<AttachKind, String>)],
+) -> AttachOutcome {
+    let (attached, reason) = match splits.iter().find(|(s, _)| *s == split.symbol) {
+        Some((_, Ok(kind))) => (Some(*kind), None),
+        Some((_, Err(why))) => (None, Some(why.clone())),
+        None => (None, Some(format!("{} was not timed", split.function))),
+    };
+    AttachOutcome {
+        tracepoint: split.symbol.to_string(),
+        attached,
+        reason,
+    }
+}
+
 /// The hard-IRQ handler frames on `stack`: typed tracepoints, else raw ones (the others'
 /// twins, as every family loads them).
 fn handler_frames(stack: &MapHandle) -> Result<(PvSkel, [libbpf_rs::Link; 2]), String> {
     let attach = |btf: bool| {
         explained(|| {
-            let skel = load_object(Flavour::Handlers { btf }, 0, None, Some(stack))?;
+            let skel = load_object(
+                Flavour::Handlers { btf },
+                Bound::default(),
+                None,
+                Some(stack),
+            )?;
             let progs = &skel.progs;
             let (entry, exit) = if btf {
                 (&progs.pv_handler_entry_btf, &progs.pv_handler_exit_btf)
@@ -394,15 +529,25 @@ fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj>
     }
     let mut attacher = Attacher::new();
     let mut timed: Vec<&'static str> = Vec::new();
+    // Each split's own path: timed as its function attached, or why not.
+    let mut splits: Vec<(&'static str, Result<AttachKind, String>)> = Vec::new();
     let mut tracepoints = Vec::new();
     for path in timed_paths(hv, |s| cx.symbols.contains(s)) {
+        if let Some(split) = path.present.first().and_then(|&s| split_named(hv, s)) {
+            tracepoints.push(split_outcome(split, &splits));
+            continue;
+        }
         let Some(&first) = path.present.first() else {
             tracepoints.push(AttachOutcome {
                 tracepoint: path.names[0].to_string(),
                 attached: None,
                 reason: Some(format!(
                     "{ABSENT_ON_THIS_KERNEL} (no {} in kallsyms)",
-                    path.names.join(" or ")
+                    path.names
+                        .iter()
+                        .map(|&n| split_named(hv, n).map_or(n, |s| s.function))
+                        .collect::<Vec<_>>()
+                        .join(" or ")
                 )),
             });
             continue;
@@ -410,9 +555,22 @@ fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj>
         let mut failures = Vec::new();
         let mut outcome = None;
         for &symbol in &path.present {
-            match attacher.attach(symbol, timed.len() as u32) {
+            let split = argument_splits(hv).iter().find(|s| s.function == symbol);
+            let split_value = split.map(|s| split_value(cx.kernel, s, timed.len() as u32 + 1));
+            let bound = Bound {
+                index: timed.len() as u32,
+                split: split_value.clone().and_then(Result::ok),
+                inside_of: inside_of(hv, symbol, &timed),
+            };
+            match attacher.attach(symbol, bound) {
                 Ok(kind) => {
                     timed.push(symbol);
+                    if let (Some(split), Some(value)) = (split, split_value) {
+                        if value.is_ok() {
+                            timed.push(split.symbol);
+                        }
+                        splits.push((split.symbol, value.map(|_| kind)));
+                    }
                     outcome = Some(AttachOutcome {
                         tracepoint: symbol.to_string(),
                         attached: Some(kind),
@@ -526,7 +684,13 @@ mod tests {
                 ("pv_native_safe_halt", Some(halt)),
                 ("xen_qlock_wait", Some("xen_qlock_wait")),
                 ("xen_qlock_kick", Some("xen_qlock_kick")),
+                (
+                    "xen_send_IPI_one:XEN_SPIN_UNLOCK_VECTOR",
+                    Some("xen_send_IPI_one:XEN_SPIN_UNLOCK_VECTOR"),
+                ),
                 ("xen_flush_tlb_multi", Some(tlb)),
+                // Exported for the frontend modules, absent from these excerpts.
+                ("notify_remote_via_irq", None),
             ]
         };
         // 5.10 (Amazon Linux 2's series): the HVM upcall and the TLB flush under their old
@@ -581,10 +745,45 @@ mod tests {
         );
     }
 
+    /// Xen's doorbell is also the IPI sender's way out: its calls inside the sender's frames
+    /// (or its kick calls') are left to them, found by their indexes among those timed.
+    #[test]
+    fn the_xen_doorbell_inside_the_ipi_sender_is_the_senders() {
+        let timed = [
+            "clockevents_program_event",
+            "xen_send_IPI_one",
+            "xen_send_IPI_one:XEN_SPIN_UNLOCK_VECTOR",
+            "eoi_pirq",
+        ];
+        assert_eq!(
+            inside_of(Hypervisor::Xen, "notify_remote_via_irq", &timed),
+            Some([1, 2])
+        );
+        // The kick calls not told apart (no enumerator in BTF): the sender's frame alone.
+        assert_eq!(
+            inside_of(Hypervisor::Xen, "notify_remote_via_irq", &timed[..2]),
+            Some([1, 1])
+        );
+        // The sender not timed: every call is a doorbell's.
+        assert_eq!(
+            inside_of(Hypervisor::Xen, "notify_remote_via_irq", &timed[..1]),
+            None
+        );
+        assert_eq!(
+            inside_of(Hypervisor::Kvm, "notify_remote_via_irq", &timed),
+            None
+        );
+        assert_eq!(inside_of(Hypervisor::Xen, "eoi_pirq", &timed), None);
+    }
+
     #[test]
     fn kvm_guests_time_the_pv_tlb_flush_under_its_5_10_name() {
         let kvm = |halt, tlb| {
             vec![
+                (
+                    "clockevents_program_event",
+                    Some("clockevents_program_event"),
+                ),
                 ("kvm_send_ipi_mask", Some("kvm_send_ipi_mask")),
                 (
                     "kvm_send_ipi_mask_allbutself",
@@ -657,6 +856,11 @@ mod tests {
     /// virtio_mmio). The VM tier pins what they attach to where the module is loaded.
     const IN_MODULES: &[&str] = &["vmbus_isr", "vmbus_set_event", "vp_notify", "vm_notify"];
 
+    /// Table functions the excerpts leave out that the kernel exports to modules: each of
+    /// Debian's 5.10, 6.1 and 6.12 `xen-blkfront.ko` imports `notify_remote_via_irq` (`nm -u`).
+    /// The VM tier attaches it on each.
+    const EXPORTED: &[&str] = &["notify_remote_via_irq"];
+
     /// The table's every name was checked against a real kernel: each of them exists in one
     /// of Debian's 5.10, 6.1 and 6.12, or in one of its modules (`IN_MODULES`).
     #[test]
@@ -669,8 +873,12 @@ mod tests {
             for path in hypervisor::paths(hv) {
                 if let Measure::Timed(names) = path.measure {
                     for name in names {
+                        // A split's own path is its function's.
+                        let name = &hypervisor::split_named(hv, name).map_or(*name, |s| s.function);
                         assert!(
-                            IN_MODULES.contains(name) || kernels.iter().any(|k| k.contains(name)),
+                            IN_MODULES.contains(name)
+                                || EXPORTED.contains(name)
+                                || kernels.iter().any(|k| k.contains(name)),
                             "{name} ({hv:?}) is in none of Debian's kernels"
                         );
                     }
@@ -722,8 +930,13 @@ mod handler_frames {
         if !bpf_allowed("pv-paths handler frames test") {
             return;
         }
-        let skel = load_object(Flavour::Handlers { btf: false }, 0, None, None)
-            .expect("handler frames load");
+        let skel = load_object(
+            Flavour::Handlers { btf: false },
+            Bound::default(),
+            None,
+            None,
+        )
+        .expect("handler frames load");
         // The raw twins: test runs need no attach target.
         let (entry, exit) = (
             &skel.progs.pv_handler_entry_raw,
