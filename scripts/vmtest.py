@@ -342,10 +342,6 @@ step nvme $RECORD --target /dev/$NVME -o /out/nvme.json --csv /out/nvme-csv
 PV="/bin/virtgap record -w rand4k --qd 8 --workers 1 --duration @SECONDS@s --quiet --probes pv-paths"
 step pv env VIRTGAP_HYPERVISOR=xen $PV --target /dev/$NVME -o /out/pv.json
 step pv-kprobe env VIRTGAP_HYPERVISOR=xen VIRTGAP_PV_KPROBES=1 $PV --target /dev/$NVME -o /out/pv-kprobe.json
-# The I/O doorbell, with the probes loaded as in a KVM guest: virtio's queue notify timed at
-# vp_notify while one read at a time goes to the virtio disk.
-step kick env VIRTGAP_HYPERVISOR=kvm /bin/virtgap record -w rand4k-qd1 --duration @SECONDS@s --quiet \
-    --probes pv-paths --target /dev/$VIRTIO -o /out/kick.json
 # Another process reads the same disk meanwhile: the process filter must not count its requests.
 (while :; do dd if=/dev/$VIRTIO of=/dev/null bs=64k iflag=direct 2>/dev/null; done) &
 OTHER=$!
@@ -1040,23 +1036,6 @@ def check_pv_timer(c, results, name, attach, release):
             f"{name}: IRQ handlers left out of the paths' times ({family.get('fallback')!r})")
 
 
-def check_doorbell(c, profile):
-    """As a KVM guest, virtio's doorbell timed at vp_notify: one read at a time, so about one
-    kick per read (the device asks to be notified again whenever it has gone idle), in each
-    run's own window, with a plausible time per kick."""
-    if not c.check(profile is not None, "kick: profile written"):
-        return
-    for run in profile.get("runs", []):
-        kicks = ((run.get("hypervisor") or {}).get("counts") or {}).get("device_notify")
-        ns = ((run.get("hypervisor") or {}).get("times_ns") or {}).get("device_notify")
-        reads = run.get("read_ios") or 0
-        per_read = kicks / reads if kicks is not None and reads else None
-        c.check(per_read is not None and 0.5 <= per_read <= 1.5 and ns and 10 <= ns / kicks <= 1e7,
-                f"kick: run {run.get('run')}: {kicks} doorbells for {reads} reads at QD 1 "
-                f"({per_read if per_read is None else round(per_read, 2)} per read), "
-                f"{ns if not kicks else round(ns / kicks)} ns each")
-
-
 def check_sampler(c, profile):
     sampler = ((profile.get("virtualization") or {}).get("sampler")) or {}
     cpus = {s["cpu"]: s["samples"] for s in sampler.get("cpus", [])}
@@ -1106,7 +1085,7 @@ def check_guest(c, console, results, virtgap):
     names = dict(kv.split("=", 1) for kv in devices if "=" in kv)
     check_doctor(c, read_json(results, "doctor.out"), read_text(results, "uname").strip())
     check_hypervisor_paths(c, results, read_text(results, "uname").strip())
-    for step in ["doctor", "offline", "nvme", "pv", "pv-kprobe", "kick", "virtio", "kstamps", "stamps", "unthrottled", "throttle", "addpart", "remap", "split",
+    for step in ["doctor", "offline", "nvme", "pv", "pv-kprobe", "virtio", "kstamps", "stamps", "unthrottled", "throttle", "addpart", "remap", "split",
                  "dmsetup", "dm", "mdadm", "md", "iotune"]:
         step_ok(c, results, step)
     check_sampler_cpus(c, read_json(results, "offline.out"))
@@ -1126,7 +1105,6 @@ def check_guest(c, console, results, virtgap):
         check_sampler(c, nvme)
     for name, attach in [("pv", "fentry"), ("pv-kprobe", "kprobe")]:
         check_pv_timer(c, results, name, attach, read_text(results, "uname").strip())
-    check_doorbell(c, read_json(results, "kick.json"))
     virtio = read_json(results, "virtio.json")
     check_rand4k(c, results, "virtio", virtio, [names.get("virtio", "?")])
     check_tail(c, "virtio", virtio)
