@@ -440,7 +440,9 @@ pub(super) fn hypervisor_block(
         .iter()
         .filter(|r| r.verdict == Verdict::Significant)
         .filter_map(|r| match r.metric {
-            MetricId::MechanismPerIo(m) => Some((m, r.effect?.abs())),
+            // Fewer halts per I/O above idle is a busier CPU, not a hypervisor mechanism
+            // costing more: never the mechanism that moved.
+            MetricId::MechanismPerIo(m) if m != Mechanism::Halt => Some((m, r.effect?.abs())),
             _ => None,
         })
         .max_by(|x, y| x.1.total_cmp(&y.1))

@@ -1124,6 +1124,26 @@ fn the_mechanism_that_moved_is_named_and_the_others_stay_equivalent() {
     assert_eq!(same.hypervisor.moved, None);
 }
 
+/// Halts that fell far per I/O (a busier CPU halts less) are judged, but never named as the
+/// mechanism that moved: that is a mechanism costing the I/O more, and here none did.
+#[test]
+fn fewer_halts_are_never_the_mechanism_that_moved() {
+    let a = on_hypervisor(
+        Hv::Kvm,
+        &[(Mechanism::Timer, 0.05, 0.0), (Mechanism::Halt, 0.5, 0.0)],
+        50.0,
+    );
+    let b = on_hypervisor(
+        Hv::Kvm,
+        &[(Mechanism::Timer, 0.05, 0.0), (Mechanism::Halt, 0.05, 0.0)],
+        50.0,
+    );
+    let d = diff(&a, &b);
+    let halts = d.row(MetricId::MechanismPerIo(Mechanism::Halt)).unwrap();
+    assert_eq!(halts.verdict, Verdict::Significant, "{halts:?}");
+    assert_eq!(d.hypervisor.moved, None);
+}
+
 /// One run per host: the hypervisor's rows take their intervals from the run's batches, like
 /// every other row (each interval keeps its mechanisms), and say they hold for these runs only.
 #[test]
