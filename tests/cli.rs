@@ -976,8 +976,14 @@ fn kv_run_prints_the_verdict_and_writes_acts_log() {
     let out = kv_quick(dir.path(), &["--json", "--record-bytes", "1KiB-2KiB"])
         .output()
         .unwrap();
-    assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // As above: a machine too busy for the load says so (exit 1, "not delivered").
+    assert!(
+        out.status.success()
+            || (out.status.code() == Some(1) && v["kv"]["outcome"] == "not_delivered"),
+        "{}",
+        v["kv"]
+    );
     let lb = v["kv"]["target"]["lb_writes_per_s"].as_f64().unwrap();
     assert!((lb - 23.53).abs() < 0.01, "{lb}");
     assert!(v["kv"]["read_bytes_max"].as_u64().unwrap() >= 2048);
