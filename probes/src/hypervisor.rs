@@ -270,6 +270,12 @@ pub fn called_inside(hypervisor: Hypervisor) -> &'static [CalledInside] {
     }
 }
 
+/// The kernel function a timed path's name stands for: itself, or a split's own path's function
+/// (present, absent and attached with it).
+pub fn function_of(hypervisor: Hypervisor, name: &'static str) -> &'static str {
+    split_named(hypervisor, name).map_or(name, |s| s.function)
+}
+
 /// The split whose own path `symbol` names, if it names one.
 pub fn split_named(hypervisor: Hypervisor, symbol: &str) -> Option<&'static ArgumentSplit> {
     argument_splits(hypervisor)
@@ -733,14 +739,12 @@ pub fn timed_paths(hypervisor: Hypervisor, has: impl Fn(&str) -> bool) -> Vec<Ti
         if let Measure::Timed(names) = p.measure {
             if out.iter().all(|t| t.names != names) {
                 // A split's own path is present where its function is.
-                let function =
-                    |n: &'static str| split_named(hypervisor, n).map_or(n, |s| s.function);
                 out.push(TimedPath {
                     names,
                     present: names
                         .iter()
                         .copied()
-                        .filter(|&n| has(function(n)))
+                        .filter(|&n| has(function_of(hypervisor, n)))
                         .collect(),
                 });
             }

@@ -1632,7 +1632,7 @@ fn the_in_kernel_histogram_puts_known_values_in_their_slots() {
 /// left out, on metal (its native callers) as on every guest.
 #[test]
 fn pv_paths_accounts_for_every_timed_path_of_the_table() {
-    use virtgap_probes::hypervisor::{paths, split_named, Hypervisor, Measure};
+    use virtgap_probes::hypervisor::{function_of, paths, Hypervisor, Measure};
     use virtgap_probes::report::ABSENT_ON_THIS_KERNEL;
     if !bpf_allowed() {
         return;
@@ -1678,9 +1678,7 @@ fn pv_paths_accounts_for_every_timed_path_of_the_table() {
             let reason = t.reason.as_deref().unwrap_or("");
             let absent = reason.starts_with(ABSENT_ON_THIS_KERNEL);
             // A split's own path is present where its function is.
-            let present = names
-                .iter()
-                .any(|&n| has(split_named(hv, n).map_or(n, |s| s.function)));
+            let present = names.iter().any(|&n| has(function_of(hv, n)));
             assert_eq!(absent, !present, "{hv:?}: {t:?}");
             assert!(
                 t.attached.is_some() || !reason.is_empty(),

@@ -19,7 +19,8 @@ use crate::attach::{AttachKind, AttachOutcome};
 use crate::bpf;
 use crate::error::{BpfError, Unavailable};
 use crate::hypervisor::{
-    argument_splits, called_inside, split_named, timed_paths, ArgumentSplit, SplitValue,
+    argument_splits, called_inside, function_of, split_named, timed_paths, ArgumentSplit,
+    SplitValue,
 };
 use crate::model::ProbeSnapshot;
 use crate::report::{Family, FamilyReport, ABSENT_ON_THIS_KERNEL};
@@ -545,7 +546,7 @@ fn load<'obj>(cx: &LoadContext<'_>, _slots: &'obj mut Slots) -> LoadResult<'obj>
                     "{ABSENT_ON_THIS_KERNEL} (no {} in kallsyms)",
                     path.names
                         .iter()
-                        .map(|&n| split_named(hv, n).map_or(n, |s| s.function))
+                        .map(|&n| function_of(hv, n))
                         .collect::<Vec<_>>()
                         .join(" or ")
                 )),
@@ -874,7 +875,7 @@ mod tests {
                 if let Measure::Timed(names) = path.measure {
                     for name in names {
                         // A split's own path is its function's.
-                        let name = &hypervisor::split_named(hv, name).map_or(*name, |s| s.function);
+                        let name = &hypervisor::function_of(hv, name);
                         assert!(
                             IN_MODULES.contains(name)
                                 || EXPORTED.contains(name)
