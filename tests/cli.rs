@@ -524,6 +524,9 @@ fn doctor_compares_the_kernels_block_stamps_with_ours_on_the_same_reads() {
             "{side}: {n} requests for 300 reads"
         );
     }
+    // Both sessions' records of each request, paired one to one.
+    let paired = doc["per_request"]["paired"].as_u64().unwrap();
+    assert!((297..=303).contains(&paired), "{paired} requests paired");
     let text = vg()
         .args(["doctor", "--reads", "100", "--compare-stamps"])
         .arg(&path)
@@ -535,6 +538,7 @@ fn doctor_compares_the_kernels_block_stamps_with_ours_on_the_same_reads() {
         "device",
         "completion",
         "less the order",
+        "per request",
         "own programs:",
     ] {
         assert!(text.contains(needle), "{needle}:\n{text}");

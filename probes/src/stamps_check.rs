@@ -7,9 +7,11 @@
 
 use serde::Serialize;
 
+use std::collections::{BTreeMap, VecDeque};
+
 use crate::error::StampsCheckError;
 use crate::families::BlockStamps;
-use crate::model::{BlockOp, BlockStage, ProbeSnapshot};
+use crate::model::{BlockOp, BlockStage, DevNum, ProbeSnapshot, SlowRequest};
 use crate::report::Family;
 use crate::{ProbeConfig, ProbeSession, ProbeStorage};
 
@@ -44,6 +46,34 @@ pub struct StampsComparison {
     /// completion stages read than ours only because of the order the two sessions' programs
     /// run in on each boundary (see [`order_lag`]).
     pub order_lag_ns: StageLag,
+    /// The same requests paired one to one (each session sends every request's stamps to user
+    /// space), and the median of each stage's difference (kernel - own) over them: a few
+    /// requests whose two sessions' programs ran far apart (a vCPU descheduled between them)
+    /// move a mean, not a median.
+    pub per_request: PairedRequests,
+}
+
+/// Both sessions' records of the same requests, paired.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PairedRequests {
+    /// Requests both sessions recorded (the same disk, sector and op, in completion order).
+    pub paired: u64,
+    /// Requests only one session recorded.
+    pub unpaired: u64,
+    /// Median over the paired requests of (kernel - own) per stage, in ns (None: no request
+    /// had that stage in both).
+    pub median_difference_ns: StageMedians,
+    /// Median of a request's whole time, start to completion, by our stamps (ns).
+    pub median_whole_ns: Option<f64>,
+}
+
+/// A median per stage and of the whole request (start to completion), in ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct StageMedians {
+    pub queue: Option<f64>,
+    pub device: Option<f64>,
+    pub completion: Option<f64>,
+    pub whole: Option<f64>,
 }
 
 /// A difference per stage, in ns.
@@ -115,12 +145,26 @@ pub fn compare_stamps(
             return Err(StampsCheckError::NotLoaded(why));
         }
     }
-    // No slow requests: sending each to user space would weigh on both programs' figures.
-    own.set_slow_request_threshold(u64::MAX);
-    kernel.set_slow_request_threshold(u64::MAX);
+    // Every request of this process to user space, for the pairing: both sessions pay for
+    // sending it, ours before the kernel-stamped session's completion program runs (counted
+    // in the order's lag, as that program's run time).
+    own.set_slow_request_threshold(0);
+    kernel.set_slow_request_threshold(0);
+    own.drain_slow_requests();
+    kernel.drain_slow_requests();
     let before = (own.snapshot(), kernel.snapshot());
     let reads = reads().map_err(StampsCheckError::Read)?;
     let after = (own.snapshot(), kernel.snapshot());
+    // Reads only, as the stage means: writeback of other files may be counted to this
+    // process too.
+    let reads_of = |session: &ProbeSession| -> Vec<SlowRequest> {
+        session
+            .drain_slow_requests()
+            .into_iter()
+            .filter(|r| r.op == BlockOp::Read)
+            .collect()
+    };
+    let per_request = pair_requests(&reads_of(&own), &reads_of(&kernel));
     let (own, kernel) = (
         stages(&after.0.since(&before.0), reads),
         stages(&after.1.since(&before.1), reads),
@@ -130,12 +174,96 @@ pub fn compare_stamps(
         order_lag_ns: order_lag(&own, &kernel),
         own,
         kernel,
+        per_request,
         kernel_inexact: crate::families::block::kernel_stamps_exact(
             &crate::attach::KernelTracepoints::load(&[]),
         )
         .err()
         .map(str::to_string),
     })
+}
+
+/// One request's stages by one session's stamps, in ns (None: the stage was not measured).
+fn request_stages(r: &SlowRequest) -> [Option<i64>; 4] {
+    let apart = |from: u64, to: u64| (to >= from).then(|| (to - from) as i64);
+    // A request without a queue stage is recorded from its issue.
+    let queue = (r.start_ns < r.issue_ns)
+        .then(|| apart(r.start_ns, r.issue_ns))
+        .flatten();
+    let whole = apart(r.start_ns, r.complete_ns);
+    match r.irq_ns {
+        Some(irq) => [
+            queue,
+            apart(r.issue_ns, irq),
+            apart(irq, r.complete_ns),
+            whole,
+        ],
+        None => [queue, None, None, whole],
+    }
+}
+
+/// Pairs the two sessions' records of the same requests: the same disk, sector and op, taken
+/// in completion order (a block read twice is two requests, completed in the same order in
+/// both), and takes each stage's median difference.
+pub fn pair_requests(own: &[SlowRequest], kernel: &[SlowRequest]) -> PairedRequests {
+    type Key = (DevNum, u64, BlockOp);
+    let by_request = |records: &[SlowRequest]| {
+        let mut sorted = records.to_vec();
+        sorted.sort_by_key(|r| r.complete_ns);
+        let mut map: BTreeMap<Key, VecDeque<SlowRequest>> = BTreeMap::new();
+        for r in sorted {
+            map.entry((r.dev, r.sector, r.op)).or_default().push_back(r);
+        }
+        map
+    };
+    let mut kernel = by_request(kernel);
+    let (mut paired, mut unpaired) = (0u64, 0u64);
+    let mut differences: [Vec<i64>; 4] = Default::default();
+    let mut whole = Vec::new();
+    for (key, mut own) in by_request(own) {
+        let theirs = kernel.entry(key).or_default();
+        while let Some(a) = own.pop_front() {
+            let Some(b) = theirs.pop_front() else {
+                unpaired += 1;
+                continue;
+            };
+            paired += 1;
+            whole.push(a.complete_ns.saturating_sub(a.start_ns) as i64);
+            for (i, (a, b)) in request_stages(&a)
+                .into_iter()
+                .zip(request_stages(&b))
+                .enumerate()
+            {
+                if let (Some(a), Some(b)) = (a, b) {
+                    differences[i].push(b - a);
+                }
+            }
+        }
+    }
+    unpaired += kernel.values().map(|q| q.len() as u64).sum::<u64>();
+    let [queue, device, completion, whole_difference] = differences.map(|mut d| median(&mut d));
+    PairedRequests {
+        paired,
+        unpaired,
+        median_difference_ns: StageMedians {
+            queue,
+            device,
+            completion,
+            whole: whole_difference,
+        },
+        median_whole_ns: median(&mut whole),
+    }
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+fn median(values: &mut [i64]) -> Option<f64> {
+    values.sort_unstable();
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2] as f64),
+        _ => Some((values[n / 2 - 1] as f64 + values[n / 2] as f64) / 2.0),
+    }
 }
 
 fn stages(delta: &ProbeSnapshot, reads: u64) -> StampedStages {
@@ -210,5 +338,65 @@ mod tests {
         // Without a fentry hook, a remapped bio's entry is ours first.
         let own = side(&[("block_bio_remap_btf", 40.0), ("block_rq_issue_btf", 100.0)]);
         assert_eq!(order_lag(&own, &side(&[])).queue, 60.0);
+    }
+
+    fn request(sector: u64, stamps: [u64; 4]) -> SlowRequest {
+        SlowRequest {
+            dev: (254, 0),
+            sector,
+            bytes: 4096,
+            op: BlockOp::Read,
+            start_ns: stamps[0],
+            issue_ns: stamps[1],
+            irq_ns: Some(stamps[2]),
+            complete_ns: stamps[3],
+            tid: 1,
+        }
+    }
+
+    #[test]
+    fn a_few_requests_far_apart_move_the_mean_but_not_the_median_difference() {
+        // Nine requests whose completions read 200 ns apart, one 40 µs apart (a vCPU
+        // descheduled between the two sessions' programs), and one only ours saw.
+        let mut own = Vec::new();
+        let mut kernel = Vec::new();
+        for i in 0..10u64 {
+            let t = i * 1_000_000;
+            own.push(request(i * 8, [t, t + 1_000, t + 100_000, t + 105_000]));
+            let late = if i == 3 { 40_000 } else { 200 };
+            kernel.push(request(
+                i * 8,
+                [t, t + 1_000, t + 100_050, t + 105_000 + late],
+            ));
+        }
+        own.push(request(999, [0, 1, 2, 3]));
+        let p = pair_requests(&own, &kernel);
+        assert_eq!((p.paired, p.unpaired), (10, 1));
+        let m = p.median_difference_ns;
+        assert_eq!(
+            (m.queue, m.device, m.completion),
+            (Some(0.0), Some(50.0), Some(150.0))
+        );
+        assert_eq!(m.whole, Some(200.0));
+        assert_eq!(p.median_whole_ns, Some(105_000.0));
+    }
+
+    #[test]
+    fn a_block_read_twice_pairs_in_completion_order_and_a_missing_stage_is_left_out() {
+        let own = [
+            request(8, [5_000, 5_100, 5_900, 6_000]),
+            request(8, [0, 100, 900, 1_000]),
+        ];
+        let mut unsplit = request(8, [5_000, 5_150, 0, 6_010]);
+        unsplit.irq_ns = None;
+        let kernel = [request(8, [0, 120, 900, 1_010]), unsplit];
+        let p = pair_requests(&own, &kernel);
+        assert_eq!((p.paired, p.unpaired), (2, 0));
+        let m = p.median_difference_ns;
+        // Queue from both requests (+20, +50); device and completion from the first only.
+        assert_eq!(
+            (m.queue, m.device, m.completion),
+            (Some(35.0), Some(-20.0), Some(10.0))
+        );
     }
 }

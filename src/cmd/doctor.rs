@@ -680,6 +680,28 @@ fn write_stamps_comparison(
         lag.device,
         lag.completion,
     )?;
+    let p = &c.per_request;
+    let median = |v: Option<f64>, lag: f64| match (v, p.median_whole_ns) {
+        (Some(v), Some(whole)) if whole > 0.0 => format!("{:+.2}%", (v - lag) / whole * 100.0),
+        _ => "-".into(),
+    };
+    let m = p.median_difference_ns;
+    writeln!(
+        out,
+        "  {:<18} {:>11} {:>11} {:>11}",
+        "per request",
+        median(m.queue, lag.queue),
+        median(m.device, lag.device),
+        median(m.completion, lag.completion),
+    )?;
+    writeln!(
+        out,
+        "  (median over {} requests paired by disk and sector, {} unpaired, less the order, as a \
+         share of a request's median {})",
+        p.paired,
+        p.unpaired,
+        p.median_whole_ns.map_or_else(|| "-".into(), latency),
+    )?;
     for (name, s) in [("own", &c.own), ("kernel", &c.kernel)] {
         let programs: Vec<String> = s
             .programs
