@@ -125,10 +125,11 @@ pictures:
 aa-check REPEATS="10" RUNS="5": build
     python3 scripts/aa_repeat.py --virtgap target/release/virtgap --repeats {{REPEATS}} --runs {{RUNS}}
 
-# A newcomer's first diff, REPEATS times: one plain `virtgap record` a side (its default runs
-# and duration), diffed; every row called significant is a false positive
-aa-defaults REPEATS="10": build
-    python3 scripts/aa_repeat.py --virtgap target/release/virtgap --repeats {{REPEATS}} --defaults
+# A newcomer's diff, REPEATS times: SESSIONS plain `virtgap record`s a side (their default runs
+# and duration), interleaved and pooled; every row called significant is a false positive (with
+# one a side, differences are provisional and counted apart)
+aa-defaults REPEATS="10" SESSIONS="2": build
+    python3 scripts/aa_repeat.py --virtgap target/release/virtgap --repeats {{REPEATS}} --defaults --sessions {{SESSIONS}}
 
 # ACT's ladder on a temp file: kv-act at each x-rating in turn, printing each run's verdict line
 kv-ladder DURATION="60s" +RATINGS="1 4 8 16 20": build

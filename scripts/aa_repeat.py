@@ -5,7 +5,10 @@ next, falls on both), diff them, and count the rows called significant. Every di
 is a false positive: both sides are one host running one workload.
 
 With --defaults each side is one plain `virtgap record` (its default runs sharing its default
-duration, on a temp file in a scratch directory): the first diff a newcomer makes.
+duration, on a temp file in a scratch directory): the first diff a newcomer makes. Its
+differences are provisional (one session a host: noise between sessions unknown), counted apart;
+--sessions N records N plain `virtgap record`s a side, interleaved, and pools them
+(--with-a/--with-b): the diff that judges.
 
 Prints one line per repeat and a total: significant rows out of judged rows, and how many of
 the repeats had any.
@@ -38,6 +41,8 @@ def main():
     ap.add_argument("--defaults", action="store_true",
                     help="each side one `virtgap record` with its defaults (--runs, --duration, "
                          "--workload, --min-effect ignored)")
+    ap.add_argument("--sessions", type=int, default=1,
+                    help="with --defaults: plain records per side, interleaved and pooled")
     opts = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("aa_repeat: needs root (the probes)")
@@ -47,12 +52,13 @@ def main():
         for rep in range(1, opts.repeats + 1):
             a, b = [], []
             if opts.defaults:
-                # One plain record a side, the order swapped every other repeat.
+                # Plain records a side, interleaved, the order swapped every other repeat.
                 sides = [("a", a), ("b", b)] if rep % 2 else [("b", b), ("a", a)]
-                for side, paths in sides:
-                    out = os.path.join(tmp, f"{side}.json")
-                    record(opts.virtgap, ["--dir", tmp], out)
-                    paths.append(out)
+                for s in range(opts.sessions):
+                    for side, paths in sides:
+                        out = os.path.join(tmp, f"{side}{s}.json")
+                        record(opts.virtgap, ["--dir", tmp], out)
+                        paths.append(out)
             for k in range(0 if opts.defaults else opts.runs):
                 order = (("a", a), ("b", b)) if k % 2 == 0 else (("b", b), ("a", a))
                 for side, paths in order:
@@ -70,10 +76,10 @@ def main():
             rows = (d["waterfall"] + d["throughput"] + [t["row"] for t in d["tails"]]
                     + d["hypervisor"]["rows"])
             judged = [r for r in rows if r["verdict"] in
-                      ("significant", "within_runs", "equivalent", "inconclusive")]
+                      ("significant", "within_runs", "one_session", "equivalent", "inconclusive")]
             sig = [r for r in judged if r["verdict"] == "significant"]
-            # One run a side: differences found within the run are provisional, counted apart.
-            provisional = sum(r["verdict"] == "within_runs" for r in judged)
+            # One run or one session a side: differences found are provisional, counted apart.
+            provisional = sum(r["verdict"] in ("within_runs", "one_session") for r in judged)
             total_provisional += provisional
             total_rows += len(judged)
             total_sig += len(sig)
@@ -98,7 +104,8 @@ def main():
     print(f"A/A false positives: {total_sig} of {total_rows} judged rows "
           f"({total_sig / max(total_rows, 1) * 100:.1f}%); repeats with any: "
           f"{repeats_with_any} of {opts.repeats}; hypervisor rows among them: {total_hv_sig}; "
-          f"provisional rows (one run a side, never significant): {total_provisional}")
+          f"provisional rows (one run or one session a side, never significant): "
+          f"{total_provisional}")
 
 
 if __name__ == "__main__":

@@ -205,8 +205,9 @@ pub struct DiffArgs {
     pub html: Option<PathBuf>,
     /// Exit 3 (after the report) when the diff finds: `slower` — B significantly slower (mean
     /// or tail latency up, IOPS or an iotune figure down); `significant` — any row called
-    /// significant, either way; `never` — exit 0 whatever it finds. With one run a host
-    /// nothing is significant (a difference is provisional): record --runs 5 to gate on it
+    /// significant, either way; `never` — exit 0 whatever it finds. With one run a host, or
+    /// one recording a host, nothing is significant (a difference is provisional): to gate,
+    /// give each side two recordings or more, made at different times (--with-a, --with-b)
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = FailOn::Never)]
     pub fail_on: FailOn,
     /// Compare two groups of hosts as a Prometheus server holds them, scraped from `virtgap

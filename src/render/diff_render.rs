@@ -100,6 +100,7 @@ pub fn verdict_words(v: Verdict) -> &'static str {
         Verdict::NotMeasured => NOT_MEASURED,
         Verdict::NoHypervisor => "one host has no hypervisor",
         Verdict::WithinRuns => "provisional: one run a host",
+        Verdict::OneSession => "provisional: one session a host",
     }
 }
 
@@ -249,6 +250,12 @@ pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
             "{} (one run a host; --runs 5 judges it)",
             significant_text(r, "")
         ),
+        // Runs back to back in one session a host show no noise between sessions: the
+        // difference holds between these two, and the words say what judges it.
+        Verdict::OneSession => format!(
+            "{} (one session a host; record again to judge)",
+            significant_text(r, &within_run)
+        ),
         Verdict::NoHypervisor => one_sided_text(r, d),
     }
 }
@@ -368,7 +375,7 @@ pub(crate) fn runs_line(d: &ProfileDiff) -> String {
         d.runs_a,
         d.runs_b,
         match d.basis {
-            Basis::Runs => "runs (Welch 95% intervals on the log scale)",
+            Basis::Runs => "runs (Welch 95% intervals, log scale)",
             Basis::Batches => "batches of intervals within a run",
         },
         percent(d.min_effect)
@@ -427,7 +434,7 @@ pub fn warning(w: &Warning) -> String {
                 Hosts::B => "host B",
             }
         ),
-        Warning::OneSession => "each host's runs were recorded in one session, back to back: a change in the machine between the two sessions (a neighbour's load, a background job) moves every run of one side alike and reads as a difference between the hosts; record each host again at another time (--with-a, --with-b) before trusting a difference near the noise".into(),
+        Warning::OneSession => "each host's runs were recorded in one session, back to back: a change in the machine between the two sessions (a neighbour's load, a background job) moves every run of one side alike and reads as a difference between the hosts, so a difference found is provisional; record each host again at another time (--with-a, --with-b) to judge it".into(),
     }
 }
 
@@ -897,7 +904,7 @@ fn stage_sentence(d: &ProfileDiff) -> String {
                 label(stage, d.above_idle)
             )
         }
-        (None, Verdict::Significant | Verdict::WithinRuns) => format!(
+        (None, Verdict::Significant | Verdict::WithinRuns | Verdict::OneSession) => format!(
             "mean latency: {} ({}), spread over stages with no single significant one",
             verdict_text(app, d),
             signed(app.delta, Unit::Ns)
@@ -1355,6 +1362,26 @@ mod tests {
             ) && text.contains("96% of that is in device"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn one_recording_a_host_reads_provisional_and_says_what_judges_it() {
+        use crate::analysis::diff::tests::{later, noisy_runs};
+        let a = noisy_runs(3, 400_000.0, 10_000.0, 0.02, 2e6);
+        let b = later(noisy_runs(3, 480_000.0, 8_300.0, 0.02, 2e6), 1);
+        let text = terminal(&diff(&a, &b));
+        let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            flat.contains("verdict: mean latency: B slower by 19.8% [14.5, 25.4] (one session a host; record again to judge)")
+                && flat.contains("record each host again at another time (--with-a, --with-b) to judge it"),
+            "{text}"
+        );
+        for line in text
+            .lines()
+            .filter(|l| !l.starts_with("A: ") && !l.starts_with("B: "))
+        {
+            assert!(line.chars().count() <= 100, "too wide: {line}");
+        }
     }
 
     #[test]

@@ -514,9 +514,23 @@ pub enum Warning {
     /// these runs only.
     OneRun(Hosts),
     /// Each host's runs come from one recording (back to back, in one stretch of the machine's
-    /// time): a change in the machine between the two sessions moves every run of one side
-    /// alike and is judged as a difference between the hosts.
+    /// time, the two stretches apart): a change in the machine between the two sessions moves
+    /// every run of one side alike and reads as a difference between the hosts, so a
+    /// difference found is provisional ([`super::Verdict::OneSession`]).
     OneSession,
+}
+
+/// Each side is one recording of two runs or more, and the two recordings' times do not
+/// overlap: the runs of each side share one stretch of the machine's time, and nothing tells a
+/// change between the stretches from a difference between the hosts. (A fleet's sides, read
+/// from Prometheus over the same range, overlap: time moves both alike.)
+pub(super) fn one_session_each(a_side: &[&Profile], b_side: &[&Profile]) -> bool {
+    let [a] = a_side else { return false };
+    let [b] = b_side else { return false };
+    let runs = |p: &Profile| p.runs.len().max(1);
+    let (a, b) = (&a.run, &b.run);
+    let overlap = a.started_unix_ms < b.ended_unix_ms && b.started_unix_ms < a.ended_unix_ms;
+    runs(a_side[0]) >= 2 && runs(b_side[0]) >= 2 && !overlap
 }
 
 /// The warnings on a comparison of `a_side` with `b_side`: per profile, then the stages'
@@ -546,7 +560,7 @@ pub(super) fn warnings(
     warnings.extend(queue_start_split(a_side, b_side).map(Warning::QueueStart));
     warnings.extend(request_unit_warning(a_side, b_side));
     warnings.extend(Hosts::of(runs.0 < 2, runs.1 < 2).map(Warning::OneRun));
-    if a_side.len() == 1 && b_side.len() == 1 && runs.0 >= 2 && runs.1 >= 2 {
+    if runs.0 >= 2 && runs.1 >= 2 && one_session_each(a_side, b_side) {
         warnings.push(Warning::OneSession);
     }
     warnings

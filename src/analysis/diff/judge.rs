@@ -34,6 +34,9 @@ pub(super) const STAGE_TAILS: usize = (Stage::ALL.len() - 1) * TAIL_PERCENTILES.
 #[derive(Clone, Copy)]
 pub(super) struct Judging<'a> {
     pub basis: Basis,
+    /// Each host's runs come from one recording: a difference found holds between these two
+    /// sessions only (see [`Verdict::OneSession`]).
+    pub one_session: bool,
     pub opts: &'a DiffOptions,
     pub confidence: f64,
 }
@@ -74,6 +77,7 @@ pub(super) fn judge(
         basis,
         opts,
         confidence,
+        ..
     } = how;
     let to_scale = |x: f64| match scale {
         Scale::Ratio => x.ln(),
@@ -211,7 +215,7 @@ pub(super) fn compare(
     // One run a side: batches within a run show none of the between-run noise, which on a
     // shared machine is far larger; a difference found there is provisional, never called
     // significant (an A/A pair of single runs would otherwise cry wolf).
-    within_runs_only(row, how.basis)
+    provisional(row, how)
 }
 
 /// Writes a judgement into its row: the effect and its interval, relative and in the row's unit
@@ -359,11 +363,16 @@ pub(super) fn nvme_queues(sides: (&Side, &Side), how: Judging) -> Vec<Row> {
         .collect()
 }
 
-/// Batches within one run show none of the between-run noise: from batches, a difference holds
-/// for these runs only (every row passes through here, in `compare`).
-fn within_runs_only(mut row: Row, basis: Basis) -> Row {
-    if basis == Basis::Batches && row.verdict == Verdict::Significant {
-        row.verdict = Verdict::WithinRuns;
+/// Batches within one run show none of the between-run noise, and runs of one session a host
+/// none of the noise between sessions: from them, a difference holds for these runs or these
+/// sessions only (every row passes through here, in `compare`).
+fn provisional(mut row: Row, how: Judging) -> Row {
+    if row.verdict == Verdict::Significant {
+        if how.basis == Basis::Batches {
+            row.verdict = Verdict::WithinRuns;
+        } else if how.one_session {
+            row.verdict = Verdict::OneSession;
+        }
     }
     row
 }

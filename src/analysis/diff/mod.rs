@@ -91,13 +91,20 @@ pub enum Verdict {
     /// a host-wide figure drifts between runs more than batches show, so it holds for these
     /// runs only.
     WithinRuns,
+    /// The whole interval lies beyond the smallest effect, but each host's runs come from one
+    /// recording, back to back: a change in the machine between the two sessions moves every
+    /// run of a side alike, so the difference holds between these two sessions only.
+    OneSession,
 }
 
 impl Verdict {
-    /// The whole interval lies beyond the smallest effect: for good, or, from one run a side,
-    /// for these runs only.
+    /// The whole interval lies beyond the smallest effect: for good, or, from one run or one
+    /// session a side, for these runs or sessions only.
     pub fn found_a_difference(self) -> bool {
-        matches!(self, Self::Significant | Self::WithinRuns)
+        matches!(
+            self,
+            Self::Significant | Self::WithinRuns | Self::OneSession
+        )
     }
 }
 
@@ -500,8 +507,13 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     } else {
         Basis::Batches
     };
+    // Runs recorded back to back in one session a host show none of the noise between
+    // sessions: ten default A/A pairs on one machine called a row significant in two, each a
+    // real change of the machine between the two sessions' minutes.
+    let one_session = basis == Basis::Runs && context::one_session_each(a_side, b_side);
     let how = judge::Judging {
         basis,
+        one_session,
         opts,
         confidence: CONFIDENCE,
     };
@@ -567,6 +579,7 @@ fn recorded(side: &[&Profile]) -> SideSource {
 pub fn compare_replicates(metric: MetricId, a: &[f64], b: &[f64], opts: &DiffOptions) -> Row {
     let how = judge::Judging {
         basis: Basis::Runs,
+        one_session: false,
         opts,
         confidence: CONFIDENCE,
     };

@@ -18,6 +18,36 @@ fn stage(d: &ProfileDiff, part: BreakdownPart) -> &Row {
         .expect("every stage has its row")
 }
 
+/// Each of `p`'s runs as a recording of its own, as sessions at different times give them.
+pub(crate) fn as_sessions(p: &Profile) -> Vec<Profile> {
+    if p.runs.is_empty() {
+        return vec![p.clone()];
+    }
+    p.replicates()
+        .into_iter()
+        .map(|(run, intervals)| Profile {
+            runs: vec![run],
+            intervals: intervals.to_vec(),
+            ..p.clone()
+        })
+        .collect()
+}
+
+/// The diff of two hosts whose runs were each recorded apart (see [`as_sessions`]): the
+/// diff that judges, where one recording a host is provisional.
+pub(crate) fn diff_apart(a: &Profile, b: &Profile) -> ProfileDiff {
+    diff_apart_with(a, b, &DiffOptions::default())
+}
+
+pub(crate) fn diff_apart_with(a: &Profile, b: &Profile, opts: &DiffOptions) -> ProfileDiff {
+    let (a, b) = (as_sessions(a), as_sessions(b));
+    diff_hosts(
+        &a.iter().collect::<Vec<_>>(),
+        &b.iter().collect::<Vec<_>>(),
+        opts,
+    )
+}
+
 /// A profile whose every interval has the given stage means (ns) plus deterministic jitter.
 /// `p` with a completion stage of `mean_ns` on `share` of its requests, taken out of their
 /// device time (app latency unchanged).
@@ -328,7 +358,7 @@ fn host_wide_figures_per_io_are_compared_above_the_idle_host() {
     };
     let (a, b) = (with_background(10_000.0), with_background(5_000.0));
     let row = |d: &ProfileDiff, metric: MetricId| d.row(metric).unwrap().clone();
-    for d in [diff(&a, &b), diff(&b, &a)] {
+    for d in [diff_apart(&a, &b), diff_apart(&b, &a)] {
         assert!(d.above_idle);
         let hardirq = row(&d, MetricId::HardirqPerIo);
         assert!((hardirq.a.unwrap() - 1_000.0).abs() < 20.0, "{hardirq:?}");
@@ -341,7 +371,7 @@ fn host_wide_figures_per_io_are_compared_above_the_idle_host() {
     for r in &mut old.runs {
         r.idle = None;
     }
-    let d = diff(&a, &old);
+    let d = diff_apart(&a, &old);
     assert!(!d.above_idle);
     let hardirq = row(&d, MetricId::HardirqPerIo);
     assert_eq!(hardirq.verdict, Verdict::Significant, "{hardirq:?}");
@@ -361,6 +391,7 @@ fn the_host_wide_rows_are_judged_as_one_family_at_a_higher_confidence() {
         let points = (1000.0, 1000.0 * 0.15f64.exp());
         let how = Judging {
             basis: Basis::Runs,
+            one_session: false,
             opts: &opts,
             confidence,
         };
@@ -427,12 +458,45 @@ fn one_run_per_host_says_between_run_noise_is_unknown() {
     assert_eq!(d.verdict, None);
 }
 
+/// `p` recorded `minutes` later.
+pub(crate) fn later(mut p: Profile, minutes: u64) -> Profile {
+    p.run.started_unix_ms += minutes * 60_000;
+    p.run.ended_unix_ms += minutes * 60_000;
+    p
+}
+
+/// A clear gap found in one recording a host holds between those two sessions only: it is
+/// provisional, named so, and gates nothing; the same runs recorded apart are judged, and so
+/// are two recordings over the same time (a fleet's hosts read from Prometheus).
+#[test]
+fn a_difference_in_one_recording_a_host_is_provisional() {
+    let a = noisy_runs(3, 400_000.0, 10_000.0, 0.02, 2e6);
+    let b_meanwhile = noisy_runs(3, 480_000.0, 8_300.0, 0.02, 2e6);
+    let b = later(b_meanwhile.clone(), 1);
+    let d = diff(&a, &b);
+    assert!(d.warnings.contains(&Warning::OneSession));
+    assert_eq!(d.basis, Basis::Runs);
+    assert_eq!(d.waterfall.app.verdict, Verdict::OneSession);
+    assert!(d.waterfall.app.verdict.found_a_difference());
+    assert!(!d.b_slower() && !d.any_significant());
+    let apart = diff_apart(&a, &b);
+    assert_eq!(apart.waterfall.app.verdict, Verdict::Significant);
+    assert!(apart.b_slower());
+    // Either host recorded twice: its runs span sessions, and the diff judges.
+    let again = noisy_runs(3, 400_000.0, 10_000.0, 0.02, 2e6);
+    let d = diff_hosts(&[&a, &again], &[&b], &DiffOptions::default());
+    assert_eq!(d.waterfall.app.verdict, Verdict::Significant);
+    let at_once = diff(&a, &b_meanwhile);
+    assert_eq!(at_once.waterfall.app.verdict, Verdict::Significant);
+    assert!(!at_once.warnings.contains(&Warning::OneSession));
+}
+
 /// Runs recorded back to back share their stretch of the machine's time: with one recording a
 /// side the diff says so; with a second recording of either host it does not.
 #[test]
 fn one_recording_per_host_is_named_one_session() {
     let a = noisy_runs(3, 100_000.0, 10_000.0, 0.02, 300_000.0);
-    let b = noisy_runs(3, 100_000.0, 10_000.0, 0.02, 300_000.0);
+    let b = later(noisy_runs(3, 100_000.0, 10_000.0, 0.02, 300_000.0), 1);
     assert!(diff(&a, &b).warnings.contains(&Warning::OneSession));
     let again = noisy_runs(3, 100_000.0, 10_000.0, 0.02, 300_000.0);
     let d = diff_hosts(&[&a, &again], &[&b], &DiffOptions::default());
@@ -475,7 +539,7 @@ fn an_eight_percent_gap_over_five_runs_is_significant_both_ways_round() {
     // The motivating case: IOPS −8%, mean latency +9%, with 2% run-to-run noise.
     let a = noisy_runs(5, 400_000.0, 10_000.0, 0.02, 2e6);
     let b = noisy_runs(5, 436_000.0, 9_200.0, 0.02, 2e6);
-    let d = diff(&a, &b);
+    let d = diff_apart(&a, &b);
     assert_eq!(d.basis, Basis::Runs);
     let (app, iops) = (&d.waterfall.app, &d.throughput[0]);
     assert_eq!(app.verdict, Verdict::Significant);
@@ -485,7 +549,7 @@ fn an_eight_percent_gap_over_five_runs_is_significant_both_ways_round() {
     assert!((iops.effect.unwrap() + 0.08).abs() < 0.005, "{iops:?}");
     assert_eq!(d.verdict, Some(BreakdownPart::Device));
     // Swapped, every row mirrors: the same verdict, the inverse ratio.
-    let back = diff(&b, &a);
+    let back = diff_apart(&b, &a);
     for (x, y) in d.rows().zip(back.rows()) {
         assert_eq!(x.metric, y.metric);
         assert_eq!(x.verdict, y.verdict, "{:?}", x.metric);
@@ -519,7 +583,7 @@ fn nvme_queues_both_hosts_used_are_judged_queue_by_queue() {
     let base = || noisy_runs(5, 400_000.0, 10_000.0, 0.02, 2e6);
     let a = with_nvme(base(), &[(1, 80_000.0), (2, 80_000.0), (3, 80_000.0)]);
     let b = with_nvme(base(), &[(1, 80_000.0), (2, 240_000.0), (4, 80_000.0)]);
-    let d = diff(&a, &b);
+    let d = diff_apart(&a, &b);
     let qids: Vec<_> = d.nvme_queues.iter().map(|r| r.metric).collect();
     assert_eq!(
         qids,
@@ -570,7 +634,7 @@ fn a_tail_that_grew_eightfold_is_significant_while_the_mean_barely_moves() {
     // 0.2% of I/Os: 2 ms on A, 16 ms on B. p99.9 moves 8x; the mean ~7%.
     let a = noisy_runs(5, 400_000.0, 10_000.0, 0.01, 2e6);
     let b = noisy_runs(5, 400_000.0, 10_000.0, 0.01, 16e6);
-    let d = diff(&a, &b);
+    let d = diff_apart(&a, &b);
     let app_tail = |percentile| {
         d.row(MetricId::Tail {
             stage: Stage::App,
@@ -605,7 +669,7 @@ fn the_tail_that_moved_most_is_a_significant_one_at_any_percentile() {
     };
     let a = slow_device_tail(noisy_runs(5, 400_000.0, 10_000.0, 0.01, 2e6), 2e6);
     let b = slow_device_tail(noisy_runs(5, 400_000.0, 10_000.0, 0.01, 16e6), 16e6);
-    let d = diff(&a, &b);
+    let d = diff_apart(&a, &b);
     let mover = d.tail_mover.expect("the device's tail moved");
     assert_eq!((mover.stage, mover.percentile), (Stage::Device, 99.9));
     assert!(mover.delta_ns > 0.0);
@@ -962,7 +1026,7 @@ fn against_metal_the_hypervisors_time_is_a_share_of_the_gap_with_an_interval() {
     ];
     let metal = on_hypervisor_at(Hv::None, &[], 0.0, 300_000.0);
     let guest = on_hypervisor_at(Hv::Xen, &xen, 4_100.0, 330_000.0);
-    let d = diff(&metal, &guest);
+    let d = diff_apart(&metal, &guest);
     assert_eq!(d.waterfall.app.verdict, Verdict::Significant);
     for r in &d.hypervisor.rows {
         assert_eq!(r.verdict, Verdict::NoHypervisor, "{:?}", r.metric);
@@ -1047,7 +1111,7 @@ fn against_metal_that_timed_the_same_function_the_native_work_is_subtracted() {
     let mut guest = on_hypervisor_at(Hv::Xen, &xen, 4_100.0, 330_000.0);
     timed_at(&mut guest, Mechanism::Timer, "clockevents_program_event");
     timed_at(&mut guest, Mechanism::Upcall, "xen_evtchn_do_upcall");
-    let d = diff(&metal, &guest);
+    let d = diff_apart(&metal, &guest);
     let near = |x: f64, want: f64| (x - want).abs() < want * 0.05;
     let time = d
         .row(MetricId::MechanismTimePerIo(Mechanism::Timer))
@@ -1108,7 +1172,7 @@ fn the_mechanism_that_moved_is_named_and_the_others_stay_equivalent() {
         &[(Mechanism::Timer, 0.05, 0.0), (Mechanism::Ipi, 0.25, 0.0)],
         50.0,
     );
-    let d = diff(&a, &b);
+    let d = diff_apart(&a, &b);
     let ipi = d.row(MetricId::MechanismPerIo(Mechanism::Ipi)).unwrap();
     assert_eq!(ipi.verdict, Verdict::Significant, "{ipi:?}");
     assert!(ipi.effect.unwrap() > 1.0, "{ipi:?}");
@@ -1138,7 +1202,7 @@ fn fewer_halts_are_never_the_mechanism_that_moved() {
         &[(Mechanism::Timer, 0.05, 0.0), (Mechanism::Halt, 0.05, 0.0)],
         50.0,
     );
-    let d = diff(&a, &b);
+    let d = diff_apart(&a, &b);
     let halts = d.row(MetricId::MechanismPerIo(Mechanism::Halt)).unwrap();
     assert_eq!(halts.verdict, Verdict::Significant, "{halts:?}");
     assert_eq!(d.hypervisor.moved, None);

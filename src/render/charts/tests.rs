@@ -112,7 +112,7 @@ fn autopsy(app: &[u64], queue: &[u64], device: &[u64]) -> TailAutopsy {
 
 fn tail_pair() -> (Profile, Profile, ProfileDiff) {
     let (a, b) = (tail_fixture(3, false, 1), tail_fixture(3, true, 11));
-    let d = diff_hosts(&[&a], &[&b], &DiffOptions::default());
+    let d = crate::analysis::diff::tests::diff_apart(&a, &b);
     (a, b, d)
 }
 
