@@ -48,6 +48,16 @@ fn wait_until(deadline: Instant, stop: &AtomicBool, each_step: &mut dyn FnMut())
     }
 }
 
+/// Whether the run statistics are on over interval `index` (0: the first after attaching).
+/// They cost every program run two clock reads, as much as one of our programs: on over the
+/// first interval (where `record` measures the idle host) and the second (a run's first
+/// second of work), then over one interval in `every`: a short run pays for them over the same
+/// share of its work as a long one (on over its first `every` intervals, a 4 s run paid for
+/// them throughout), and still has a measured interval of work.
+fn run_stats_on(index: u64, every: u64) -> bool {
+    every <= 1 || index == 0 || index % every == 1
+}
+
 /// The running collector thread.
 #[derive(Debug)]
 pub struct ProbeHandle {
@@ -108,12 +118,8 @@ impl ProbeHandle {
                     }
                     wait_until(next, &flag, &mut || drain_slow(&mut slow));
                     let cumulative = session.snapshot();
-                    // The run statistics cost every program run two clock reads: on for the
-                    // first `run_stats_every` intervals (a short run is measured whole), then
-                    // for one interval in that many.
                     intervals += 1;
-                    session
-                        .set_run_stats(intervals < every || (intervals + 1).is_multiple_of(every));
+                    session.set_run_stats(run_stats_on(intervals, every));
                     // After the snapshot: it lists every process followed in the interval,
                     // those that exited in it too; the next one lists only the living.
                     session.refresh_followed();
@@ -150,5 +156,23 @@ impl ProbeHandle {
     pub fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.join();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_stats_on;
+
+    #[test]
+    fn run_statistics_are_on_over_the_first_two_intervals_then_one_in_every() {
+        let on = |every| {
+            (0..12)
+                .filter(|&i| run_stats_on(i, every))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(on(4), [0, 1, 5, 9]);
+        assert_eq!(on(1), (0..12).collect::<Vec<_>>());
+        // A 4 s run after the idle second: one of its four intervals of work.
+        assert_eq!((1..5).filter(|&i| run_stats_on(i, 4)).count(), 1);
     }
 }

@@ -77,8 +77,9 @@ pub struct SelfOverhead {
     pub programs: Option<Vec<ProgramCost>>,
     /// Seconds the kernel's run statistics were on, over which `programs` count runs and run
     /// time: they cost every BPF program run on the host two clock reads, so a recording
-    /// keeps them on for one interval in four after its first four (absent in older profiles,
-    /// which held them on throughout: the probe window).
+    /// keeps them on over its first two intervals (the idle host's and the first of work),
+    /// then over one in four (absent in older profiles, which held them on throughout: the
+    /// probe window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stats_seconds: Option<f64>,
     pub probe_cpu_pct: Option<f64>,

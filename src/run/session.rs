@@ -66,7 +66,7 @@ pub fn probe_config(args: &ProbeChoice, interval: Duration) -> Result<Option<Pro
         vmm_pid: args.vmm_pid,
         block_stamps: args.block_stamps,
         // The run statistics cost every BPF program run on the host two clock reads: a
-        // recording keeps them on for one interval in four after its first four.
+        // recording keeps them on over its first two intervals, then over one in four.
         run_stats_every: run_stats_every(),
         ..ProbeConfig::new(families, Some(std::process::id()))
     }))
