@@ -625,6 +625,11 @@ fn a_xen_dom0_against_its_kernel_bare_says_how_much_of_the_gap_is_xen() {
         verdict.contains("the hypervisor's paths (Xen) take 13% [10, 16]"),
         "{verdict}"
     );
+    // Xen's time is judged relative to the app's latency, and says so.
+    assert!(
+        text.contains("B slower by 9.2% of app latency [8.4, 9.9]"),
+        "{text}"
+    );
     // The NVMe interrupt's delivery differs, and says so.
     assert!(
         text.contains(

@@ -180,10 +180,14 @@ fn significant_text(r: &Row, within_run: &str) -> String {
         Unit::Iops | Unit::PerIo => ("higher", "lower"),
     };
     // On the difference scale a row is relative to its reference: app latency for the software
-    // residual, the hosts' mean magnitude for the rest (a figure that can be 0 or below).
+    // residual and the hypervisor's time, the hosts' mean magnitude for the rest (a figure that
+    // can be 0 or below).
     let of = match (r.scale, r.metric) {
         (Scale::Ratio, _) => "",
-        (Scale::Difference, MetricId::Stage(BreakdownPart::Software)) => " of app latency",
+        (
+            Scale::Difference,
+            MetricId::Stage(BreakdownPart::Software) | MetricId::HypervisorTimePerIo,
+        ) => " of app latency",
         (Scale::Difference, _) => " of the hosts' mean",
     };
     // A fall is shown as how much lower B is than A; a change of 2x or more as a factor —
