@@ -125,7 +125,29 @@ pub(crate) fn cell(r: &Row, host: Host) -> String {
     if v.is_none() && r.verdict == Verdict::NoHypervisor {
         return "none".into();
     }
+    // A host-wide figure per I/O less the idle host's rate is below 0 only when the host did
+    // less of it while the workload ran than idle: not a figure of the host's own.
+    if v.is_some_and(|x| x < 0.0) && measured_above_idle(r.metric) {
+        return "below idle".into();
+    }
     value(v, r.unit)
+}
+
+/// The rows whose figures are host-wide activity per I/O less the idle host's.
+fn measured_above_idle(metric: MetricId) -> bool {
+    use MetricId::*;
+    matches!(
+        metric,
+        HardirqPerIo
+            | SoftirqPerIo
+            | IpisPerIo
+            | MsrExitsPerIo
+            | EstMsrExitTimePerIo
+            | MechanismPerIo(_)
+            | MechanismTimePerIo(_)
+            | HypervisorTimePerIo
+            | HypervisorCpuPerIo
+    )
 }
 
 pub(crate) fn signed(v: Option<f64>, unit: Unit) -> String {
@@ -1386,6 +1408,23 @@ mod tests {
         {
             assert!(line.chars().count() <= 100, "too wide: {line}");
         }
+    }
+
+    #[test]
+    fn a_figure_below_the_idle_host_reads_so_not_as_a_hosts_figure() {
+        use virtgap_probes::hypervisor::Mechanism;
+        let (a, b) = pair();
+        let d = diff(&a, &b);
+        let mut r = d.waterfall.app.clone();
+        r.metric = MetricId::MechanismTimePerIo(Mechanism::Timer);
+        (r.a, r.b) = (Some(4_215.6), Some(-667.1));
+        assert_eq!(
+            (cell(&r, Host::A), cell(&r, Host::B)),
+            ("4.2 µs".to_string(), "below idle".to_string())
+        );
+        // The software residual can be below 0 and is a figure of its own.
+        r.metric = MetricId::Stage(BreakdownPart::Software);
+        assert_eq!(cell(&r, Host::B), "-667 ns");
     }
 
     #[test]
