@@ -183,7 +183,11 @@ pub fn compare_stamps(
     })
 }
 
-/// One request's stages by one session's stamps, in ns (None: the stage was not measured).
+/// Where [`request_stages`] puts the whole request, start to completion.
+const WHOLE: usize = 3;
+
+/// One request's queue, device and completion stages and its whole time by one session's
+/// stamps, in ns (None: not measured).
 fn request_stages(r: &SlowRequest) -> [Option<i64>; 4] {
     let apart = |from: u64, to: u64| (to >= from).then(|| (to - from) as i64);
     // A request without a queue stage is recorded from its issue.
@@ -228,12 +232,9 @@ pub fn pair_requests(own: &[SlowRequest], kernel: &[SlowRequest]) -> PairedReque
                 continue;
             };
             paired += 1;
-            whole.push(a.complete_ns.saturating_sub(a.start_ns) as i64);
-            for (i, (a, b)) in request_stages(&a)
-                .into_iter()
-                .zip(request_stages(&b))
-                .enumerate()
-            {
+            let ours = request_stages(&a);
+            whole.extend(ours[WHOLE]);
+            for (i, (a, b)) in ours.into_iter().zip(request_stages(&b)).enumerate() {
                 if let (Some(a), Some(b)) = (a, b) {
                     differences[i].push(b - a);
                 }

@@ -127,27 +127,10 @@ pub(crate) fn cell(r: &Row, host: Host) -> String {
     }
     // A host-wide figure per I/O less the idle host's rate is below 0 only when the host did
     // less of it while the workload ran than idle: not a figure of the host's own.
-    if v.is_some_and(|x| x < 0.0) && measured_above_idle(r.metric) {
+    if v.is_some_and(|x| x < 0.0) && r.metric.is_above_idle() {
         return "below idle".into();
     }
     value(v, r.unit)
-}
-
-/// The rows whose figures are host-wide activity per I/O less the idle host's.
-fn measured_above_idle(metric: MetricId) -> bool {
-    use MetricId::*;
-    matches!(
-        metric,
-        HardirqPerIo
-            | SoftirqPerIo
-            | IpisPerIo
-            | MsrExitsPerIo
-            | EstMsrExitTimePerIo
-            | MechanismPerIo(_)
-            | MechanismTimePerIo(_)
-            | HypervisorTimePerIo
-            | HypervisorCpuPerIo
-    )
 }
 
 pub(crate) fn signed(v: Option<f64>, unit: Unit) -> String {

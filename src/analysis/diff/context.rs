@@ -525,22 +525,25 @@ pub enum Warning {
 /// change between the stretches from a difference between the hosts. (A fleet's sides, read
 /// from Prometheus over the same range, overlap: time moves both alike.)
 pub(super) fn one_session_each(a_side: &[&Profile], b_side: &[&Profile]) -> bool {
-    let [a] = a_side else { return false };
-    let [b] = b_side else { return false };
-    let runs = |p: &Profile| p.runs.len().max(1);
-    let (a, b) = (&a.run, &b.run);
-    let overlap = a.started_unix_ms < b.ended_unix_ms && b.started_unix_ms < a.ended_unix_ms;
-    runs(a_side[0]) >= 2 && runs(b_side[0]) >= 2 && !overlap
+    let ([a], [b]) = (a_side, b_side) else {
+        return false;
+    };
+    let several_runs = |p: &Profile| p.runs.len() >= 2;
+    let overlap =
+        a.run.started_unix_ms < b.run.ended_unix_ms && b.run.started_unix_ms < a.run.ended_unix_ms;
+    several_runs(a) && several_runs(b) && !overlap
 }
 
 /// The warnings on a comparison of `a_side` with `b_side`: per profile, then the stages'
 /// units, then the replicates. `folded` names the hosts lacking the completion stage when
-/// device is compared as issue -> completion; `runs` are each side's.
+/// device is compared as issue -> completion; `runs` are each side's; `one_session`: see
+/// [`one_session_each`].
 pub(super) fn warnings(
     a_side: &[&Profile],
     b_side: &[&Profile],
     folded: Option<Hosts>,
     runs: (usize, usize),
+    one_session: bool,
 ) -> Vec<Warning> {
     let mut warnings = Vec::new();
     for (host, side) in [(Host::A, a_side), (Host::B, b_side)] {
@@ -560,7 +563,7 @@ pub(super) fn warnings(
     warnings.extend(queue_start_split(a_side, b_side).map(Warning::QueueStart));
     warnings.extend(request_unit_warning(a_side, b_side));
     warnings.extend(Hosts::of(runs.0 < 2, runs.1 < 2).map(Warning::OneRun));
-    if runs.0 >= 2 && runs.1 >= 2 && one_session_each(a_side, b_side) {
+    if one_session {
         warnings.push(Warning::OneSession);
     }
     warnings

@@ -441,6 +441,23 @@ pub struct HypervisorBlock {
 }
 
 impl MetricId {
+    /// Whether the row's figures are host-wide activity per I/O less the idle host's (when the
+    /// profiles measured it): below 0 only where the host did less of it than idle.
+    pub fn is_above_idle(self) -> bool {
+        matches!(
+            self,
+            Self::HardirqPerIo
+                | Self::SoftirqPerIo
+                | Self::IpisPerIo
+                | Self::MsrExitsPerIo
+                | Self::EstMsrExitTimePerIo
+                | Self::MechanismPerIo(_)
+                | Self::MechanismTimePerIo(_)
+                | Self::HypervisorTimePerIo
+                | Self::HypervisorCpuPerIo
+        )
+    }
+
     /// The hypervisor mechanism a row is about, if it is one's.
     pub fn mechanism(self) -> Option<Mechanism> {
         match self {
@@ -510,7 +527,7 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
     // Runs recorded back to back in one session a host show none of the noise between
     // sessions: ten default A/A pairs on one machine called a row significant in two, each a
     // real change of the machine between the two sessions' minutes.
-    let one_session = basis == Basis::Runs && context::one_session_each(a_side, b_side);
+    let one_session = context::one_session_each(a_side, b_side);
     let how = judge::Judging {
         basis,
         one_session,
@@ -546,7 +563,13 @@ pub fn diff_hosts(a_side: &[&Profile], b_side: &[&Profile], opts: &DiffOptions) 
         basis,
         spec_differences: spec_differences(a, b),
         confounders: context::confounders(a, b),
-        warnings: context::warnings(a_side, b_side, replicates.folded, (runs_a, runs_b)),
+        warnings: context::warnings(
+            a_side,
+            b_side,
+            replicates.folded,
+            (runs_a, runs_b),
+            one_session,
+        ),
         above_idle: replicates.above_idle,
         waterfall,
         tails,

@@ -36,15 +36,11 @@ pub(crate) fn as_sessions(p: &Profile) -> Vec<Profile> {
 /// The diff of two hosts whose runs were each recorded apart (see [`as_sessions`]): the
 /// diff that judges, where one recording a host is provisional.
 pub(crate) fn diff_apart(a: &Profile, b: &Profile) -> ProfileDiff {
-    diff_apart_with(a, b, &DiffOptions::default())
-}
-
-pub(crate) fn diff_apart_with(a: &Profile, b: &Profile, opts: &DiffOptions) -> ProfileDiff {
     let (a, b) = (as_sessions(a), as_sessions(b));
     diff_hosts(
         &a.iter().collect::<Vec<_>>(),
         &b.iter().collect::<Vec<_>>(),
-        opts,
+        &DiffOptions::default(),
     )
 }
 
