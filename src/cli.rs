@@ -595,19 +595,22 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "PID")]
     pub vmm_pid: Option<u32>,
 
-    /// Where block stage times come from: `own` clock readings at a request's start, issue and
-    /// completion (three programs per request, any kernel), or the `kernel`'s own request
-    /// stamps read at completion (one program per request; where they are not exact, 6.9+,
-    /// our own, with a note). `virtgap doctor --compare-stamps PATH` shows both on the same reads
-    #[arg(long, value_enum, default_value_t = StampSource::Own, value_name = "SOURCE")]
+    /// Where block stage times come from: `auto`, the kernel's own request stamps read at
+    /// completion (one program per request) where they are exact (before 6.9), every
+    /// device's queue stamps issues and they cost less, else our own, the notes saying which
+    /// and why; or `own`
+    /// clock readings at a request's start, issue and completion (three programs per request,
+    /// any kernel). `virtgap doctor --compare-stamps PATH` shows both on the same reads
+    #[arg(long, value_enum, default_value_t = StampSource::Auto, value_name = "SOURCE")]
     pub block_stamps: StampSource,
 }
 
 /// `--block-stamps`' values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum StampSource {
+    #[value(alias = "kernel")]
+    Auto,
     Own,
-    Kernel,
 }
 
 #[derive(Debug, Args)]
@@ -889,7 +892,7 @@ impl ProbeArgs {
             vmm_pid: self.vmm_pid,
             block_stamps: match self.block_stamps {
                 StampSource::Own => virtgap_probes::BlockStamps::Own,
-                StampSource::Kernel => virtgap_probes::BlockStamps::Kernel,
+                StampSource::Auto => virtgap_probes::BlockStamps::Kernel,
             },
         }
     }

@@ -162,10 +162,11 @@ pub struct ProbeConfig {
 pub enum BlockStamps {
     /// Our own clock readings where a request starts, is issued and completes (three programs
     /// per request; every kernel).
-    #[default]
     Own,
     /// The kernel's own request stamps (made and issued), read at completion: one program per
-    /// request. Where they are not exact (6.9+: the plug's cached clock), our own, with a note.
+    /// request. Where they are not exact (6.9+: the plug's cached clock) or a device's queue
+    /// may not stamp issues (no request statistics), our own, with a note.
+    #[default]
     Kernel,
     /// The kernel's stamps even where they are not exact: to compare the two
     /// ([`crate::stamps_check`]).
@@ -185,7 +186,7 @@ impl Default for ProbeConfig {
             vmm_pid: None,
             slow_request_ns: None,
             slow_call_ns: None,
-            block_stamps: BlockStamps::Own,
+            block_stamps: BlockStamps::Kernel,
             hypervisor: None,
             run_stats_every: 1,
         }
@@ -308,6 +309,25 @@ pub(crate) struct QueueShape {
     pub dev: u32,
     /// (hardware queue, the IRQ that serves it) where the driver names its IRQs by queue.
     pub queue_irqs: Vec<(u32, u32)>,
+    /// Whether its queue keeps request statistics (the kernel then stamps each request's issue
+    /// in `io_start_time_ns`); None: nothing here says.
+    pub request_stats: Option<bool>,
+}
+
+/// Whether block device `name`'s queue keeps request statistics (QUEUE_FLAG_STATS: only then
+/// does the kernel stamp a request's issue). debugfs lists the queue's flags where it is
+/// mounted; else writeback throttling, which turns the statistics on for its own use, shows
+/// its latency target exactly while it is set up on the queue (reading it fails otherwise).
+fn keeps_request_stats(name: &str) -> Option<bool> {
+    if let Ok(state) = std::fs::read_to_string(format!("/sys/kernel/debug/block/{name}/state")) {
+        return Some(state.trim().split('|').any(|flag| flag == "STATS"));
+    }
+    match std::fs::read_to_string(format!("/sys/block/{name}/queue/wbt_lat_usec")) {
+        Ok(_) => Some(true),
+        // The attribute exists and refuses to be read: no throttling set up, and nothing
+        // else here says whether another user keeps the statistics on.
+        Err(_) => None,
+    }
 }
 
 /// The host facts map sizes follow, read once per session.
@@ -376,12 +396,14 @@ impl HostShape {
                             .collect()
                     })
                     .unwrap_or_default();
+                let request_stats = keeps_request_stats(&name);
                 (hw_queues > 0).then_some(QueueShape {
                     name,
                     hw_queues,
                     nr_requests,
                     dev,
                     queue_irqs,
+                    request_stats,
                 })
             })
             .collect();
@@ -721,6 +743,7 @@ mod tests {
             nr_requests: 1023,
             dev: 259 << 20,
             queue_irqs: vec![],
+            request_stats: Some(true),
         };
         let vda = QueueShape {
             name: "vda".into(),
@@ -728,6 +751,7 @@ mod tests {
             nr_requests: 256,
             dev: 254 << 20,
             queue_irqs: vec![(0, 25)],
+            request_stats: Some(true),
         };
         let host = |devices: Vec<QueueShape>| HostShape {
             possible_cpus: 72,
