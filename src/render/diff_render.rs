@@ -243,7 +243,12 @@ pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
     match r.verdict {
         Verdict::Significant => significant_text(r, &within_run),
         Verdict::Equivalent => format!("equivalent within {bound}{within_run}"),
+        // With one session a host, more runs of it narrow the interval but leave any
+        // difference provisional: the words say the runs take a second session.
         Verdict::Inconclusive => match r.runs_needed {
+            Some(n) if one_session(d) => {
+                format!("inconclusive (≈{n} runs per host, in 2 sessions, would resolve {bound})")
+            }
             Some(n) => format!("inconclusive (≈{n} runs per host would resolve {bound})"),
             None => format!("inconclusive at {bound} (between-run noise unknown: --runs 5)"),
         },
@@ -267,6 +272,11 @@ pub fn verdict_text(r: &Row, d: &ProfileDiff) -> String {
         ),
         Verdict::NoHypervisor => one_sided_text(r, d),
     }
+}
+
+/// Whether each side is one session (see `Warning::OneSession`).
+fn one_session(d: &ProfileDiff) -> bool {
+    d.warnings.iter().any(|w| matches!(w, Warning::OneSession))
 }
 
 /// "B: 4.1 µs [3.2, 5.0] hypervisor CPU time per I/O; A: no hypervisor": a figure only one
@@ -1391,6 +1401,40 @@ mod tests {
         {
             assert!(line.chars().count() <= 100, "too wide: {line}");
         }
+    }
+
+    #[test]
+    fn with_one_session_a_host_an_inconclusive_row_asks_for_a_second_session() {
+        use crate::analysis::diff::tests::{later, noisy_runs};
+        let a = noisy_runs(3, 400_000.0, 10_000.0, 0.08, 2e6);
+        let b = later(noisy_runs(3, 420_000.0, 10_000.0, 0.08, 2e6), 1);
+        let d = diff(&a, &b);
+        let r = &d.waterfall.app;
+        assert_eq!(
+            (r.verdict, r.runs_needed.is_some()),
+            (Verdict::Inconclusive, true),
+            "{r:?}"
+        );
+        let words = verdict_text(r, &d);
+        assert!(
+            words.contains("runs per host, in 2 sessions, would resolve ±5%"),
+            "{words}"
+        );
+        for line in terminal(&d)
+            .lines()
+            .filter(|l| !l.starts_with("A: ") && !l.starts_with("B: "))
+        {
+            assert!(line.chars().count() <= 100, "too wide: {line}");
+        }
+        // Two recordings of A: more runs alone would resolve it.
+        let again = later(noisy_runs(3, 400_000.0, 10_000.0, 0.08, 2e6), 2);
+        let d = crate::analysis::diff::diff_hosts(
+            &[&a, &again],
+            &[&b],
+            &crate::analysis::diff::DiffOptions::default(),
+        );
+        let words = verdict_text(&d.waterfall.app, &d);
+        assert!(!words.contains("sessions"), "{words}");
     }
 
     #[test]
