@@ -99,7 +99,8 @@ struct BlockProbe<'obj> {
 }
 
 fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
-    let have_io_start = cx.kernel.has("block_io_start");
+    let have_io_start =
+        cx.kernel.has("block_io_start") && std::env::var_os(NO_IO_START_VAR).is_none();
     let kernel_stamps = uses_kernel_stamps(cx);
     let inflight = cx.host.inflight_capacity();
     // The bio-entry hook first: where it attaches, its map is the one both objects share and
@@ -192,7 +193,10 @@ fn uses_kernel_stamps(cx: &LoadContext<'_>) -> bool {
 /// per read against 3 and 920-1,000 ns, `doctor --compare-stamps`). Before 6.5 both note the
 /// bios, and the kernel's stamps save the issue program.
 fn cheaper_than_own(cx: &LoadContext<'_>) -> Result<(), String> {
-    if cx.filter.is_some() && cx.kernel.has("block_io_start") {
+    if cx.filter.is_some()
+        && cx.kernel.has("block_io_start")
+        && std::env::var_os(NO_IO_START_VAR).is_none()
+    {
         return Err(
             "a followed process's requests are known at block_io_start here, which \
                     costs less than finding them by their bios"
@@ -299,6 +303,7 @@ impl BlockSetup<'_> {
         (kernel_stamps && KERNEL_STAMPED.contains(&tp))
             || (tp == "block_bio_queue"
                 && ((self.have_io_start && !kernel_stamps) || filter.is_none()))
+            || (tp == "block_io_start" && !self.have_io_start)
             || (tp == "block_split" && filter.is_none())
             || (tp == REMAP && self.found.shared.get())
             || (tp == FORK && !self.forks)
@@ -443,6 +448,10 @@ const REMAP: &str = "block_bio_remap";
 
 /// Set (to anything), the hook is not tried: queue time starts as on a kernel without it.
 const NO_HOOK_VAR: &str = "VIRTGAP_NO_BIO_ENTRY_HOOK";
+
+/// Set (to anything), block_io_start is left out as on a kernel before 6.5: to measure what the
+/// programs cost there on this machine (`doctor --compare-stamps`).
+const NO_IO_START_VAR: &str = "VIRTGAP_NO_BLOCK_IO_START";
 
 /// The end of the hook's reason when it did not attach: where queue time starts instead.
 const SO_REQUEST: &str = "so queue time starts at the bio's entry only for bios block_bio_remap sees (on a partition, or passed on by md or dm), else when the request starts (blk-throttle and tag waits count as software)";
