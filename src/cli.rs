@@ -596,9 +596,8 @@ pub struct ProbeArgs {
     pub vmm_pid: Option<u32>,
 
     /// Where block stage times come from: `auto`, the kernel's own request stamps read at
-    /// completion (one program per request) where they are exact (before 6.9), every
-    /// device's queue stamps issues and they cost less, else our own, the notes saying which
-    /// and why; or `own`
+    /// completion (one program per request) where they are exact (before 6.9) and every
+    /// device's queue stamps issues, else our own, the notes saying which and why; or `own`
     /// clock readings at a request's start, issue and completion (three programs per request,
     /// any kernel). `virtgap doctor --compare-stamps PATH` shows both on the same reads
     #[arg(long, value_enum, default_value_t = StampSource::Auto, value_name = "SOURCE")]

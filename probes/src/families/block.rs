@@ -166,7 +166,6 @@ fn uses_kernel_stamps(cx: &LoadContext<'_>) -> bool {
         BlockStamps::Kernel => match kernel_stamps_exact(cx.kernel)
             .map_err(str::to_string)
             .and_then(|()| every_queue_stamps_issues(&cx.host.devices))
-            .and_then(|()| cheaper_than_own(cx))
         {
             Ok(()) => {
                 cx.notes.borrow_mut().push(
@@ -184,26 +183,6 @@ fn uses_kernel_stamps(cx: &LoadContext<'_>) -> bool {
             }
         },
     }
-}
-
-/// Ok where reading the kernel's stamps costs less than taking our own. With a process filter
-/// the kernel-stamped object notes the process's bios at block_bio_queue and finds them again
-/// at completion; where block_io_start exists (6.5+) our own stamps know the process's
-/// requests at their start instead, and that costs less (on 6.18, 4 programs and 864-885 ns
-/// per read against 3 and 920-1,000 ns, `doctor --compare-stamps`). Before 6.5 both note the
-/// bios, and the kernel's stamps save the issue program.
-fn cheaper_than_own(cx: &LoadContext<'_>) -> Result<(), String> {
-    if cx.filter.is_some()
-        && cx.kernel.has("block_io_start")
-        && std::env::var_os(NO_IO_START_VAR).is_none()
-    {
-        return Err(
-            "a followed process's requests are known at block_io_start here, which \
-                    costs less than finding them by their bios"
-                .into(),
-        );
-    }
-    Ok(())
 }
 
 /// Ok where every request-based device's queue keeps request statistics, so that the kernel
@@ -336,7 +315,13 @@ impl BlockSetup<'_> {
             }
         }
         apply_filter!(open, self.cx.filter);
-        let _ = open.maps.bios.set_max_entries(inflight);
+        // The followed process's bio notes: four to a line, lines indexed by a mask.
+        let notes = inflight.next_power_of_two();
+        if open.maps.bios.set_max_entries(notes).is_ok() {
+            if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
+                ro.bio_note_mask = notes - 1;
+            }
+        }
         let _ = open.maps.bio_entry.set_max_entries(inflight);
         if let Some(hook) = self.bio_entry {
             // The hook's map: what that object writes, this one reads.
@@ -762,6 +747,7 @@ mod tests {
                 .block_hists
                 .reuse_fd(other.maps.block_hists.as_fd())
                 .unwrap();
+            open.maps.bios.reuse_fd(other.maps.bios.as_fd()).unwrap();
         }
         raw_only(open.open_object_mut());
         open.load().unwrap()
@@ -848,6 +834,55 @@ mod tests {
 
     fn ours() -> u32 {
         std::process::id()
+    }
+
+    crate::bpf::plain_types!(types::bio_note);
+
+    /// Every bio note held: (bio, submitting thread).
+    fn bio_notes(skel: &BlockSkel<'_>) -> Vec<(u64, u64)> {
+        let notes = skel.maps.bios.max_entries();
+        (0..notes)
+            .filter_map(|i| {
+                let v = skel.maps.bios.lookup(&i.to_ne_bytes(), MapFlags::ANY).ok()??;
+                let n = copy::<types::bio_note>(&v)?;
+                (n.bio != 0).then_some((n.bio, n.tid))
+            })
+            .collect()
+    }
+
+    /// Bios of ours are noted with the thread that submitted them, each once however often it
+    /// passes; a bio of ours recycled by another process is forgotten; notes sharing a line
+    /// keep each other.
+    #[test]
+    fn our_bios_are_noted_once_and_a_recycled_one_is_forgotten() {
+        if !bpf_allowed("block bio notes test") {
+            return;
+        }
+        const BIO: u64 = 0xffff_8880_beef_0040;
+        let (mut a_slot, mut b_slot) = (MaybeUninit::uninit(), MaybeUninit::uninit());
+        let ours = load(&mut a_slot, ours(), None);
+        let other = load(&mut b_slot, 1, Some(&ours));
+        // SAFETY: gettid has no preconditions.
+        let tid = u64::from(unsafe { libc::gettid() } as u32);
+        run(&ours.progs.block_bio_queue_raw, &[BIO]);
+        run(&ours.progs.block_bio_queue_raw, &[BIO]);
+        assert_eq!(bio_notes(&ours), vec![(BIO, tid)]);
+        // Bios a line apart and beyond: each has a note of its own.
+        let more: Vec<u64> = (1..=6).map(|i| BIO + i * 0x40).collect();
+        for &bio in &more {
+            run(&ours.progs.block_bio_queue_raw, &[bio]);
+        }
+        let mut held: Vec<u64> = bio_notes(&ours).into_iter().map(|(b, _)| b).collect();
+        held.sort_unstable();
+        let mut want = vec![BIO];
+        want.extend(&more);
+        assert_eq!(held, want);
+        run(&other.progs.block_bio_queue_raw, &[BIO]);
+        assert!(
+            !bio_notes(&ours).iter().any(|&(b, _)| b == BIO),
+            "a bio another process recycled is still ours: {:?}",
+            bio_notes(&ours)
+        );
     }
 
     /// A request of ours merged away, its address then reused by another process's request:
