@@ -598,14 +598,21 @@ def stale_int3(console):
 
 def int3_storm(console):
     """The emulator's stale code seen as a hang instead of an oops (6.1 loops where 6.12
-    oopses): a guest that went silent with a vCPU inside the int3 trap handler. None
-    otherwise."""
+    oopses): a guest that went silent with a vCPU inside the int3 trap handler, or parked on
+    the first byte of a function, where ftrace patches its calls. None otherwise."""
     at = console.rfind("[vmtest: timed out")
     if at < 0:
         return None
     places = console[at:].split("vCPUs at:", 1)[-1]
     if re.search(r"\b(asm_exc_int3|exc_int3|poke_int3_handler)\+", places):
         return "a vCPU looping in the int3 trap handler: the emulator ran stale code"
+    # The same loop seen from its other end: a vCPU parked on a function's first byte, the
+    # call site ftrace patches to attach fentry and kprobe programs (5.10 has no endbr before
+    # it), going back into the int3 its stale translation still holds. Seen at
+    # submit_bio_noacct+0x0, the bio-entry hook's site, while another process read the disk.
+    parked = re.search(r"\b([A-Za-z_][\w.]*)\+0x0\b", places)
+    if parked:
+        return f"a vCPU parked at {parked.group(1)}+0x0, a patched call site: the emulator ran stale code"
     return None
 
 
