@@ -843,7 +843,11 @@ mod tests {
         let notes = skel.maps.bios.max_entries();
         (0..notes)
             .filter_map(|i| {
-                let v = skel.maps.bios.lookup(&i.to_ne_bytes(), MapFlags::ANY).ok()??;
+                let v = skel
+                    .maps
+                    .bios
+                    .lookup(&i.to_ne_bytes(), MapFlags::ANY)
+                    .ok()??;
                 let n = copy::<types::bio_note>(&v)?;
                 (n.bio != 0).then_some((n.bio, n.tid))
             })
