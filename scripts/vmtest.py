@@ -771,7 +771,7 @@ def check_throttle(c, profile, name="throttle"):
             f"{name}: queue {mean(queue) / 1e6:.1f} ms of app {mean(app) / 1e6:.1f} ms per read (>= 80%)")
 
 
-def check_kernel_stamps(c, results, release):
+def check_kernel_stamps(c, results, release, virtio):
     """The block family on the kernel's request stamps by default: used where they are exact
     (before 6.9, whose plug caches one clock reading for a batch), our own kept with a note
     elsewhere; our own when asked for (`--block-stamps own`); and
@@ -788,10 +788,9 @@ def check_kernel_stamps(c, results, release):
     exact = kernel_version(release) < (6, 9)
     kernel_note = "stage times from the kernel's request stamps"
     notes = lambda p: " ".join((p.get("capabilities") or {}).get("notes") or [])
-    profile = read_json(results, "virtio.json")
-    if profile:
+    if virtio:
         want = kernel_note if exact else "our own stamps are used"
-        c.check(want in notes(profile), f"virtio (the default stamps): the notes say {want!r}: {notes(profile)[:300]}")
+        c.check(want in notes(virtio), f"virtio (the default stamps): the notes say {want!r}: {notes(virtio)[:300]}")
     profile = read_json(results, "ownstamps.json")
     if profile:
         c.check(kernel_note not in notes(profile),
@@ -1139,7 +1138,7 @@ def check_guest(c, console, results, virtgap):
         ios = virtio["results"]["read"]["ios"]
         c.check(disk_reads > ios * 1.05,
                 f"virtio: another process's {disk_reads - ios} reads ran meanwhile and were not counted")
-    check_kernel_stamps(c, results, read_text(results, "uname").strip())
+    check_kernel_stamps(c, results, read_text(results, "uname").strip(), virtio)
     raid = names.get("raid", "?,?").split(",")
     dm = read_json(results, "dm.json")
     check_rand4k(c, results, "dm", dm, raid)

@@ -778,19 +778,22 @@ mod tests {
     // The request state the tests read and plant: block.bpf.c's own structs, all integers.
     crate::bpf::plain_types!(types::rq_track, types::rq_slot);
 
-    /// Every request slot, by index.
-    fn slots(skel: &BlockSkel<'_>) -> Vec<types::rq_slot> {
-        (0..SLOTS)
+    /// Every entry of array map `map`, by index.
+    fn array_values<T: plain::Plain + Default>(map: &dyn MapCore) -> Vec<T> {
+        (0..map.max_entries())
             .map(|i| {
-                let v = skel
-                    .maps
-                    .requests
+                let v = map
                     .lookup(&i.to_ne_bytes(), MapFlags::ANY)
                     .unwrap()
                     .unwrap();
-                copy::<types::rq_slot>(&v).unwrap()
+                copy::<T>(&v).unwrap()
             })
             .collect()
+    }
+
+    /// Every request slot, by index.
+    fn slots(skel: &BlockSkel<'_>) -> Vec<types::rq_slot> {
+        array_values(&skel.maps.requests)
     }
 
     fn tracked_at(skel: &BlockSkel<'_>, rq: u64) -> Vec<types::rq_track> {
@@ -840,17 +843,10 @@ mod tests {
 
     /// Every bio note held: (bio, submitting thread).
     fn bio_notes(skel: &BlockSkel<'_>) -> Vec<(u64, u64)> {
-        let notes = skel.maps.bios.max_entries();
-        (0..notes)
-            .filter_map(|i| {
-                let v = skel
-                    .maps
-                    .bios
-                    .lookup(&i.to_ne_bytes(), MapFlags::ANY)
-                    .ok()??;
-                let n = copy::<types::bio_note>(&v)?;
-                (n.bio != 0).then_some((n.bio, n.tid))
-            })
+        array_values::<types::bio_note>(&skel.maps.bios)
+            .into_iter()
+            .filter(|n| n.bio != 0)
+            .map(|n| (n.bio, n.tid))
             .collect()
     }
 
