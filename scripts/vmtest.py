@@ -249,15 +249,20 @@ def module_files(kernel):
     return files
 
 
-def copy_with_libs(binary, root):
+def copy_with_libs(binary, root, lib_dirs=()):
+    """Copies `binary` into the guest's /bin with the libraries it links (also found in
+    `lib_dirs`, for binaries unpacked from packages rather than installed)."""
     dest = os.path.join(root, "bin", os.path.basename(binary))
     shutil.copy2(binary, dest)
-    out = subprocess.run(["ldd", binary], capture_output=True, text=True).stdout
+    env = dict(os.environ, LD_LIBRARY_PATH=":".join(lib_dirs)) if lib_dirs else None
+    out = subprocess.run(["ldd", binary], capture_output=True, text=True, env=env).stdout
     for line in out.splitlines():
         m = re.search(r"=>\s+(/\S+)", line) or re.match(r"\s*(/\S+ld-linux\S*)", line)
         if m:
             lib = m.group(1)
             target = os.path.join(root, lib.lstrip("/"))
+            if any(lib.startswith(d.rstrip("/") + "/") for d in lib_dirs):
+                target = os.path.join(root, "usr", "lib", "x86_64-linux-gnu", os.path.basename(lib))
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copy2(os.path.realpath(lib), target)
     # Debian's loader path and the lib64 one both resolve.
@@ -403,7 +408,8 @@ poweroff -f
 """
 
 
-def build_initramfs(kernel, virtgap, work):
+def build_initramfs(kernel, virtgap, work, extra=None):
+    """The guest's initramfs; `extra(root)` adds a step's own files before it is packed."""
     root = os.path.join(work, "root")
     for d in ["bin", "proc", "sys", "dev", "tmp", "mods", "out", "etc"]:
         os.makedirs(os.path.join(root, d), exist_ok=True)
@@ -427,6 +433,8 @@ def build_initramfs(kernel, virtgap, work):
         order.append(os.path.basename(dest))
     with open(os.path.join(root, "mods", "order"), "w") as f:
         f.write("\n".join(order) + "\n")
+    if extra:
+        extra(root)
     init = GUEST_INIT
     for key, value in {"@NVME@": NVME_SERIAL, "@RAID1@": RAID_SERIALS[0],
                        "@RAID2@": RAID_SERIALS[1], "@VIRTIO@": VIRTIO_SERIAL,

@@ -43,6 +43,13 @@ XEN_PACKAGE = "xen-hypervisor-4.17-amd64"
 VCPUS = 2
 NVME_SERIAL = vmtest.NVME_SERIAL
 OUT_SERIAL = vmtest.OUT_SERIAL
+# xenstored, its client and the libraries they link (unpacked, never installed).
+TOOL_PACKAGES = ["xen-utils-4.17", "xenstore-utils", "libxenstore4", "libxenmisc4.17",
+                 "libxentoolcore1", "libxenevtchn1", "libxengnttab1", "libxencall1",
+                 "libxentoollog1", "libxenforeignmemory1", "libxendevicemodel1", "libxenhypfs1"]
+# The frontend's disk: xenstored's devices (privcmd, event channels, grant maps), the backend
+# and the frontend. Each refuses to load on the bare boot, where nothing needs it.
+XEN_MODULES = ["xenfs", "xen-privcmd", "xen-evtchn", "xen-gntdev", "xen-blkback", "xen-blkfront"]
 # Seconds each guest may run: boot, doctor, and the recording's runs under TCG.
 GUEST_TIMEOUT = 600
 # One recording's step limit in the guest.
@@ -70,6 +77,28 @@ step doctor 120 /bin/virtgap doctor --json
 step record @RECORD_TIMEOUT@ /bin/virtgap record -w rand4k-qd1 --runs @RUNS@ --duration 2s \
     --quiet --target /dev/$NVME -o /out/profile.json
 cat /proc/interrupts > /out/interrupts.after
+# A Xen frontend's disk, as a domU's is attached: blkfront in dom0 on a blkback backend over
+# the NVMe disk, their handshake through xenstored (the nodes the toolstack writes for a disk).
+# Its reads kick the backend through the frontends' doorbell.
+if [ "$(cat /sys/hypervisor/type 2>/dev/null)" = xen ]; then
+    mkdir -p /proc/xen /var/run/xenstored /var/lib/xenstored /var/log/xen
+    mount -t xenfs xenfs /proc/xen
+    /bin/xenstored --pid-file /run/xenstored.pid > /out/xenstored.log 2>&1
+    be=/local/domain/0/backend/vbd/0/51712; fe=/local/domain/0/device/vbd/51712
+    dev=$(cat /sys/block/$NVME/dev)
+    xenstore-write /local/domain/0/name Domain-0 /local/domain/0/domid 0 \
+        $be/frontend $fe $be/frontend-id 0 $be/online 1 $be/state 1 $be/mode w \
+        $be/type phy $be/device-type disk $be/dev xvda $be/params /dev/$NVME \
+        $fe/backend $be $fe/backend-id 0 $fe/state 1 $fe/virtual-device 51712 \
+        $fe/device-type disk > /out/xenstore.log 2>&1
+    # What the toolstack's hotplug script writes last: the backend opens the disk on it.
+    xenstore-write $be/physical-device $(printf %x:%x ${dev%:*} ${dev#*:}) >> /out/xenstore.log 2>&1
+    for i in $(seq 1 300); do [ -e /sys/block/xvda ] && break; sleep 0.1; done
+    xenstore-ls -f /local/domain/0 > /out/xenstore.nodes 2>&1
+    step frontend @RECORD_TIMEOUT@ /bin/virtgap record -w rand4k-qd1 --runs @RUNS@ --duration 2s --quiet \
+        --target /dev/xvda -o /out/frontend.json
+    cat /proc/interrupts > /out/interrupts.frontend
+fi
 dmesg > /out/dmesg
 tar -cf /dev/$OUT -C /out . && sync
 echo "vmtest-guest: done" > /dev/console
@@ -102,14 +131,46 @@ def xen_hypervisor(cache):
     return elf
 
 
-def build_initramfs(kernel, virtgap, work, runs):
-    """The tier's initramfs with this step's init (the NVMe and virtio modules, virtgap)."""
+def xen_tools(cache):
+    """Debian's xenstored and xenstore client, unpacked into the cache with the Xen libraries
+    they link: the lib directory to find those in."""
+    dest = os.path.join(cache, "xen", "tools")
+    libs = os.path.join(dest, "usr", "lib", "x86_64-linux-gnu")
+    if os.path.exists(os.path.join(dest, "done")):
+        return dest, libs
+    opts = vmtest.apt_options(cache, "bookworm")
+    debs = os.path.join(cache, "debs", "xen-tools")
+    os.makedirs(debs, exist_ok=True)
+    vmtest.log("downloading xenstored and its libraries")
+    vmtest.run(["apt-get", *opts, "download", "-q", *TOOL_PACKAGES], cwd=debs,
+               stderr=subprocess.DEVNULL)
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    for f in sorted(os.listdir(debs)):
+        vmtest.run(["dpkg-deb", "-x", os.path.join(debs, f), dest])
+    open(os.path.join(dest, "done"), "w").close()
+    return dest, libs
+
+
+def build_initramfs(kernel, virtgap, work, runs, tools):
+    """The tier's initramfs with this step's init: the NVMe and virtio modules, Xen's device
+    modules and xenstored for the frontend's disk, virtgap."""
     init = (GUEST_INIT.replace("@NVME@", NVME_SERIAL).replace("@OUT@", OUT_SERIAL)
             .replace("@RUNS@", str(runs)).replace("@RECORD_TIMEOUT@", str(RECORD_TIMEOUT)))
+    tools_root, libs = tools
+
+    def add_xen_tools(root):
+        xenstored = os.path.join(tools_root, "usr", "lib", "xen-4.17", "bin", "xenstored")
+        vmtest.copy_with_libs(xenstored, root, [libs])
+        vmtest.copy_with_libs(os.path.join(tools_root, "usr", "bin", "xenstore"), root, [libs])
+        # One client binary; what it does is the name it is called by.
+        for name in ["xenstore-write", "xenstore-ls"]:
+            os.symlink("xenstore", os.path.join(root, "bin", name))
+
     saved = vmtest.GUEST_INIT, vmtest.MODULES
-    vmtest.GUEST_INIT, vmtest.MODULES = init, ["nvme", "virtio_blk", "virtio_pci"]
+    vmtest.GUEST_INIT, vmtest.MODULES = init, ["nvme", "virtio_blk", "virtio_pci", *XEN_MODULES]
     try:
-        return vmtest.build_initramfs(kernel, virtgap, work)
+        return vmtest.build_initramfs(kernel, virtgap, work, extra=add_xen_tools)
     finally:
         vmtest.GUEST_INIT, vmtest.MODULES = saved
 
@@ -193,6 +254,34 @@ def check(c, side, console, results, virtgap):
     return profile
 
 
+def check_frontend(c, results):
+    """The frontend's disk in dom0: its reads each kick the backend through the doorbell."""
+    rc = (vmtest.read_text(results, "frontend.rc") or "").strip()
+    err = (vmtest.read_text(results, "frontend.err") or "")[-300:]
+    c.check(rc == "0", f"xen: recorded on the frontend's disk (xvda): exit {rc!r}"
+            + (f": {err} (xenstore: {vmtest.read_text(results, 'xenstore.log')!r})" if rc != "0" else ""))
+    front = vmtest.read_json(results, "frontend.json")
+    if front is None:
+        return
+    # The profile's hypervisor section is its first run's; each run keeps its own counts.
+    runs = front.get("runs") or []
+    reads = sum(r.get("read_ios") or 0 for r in runs)
+    calls = sum(((r.get("hypervisor") or {}).get("counts") or {}).get("device_notify", 0)
+                for r in runs)
+    time_ns = sum(((r.get("hypervisor") or {}).get("times_ns") or {}).get("device_notify", 0)
+                  for r in runs)
+    per_read = calls / reads if reads else None
+    per_call = time_ns / calls if calls else None
+    vmtest.log(f"xen: frontend disk: {len(runs)} runs, {reads} reads, {calls} doorbells "
+               f"({per_read} per read), {per_call} ns each")
+    # Each read kicks the backend once (blkfront's flush_requests); in dom0 the backend runs
+    # beside it, and its response to each read goes out through the same function.
+    c.check(per_read is not None and 0.9 <= per_read <= 2.5
+            and per_call is not None and 10 <= per_call <= 1e7,
+            f"xen: the frontend's reads ring the doorbell: {calls} calls for {reads} reads "
+            f"({per_read} per read), {per_call} ns per call")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--virtgap", default=os.path.join(vmtest.ROOT, "target", "release", "virtgap"))
@@ -209,13 +298,13 @@ def main():
     kernel = vmtest.resolve_kernel(SERIES, args.cache, None)
     xen_elf = xen_hypervisor(args.cache)
     work = tempfile.mkdtemp(prefix="xen-", dir=os.path.join(args.cache, "runs"))
-    initrd = build_initramfs(kernel, args.virtgap, work, args.runs)
+    initrd = build_initramfs(kernel, args.virtgap, work, args.runs, xen_tools(args.cache))
     c = vmtest.Checks("xen")
-    profiles = {}
+    profiles, outputs = {}, {}
     for side, elf in [("xen", xen_elf), ("bare", None)]:
         vmtest.log(f"{side}: booting {kernel.version}{' as Xen dom0' if elf else ' bare'}")
-        console, results = boot(kernel, initrd, os.path.join(work, side), elf)
-        profiles[side] = check(c, side, console, results, args.virtgap)
+        console, outputs[side] = boot(kernel, initrd, os.path.join(work, side), elf)
+        profiles[side] = check(c, side, console, outputs[side], args.virtgap)
     xen, bare = profiles["xen"], profiles["bare"]
     if xen:
         hv = (xen.get("hypervisor") or {}).get("hypervisor")
@@ -256,6 +345,8 @@ def main():
         ipi = timed_path(xen, "ipi", ["xen_send_IPI_one"])
         c.check(notify is not None and ipi is not None and notify[1] < max(ipi[1] / 2, 1),
                 f"xen: the IPIs' sends are not counted as doorbells: doorbell {notify}, IPIs {ipi}")
+    if xen:
+        check_frontend(c, outputs["xen"])
     if bare:
         hv = (bare.get("hypervisor") or {}).get("hypervisor")
         c.check(hv == "none", f"bare: the profile says {hv!r}, no hypervisor")
@@ -294,6 +385,27 @@ def main():
         c.check(total.get("share") is not None,
                 f"the hypervisor's share of the gap: {total.get('share')} "
                 f"[{total.get('share_low')}, {total.get('share_high')}]")
+    front = os.path.join(work, "xen", "out", "frontend.json")
+    if bare and os.path.exists(front):
+        # The same reads through a Xen frontend's disk, against metal's: the doorbell's row.
+        bare_path = os.path.join(work, "bare", "out", "profile.json")
+        text = subprocess.run([args.virtgap, "diff", bare_path, front], capture_output=True, text=True)
+        with open(os.path.join(work, "diff-frontend.txt"), "w") as f:
+            f.write(text.stdout + text.stderr)
+        print(text.stdout)
+        out = subprocess.run([args.virtgap, "diff", "--json", bare_path, front],
+                             capture_output=True, text=True)
+        c.check(out.returncode == 0, f"diff bare frontend: exit {out.returncode}: {out.stderr[-300:]}")
+        d = json.loads(out.stdout) if out.returncode == 0 else {}
+        rows = {r.get("metric"): r for r in d.get("hypervisor", {}).get("rows", [])}
+        kicks = rows.get("device_notify_per_io") or {}
+        c.check(kicks.get("b") is not None and 0.9 <= kicks["b"] <= 2.5
+                and kicks.get("ci_low") is not None and kicks.get("ci_high") is not None,
+                f"the frontend's doorbells per I/O against metal, with an interval: B {kicks.get('b')} "
+                f"[{kicks.get('ci_low')}, {kicks.get('ci_high')}], {kicks.get('verdict')}")
+        kick_time = rows.get("device_notify_time_per_io") or {}
+        c.check(kick_time.get("b") is not None and kick_time["b"] > 0,
+                f"the frontend's doorbell time per I/O: B {kick_time.get('b')} ns")
     if args.keep or c.failures:
         vmtest.log(f"xen: kept {work} (console.log, out/, diff.txt per side)")
     else:

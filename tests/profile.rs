@@ -546,6 +546,48 @@ fn diff_cmd(a: &Path, b: &Path) -> Command {
     c
 }
 
+/// A Xen frontend's disk, kept from the VM tier (`just vmtest-xen`): blkfront in the 6.1 dom0 on
+/// a blkback backend over the emulated NVMe disk, as a domU's disk is attached, three QD-1
+/// random-read runs, against the same kernel's reads bare. Each read rings the doorbell twice
+/// here (the frontend's kick to the backend, and the backend's response, which runs in dom0
+/// too): the diff has a doorbell row with both its count and its time, each with an interval,
+/// and the doorbell's time is in the hypervisor's share.
+#[test]
+fn a_xen_frontends_reads_ring_the_doorbell_in_the_diff() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hypervisors");
+    let (bare, front) = (data.join("bare-tcg.json"), data.join("xen-frontend-tcg.json"));
+    let out = diff_cmd(&bare, &front).arg("--json").assert().success();
+    let d: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
+    let rows = d["hypervisor"]["rows"].as_array().unwrap();
+    let row = |metric: &str| {
+        rows.iter()
+            .find(|r| r["metric"] == metric)
+            .unwrap_or_else(|| panic!("no {metric} row: {}", d["hypervisor"]))
+    };
+    let kicks = row("device_notify_per_io");
+    let per_io = kicks["b"].as_f64().unwrap();
+    assert!((1.9..2.1).contains(&per_io), "{kicks}");
+    assert!(kicks["a"].is_null() && kicks["ci_low"].is_f64(), "{kicks}");
+    assert_eq!(kicks["verdict"], "no_hypervisor", "{kicks}");
+    let time = row("device_notify_time_per_io");
+    let (kick_ns, low, high) = (
+        time["b"].as_f64().unwrap(),
+        time["ci_low"].as_f64().unwrap(),
+        time["ci_high"].as_f64().unwrap(),
+    );
+    assert!(low < kick_ns && kick_ns < high && kick_ns > 0.0, "{time}");
+    // The doorbell's time is part of the hypervisor's total, which is a share of the gap.
+    let all = row("hypervisor_time_per_io");
+    assert!(all["b"].as_f64().unwrap() > kick_ns, "{all}");
+    assert!(all["share"].as_f64().is_some(), "{all}");
+    let text = diff_cmd(&bare, &front).assert().success();
+    let text = String::from_utf8_lossy(&text.get_output().stdout).into_owned();
+    assert!(
+        text.contains("B: 2.000 [2.000, 2.000] doorbells per I/O; A: no hypervisor"),
+        "{text}"
+    );
+}
+
 /// The mission's experiment, kept from the VM tier (`just vmtest-xen`): one 6.1 kernel and
 /// NVMe disk booted as Xen 4.17's dom0 and bare under TCG, three QD-1 random-read runs each.
 /// The diff answers how much of the gap is Xen and through what: every mechanism with an
