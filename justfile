@@ -93,6 +93,11 @@ bench-serve MINUTES="10": build
 bench-overhead ROUNDS="5" RUNTIME="10" DEVICE="file" QD="preset": build
     python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --runtime {{RUNTIME}} --device {{DEVICE}} {{ if QD == "preset" { "" } else { "--qd " + QD } }}
 
+# Whether a short recording costs the workload what a long one does: the IOPS kept and the whole
+# tool's CPU per I/O (BPF programs and recorder threads) at SHORT and LONG seconds, paired by round
+bench-short-long ROUNDS="7" SHORT="4" LONG="20" DEVICE="memory": build
+    python3 scripts/bench_overhead.py --virtgap target/release/virtgap --rounds {{ROUNDS}} --short-vs-long {{SHORT}},{{LONG}} --device {{DEVICE}}
+
 # `virtgap iotune`'s four figures against the best of a fio sweep (numjobs x iodepth) on the same
 # target, on a file on this disk and on a loop device over memory; ratios ours/fio (root)
 bench-iotune *ARGS: build

@@ -9,6 +9,15 @@ Targets: a 1 GiB file on this machine's disk (`--device file`, the default), or 
 over a file in /dev/shm (`--device memory`), which serves reads from memory at several times a
 virtio disk's rate, so a probe's cost per I/O weighs more in the IOPS ratio.
 
+`--short-vs-long 4,20` asks whether a short recording costs the workload what a long one does
+(the first interval, where every request goes through the ring to user space, weighs more in a
+short one): each round runs untraced and with all probes at both durations, and the bench prints
+the IOPS ratio kept at each, their paired difference with its interval, and the whole tool's CPU
+per I/O at each (the BPF programs' and the recorder's own threads') with the difference's interval,
+also in points of IOPS (at worst, all of it on one thread's path at the untraced rate; and at
+the host's busy CPU time per untraced I/O), which the machine's noise moves far less than the
+IOPS themselves.
+
 `--qd 1` measures what a latency-bound database feels instead: one read in flight, so each
 probe's time lands on the read's own path; the bench then also prints the mean latency each
 traced variant adds per read (its mean minus the untraced run's of the same round), in µs."""
@@ -193,6 +202,8 @@ def main():
     ap.add_argument("--dir", default=None)
     ap.add_argument("--device", choices=["file", "memory"], default="file",
                     help="a file on this machine's disk, or a loop device over /dev/shm")
+    ap.add_argument("--short-vs-long", default=None, metavar="SHORT,LONG",
+                    help="compare a short and a long recording's cost instead (seconds, e.g. 4,20)")
     ap.add_argument("--qd", type=int, default=None,
                     help="reads in flight (default: the rand4k preset's); 1 also prints the "
                          "latency the probes add per read")
@@ -215,13 +226,13 @@ def run(args):
     if args.device == "memory":
         with memory_loop(1 << 30, "virtgap-bench") as (loop, backing):
             print(f"bench: {loop}, a loop device over {backing}")
-            rounds(args, loop)
+            (short_vs_long if args.short_vs_long else rounds)(args, loop)
         return
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="virtgap-bench-") as d:
         path = os.path.join(d, "rand4k.bin")
         subprocess.run(["dd", "if=/dev/urandom", f"of={path}", "bs=1M", "count=1024",
                         "oflag=direct", "status=none"], check=True)
-        rounds(args, path)
+        (short_vs_long if args.short_vs_long else rounds)(args, path)
 
 
 def rounds(args, path):
@@ -302,6 +313,95 @@ def rounds(args, path):
         print(f"virtgap all probes per I/O / bpftrace biolatency per I/O (medians): "
               f"{med(all_per_io) / med([i for _, i in bpftrace_ns]):.2f} (target <= 0.50)")
     print(f"virtgap probes' CPU: median {med(cpu_share):.2f}% of one CPU")
+
+
+def tool_cpu_per_io(doc):
+    """The whole tool's CPU per I/O of a traced run, ns: its BPF programs' (measured while the
+    run statistics were on, scaled to those seconds' I/Os) and its recorder's threads'."""
+    probes = doc["probes"]
+    secs = probes["seconds"]
+    stats_share = min(1.0, (probes.get("stats_seconds") or secs) / secs)
+    job = doc["jobs"][0]
+    ios = job["read"]["total_ios"]
+    bpf = sum(p["run_time_ns"] for p in probes["programs"]) / max(ios * stats_share, 1)
+    recorder_pct = probes.get("recorder_cpu_pct")
+    if recorder_pct is None:
+        sys.exit("bench: this virtgap does not report its recorder's CPU (`probes.recorder_cpu_pct`)")
+    # Its share of a CPU over the run's wall time, spread over the run's I/O rate.
+    recorder = recorder_pct / 100 * 1e9 / max(job["read"]["iops"], 1)
+    return bpf, recorder
+
+
+def busy_cpu_ns():
+    """Every CPU's non-idle time so far, ns (/proc/stat): the workload's threads and all the
+    kernel work its I/O causes elsewhere (the loop device's worker, interrupts)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) * 1e9 / os.sysconf("SC_CLK_TCK")
+
+
+def short_vs_long(args, path):
+    try:
+        short, long_ = (int(x) for x in args.short_vs_long.split(","))
+    except ValueError:
+        sys.exit(f"bench: --short-vs-long takes two durations in seconds, e.g. 4,20 "
+                 f"(got {args.short_vs_long!r})")
+    qd = args.qd
+    variants = [(d, probes) for d in (short, long_) for probes in (False, True)]
+    iops = {v: [] for v in variants}
+    tool = {d: [] for d in (short, long_)}
+    recorder = {d: [] for d in (short, long_)}
+    workload_cpu = []
+    print(f"{'round':>5} " + " ".join(f"{f'{d} s ' + ('traced' if p else 'none'):>14}"
+                                      for d, p in variants))
+    for r in range(args.rounds):
+        # Rotated each round, so the machine's drift within a round hits every variant alike.
+        order = variants[r % 4:] + variants[:r % 4]
+        row = {}
+        for d, probes in order:
+            before = busy_cpu_ns()
+            doc = record(args.virtgap, path, d, probes=probes, qd=qd)
+            busy_ns = busy_cpu_ns() - before
+            row[(d, probes)] = doc["jobs"][0]["read"]["iops"]
+            iops[(d, probes)].append(row[(d, probes)])
+            if probes:
+                bpf, own = tool_cpu_per_io(doc)
+                tool[d].append(bpf + own)
+                recorder[d].append(own)
+            elif d == long_:
+                workload_cpu.append(busy_ns / max(doc["jobs"][0]["read"]["total_ios"], 1))
+        print(f"{r + 1:>5} " + " ".join(f"{row[v]:>14.0f}" for v in variants), flush=True)
+
+    med = statistics.median
+    kept = {d: [t / u for t, u in zip(iops[(d, True)], iops[(d, False)])] for d in (short, long_)}
+    for d in (short, long_):
+        iv = median_interval(kept[d])
+        span = f", {iv[2]:.0%} interval [{iv[0]:.3f}, {iv[1]:.3f}]" if iv else ""
+        print(f"IOPS kept by all probes in {d} s runs: median {med(kept[d]):.3f}{span}")
+    gap = [(a - b) * 100 for a, b in zip(kept[short], kept[long_])]
+    iv = median_interval(gap)
+    span = f", {iv[2]:.0%} interval [{iv[0]:+.1f}, {iv[1]:+.1f}]" if iv else ""
+    print(f"IOPS kept, {short} s minus {long_} s, paired by round: median {med(gap):+.1f} points{span}")
+    for d in (short, long_):
+        print(f"whole tool's CPU per I/O in {d} s runs: median {med(tool[d]):.0f} ns "
+              f"(of it the recorder's threads {med(recorder[d]):.0f} ns)")
+    extra = [a - b for a, b in zip(tool[short], tool[long_])]
+    iv = median_interval(extra)
+    span = f", {iv[2]:.0%} interval [{iv[0]:+.0f}, {iv[1]:+.0f}]" if iv else ""
+    print(f"whole tool's CPU per I/O, {short} s minus {long_} s, paired by round: "
+          f"median {med(extra):+.0f} ns{span}")
+    # IOPS scale with 1 / (time per I/O on the bottleneck): the tool's extra CPU per I/O over
+    # that time is the share of IOPS it takes. The bottleneck is at worst one thread (the loop
+    # device's worker), whose time per I/O is a second over the untraced rate; where the CPUs
+    # are, it is the host's busy CPU time per I/O.
+    for what, per_io in [("if all of it lands on one thread's path (the worst case)",
+                          1e9 / med(iops[(long_, False)])),
+                         ("at the host's busy CPU time per untraced I/O", med(workload_cpu))]:
+        points = lambda ns: ns / per_io * 100
+        iv_points = f" [{points(iv[0]):+.2f}, {points(iv[1]):+.2f}]" if iv else ""
+        print(f"  in points of IOPS, {what} ({per_io:.0f} ns): {points(med(extra)):+.2f}"
+              f"{iv_points} (target: within 2)")
 
 
 if __name__ == "__main__":

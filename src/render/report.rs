@@ -210,6 +210,7 @@ fn probes_json(p: &Profile) -> Value {
             "seconds": p.probe_seconds,
             "programs": p.self_overhead.programs,
             "stats_seconds": p.self_overhead.stats_seconds.or(p.probe_seconds),
+            "recorder_cpu_pct": p.self_overhead.recorder_cpu_pct,
             "stages": p.stages,
             "devices": p.devices,
             "cpus": p.cpus,
