@@ -555,7 +555,10 @@ fn diff_cmd(a: &Path, b: &Path) -> Command {
 #[test]
 fn a_xen_frontends_reads_ring_the_doorbell_in_the_diff() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/hypervisors");
-    let (bare, front) = (data.join("bare-tcg.json"), data.join("xen-frontend-tcg.json"));
+    let (bare, front) = (
+        data.join("bare-tcg.json"),
+        data.join("xen-frontend-tcg.json"),
+    );
     let out = diff_cmd(&bare, &front).arg("--json").assert().success();
     let d: serde_json::Value = serde_json::from_slice(&out.get_output().stdout).unwrap();
     let rows = d["hypervisor"]["rows"].as_array().unwrap();
