@@ -358,45 +358,10 @@ const TIMER_PROGRAMMING: Path = timed(
     "timer programming, timed at clockevents_program_event (the TSC-deadline or TMICT write's exit inside it)",
 );
 
-/// The IPIs to one CPU every x86 kernel sends, timed at their generic senders (the same
-/// functions on metal: `NATIVE`), so that a guest's IPI time has metal's native sending to
-/// compare with. Under KVM each sends through the x2APIC's `send_IPI`, an ICR write that exits
-/// (PV IPIs cover only masks); its own name is ambiguous (x2apic_phys and x2apic_cluster each
-/// have a static `x2apic_send_IPI`), its callers' are not.
-const IPI_TO_ONE: [Path; 2] = [
-    timed(
-        Ipi,
-        &["native_smp_send_reschedule"],
-        "a reschedule IPI to one CPU, timed at native_smp_send_reschedule (the ICR write's exit inside it)",
-    ),
-    timed(
-        Ipi,
-        &["native_send_call_func_single_ipi"],
-        "a function-call IPI to one CPU, timed at native_send_call_func_single_ipi (the ICR write's exit inside it)",
-    ),
-];
-
-/// The trapping MSR writes a timed function makes itself: where it is timed, those writes are
-/// its calls counted again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WritesInside {
-    /// Every write of its mechanism: the timer's TSC-deadline or TMICT write is made only
-    /// when programming the next event.
-    All,
-    /// One write per call: an IPI to one CPU is one ICR write; the mechanism's other writes
-    /// (a mask sent CPU by CPU where PV IPIs are not offered) are not its.
-    OnePerCall,
-}
-
-/// Which of its mechanism's trapping MSR writes `function` makes itself (None: none).
-pub fn msr_writes_inside(function: &str) -> Option<WritesInside> {
-    match function {
-        "clockevents_program_event" => Some(WritesInside::All),
-        "native_smp_send_reschedule" | "native_send_call_func_single_ipi" => {
-            Some(WritesInside::OnePerCall)
-        }
-        _ => None,
-    }
+/// Whether a timed function makes its mechanism's trapping MSR writes itself: where it is
+/// timed, those writes are its calls counted again.
+pub fn makes_its_msr_writes(function: &str) -> bool {
+    function == "clockevents_program_event"
 }
 
 const KVM: &[Path] = &[
@@ -404,8 +369,6 @@ const KVM: &[Path] = &[
     APIC_TIMER,
     APIC_TIMER_COUNT,
     APIC_ICR,
-    IPI_TO_ONE[0],
-    IPI_TO_ONE[1],
     timed(
         Ipi,
         &["kvm_send_ipi_mask"],
@@ -558,24 +521,13 @@ const HYPERV: &[Path] = &[
 
 /// Metal's native work at the generic callers a guest's timed path may be timed at: a Xen
 /// guest's timer path is timed at `clockevents_program_event` where `xen_vcpuop_set_next_event`
-/// has no ftrace site, a KVM guest's IPIs to one CPU at their generic senders, and every
-/// guest's halt at the native halt. Timed on metal, the same function's time there is the
-/// native part a diff subtracts; none of it is the hypervisor's.
+/// has no ftrace site, and every guest's halt at the native halt. Timed on metal, the same
+/// function's time there is the native part a diff subtracts; none of it is the hypervisor's.
 const NATIVE: &[Path] = &[
     timed(
         Timer,
         &["clockevents_program_event"],
         "clockevents_program_event (the native timer programming, for comparison)",
-    ),
-    timed(
-        Ipi,
-        &["native_smp_send_reschedule"],
-        "native_smp_send_reschedule (the native reschedule IPI, for comparison)",
-    ),
-    timed(
-        Ipi,
-        &["native_send_call_func_single_ipi"],
-        "native_send_call_func_single_ipi (the native function-call IPI, for comparison)",
     ),
     HALT,
 ];

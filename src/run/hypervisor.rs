@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use virtgap_probes::hypervisor::{self, Hypervisor, Measure, Mechanism, Path, WritesInside};
+use virtgap_probes::hypervisor::{self, Hypervisor, Measure, Mechanism, Path};
 use virtgap_probes::report::Family;
 use virtgap_probes::virt::SampleCategory;
 use virtgap_probes::CapabilityReport;
@@ -73,34 +73,19 @@ pub fn section(
                 && p.state == PathState::Measured
                 && !is_split(p)
         });
-        // A timer timed at its generic caller holds the MSR write it makes, an IPI to one CPU
-        // timed at its sender its ICR write: those writes are its calls counted again.
-        let (mut all_inside, mut inside_calls) = (false, 0u64);
-        for p in &m.paths {
-            let PathMeasure::Timed { symbol: Some(s) } = &p.how else {
-                continue;
-            };
-            match hypervisor::msr_writes_inside(s) {
-                _ if p.state != PathState::Measured => {}
-                Some(WritesInside::All) => all_inside = true,
-                Some(WritesInside::OnePerCall) => inside_calls += p.count.unwrap_or(0),
-                None => {}
-            }
-        }
+        // A timer timed at its generic caller holds the MSR write it makes: those writes are
+        // its calls counted again.
+        let writes_inside = m.paths.iter().any(|p| {
+            p.state == PathState::Measured
+                && matches!(&p.how, PathMeasure::Timed { symbol: Some(s) }
+                    if hypervisor::makes_its_msr_writes(s))
+        });
         let (mut count, mut time) = (None, None);
         for p in &m.paths {
-            let mut calls = p.count;
-            if matches!(p.how, PathMeasure::MsrWrite { .. }) {
-                // The writes left once the timed callers' own are taken out.
-                let theirs = if all_inside { u64::MAX } else { inside_calls };
-                calls = calls.map(|n| {
-                    let taken = n.min(theirs);
-                    inside_calls -= taken.min(inside_calls);
-                    n - taken
-                });
-            }
-            if !(caller_timed && is_split(p)) {
-                count = add(count, calls.map(|n| n as f64));
+            let counted_again = (caller_timed && is_split(p))
+                || (writes_inside && matches!(p.how, PathMeasure::MsrWrite { .. }));
+            if !counted_again {
+                count = add(count, p.count.map(|n| n as f64));
             }
             if !(timed && matches!(p.how, PathMeasure::SampledIn { .. })) {
                 time = add(time, p.time_ns);
@@ -463,9 +448,7 @@ mod tests {
             s.timed_functions(Mechanism::Timer),
             ["clockevents_program_event"]
         );
-        // The IPIs' native senders were not timed here: listed, not counted.
-        assert_eq!(s.mechanism(Mechanism::Ipi).unwrap().count, None);
-        assert_eq!(s.mechanism(Mechanism::Upcall), None);
+        assert_eq!(s.mechanism(Mechanism::Ipi), None);
     }
 
     /// Xen's lock kicks sent as IPIs on the kick vector are the kick mechanism's, not IPIs: their
@@ -531,47 +514,6 @@ mod tests {
         assert_eq!(timer.time_ns, None);
     }
 
-    /// A KVM guest's IPIs to one CPU timed at their generic senders (as metal times them) each
-    /// hold one ICR write: the mechanism counts each IPI once, and the ICR writes left over
-    /// (masks sent CPU by CPU) still count.
-    #[test]
-    fn ipis_to_one_cpu_timed_at_their_senders_count_their_icr_writes_once() {
-        let mut v = virt(10.0);
-        v.msr_quiet_seconds = Some(10.0);
-        let icr = |count| MsrAccesses {
-            cpu: 0,
-            msr: 0x830,
-            name: "x2APIC ICR".into(),
-            count,
-            exits: true,
-            by_sampler: false,
-            while_sampling: false,
-        };
-        v.msr_writes = Some(vec![icr(700)]);
-        let mut senders = timed("native_smp_send_reschedule", 400, 2000.0).unwrap();
-        senders.extend(timed("native_send_call_func_single_ipi", 200, 2500.0).unwrap());
-        senders.extend(timed("kvm_send_ipi_mask", 50, 3000.0).unwrap());
-        v.pv_paths = Some(senders);
-        let s = section(Hypervisor::Kvm, 10.0, Some(&v), None, None);
-        let ipi = s.mechanism(Mechanism::Ipi).unwrap();
-        // 600 IPIs to one CPU (their 600 ICR writes), 100 writes of masks, 50 PV mask sends.
-        assert_eq!(ipi.count, Some(750));
-        assert_eq!(
-            ipi.time_ns,
-            Some(400.0 * 2000.0 + 200.0 * 2500.0 + 50.0 * 3000.0)
-        );
-        // Fewer writes than timed sends (the writes are counted in the sampler's pauses only):
-        // none left over, never a negative count.
-        v.msr_writes = Some(vec![icr(100)]);
-        let s = section(Hypervisor::Kvm, 10.0, Some(&v), None, None);
-        assert_eq!(s.mechanism(Mechanism::Ipi).unwrap().count, Some(650));
-        // Where the senders could not be timed, the writes are the count.
-        v.pv_paths = Some(vec![]);
-        v.msr_writes = Some(vec![icr(700)]);
-        let s = section(Hypervisor::Kvm, 10.0, Some(&v), None, None);
-        assert_eq!(s.mechanism(Mechanism::Ipi).unwrap().count, Some(700));
-    }
-
     #[test]
     fn each_mechanism_says_how_it_was_measured() {
         let s = section(Hypervisor::Xen, 10.0, Some(&virt(10.0)), None, None);
@@ -633,19 +575,12 @@ mod tests {
         v.pv_paths = timed("kvm_guest_apic_eoi_write", 300, 100.0);
         let s = section(Hypervisor::Kvm, 10.0, Some(&v), None, Some(&pv_eoi_only));
         let ipi = s.mechanism(Mechanism::Ipi).unwrap();
-        // The PV IPI hypercalls are not offered; the IPIs to one CPU (ICR writes, timed at
-        // their generic senders) need no offer.
         let hypercalls: Vec<&PathFigure> = ipi
             .paths
             .iter()
-            .filter(|p| matches!(&p.how, PathMeasure::Timed { symbol: Some(s) } if s.starts_with("kvm_")))
+            .filter(|p| matches!(p.how, PathMeasure::Timed { .. }))
             .collect();
         assert_eq!(hypercalls.len(), 2);
-        assert!(ipi
-            .paths
-            .iter()
-            .filter(|p| matches!(&p.how, PathMeasure::Timed { symbol: Some(s) } if s.starts_with("native_")))
-            .all(|p| !matches!(p.state, PathState::NotOffered(_))));
         for p in hypercalls {
             assert_eq!(p.count, None, "{p:?}");
             match &p.state {

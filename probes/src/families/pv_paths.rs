@@ -785,14 +785,6 @@ mod tests {
                     "clockevents_program_event",
                     Some("clockevents_program_event"),
                 ),
-                (
-                    "native_smp_send_reschedule",
-                    Some("native_smp_send_reschedule"),
-                ),
-                (
-                    "native_send_call_func_single_ipi",
-                    Some("native_send_call_func_single_ipi"),
-                ),
                 ("kvm_send_ipi_mask", Some("kvm_send_ipi_mask")),
                 (
                     "kvm_send_ipi_mask_allbutself",
@@ -843,15 +835,7 @@ mod tests {
             .into_iter()
             .map(|p| p.names[0])
             .collect();
-        assert_eq!(
-            native,
-            [
-                "clockevents_program_event",
-                "native_smp_send_reschedule",
-                "native_send_call_func_single_ipi",
-                "pv_native_safe_halt"
-            ]
-        );
+        assert_eq!(native, ["clockevents_program_event", "pv_native_safe_halt"]);
         for hv in Hypervisor::ALL {
             let timed = hypervisor::paths(hv)
                 .iter()

@@ -428,16 +428,13 @@ impl Replicates {
     }
 }
 
-/// The mechanisms whose every function metal timed the guest timed too: the guest's own
-/// further paths (a KVM guest's PV IPI hypercall beside the IPIs to one CPU both send through
-/// the generic senders) have no native part, so all of their time is the guest's excess.
+/// The mechanisms metal timed at exactly the functions the guest timed them at.
 fn same_functions(metal: &HypervisorSection, guest: &HypervisorSection) -> Vec<Mechanism> {
     Mechanism::ALL
         .into_iter()
         .filter(|&m| {
             let native = metal.timed_functions(m);
-            let guests = guest.timed_functions(m);
-            !native.is_empty() && native.iter().all(|f| guests.contains(f))
+            !native.is_empty() && native == guest.timed_functions(m)
         })
         .collect()
 }

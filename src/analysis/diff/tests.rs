@@ -1154,55 +1154,6 @@ fn against_metal_that_timed_the_same_function_the_native_work_is_subtracted() {
         .all(|r| r.verdict != Verdict::Significant && r.verdict != Verdict::NoHypervisor));
 }
 
-/// A KVM guest times its IPIs to one CPU at the generic senders metal times natively, and its
-/// PV mask IPIs at the hypercall besides: metal's native sending is the baseline of the IPI
-/// rows (the guest's further path is all excess); where metal timed a sender the guest did not,
-/// the work is not the same and the row is the guest's figure against none.
-#[test]
-fn a_guest_timing_more_of_a_mechanism_than_metal_is_compared_with_metals_native_part() {
-    use crate::model::hypervisor::{PathFigure, PathMeasure, PathState};
-    let senders = [
-        "native_smp_send_reschedule",
-        "native_send_call_func_single_ipi",
-    ];
-    let timed_at_all = |p: &mut Profile, symbols: &[&str]| {
-        timed_at(p, Mechanism::Ipi, symbols[0]);
-        let section = p.hypervisor.as_mut().unwrap();
-        let ipi = section.mechanisms.last_mut().unwrap();
-        for s in &symbols[1..] {
-            ipi.paths.push(PathFigure {
-                what: (*s).into(),
-                how: PathMeasure::Timed {
-                    symbol: Some((*s).into()),
-                },
-                count: Some(1),
-                time_ns: Some(1.0),
-                state: PathState::Measured,
-            });
-        }
-    };
-    let mut metal = metal_with_native(&[(Mechanism::Ipi, 0.5, 1_000.0)], 300_000.0);
-    timed_at_all(&mut metal, &senders);
-    let mut guest = on_hypervisor_at(Hv::Kvm, &[(Mechanism::Ipi, 0.5, 5_000.0)], 0.0, 330_000.0);
-    timed_at_all(&mut guest, &[senders[0], senders[1], "kvm_send_ipi_mask"]);
-    let d = diff_apart(&metal, &guest);
-    let time = d.row(MetricId::MechanismTimePerIo(Mechanism::Ipi)).unwrap();
-    let near = |x: f64, want: f64| (x - want).abs() < want * 0.05;
-    assert!(near(time.a.unwrap(), 500.0), "{time:?}");
-    assert!(near(time.b.unwrap(), 2_500.0), "{time:?}");
-    assert_eq!(time.verdict, Verdict::Significant, "{time:?}");
-    // The guest timed only one of metal's senders: not the same work.
-    let mut partial = on_hypervisor_at(Hv::Kvm, &[(Mechanism::Ipi, 0.5, 5_000.0)], 0.0, 330_000.0);
-    timed_at_all(&mut partial, &[senders[0], "kvm_send_ipi_mask"]);
-    let d = diff_apart(&metal, &partial);
-    let time = d.row(MetricId::MechanismTimePerIo(Mechanism::Ipi)).unwrap();
-    assert_eq!(
-        (time.a, time.verdict),
-        (None, Verdict::NoHypervisor),
-        "{time:?}"
-    );
-}
-
 /// On one hypervisor, IPIs that tripled per I/O are the mechanism that moved; the timer, the
 /// same on both, is equivalent; and the same host against itself moves nothing.
 #[test]
