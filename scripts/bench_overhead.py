@@ -265,11 +265,8 @@ def rounds(args, path):
             if n == "virtgap":
                 probes = doc["probes"]
                 progs = probes["programs"]
-                # The programs' figures count while the run statistics were on (one interval
-                # in four after the first four): the I/Os of that time.
                 secs = probes["seconds"]
-                stats_share = min(1.0, (probes.get("stats_seconds") or secs) / secs)
-                ios = doc["jobs"][0]["read"]["total_ios"] * stats_share
+                ios, stats_share = ios_with_run_stats(doc)
                 for fam in per_event:
                     runs = sum(p["runs"] for p in progs if p["family"] == fam)
                     ns = sum(p["run_time_ns"] for p in progs if p["family"] == fam)
@@ -315,15 +312,22 @@ def rounds(args, path):
     print(f"virtgap probes' CPU: median {med(cpu_share):.2f}% of one CPU")
 
 
-def tool_cpu_per_io(doc):
-    """The whole tool's CPU per I/O of a traced run, ns: its BPF programs' (measured while the
-    run statistics were on, scaled to those seconds' I/Os) and its recorder's threads'."""
+def ios_with_run_stats(doc):
+    """The I/Os of a traced run while the run statistics were on (the programs' figures count
+    only then: the first two intervals, then one in four), and that share of the probe window."""
     probes = doc["probes"]
     secs = probes["seconds"]
     stats_share = min(1.0, (probes.get("stats_seconds") or secs) / secs)
+    return doc["jobs"][0]["read"]["total_ios"] * stats_share, stats_share
+
+
+def tool_cpu_per_io(doc):
+    """The whole tool's CPU per I/O of a traced run, ns: its BPF programs' (over the I/Os while
+    the run statistics were on) and its recorder's threads'."""
+    probes = doc["probes"]
     job = doc["jobs"][0]
-    ios = job["read"]["total_ios"]
-    bpf = sum(p["run_time_ns"] for p in probes["programs"]) / max(ios * stats_share, 1)
+    ios, _ = ios_with_run_stats(doc)
+    bpf = sum(p["run_time_ns"] for p in probes["programs"]) / max(ios, 1)
     recorder_pct = probes.get("recorder_cpu_pct")
     if recorder_pct is None:
         sys.exit("bench: this virtgap does not report its recorder's CPU (`probes.recorder_cpu_pct`)")
@@ -362,7 +366,6 @@ def short_vs_long(args, path):
         for d, probes in order:
             before = busy_cpu_ns()
             doc = record(args.virtgap, path, d, probes=probes, qd=qd)
-            busy_ns = busy_cpu_ns() - before
             row[(d, probes)] = doc["jobs"][0]["read"]["iops"]
             iops[(d, probes)].append(row[(d, probes)])
             if probes:
@@ -370,6 +373,7 @@ def short_vs_long(args, path):
                 tool[d].append(bpf + own)
                 recorder[d].append(own)
             elif d == long_:
+                busy_ns = busy_cpu_ns() - before
                 workload_cpu.append(busy_ns / max(doc["jobs"][0]["read"]["total_ios"], 1))
         print(f"{r + 1:>5} " + " ".join(f"{row[v]:>14.0f}" for v in variants), flush=True)
 

@@ -50,6 +50,10 @@ TOOL_PACKAGES = ["xen-utils-4.17", "xenstore-utils", "libxenstore4", "libxenmisc
 # The frontend's disk: xenstored's devices (privcmd, event channels, grant maps), the backend
 # and the frontend. Each refuses to load on the bare boot, where nothing needs it.
 XEN_MODULES = ["xenfs", "xen-privcmd", "xen-evtchn", "xen-gntdev", "xen-blkback", "xen-blkfront"]
+# Doorbells per read on the frontend's disk: each read kicks the backend once (blkfront's
+# flush_requests); in dom0 the backend runs beside it, and its response to each read goes out
+# through the same function.
+DOORBELLS_PER_READ = (0.9, 2.5)
 # Seconds each guest may run: boot, doctor, and the recording's runs under TCG.
 GUEST_TIMEOUT = 600
 # One recording's step limit in the guest.
@@ -254,6 +258,18 @@ def check(c, side, console, results, virtgap):
     return profile
 
 
+def diff(c, virtgap, name, a, b, text_path):
+    """`virtgap diff A B` as a user reads it (printed, and kept at `text_path`), and its
+    `--json` form, checked to succeed: the parsed JSON, or {}."""
+    text = subprocess.run([virtgap, "diff", a, b], capture_output=True, text=True)
+    with open(text_path, "w") as f:
+        f.write(text.stdout + text.stderr)
+    print(text.stdout)
+    out = subprocess.run([virtgap, "diff", "--json", a, b], capture_output=True, text=True)
+    c.check(out.returncode == 0, f"diff {name}: exit {out.returncode}: {out.stderr[-300:]}")
+    return json.loads(out.stdout) if out.returncode == 0 else {}
+
+
 def check_frontend(c, results):
     """The frontend's disk in dom0: its reads each kick the backend through the doorbell."""
     rc = (vmtest.read_text(results, "frontend.rc") or "").strip()
@@ -274,9 +290,8 @@ def check_frontend(c, results):
     per_call = time_ns / calls if calls else None
     vmtest.log(f"xen: frontend disk: {len(runs)} runs, {reads} reads, {calls} doorbells "
                f"({per_read} per read), {per_call} ns each")
-    # Each read kicks the backend once (blkfront's flush_requests); in dom0 the backend runs
-    # beside it, and its response to each read goes out through the same function.
-    c.check(per_read is not None and 0.9 <= per_read <= 2.5
+    low, high = DOORBELLS_PER_READ
+    c.check(per_read is not None and low <= per_read <= high
             and per_call is not None and 10 <= per_call <= 1e7,
             f"xen: the frontend's reads ring the doorbell: {calls} calls for {reads} reads "
             f"({per_read} per read), {per_call} ns per call")
@@ -355,17 +370,10 @@ def main():
         c.check(found is not None and found[1] > 0
                 and found[2] is not None and 10 <= found[2] <= 1e7,
                 f"bare: native timer programming timed at clockevents_program_event: {found}")
+    bare_path = os.path.join(work, "bare", "out", "profile.json")
     if xen and bare:
-        paths = {s: os.path.join(work, s, "out", "profile.json") for s in ("bare", "xen")}
-        text = subprocess.run([args.virtgap, "diff", paths["bare"], paths["xen"]],
-                              capture_output=True, text=True)
-        with open(os.path.join(work, "diff.txt"), "w") as f:
-            f.write(text.stdout + text.stderr)
-        print(text.stdout)
-        out = subprocess.run([args.virtgap, "diff", "--json", paths["bare"], paths["xen"]],
-                             capture_output=True, text=True)
-        c.check(out.returncode == 0, f"diff bare xen: exit {out.returncode}: {out.stderr[-300:]}")
-        d = json.loads(out.stdout) if out.returncode == 0 else {}
+        d = diff(c, args.virtgap, "bare xen", bare_path, os.path.join(work, "xen", "out", "profile.json"),
+                 os.path.join(work, "diff.txt"))
         block = d.get("hypervisor", {})
         c.check(block.get("a") == "none" and block.get("b") == "xen",
                 f"the diff's hypervisor block: A {block.get('a')!r}, B {block.get('b')!r}")
@@ -388,18 +396,11 @@ def main():
     front = os.path.join(work, "xen", "out", "frontend.json")
     if bare and os.path.exists(front):
         # The same reads through a Xen frontend's disk, against metal's: the doorbell's row.
-        bare_path = os.path.join(work, "bare", "out", "profile.json")
-        text = subprocess.run([args.virtgap, "diff", bare_path, front], capture_output=True, text=True)
-        with open(os.path.join(work, "diff-frontend.txt"), "w") as f:
-            f.write(text.stdout + text.stderr)
-        print(text.stdout)
-        out = subprocess.run([args.virtgap, "diff", "--json", bare_path, front],
-                             capture_output=True, text=True)
-        c.check(out.returncode == 0, f"diff bare frontend: exit {out.returncode}: {out.stderr[-300:]}")
-        d = json.loads(out.stdout) if out.returncode == 0 else {}
+        d = diff(c, args.virtgap, "bare frontend", bare_path, front, os.path.join(work, "diff-frontend.txt"))
         rows = {r.get("metric"): r for r in d.get("hypervisor", {}).get("rows", [])}
         kicks = rows.get("device_notify_per_io") or {}
-        c.check(kicks.get("b") is not None and 0.9 <= kicks["b"] <= 2.5
+        low, high = DOORBELLS_PER_READ
+        c.check(kicks.get("b") is not None and low <= kicks["b"] <= high
                 and kicks.get("ci_low") is not None and kicks.get("ci_high") is not None,
                 f"the frontend's doorbells per I/O against metal, with an interval: B {kicks.get('b')} "
                 f"[{kicks.get('ci_low')}, {kicks.get('ci_high')}], {kicks.get('verdict')}")
