@@ -19,6 +19,13 @@
  * cancelled and re-armed around idle), so they depend on its rate. User space pauses it for part
  * of every interval and says so in `sampler_running`; writes while it runs are counted apart, and
  * the host's figures come from the pauses.
+ *
+ * An IPI to one CPU is timed from its generic send (ipi:ipi_send_cpu, fired just before the arch
+ * sender) to the return of the x2APIC ICR write that sends it: on metal the native send, in a KVM
+ * guest that and the write's exit. Both tracepoints fire with preemption off, so the pair is on
+ * one CPU. A send to a mask clears the stamp (its ICR writes, one per target or cluster, are not
+ * one IPI's), and a send that writes no ICR (a PV hypercall, an event channel) leaves a stamp
+ * that only a write within VG_ICR_SEND_MAX_NS may take.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -39,6 +46,9 @@ const volatile __u64 sampler_timer_fn = 0;
 /* 1 while virtgap's sampler is enabled; user space flips it around each pause. */
 __u32 sampler_running = 0;
 
+/* Longer than any send takes between its tracepoint and its ICR write, exit included. */
+#define VG_ICR_SEND_MAX_NS 1000000
+
 /* Distinct MSRs the kernel touches are a few dozen. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -46,6 +56,21 @@ struct {
 	__type(key, struct vg_msr_key);
 	__type(value, __u64);
 } msrs SEC(".maps");
+
+/* When this CPU's pending IPI to one CPU was sent (0: none pending). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} icr_send_started SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct vg_icr_sends);
+} icr_sends SEC(".maps");
 
 static __always_inline bool samplers_write(void)
 {
@@ -55,9 +80,49 @@ static __always_inline bool samplers_write(void)
 	return stamp && *stamp && bpf_ktime_get_ns() - *stamp < VG_SAMPLER_WINDOW_NS;
 }
 
+/* An ICR write ends the send stamped on this CPU, if one is pending. */
+static __always_inline void end_icr_send(__u64 now)
+{
+	__u32 zero = 0;
+	__u64 *started = bpf_map_lookup_elem(&icr_send_started, &zero);
+	struct vg_icr_sends *sends = bpf_map_lookup_elem(&icr_sends, &zero);
+	__u64 took;
+
+	if (!started || !*started || !sends)
+		return;
+	took = now - *started;
+	*started = 0;
+	if (took < VG_ICR_SEND_MAX_NS) {
+		sends->sends++;
+		sends->ns += took;
+	} else {
+		sends->unpaired++;
+	}
+}
+
+/* Stamps a send to one CPU (`now`), or clears the stamp for a mask's (0); a stamp still pending
+ * was a send no ICR write ended. */
+static __always_inline int stamp_icr_send(__u64 now)
+{
+	__u32 zero = 0;
+	__u64 *started = bpf_map_lookup_elem(&icr_send_started, &zero);
+	struct vg_icr_sends *sends = bpf_map_lookup_elem(&icr_sends, &zero);
+
+	if (!started || !sends)
+		return 0;
+	if (*started)
+		sends->unpaired++;
+	*started = now;
+	return 0;
+}
+
 static __always_inline int count(unsigned int msr, __u32 access)
 {
 	struct vg_msr_key key = { .msr = msr, .access = access };
+
+	/* First, so that the time taken counts nothing of this program's. */
+	if (access == VG_MSR_WRITE && msr == VG_MSR_X2APIC_ICR)
+		end_icr_send(bpf_ktime_get_ns());
 
 	if (access == VG_MSR_WRITE && samplers_write())
 		key.access = VG_MSR_WRITE_BY_SAMPLER;
@@ -104,6 +169,31 @@ int BPF_PROG(hrtimer_expire_raw, struct hrtimer *timer, ktime_t *now)
 	return stamp_sampler_timer((__u64)BPF_CORE_READ(timer, function));
 }
 
+SEC("tp_btf/ipi_send_cpu")
+int BPF_PROG(ipi_send_cpu_btf, const unsigned int cpu, unsigned long callsite, void *callback)
+{
+	return stamp_icr_send(bpf_ktime_get_ns());
+}
+
+SEC("raw_tp/ipi_send_cpu")
+int BPF_PROG(ipi_send_cpu_raw, const unsigned int cpu, unsigned long callsite, void *callback)
+{
+	return stamp_icr_send(bpf_ktime_get_ns());
+}
+
+/* A mask's ICR writes are not one IPI's: no pending single send is theirs. */
+SEC("tp_btf/ipi_send_cpumask")
+int BPF_PROG(ipi_send_cpumask_btf, const struct cpumask *mask, unsigned long callsite, void *callback)
+{
+	return stamp_icr_send(0);
+}
+
+SEC("raw_tp/ipi_send_cpumask")
+int BPF_PROG(ipi_send_cpumask_raw, const struct cpumask *mask, unsigned long callsite, void *callback)
+{
+	return stamp_icr_send(0);
+}
+
 SEC("tp_btf/read_msr")
 int BPF_PROG(read_msr_btf, unsigned int msr, u64 val, int failed)
 {
@@ -117,4 +207,5 @@ int BPF_PROG(read_msr_raw, unsigned int msr, u64 val, int failed)
 }
 
 struct vg_msr_key vg_abi_msr_key = {};
+struct vg_icr_sends vg_abi_icr_sends = {};
 enum vg_msr_access vg_abi_msr_access = VG_MSR_READ;

@@ -913,6 +913,10 @@ def check_idle(c, name, profile, release):
             and (run.get("ipis_sent") is not None) == counted,
             f"{name}: IPIs sent {'counted' if counted else 'not measured'} "
             f"(run {run.get('ipis_sent')}, idle {idle and idle['ipis_sent']})")
+    # The same tracepoint times IPIs to one CPU up to their ICR write (bpf/msr.bpf.c).
+    sends = (profile.get("virtualization") or {}).get("icr_sends")
+    c.check((sends is not None) == counted,
+            f"{name}: IPIs to one CPU {'timed' if counted else 'not timed'} ({sends})")
 
 
 def check_nvme_queues(c, profile, device):

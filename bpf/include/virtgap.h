@@ -282,6 +282,21 @@ struct vg_msr_key {
 	__u32 access; /* enum vg_msr_access */
 };
 
+/* The x2APIC ICR: an IPI's send is a write to it, which exits in a guest without posted IPIs. */
+#define VG_MSR_X2APIC_ICR 0x830
+
+/*
+ * IPIs to one CPU timed from the generic send (ipi:ipi_send_cpu, 6.4+) to the return of the ICR
+ * write that sends them (msr:write_msr): the native work between them, and the write's exit in
+ * a guest. Per CPU (the per-CPU map copy).
+ */
+struct vg_icr_sends {
+	__u64 sends;
+	__u64 ns;
+	/* Sends no ICR write ended: a paravirt send, an xAPIC's MMIO write, or a stale stamp. */
+	__u64 unpaired;
+};
+
 /* MMIO and port accessors a device doorbell writes through (iowrite16, iowrite32, ...): a
  * sample in one also keeps its caller, so a virtio queue notify is told from other writes. */
 #define VG_NOTIFY_ACCESSORS 4

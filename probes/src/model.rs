@@ -548,6 +548,32 @@ pub struct MsrSnapshot {
     /// the profile model.
     #[serde(default)]
     pub sampler_ns: u64,
+    /// IPIs to one CPU timed from their send to their ICR write's return; None where the
+    /// kernel has no `ipi:ipi_send_cpu` (before 6.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icr_sends: Option<IcrSends>,
+}
+
+/// IPIs to one CPU timed from the generic send (`ipi:ipi_send_cpu`) to the return of the x2APIC
+/// ICR write that sends them (`bpf/msr.bpf.c`): the native send, and in a guest whose ICR
+/// writes exit, the exit too. Over all CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IcrSends {
+    pub sends: u64,
+    pub ns: u64,
+    /// Sends to one CPU that no ICR write ended (a paravirt send, an xAPIC's MMIO write).
+    #[serde(default)]
+    pub unpaired: u64,
+}
+
+impl IcrSends {
+    pub fn since(&self, earlier: &Self) -> Self {
+        Self {
+            sends: self.sends.saturating_sub(earlier.sends),
+            ns: self.ns.saturating_sub(earlier.ns),
+            unpaired: self.unpaired.saturating_sub(earlier.unpaired),
+        }
+    }
 }
 
 /// The least pause time from which the host's writes are scaled to a whole window.
@@ -571,6 +597,10 @@ impl MsrSnapshot {
                 })
                 .collect(),
             sampler_ns: self.sampler_ns.saturating_sub(earlier.sampler_ns),
+            icr_sends: match (&self.icr_sends, &earlier.icr_sends) {
+                (Some(now), Some(then)) => Some(now.since(then)),
+                (now, _) => *now,
+            },
         }
     }
 
@@ -1050,6 +1080,7 @@ mod tests {
             ],
             // 750 ms of a 1 s window sampled: the 100 writes were counted in 250 ms.
             sampler_ns: 750_000_000,
+            icr_sends: None,
         };
         assert_eq!(msr.quiet_secs(1_000_000_000), 0.25);
         assert_eq!(msr.sampler_writes(), 900);
@@ -1063,6 +1094,7 @@ mod tests {
                 msr_count(0x6e0, 1900, true, false),
             ],
             sampler_ns: 1_500_000_000,
+            icr_sends: None,
         };
         let delta = later.since(&msr);
         let counts: Vec<u64> = delta.counts.iter().map(|c| c.count).collect();

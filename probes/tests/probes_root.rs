@@ -1513,6 +1513,83 @@ fn tsc_deadline_writes_follow_the_local_timer() {
     );
 }
 
+/// Two threads on two CPUs wake each other `rounds` times over a socket pair: each wakeup of a
+/// thread asleep on the other CPU sends that CPU an IPI.
+fn ping_pong_across_cpus(rounds: usize) {
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+    let (mut here, mut there) = UnixStream::pair().unwrap();
+    let echo = std::thread::spawn(move || {
+        pin_to(1);
+        let mut b = [0u8];
+        for _ in 0..rounds {
+            there.read_exact(&mut b).unwrap();
+            there.write_all(&b).unwrap();
+        }
+    });
+    pin_to(0);
+    let mut b = [0u8];
+    for _ in 0..rounds {
+        here.write_all(b"x").unwrap();
+        here.read_exact(&mut b).unwrap();
+    }
+    echo.join().unwrap();
+}
+
+/// IPIs to one CPU are timed from their send (ipi:ipi_send_cpu, 6.4+) to the return of the
+/// x2APIC ICR write that sends them: about one timed send per ICR write, each taking more than
+/// nothing and less than the bound the probe drops stale stamps at.
+#[test]
+fn ipis_to_one_cpu_are_timed_from_their_send_to_their_icr_write() {
+    if !bpf_allowed() {
+        return;
+    }
+    let _serial = serial();
+    // SAFETY: sysconf has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    if !virtgap_testkit::require(
+        "two CPUs to send IPIs between",
+        (cpus >= 2).then_some(()).ok_or("one CPU online"),
+    ) {
+        return;
+    }
+    let mut storage = ProbeStorage::default();
+    let session = ProbeSession::load(&mut storage, &ProbeConfig::new(vec![Family::Msr], None));
+    if !family_ready(&session, Family::Msr) {
+        return;
+    }
+    let before = session.snapshot();
+    ping_pong_across_cpus(3000);
+    let after = session.snapshot();
+    let msr = after.msr.unwrap().since(&before.msr.unwrap());
+    let sends = msr
+        .icr_sends
+        .expect("ipi_send_cpu attached, so sends are timed");
+    let icr_writes = msr.writes(virtgap_probes::hypervisor::X2APIC_ICR);
+    eprintln!(
+        "ICR writes {icr_writes}, IPIs to one CPU timed {} ({} ns each), unpaired {}",
+        sends.sends,
+        sends.ns / sends.sends.max(1),
+        sends.unpaired
+    );
+    if icr_writes == 0 {
+        // An xAPIC (MMIO ICR) or paravirt sends: the IPIs sent are all unpaired.
+        assert_eq!(sends.sends, 0);
+        assert!(sends.unpaired > 0, "3000 cross-CPU wakeups sent no IPI");
+        return;
+    }
+    // Each timed send ended at a write counted in the same program run (the two maps are read
+    // one after the other, so a few may straddle the reads).
+    assert!(
+        sends.sends <= icr_writes + 10,
+        "{sends:?} for {icr_writes} writes"
+    );
+    // Most of the wakeups of a thread asleep on the other CPU sent it an IPI through the ICR.
+    assert!(sends.sends >= 300, "{sends:?} for 3000 cross-CPU wakeups");
+    let mean = sends.ns / sends.sends;
+    assert!((1..1_000_000).contains(&mean), "{mean} ns a send");
+}
+
 #[test]
 fn the_sampler_sees_a_busy_user_loop_and_an_idle_cpu() {
     if !bpf_allowed() {

@@ -108,16 +108,20 @@ impl HypervisorSection {
         self.hypervisor != Hypervisor::None
     }
 
-    /// The functions `m`'s time was measured at here (its measured timed paths), sorted: two
-    /// hosts' times of a mechanism are the same work only where these are the same.
-    pub fn timed_functions(&self, m: Mechanism) -> Vec<&str> {
-        let mut out: Vec<&str> = self
+    /// Where `m`'s time was measured here, sorted: the functions of its measured timed paths,
+    /// and "MSR 0x830 write" for an MSR write's sends timed (an x2APIC ICR's IPIs to one CPU).
+    /// Two hosts' times of a mechanism are the same work only where these are.
+    pub fn timed_functions(&self, m: Mechanism) -> Vec<String> {
+        let mut out: Vec<String> = self
             .mechanism(m)
             .into_iter()
             .flat_map(|f| &f.paths)
             .filter(|p| p.state == PathState::Measured)
             .filter_map(|p| match &p.how {
-                PathMeasure::Timed { symbol } => symbol.as_deref(),
+                PathMeasure::Timed { symbol } => symbol.clone(),
+                PathMeasure::MsrWrite { msr } if p.time_ns.is_some() => {
+                    Some(format!("MSR {msr:#x} write"))
+                }
                 _ => None,
             })
             .collect();

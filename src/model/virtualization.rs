@@ -19,9 +19,34 @@ pub struct Virtualization {
     /// None when the msr probe did not attach.
     pub msr_writes: Option<Vec<MsrAccesses>>,
     pub msr_reads: Option<Vec<MsrAccesses>>,
+    /// IPIs to one CPU timed from their send to their x2APIC ICR write's return, over
+    /// `seconds`; absent where the kernel has no `ipi:ipi_send_cpu` (before 6.4) or the msr
+    /// probe did not attach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub icr_sends: Option<IcrSendTime>,
     pub sampler: Option<SamplerSection>,
     pub kvm_host: Option<KvmHostSection>,
     pub pv_paths: Option<Vec<PvPathFigure>>,
+}
+
+/// IPIs to one CPU, timed from the generic send (`ipi:ipi_send_cpu`) to the return of the ICR
+/// write that sends them: the native send, and in a guest whose ICR writes exit, the exit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct IcrSendTime {
+    pub sends: u64,
+    /// Their time in all, ns.
+    pub ns: u64,
+    /// Sends to one CPU that no ICR write ended: where these come and no send is timed, this
+    /// host's IPIs are not x2APIC ICR writes (an xAPIC's MMIO write, a paravirt send).
+    #[serde(default)]
+    pub unpaired: u64,
+}
+
+impl IcrSendTime {
+    /// The sends' time, ns; None where IPIs were sent but none through the x2APIC ICR.
+    pub fn time_ns(&self) -> Option<f64> {
+        (self.sends > 0 || self.unpaired == 0).then_some(self.ns as f64)
+    }
 }
 
 /// Accesses to one MSR on one CPU.
@@ -255,6 +280,7 @@ mod tests {
             msr_quiet_seconds: quiet,
             msr_writes: Some(counts),
             msr_reads: None,
+            icr_sends: None,
             sampler: None,
             kvm_host: None,
             pv_paths: None,

@@ -112,6 +112,9 @@ fn path_words<'a>(
     reasons: &mut Vec<&'a str>,
 ) -> String {
     let how = match &p.how {
+        PathMeasure::MsrWrite { msr } if p.time_ns.is_some() => {
+            format!("MSR {msr:#x} write (IPIs to one CPU timed)")
+        }
         PathMeasure::MsrWrite { msr } => format!("MSR {msr:#x} write"),
         PathMeasure::Timed {
             symbol: Some(symbol),

@@ -24,8 +24,8 @@ use crate::model::profile::{
 };
 use crate::model::stages::{Stage, Stages};
 use crate::model::virtualization::{
-    KvmExitFigure, KvmHostSection, MsrAccesses, PvPathFigure, SampledCpu, SamplerSection,
-    Virtualization,
+    IcrSendTime, KvmExitFigure, KvmHostSection, MsrAccesses, PvPathFigure, SampledCpu,
+    SamplerSection, Virtualization,
 };
 
 fn direction(d: &virtgap_workloads::stats::DirStats, secs: f64) -> DirectionResult {
@@ -636,6 +636,15 @@ pub fn virtualization(total: &ProbeSnapshot) -> Option<Virtualization> {
             .map(|m| m.quiet_secs(total.elapsed_ns)),
         msr_writes: msr(true),
         msr_reads: msr(false),
+        icr_sends: total
+            .msr
+            .as_ref()
+            .and_then(|m| m.icr_sends)
+            .map(|t| IcrSendTime {
+                sends: t.sends,
+                ns: t.ns,
+                unpaired: t.unpaired,
+            }),
         sampler,
         kvm_host,
         pv_paths: total.pv_paths.as_ref().map(|p| {

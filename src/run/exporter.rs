@@ -1040,6 +1040,7 @@ mod tests {
                     count: writes,
                 }],
                 sampler_ns: sampler_s * 1_000_000_000,
+                icr_sends: None,
             }),
             ..Default::default()
         };

@@ -175,11 +175,16 @@ fn path_figure(
                 let why = "the sampler never paused long enough to count the host's writes";
                 return unmeasured(how, PathState::NotMeasured(why.into()));
             };
+            // The ICR's writes that send IPIs to one CPU are timed (6.4+): their time is the
+            // path's; the writes for a mask are counted, not timed.
+            let time_ns = (msr == hypervisor::X2APIC_ICR)
+                .then(|| v.icr_sends.and_then(|t| t.time_ns()))
+                .flatten();
             PathFigure {
                 what: path.what.to_string(),
                 how,
                 count: Some(n.round() as u64),
-                time_ns: None,
+                time_ns,
                 state: PathState::Measured,
             }
         }
@@ -387,7 +392,9 @@ fn cpu_time(v: &Virtualization, seconds: f64) -> Option<HypervisorCpu> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::virtualization::{MsrAccesses, PvPathFigure, SampledCpu, SamplerSection};
+    use crate::model::virtualization::{
+        IcrSendTime, MsrAccesses, PvPathFigure, SampledCpu, SamplerSection,
+    };
     use virtgap_probes::hypervisor::Mechanism;
 
     fn virt(seconds: f64) -> Virtualization {
@@ -404,6 +411,7 @@ mod tests {
                 while_sampling: false,
             }]),
             msr_reads: Some(vec![]),
+            icr_sends: None,
             sampler: Some(SamplerSection {
                 frequency_hz: 100,
                 dropped: 0,
@@ -436,8 +444,14 @@ mod tests {
         let mut v = virt(10.0);
         let s = section(Hypervisor::None, 10.0, Some(&v), None, None);
         assert!(!s.is_guest());
-        // A Xen path's figure is no native caller's: nothing counted, no sampled CPU time.
-        assert!(s.mechanisms.iter().all(|m| m.count.is_none()), "{s:?}");
+        // A Xen path's figure is no native caller's: nothing counted but the native ICR
+        // writes (none here), no sampled CPU time.
+        assert!(
+            s.mechanisms
+                .iter()
+                .all(|m| m.count.is_none() || (m.mechanism == Mechanism::Ipi && m.count == Some(0))),
+            "{s:?}"
+        );
         assert_eq!(s.cpu, None);
         v.pv_paths = timed("clockevents_program_event", 3000, 400.0);
         let s = section(Hypervisor::None, 10.0, Some(&v), None, None);
@@ -448,7 +462,63 @@ mod tests {
             s.timed_functions(Mechanism::Timer),
             ["clockevents_program_event"]
         );
-        assert_eq!(s.mechanism(Mechanism::Ipi), None);
+        assert_eq!(s.mechanism(Mechanism::Ipi).unwrap().time_ns, None);
+        assert_eq!(s.mechanism(Mechanism::TlbFlush), None);
+    }
+
+    /// ICR writes of 0x830, `n` over the window's quiet half, and the IPIs to one CPU timed.
+    fn with_icr(mut v: Virtualization, n: u64, sends: IcrSendTime) -> Virtualization {
+        v.msr_writes.as_mut().unwrap().push(MsrAccesses {
+            cpu: 1,
+            msr: 0x830,
+            name: "x2APIC ICR (IPI)".into(),
+            count: n,
+            exits: true,
+            by_sampler: false,
+            while_sampling: false,
+        });
+        v.icr_sends = Some(sends);
+        v
+    }
+
+    #[test]
+    fn ipis_to_one_cpu_are_timed_at_their_icr_write_on_a_guest_and_on_metal_alike() {
+        let sends = IcrSendTime {
+            sends: 800,
+            ns: 8_000_000,
+            unpaired: 0,
+        };
+        // A KVM guest without fentry: the ICR's writes counted (scaled from the quiet half),
+        // the single sends' time measured; the PV mask hypercalls not measured.
+        let v = with_icr(virt(10.0), 500, sends);
+        let kvm = section(Hypervisor::Kvm, 10.0, Some(&v), None, None);
+        let ipi = kvm.mechanism(Mechanism::Ipi).unwrap();
+        assert_eq!((ipi.count, ipi.time_ns), (Some(1000), Some(8e6)));
+        assert_eq!(kvm.timed_functions(Mechanism::Ipi), ["MSR 0x830 write"]);
+        // Metal times the same sends natively: the same place, so a diff compares them.
+        let metal = section(Hypervisor::None, 10.0, Some(&v), None, None);
+        let native = metal.mechanism(Mechanism::Ipi).unwrap();
+        assert_eq!((native.count, native.time_ns), (Some(1000), Some(8e6)));
+        assert_eq!(metal.timed_functions(Mechanism::Ipi), ["MSR 0x830 write"]);
+        // IPIs sent, none through the ICR (an xAPIC, or a paravirt send): no time, not 0.
+        let xapic = IcrSendTime {
+            sends: 0,
+            ns: 0,
+            unpaired: 300,
+        };
+        let v = with_icr(virt(10.0), 0, xapic);
+        let metal = section(Hypervisor::None, 10.0, Some(&v), None, None);
+        assert_eq!(metal.mechanism(Mechanism::Ipi).unwrap().time_ns, None);
+        assert!(metal.timed_functions(Mechanism::Ipi).is_empty());
+        // No IPI at all in the window: timed, and none.
+        let idle = IcrSendTime {
+            sends: 0,
+            ns: 0,
+            unpaired: 0,
+        };
+        let v = with_icr(virt(10.0), 0, idle);
+        let kvm = section(Hypervisor::Kvm, 10.0, Some(&v), None, None);
+        assert_eq!(kvm.mechanism(Mechanism::Ipi).unwrap().time_ns, Some(0.0));
     }
 
     /// Xen's lock kicks sent as IPIs on the kick vector are the kick mechanism's, not IPIs: their

@@ -1153,6 +1153,7 @@ mod tests {
                     },
                 ],
                 sampler_ns: 0,
+                icr_sends: None,
             }),
             sampler: Some(SamplerSnapshot {
                 frequency_hz: 999,

@@ -10,7 +10,7 @@
 //! | completion hop | the workload on another CPU than the disk IRQ, rq_affinity 1 then 2 (each completion sent back by IPI); from 3 + 3 | completion slower | device named, or significantly slower by half the completion's growth or more; with the CPUs busy beforehand (> 20%), the stage named is not judged (software rightly moves too) |
 //! | slower device | loop over FUSE delaying each read 5 ms, QD 1; from 3 + 3 | mean and device slower by ≈ 5 ms, the verdict naming the device | another stage named; the device's interval outside 4–6 ms |
 //! | slow tail | loop over FUSE delaying one 4 KiB block in 500 by 3 ms, QD 1; from 5 + 5, up to 15 + 15 | p99.9 of app and device slower | the mean moving a fifth as much as the tail or more; another stage named; the autopsy or (CPUs idle beforehand) the tail waterfall putting the slow reads' time elsewhere; the chart drawing less than the diff says; `diff --fail-on slower` exiting 0 |
-//! | IPIs | rand4k at QD 1 on the disk IRQ's CPU, then on another CPU; from 5 + 5, up to 10 + 10 | the hypervisor block's IPIs per I/O higher, named as the mechanism that moved | another mechanism named; the timer moving as much |
+//! | IPIs | rand4k at QD 1 on the disk IRQ's CPU, then on another CPU; from 5 + 5, up to 10 + 10 | the hypervisor block's IPIs per I/O higher, named as the mechanism that moved; where sends are timed (6.4+), their time per I/O higher | another mechanism named; the timer moving as much; the IPI time down, or moved by under ¼ or over 4× the added IPIs × one send's time |
 //! | storage figures | `iotune` on a loop device over memory, B's reads limited to 60% of A's read IOPS; A B B A A B B A, up to 8 results a side | read_iops lower by > 20%, significant at ±10% and ±25% | B above its limit; another phase moving more; another phase significant at ±25% |
 //!
 //! Each experiment is judged sequentially (`sequential.rs`): an inconclusive target row
@@ -991,10 +991,41 @@ fn a_workload_away_from_its_irq_cpu_moves_the_hypervisors_ipis() {
         "--dir",
         dir.path().to_str().unwrap(),
     ];
-    let judge = |d: &Value, _: &[PathBuf], _: &[PathBuf]| {
+    let judge = |d: &Value, _: &[PathBuf], b: &[PathBuf]| {
         let mut look = Look::new();
         let hv = |metric: &str| hypervisor_row(d, metric);
         let ipi = hv("ipi_per_io");
+        // Where the kernel times IPIs to one CPU (6.4+), their time moves with their count:
+        // about the IPIs added per I/O times what one send took on B.
+        if let Some(time) = d["hypervisor"]["rows"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["metric"] == "ipi_time_per_io"))
+        {
+            look.wrong_if(
+                time["verdict"] == "significant" && time["effect"].as_f64().unwrap_or(0.0) < 0.0,
+                "ipi time down",
+                || format!("IPI time per I/O went down: {}", brief(time)),
+            );
+            look.open_unless(time["verdict"] == "significant", || {
+                format!("ipi_time_per_io: {}", brief(time))
+            });
+            let per_send = mean_icr_send_ns(b);
+            if let (Some(dt), Some(dn), Some(per_send)) =
+                (time["delta"].as_f64(), ipi["delta"].as_f64(), per_send)
+            {
+                let expected = dn * per_send;
+                look.wrong_if(
+                    ipi["verdict"] == "significant" && !(0.25..4.0).contains(&(dt / expected)),
+                    "ipi time not its count's",
+                    || {
+                        format!(
+                            "IPI time per I/O moved {dt:.0} ns, but {dn:.3} more IPIs per I/O at \
+                             {per_send:.0} ns a send make {expected:.0} ns"
+                        )
+                    },
+                );
+            }
+        }
         let ipi_effect = ipi["effect"].as_f64().unwrap_or(0.0);
         let significant = ipi["verdict"] == "significant";
         look.wrong_if(significant && ipi_effect < 0.0, "ipi down", || {
@@ -1035,6 +1066,19 @@ fn a_workload_away_from_its_irq_cpu_moves_the_hypervisors_ipis() {
         noise: &profile_noise,
     }
     .run();
+}
+
+/// The mean time of an IPI to one CPU, from its send to its ICR write's return, over the
+/// profiles' runs (None where no send was timed).
+fn mean_icr_send_ns(profiles: &[PathBuf]) -> Option<f64> {
+    let (mut sends, mut ns) = (0.0, 0.0);
+    for path in profiles {
+        let p: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let timed = &p["virtualization"]["icr_sends"];
+        sends += timed["sends"].as_f64().unwrap_or(0.0);
+        ns += timed["ns"].as_f64().unwrap_or(0.0);
+    }
+    (sends > 0.0).then(|| ns / sends)
 }
 
 /// A loop that sleeps 200 µs at a time, pinned to `cpu`, once virtgap's workload threads

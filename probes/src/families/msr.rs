@@ -10,7 +10,7 @@ use super::{
     LoadedFamily, Signals, Slots,
 };
 use crate::bpf::msr::{types, MsrSkel, MsrSkelBuilder};
-use crate::model::{MsrCount, MsrSnapshot, ProbeSnapshot};
+use crate::model::{IcrSends, MsrCount, MsrSnapshot, ProbeSnapshot};
 use crate::report::Family;
 
 pub(super) const FAMILY: FamilyDef = FamilyDef {
@@ -21,6 +21,11 @@ pub(super) const FAMILY: FamilyDef = FamilyDef {
         ("write_msr", "exit-causing MSR writes by MSR"),
         ("read_msr", "MSR reads by MSR"),
         (SAMPLER_TIMER, "the sampler's own writes, set apart"),
+        (
+            IPI_SEND,
+            "IPIs to one CPU timed to their ICR write's return",
+        ),
+        ("ipi_send_cpumask", "IPIs to a mask left untimed"),
     ]),
     modules: &[],
     load,
@@ -30,6 +35,9 @@ pub(super) const FAMILY: FamilyDef = FamilyDef {
 /// Where the sampler's timer expires: writes right after it are the sampler's own.
 const SAMPLER_TIMER: &str = "hrtimer_expire_entry";
 
+/// Where an IPI to one CPU is sent (6.4+): its ICR write's return ends the send's time.
+const IPI_SEND: &str = "ipi_send_cpu";
+
 struct MsrProbe<'obj> {
     skel: MsrSkel<'obj>,
     _links: Vec<Link>,
@@ -37,6 +45,8 @@ struct MsrProbe<'obj> {
     hypervisor: crate::hypervisor::Hypervisor,
     /// How long virtgap's sampler has run while this probe counted.
     sampler_ran: super::RunningTime,
+    /// Whether IPIs to one CPU are timed (the kernel has `ipi:ipi_send_cpu`).
+    times_icr_sends: bool,
 }
 
 fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> {
@@ -64,11 +74,16 @@ fn load<'obj>(cx: &LoadContext<'_>, slots: &'obj mut Slots) -> LoadResult<'obj> 
     if let Ok(fd) = skel.maps.sampler_stamp.as_fd().try_clone_to_owned() {
         cx.shared.borrow_mut().sampler_stamp = Some(fd);
     }
+    let times_icr_sends = report
+        .tracepoints
+        .iter()
+        .any(|t| t.tracepoint == IPI_SEND && t.attached.is_some());
     let probe = MsrProbe {
         skel,
         _links: links,
         hypervisor,
         sampler_ran: super::RunningTime::default(),
+        times_icr_sends,
     };
     Ok((Box::new(probe), report))
 }
@@ -98,9 +113,19 @@ impl LoadedFamily for MsrProbe<'_> {
             }
         }
         counts.sort_by_key(|c| (c.cpu, c.msr, c.write, c.by_sampler, c.while_sampling));
+        let icr_sends = self.times_icr_sends.then(|| {
+            let per_cpu =
+                percpu_entry::<types::vg_icr_sends>(&self.skel.maps.icr_sends, &0u32.to_ne_bytes());
+            IcrSends {
+                sends: per_cpu.iter().map(|c| c.sends).sum(),
+                ns: per_cpu.iter().map(|c| c.ns).sum(),
+                unpaired: per_cpu.iter().map(|c| c.unpaired).sum(),
+            }
+        });
         snap.msr = Some(MsrSnapshot {
             counts,
             sampler_ns: self.sampler_ran.total_ns(),
+            icr_sends,
         });
     }
 

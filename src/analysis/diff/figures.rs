@@ -428,13 +428,16 @@ impl Replicates {
     }
 }
 
-/// The mechanisms metal timed at exactly the functions the guest timed them at.
+/// The mechanisms metal timed where the guest timed them too, at every function metal did:
+/// the guest's own further paths (a KVM guest's PV IPI hypercall to a mask, beside its IPIs to
+/// one CPU through the ICR) have no native part, so all of their time is the guest's excess.
 fn same_functions(metal: &HypervisorSection, guest: &HypervisorSection) -> Vec<Mechanism> {
     Mechanism::ALL
         .into_iter()
         .filter(|&m| {
             let native = metal.timed_functions(m);
-            !native.is_empty() && native == guest.timed_functions(m)
+            let guests = guest.timed_functions(m);
+            !native.is_empty() && native.iter().all(|f| guests.contains(f))
         })
         .collect()
 }

@@ -1154,6 +1154,79 @@ fn against_metal_that_timed_the_same_function_the_native_work_is_subtracted() {
         .all(|r| r.verdict != Verdict::Significant && r.verdict != Verdict::NoHypervisor));
 }
 
+/// `p`'s section says its IPIs to one CPU were timed at their x2APIC ICR write, and further at
+/// `also` (a KVM guest's PV mask hypercall).
+fn icr_timed(p: &mut Profile, also: Option<&str>) {
+    use crate::model::hypervisor::{MechanismFigure, PathFigure, PathMeasure, PathState};
+    let mut paths = vec![PathFigure {
+        what: "x2APIC ICR write".into(),
+        how: PathMeasure::MsrWrite { msr: 0x830 },
+        count: Some(1),
+        time_ns: Some(1.0),
+        state: PathState::Measured,
+    }];
+    paths.extend(also.map(|symbol| PathFigure {
+        what: symbol.into(),
+        how: PathMeasure::Timed {
+            symbol: Some(symbol.into()),
+        },
+        count: Some(1),
+        time_ns: Some(1.0),
+        state: PathState::Measured,
+    }));
+    p.hypervisor
+        .as_mut()
+        .unwrap()
+        .mechanisms
+        .push(MechanismFigure {
+            mechanism: Mechanism::Ipi,
+            count: Some(1),
+            time_ns: Some(1.0),
+            paths,
+        });
+}
+
+/// A KVM guest's IPIs to one CPU, timed from their send to their ICR write's return (the exit
+/// inside), against metal that timed the same sends natively: the IPI time row has both hosts'
+/// figures and an interval, and the guest's excess is the hypervisor's time. A guest that also
+/// timed its PV mask hypercall (which metal has no part of) is still compared; metal whose
+/// ICR writes were not timed is not.
+#[test]
+fn a_kvm_guests_ipi_sends_against_metals_native_sends_give_the_exits_excess() {
+    let native = [(Mechanism::Ipi, 0.5, 300.0)];
+    let kvm = [(Mechanism::Ipi, 0.5, 8_000.0)];
+    let mut metal = metal_with_native(&native, 300_000.0);
+    icr_timed(&mut metal, None);
+    let near = |x: f64, want: f64| (x - want).abs() < want * 0.05;
+    for also in [None, Some("kvm_send_ipi_mask")] {
+        let mut guest = on_hypervisor_at(Hv::Kvm, &kvm, 0.0, 310_000.0);
+        icr_timed(&mut guest, also);
+        let d = diff_apart(&metal, &guest);
+        let time = d.row(MetricId::MechanismTimePerIo(Mechanism::Ipi)).unwrap();
+        assert!(near(time.a.unwrap(), 150.0), "{time:?}");
+        assert!(near(time.b.unwrap(), 4_000.0), "{time:?}");
+        assert_eq!(time.verdict, Verdict::Significant, "{time:?}");
+        let (lo, hi) = (time.ci_low.unwrap(), time.ci_high.unwrap());
+        assert!(
+            lo < time.delta.unwrap() && time.delta.unwrap() < hi,
+            "{time:?}"
+        );
+        let all = d.row(MetricId::HypervisorTimePerIo).unwrap();
+        assert!(near(all.delta.unwrap(), 3_850.0), "{all:?}");
+    }
+    // Metal's sends untimed (a kernel before ipi_send_cpu): its ICR writes are not compared.
+    let untimed = metal_with_native(&native, 300_000.0);
+    let mut guest = on_hypervisor_at(Hv::Kvm, &kvm, 0.0, 310_000.0);
+    icr_timed(&mut guest, None);
+    let d = diff(&untimed, &guest);
+    let time = d.row(MetricId::MechanismTimePerIo(Mechanism::Ipi)).unwrap();
+    assert_eq!(
+        (time.a, time.verdict),
+        (None, Verdict::NoHypervisor),
+        "{time:?}"
+    );
+}
+
 /// On one hypervisor, IPIs that tripled per I/O are the mechanism that moved; the timer, the
 /// same on both, is equivalent; and the same host against itself moves nothing.
 #[test]
