@@ -423,7 +423,16 @@ fn a_vm_and_a_metal_host_stay_apart_on_the_dashboard() {
             .collect();
         assert_eq!(device.len(), 2, "{cumulative}: {series:?}");
         let ratio = device[0] / device[1];
-        assert!((0.98..1.02).contains(&ratio), "{cumulative}: {device:?}");
+        // Each serve times every request with its own programs, so a request near a bucket's
+        // edge may fall on either side of it for the two: a tail percentile, interpolated
+        // within a bucket over a few requests, agrees to within one bucket (four per power of
+        // two: 2^(1/4) apart); a mean over all the requests agrees closely.
+        let agree = if cumulative.contains("histogram_quantile") {
+            2f64.powf(-0.25)..2f64.powf(0.25)
+        } else {
+            0.98..1.02
+        };
+        assert!(agree.contains(&ratio), "{cumulative}: {device:?}");
     }
     // The waterfall, repeated per host: each host's own stages.
     let waterfall = queries
