@@ -198,6 +198,24 @@ fn significant_text(r: &Row, within_run: &str) -> String {
     // A fall is shown as how much lower B is than A; a change of 2x or more as a factor —
     // B/A up, A/B down — so the words read alike whichever host is A.
     let word = if e >= 0.0 { up } else { down };
+    // Where one host's figure is 0 (or below), a difference is always 200% of the hosts' mean
+    // magnitude, which says nothing: it is given in the row's unit instead.
+    let one_host_at_zero = r.a.zip(r.b).is_some_and(|(a, b)| a <= 0.0 || b <= 0.0);
+    if let (Scale::Difference, " of the hosts' mean", true) = (r.scale, of, one_host_at_zero) {
+        if let (Some(d), Some(lo), Some(hi)) = (r.delta, r.ci_low, r.ci_high) {
+            let (d, lo, hi) = if e >= 0.0 {
+                (d, lo, hi)
+            } else {
+                (-d, -hi, -lo)
+            };
+            return format!(
+                "B {word} by {} [{}, {}]{within_run}",
+                value(Some(d), r.unit),
+                value(Some(lo), r.unit),
+                value(Some(hi), r.unit)
+            );
+        }
+    }
     let ratio = 1.0 + e;
     if r.scale == Scale::Ratio && (ratio >= 2.0 || ratio <= 0.5) {
         let factor = |x: f64| {
@@ -1290,6 +1308,41 @@ mod tests {
             "{words}"
         );
         assert_eq!(cell(eoi, Host::A), "none");
+    }
+
+    /// A significant difference from a host whose figure is 0 reads in the row's unit, not as
+    /// "200% of the hosts' mean" (which any such difference is).
+    #[test]
+    fn a_difference_from_a_host_at_zero_reads_in_the_rows_unit() {
+        use crate::analysis::diff::tests::on_hypervisor_at;
+        use virtgap_probes::hypervisor::{Hypervisor, Mechanism};
+        let xen = [(Mechanism::Timer, 1.0, 10_000.0)];
+        let d = diff(
+            &on_hypervisor_at(Hypervisor::None, &[], 0.0, 300_000.0),
+            &on_hypervisor_at(Hypervisor::Xen, &xen, 4_100.0, 330_000.0),
+        );
+        let mut r = d
+            .row(MetricId::MechanismTimePerIo(Mechanism::Timer))
+            .unwrap()
+            .clone();
+        (r.a, r.b, r.delta) = (Some(0.0), Some(2_000.0), Some(2_000.0));
+        (r.ci_low, r.ci_high) = (Some(1_500.0), Some(2_500.0));
+        (r.effect, r.effect_low, r.effect_high) = (Some(2.0), Some(1.5), Some(2.5));
+        (r.scale, r.verdict) = (Scale::Difference, Verdict::Significant);
+        let words = verdict_text(&r, &d);
+        assert!(
+            words.starts_with("B slower by 2.0 µs [1.5 µs, 2.5 µs]"),
+            "{words}"
+        );
+        // B at zero instead: lower by A's figure.
+        (r.a, r.b, r.delta) = (Some(2_000.0), Some(0.0), Some(-2_000.0));
+        (r.ci_low, r.ci_high) = (Some(-2_500.0), Some(-1_500.0));
+        (r.effect, r.effect_low, r.effect_high) = (Some(-2.0), Some(-2.5), Some(-1.5));
+        let words = verdict_text(&r, &d);
+        assert!(
+            words.starts_with("B faster by 2.0 µs [1.5 µs, 2.5 µs]"),
+            "{words}"
+        );
     }
 
     /// The verdict names the hypervisor's share of a significant gap, with its interval, and

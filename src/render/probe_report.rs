@@ -334,6 +334,14 @@ fn write_msr(out: &mut impl Write, v: &Virtualization) -> io::Result<()> {
             top3(&other)
         )?;
     }
+    if let Some(sends) = v.icr_sends.filter(|s| s.sends > 0) {
+        writeln!(
+            out,
+            "  IPIs to one CPU: {} a send, from the send to its ICR write's return ({} timed)",
+            units::latency(sends.ns as f64 / sends.sends as f64),
+            sends.sends
+        )?;
+    }
     if let Some(quiet) = v.msr_quiet_seconds {
         writeln!(
             out,
