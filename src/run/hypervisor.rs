@@ -177,9 +177,10 @@ fn path_figure(
             };
             // The ICR's writes that send IPIs to one CPU are timed (6.4+): their time is the
             // path's; the writes for a mask are counted, not timed.
-            let time_ns = (msr == hypervisor::X2APIC_ICR)
-                .then(|| v.icr_sends.and_then(|t| t.time_ns()))
-                .flatten();
+            let time_ns = v
+                .icr_sends
+                .filter(|_| msr == hypervisor::X2APIC_ICR)
+                .and_then(|t| t.time_ns());
             PathFigure {
                 what: path.what.to_string(),
                 how,
@@ -466,6 +467,14 @@ mod tests {
         assert_eq!(s.mechanism(Mechanism::TlbFlush), None);
     }
 
+    fn icr_sends(sends: u64, ns: u64, unpaired: u64) -> IcrSendTime {
+        IcrSendTime {
+            sends,
+            ns,
+            unpaired,
+        }
+    }
+
     /// ICR writes of 0x830, `n` over the window's quiet half, and the IPIs to one CPU timed.
     fn with_icr(mut v: Virtualization, n: u64, sends: IcrSendTime) -> Virtualization {
         v.msr_writes.as_mut().unwrap().push(MsrAccesses {
@@ -483,11 +492,7 @@ mod tests {
 
     #[test]
     fn ipis_to_one_cpu_are_timed_at_their_icr_write_on_a_guest_and_on_metal_alike() {
-        let sends = IcrSendTime {
-            sends: 800,
-            ns: 8_000_000,
-            unpaired: 0,
-        };
+        let sends = icr_sends(800, 8_000_000, 0);
         // A KVM guest without fentry: the ICR's writes counted (scaled from the quiet half),
         // the single sends' time measured; the PV mask hypercalls not measured.
         let v = with_icr(virt(10.0), 500, sends);
@@ -501,22 +506,12 @@ mod tests {
         assert_eq!((native.count, native.time_ns), (Some(1000), Some(8e6)));
         assert_eq!(metal.timed_functions(Mechanism::Ipi), ["MSR 0x830 write"]);
         // IPIs sent, none through the ICR (an xAPIC, or a paravirt send): no time, not 0.
-        let xapic = IcrSendTime {
-            sends: 0,
-            ns: 0,
-            unpaired: 300,
-        };
-        let v = with_icr(virt(10.0), 0, xapic);
+        let v = with_icr(virt(10.0), 0, icr_sends(0, 0, 300));
         let metal = section(Hypervisor::None, 10.0, Some(&v), None, None);
         assert_eq!(metal.mechanism(Mechanism::Ipi).unwrap().time_ns, None);
         assert!(metal.timed_functions(Mechanism::Ipi).is_empty());
         // No IPI at all in the window: timed, and none.
-        let idle = IcrSendTime {
-            sends: 0,
-            ns: 0,
-            unpaired: 0,
-        };
-        let v = with_icr(virt(10.0), 0, idle);
+        let v = with_icr(virt(10.0), 0, icr_sends(0, 0, 0));
         let kvm = section(Hypervisor::Kvm, 10.0, Some(&v), None, None);
         assert_eq!(kvm.mechanism(Mechanism::Ipi).unwrap().time_ns, Some(0.0));
     }

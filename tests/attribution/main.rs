@@ -261,12 +261,17 @@ fn throttle_at(unthrottled_iops: f64) -> u32 {
     (unthrottled_iops * 0.88) as u32
 }
 
+/// A recorded profile, as JSON.
+fn read_profile(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
 /// Each profile's IOPS over its measured window.
 fn iops_of(paths: &[PathBuf]) -> Vec<f64> {
     paths
         .iter()
         .map(|p| {
-            let v: Value = serde_json::from_slice(&std::fs::read(p).unwrap()).unwrap();
+            let v = read_profile(p);
             let r = &v["results"];
             (r["read"]["ios"].as_f64().unwrap() + r["write"]["ios"].as_f64().unwrap())
                 / r["measured_s"].as_f64().unwrap()
@@ -771,7 +776,7 @@ fn judge_slow_tail_pictures(
     // software).
     let (mut app_excess, mut device_excess) = (0.0, 0.0);
     for path in b {
-        let p: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let p = read_profile(path);
         let Some(set) = p["runs"][0]["tail"]["sets"]
             .as_array()
             .and_then(|sets| sets.iter().find(|s| s["percentile"] == 99.9))
@@ -1073,7 +1078,7 @@ fn a_workload_away_from_its_irq_cpu_moves_the_hypervisors_ipis() {
 fn mean_icr_send_ns(profiles: &[PathBuf]) -> Option<f64> {
     let (mut sends, mut ns) = (0.0, 0.0);
     for path in profiles {
-        let p: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let p = read_profile(path);
         let timed = &p["virtualization"]["icr_sends"];
         sends += timed["sends"].as_f64().unwrap_or(0.0);
         ns += timed["ns"].as_f64().unwrap_or(0.0);

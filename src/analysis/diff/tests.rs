@@ -1047,29 +1047,46 @@ fn against_metal_the_hypervisors_time_is_a_share_of_the_gap_with_an_interval() {
     assert_ne!(all.verdict, Verdict::Significant, "{all:?}");
 }
 
-/// `p`'s section says `m` was timed at `symbol` (the diff compares metal's native time of a
-/// mechanism only where the guest timed it at the same function).
-fn timed_at(p: &mut Profile, m: Mechanism, symbol: &str) {
-    use crate::model::hypervisor::{MechanismFigure, PathFigure, PathMeasure, PathState};
-    let path = PathFigure {
-        what: symbol.into(),
-        how: PathMeasure::Timed {
-            symbol: Some(symbol.into()),
-        },
+/// A path of `p`'s section measured `how`, with a figure.
+fn measured(
+    what: &str,
+    how: crate::model::hypervisor::PathMeasure,
+) -> crate::model::hypervisor::PathFigure {
+    crate::model::hypervisor::PathFigure {
+        what: what.into(),
+        how,
         count: Some(1),
         time_ns: Some(1.0),
-        state: PathState::Measured,
-    };
+        state: crate::model::hypervisor::PathState::Measured,
+    }
+}
+
+/// `p`'s section says `m` was measured by `paths`.
+fn measured_by(p: &mut Profile, m: Mechanism, paths: Vec<crate::model::hypervisor::PathFigure>) {
     p.hypervisor
         .as_mut()
         .unwrap()
         .mechanisms
-        .push(MechanismFigure {
+        .push(crate::model::hypervisor::MechanismFigure {
             mechanism: m,
             count: Some(1),
             time_ns: Some(1.0),
-            paths: vec![path],
+            paths,
         });
+}
+
+/// A path timed at the kernel function `symbol`.
+fn timed_path(symbol: &str) -> crate::model::hypervisor::PathFigure {
+    let how = crate::model::hypervisor::PathMeasure::Timed {
+        symbol: Some(symbol.into()),
+    };
+    measured(symbol, how)
+}
+
+/// `p`'s section says `m` was timed at `symbol` (the diff compares metal's native time of a
+/// mechanism only where the guest timed it at the same function).
+fn timed_at(p: &mut Profile, m: Mechanism, symbol: &str) {
+    measured_by(p, m, vec![timed_path(symbol)]);
 }
 
 /// Metal that timed `uses` natively, as its pv-paths probe does at the generic callers.
@@ -1157,33 +1174,10 @@ fn against_metal_that_timed_the_same_function_the_native_work_is_subtracted() {
 /// `p`'s section says its IPIs to one CPU were timed at their x2APIC ICR write, and further at
 /// `also` (a KVM guest's PV mask hypercall).
 fn icr_timed(p: &mut Profile, also: Option<&str>) {
-    use crate::model::hypervisor::{MechanismFigure, PathFigure, PathMeasure, PathState};
-    let mut paths = vec![PathFigure {
-        what: "x2APIC ICR write".into(),
-        how: PathMeasure::MsrWrite { msr: 0x830 },
-        count: Some(1),
-        time_ns: Some(1.0),
-        state: PathState::Measured,
-    }];
-    paths.extend(also.map(|symbol| PathFigure {
-        what: symbol.into(),
-        how: PathMeasure::Timed {
-            symbol: Some(symbol.into()),
-        },
-        count: Some(1),
-        time_ns: Some(1.0),
-        state: PathState::Measured,
-    }));
-    p.hypervisor
-        .as_mut()
-        .unwrap()
-        .mechanisms
-        .push(MechanismFigure {
-            mechanism: Mechanism::Ipi,
-            count: Some(1),
-            time_ns: Some(1.0),
-            paths,
-        });
+    let icr = crate::model::hypervisor::PathMeasure::MsrWrite { msr: 0x830 };
+    let mut paths = vec![measured("x2APIC ICR write", icr)];
+    paths.extend(also.map(timed_path));
+    measured_by(p, Mechanism::Ipi, paths);
 }
 
 /// A KVM guest's IPIs to one CPU, timed from their send to their ICR write's return (the exit
